@@ -1,1 +1,36 @@
+"""hfexport: export Hugging Face Transformers models and any ``torch.nn.Module`` through ``torch.export``.
 
+The kernel: workaround registries, the patch context manager, the stage protocol and backend discovery.
+Importing it is cheap (no torch); backends are found through the ``hfexport.backends`` entry points.
+"""
+
+from ._api import export
+from ._artifact import ExportedModel, OutputDiff, VerificationReport, load
+from ._discovery import Backend, BackendInfo, UnknownBackendError, get_backend, list_backends
+from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError
+from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
+from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path
+from ._registry import (
+    Registration,
+    list_fx_node_fixes,
+    list_fx_program_fixes,
+    list_patches,
+    list_workarounds,
+    register_fx_node_fix,
+    register_fx_program_fix,
+    register_patch,
+    workarounds_for,
+)
+from ._stages import ExportError, Stage, StageEvent, run_stages
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "BackendInfo", "ExportConfig", "ExportContext", "ExportError", "ExportedModel", "Exporter",
+    "FixReport", "InvalidInputError", "OutputDiff", "PatchReport", "Registration", "Stage", "StageEvent",
+    "UnknownBackendError", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
+    "apply_fx_program_fixes", "export", "get_backend", "iter_graph_modules", "list_backends",
+    "list_fx_node_fixes", "list_fx_program_fixes", "list_patches", "list_workarounds", "load", "patch_context",
+    "register_fx_node_fix", "register_fx_program_fix", "register_patch", "resolve_path", "run_stages",
+    "workarounds_for",
+]

@@ -1,0 +1,95 @@
+"""Apply registered FX node fixes and FX program fixes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._registry import Registration, workarounds_for
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["FixReport", "apply_fx_node_fixes", "apply_fx_program_fixes", "iter_graph_modules"]
+
+logger = logging.getLogger("hfexport")
+
+
+@dataclass
+class FixReport:
+    """How often each fix fired (fix qualified name -> count of nodes or programs it rewrote)."""
+
+    applied: dict[str, int] = field(default_factory=dict)
+
+    def count(self, registration: Registration, n: int = 1) -> None:
+        self.applied[registration.qualified_name] = self.applied.get(registration.qualified_name, 0) + n
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.applied)
+
+
+def iter_graph_modules(root: torch.nn.Module) -> list[torch.fx.GraphModule]:
+    """``root`` and every GraphModule below it (the bodies of ``cond``, ``map``, ``while_loop`` ...)."""
+    import torch.fx
+
+    return [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)]
+
+
+def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
+                        report: FixReport | None = None) -> FixReport:
+    """Run each fix on every node of ``gm`` and its sub-GraphModules, then eliminate dead code.
+
+    A fix returning ``True`` consumed the node: later fixes do not see it. Each graph that changed is
+    linted and recompiled.
+
+    Args:
+        gm: a GraphModule (``exported_program.graph_module`` or any FX graph).
+        fixes: registrations of kind ``fx_node_fix``.
+        report: a report to add to; a new one when omitted.
+
+    Returns:
+        The report: which fix fired how often.
+    """
+    report = report or FixReport()
+    fixes = list(fixes)
+    if not fixes:
+        return report
+    for module in iter_graph_modules(gm):
+        changed = False
+        for node in list(module.graph.nodes):
+            if node.graph is not module.graph:  # erased by an earlier fix
+                continue
+            for fix in fixes:
+                if fix.func(module, node):
+                    report.count(fix)
+                    changed = True
+                    break
+        if changed:
+            try:
+                module.graph.eliminate_dead_code()
+            except Exception as exc:  # never fatal: the graph is valid, only larger; but never silent
+                logger.warning("dead-code elimination failed on %s: %s", type(module).__name__, exc)
+            module.graph.lint()
+            module.recompile()
+    return report
+
+
+def apply_fx_program_fixes(exported_program: Any, fixes: Iterable[Registration],
+                           report: FixReport | None = None) -> FixReport:
+    """Run each program fix on ``exported_program`` (in place), in registration order.
+
+    A fix may return ``False`` to say it did not apply; anything else counts as applied.
+    """
+    report = report or FixReport()
+    for fix in fixes:
+        if fix.func(exported_program) is not False:
+            report.count(fix)
+    return report
+
+
+def fixes_for(kind: str, scopes: Iterable[str], disabled: Iterable[str] = ()) -> list[Registration]:
+    """Shorthand for :func:`hfexport._registry.workarounds_for`."""
+    return workarounds_for(kind, scopes, disabled)  # type: ignore[arg-type]

@@ -1,0 +1,150 @@
+"""The patch context manager: install every patch of some scopes, restore the originals on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._registry import Registration, workarounds_for
+
+__all__ = ["PatchReport", "UnresolvedTarget", "patch_context", "resolve_path"]
+
+logger = logging.getLogger("hfexport")
+
+# Patches are process-global (they replace attributes on modules and classes), so two exports in two
+# threads would see each other's patches. One re-entrant lock serialises them; nesting in one thread is fine.
+_PATCH_LOCK = threading.RLock()
+_MISSING = object()
+
+
+class UnresolvedTarget(LookupError):
+    """A dotted path that does not name an attribute in the installed packages."""
+
+
+def resolve_path(path: str) -> tuple[Any, str]:
+    """Resolve ``"pkg.module.Class.attr"`` to ``(owner, "attr")``, importing modules on the way.
+
+    The longest importable module prefix is imported, then attributes are walked. Works for module
+    functions (``"torch.where"``), methods (``"torch.Tensor.view"``) and nested classes.
+
+    Raises:
+        UnresolvedTarget: when no prefix imports or an attribute on the way is missing; the message says
+            which part failed.
+    """
+    parts = path.split(".")
+    if len(parts) < 2:
+        raise UnresolvedTarget(f"{path!r} is not a dotted path")
+    obj: Any = None
+    index = 0
+    for index in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:index])
+        try:
+            obj = importlib.import_module(module_name)
+            break
+        except ImportError:
+            continue
+        except Exception as exc:  # a module that raises on import is as good as missing, but say why
+            raise UnresolvedTarget(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+    else:
+        raise UnresolvedTarget(f"no module in {path!r} can be imported (is {parts[0]!r} installed?)")
+    for i in range(index, len(parts) - 1):
+        try:
+            obj = getattr(obj, parts[i])
+        except AttributeError:
+            where = ".".join(parts[:i])
+            raise UnresolvedTarget(f"{where!r} has no attribute {parts[i]!r}") from None
+    if not hasattr(obj, parts[-1]):
+        raise UnresolvedTarget(f"{'.'.join(parts[:-1])!r} has no attribute {parts[-1]!r}")
+    return obj, parts[-1]
+
+
+@dataclass
+class PatchReport:
+    """What a :func:`patch_context` installed and what it skipped.
+
+    Attributes:
+        installed: ``(registration, path)`` pairs, in installation order.
+        skipped: ``(registration, path, reason)`` for targets that did not resolve.
+    """
+
+    installed: list[tuple[Registration, str]] = field(default_factory=list)
+    skipped: list[tuple[Registration, str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "installed": [dict(r.as_dict(), path=p) for r, p in self.installed],
+            "skipped": [dict(r.as_dict(), path=p, reason=why) for r, p, why in self.skipped],
+        }
+
+
+def _raw_attribute(owner: Any, attr: str) -> Any:
+    """The attribute as stored on ``owner`` (a staticmethod stays a staticmethod), or _MISSING if inherited."""
+    if isinstance(owner, type):
+        return owner.__dict__.get(attr, _MISSING)
+    return getattr(owner, attr)
+
+
+def _install(owner: Any, attr: str, factory: Any) -> Any:
+    raw = _raw_attribute(owner, attr)
+    original = getattr(owner, attr)
+    replacement = factory(original)
+    if isinstance(raw, staticmethod):
+        replacement = staticmethod(replacement)
+    elif isinstance(raw, classmethod):
+        replacement = classmethod(replacement.__func__ if hasattr(replacement, "__func__") else replacement)
+    setattr(owner, attr, replacement)
+    return raw
+
+
+def _restore(owner: Any, attr: str, raw: Any) -> None:
+    if raw is _MISSING:
+        delattr(owner, attr)  # it was inherited: remove our override so lookup finds the base class again
+    else:
+        setattr(owner, attr, raw)
+
+
+@contextlib.contextmanager
+def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterator[PatchReport]:
+    """Install every patch registered for ``scopes``; restore all originals on exit, in reverse order.
+
+    Targets that do not resolve (a model class that the installed transformers lacks) are skipped, logged
+    and listed in the report. Two patches on one target are chained in registration order (the second
+    wraps the first) and a warning names both. Originals are restored also when the body raises; nested
+    and re-entrant use is safe, and concurrent exports in other threads wait for this one.
+
+    Args:
+        scopes: the scopes to install (``("dynamo", "onnx")``).
+        disabled: function names of patches to leave out.
+
+    Yields:
+        A :class:`PatchReport`.
+    """
+    report = PatchReport()
+    undo: list[tuple[Any, str, Any]] = []
+    owners: dict[tuple[int, str], str] = {}
+    with _PATCH_LOCK:
+        try:
+            for registration in workarounds_for("patch", scopes, disabled):
+                for path in registration.paths:
+                    try:
+                        owner, attr = resolve_path(path)
+                    except UnresolvedTarget as exc:
+                        logger.info("patch %s skipped: %s", registration.qualified_name, exc)
+                        report.skipped.append((registration, path, str(exc)))
+                        continue
+                    key = (id(owner), attr)
+                    if key in owners:
+                        logger.warning("two patches on %s: %s wraps %s", path, registration.qualified_name,
+                                       owners[key])
+                    owners[key] = registration.qualified_name
+                    undo.append((owner, attr, _install(owner, attr, registration.func)))
+                    report.installed.append((registration, path))
+            yield report
+        finally:
+            for owner, attr, raw in reversed(undo):
+                _restore(owner, attr, raw)

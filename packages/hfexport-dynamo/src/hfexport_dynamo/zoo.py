@@ -1,0 +1,775 @@
+"""A tiny-model zoo built offline from ``transformers`` itself.
+
+Every model class named in the ``transformers`` auto mappings (base models,
+causal / masked LM, sequence-to-sequence, speech-to-text, classification
+heads, ...) becomes a :class:`ZooCase` whose id is ``"<model_type>/<ClassName>"``
+(for example ``"llama/LlamaForCausalLM"``).  :func:`build_case` rebuilds such a
+case exactly from its id: the default config class of the model type is shrunk
+to tiny sizes (hidden ~64, 2 layers, vocab 512, 64x64 images, ...), nested
+text / vision / audio sub-configs included, the model is instantiated with
+``torch.manual_seed(0)`` and put in eval mode, and two sets of dummy forward
+kwargs are produced: ``inputs`` (batch 2) and ``alt_inputs`` (batch 3 and, where
+the modality allows it, a different sequence length) for checking dynamic
+exports.
+
+Nothing here touches the network or the Hugging Face Hub: configs come from the
+config classes' defaults and weights are randomly initialised.
+
+A case whose tiny config, model construction or eager forward fails is never
+dropped silently: :func:`build_case` raises :class:`NotInstantiable` with a
+one-line reason and :func:`check_instantiable` returns that reason.
+
+Example::
+
+    from hfexport_dynamo.zoo import build_case, list_cases
+
+    for case in list_cases(r"^llama/"):
+        model, inputs, alt_inputs = build_case(case.case_id)
+        model(**inputs)
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "NotInstantiable",
+    "UnknownCaseError",
+    "ZooCase",
+    "build_case",
+    "check_instantiable",
+    "list_cases",
+    "tiny_config",
+]
+
+SEED = 0
+"""Seed used for weights (``torch.manual_seed``) and dummy inputs."""
+
+BATCH, ALT_BATCH = 2, 3
+SEQ_LEN, ALT_SEQ_LEN = 8, 12
+DECODER_SEQ_LEN, ALT_DECODER_SEQ_LEN = 6, 5
+AUDIO_SAMPLES, ALT_AUDIO_SAMPLES = 1600, 2400
+SPEECH_FRAMES, ALT_SPEECH_FRAMES = 32, 48
+
+TINY_VOCAB = 512
+TINY_HIDDEN = 64
+TINY_HEADS = 4
+TINY_LAYERS = 2
+TINY_IMAGE = 64
+TINY_PATCH = 8
+
+# (task, mapping name in transformers.models.auto.modeling_auto). Order matters:
+# a class listed in several mappings gets the task of the first one.
+_TASK_MAPPINGS: tuple[tuple[str, str], ...] = (
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("speech-seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    ("sequence-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    ("token-classification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    ("question-answering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES"),
+    ("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),
+    ("feature-extraction", "MODEL_MAPPING_NAMES"),
+)
+
+_TASK_MODALITY = {
+    "causal-lm": "text",
+    "masked-lm": "text",
+    "sequence-classification": "text",
+    "token-classification": "text",
+    "question-answering": "text",
+    "seq2seq-lm": "text2text",
+    "speech-seq2seq": "speech",
+    "image-classification": "vision",
+    "ctc": "audio",
+    "audio-classification": "audio",
+}
+
+# Model-type level modality, used for base models: first matching group wins.
+_MODALITY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("speech", ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",)),
+    (
+        "audio",
+        (
+            "MODEL_FOR_CTC_MAPPING_NAMES",
+            "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_AUDIO_FRAME_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_AUDIO_XVECTOR_MAPPING_NAMES",
+        ),
+    ),
+    ("dual-encoder", ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",)),
+    (
+        "multimodal",
+        (
+            "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+            "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
+            "MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES",
+            "MODEL_FOR_DOCUMENT_QUESTION_ANSWERING_MAPPING_NAMES",
+        ),
+    ),
+    ("text2text", ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",)),
+    (
+        "text",
+        (
+            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+            "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+            "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+            "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
+        ),
+    ),
+    (
+        "vision",
+        (
+            "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_IMAGE_MAPPING_NAMES",
+            "MODEL_FOR_BACKBONE_MAPPING_NAMES",
+            "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES",
+            "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",
+            "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        ),
+    ),
+)
+
+_MODALITIES = ("text", "text2text", "speech", "audio", "vision", "multimodal", "dual-encoder", "other")
+
+
+class NotInstantiable(Exception):
+    """A zoo case whose tiny config, model construction or eager forward fails.
+
+    ``str(exc)`` (and :attr:`reason`) is a one-line reason.
+    """
+
+    def __init__(self, reason: str) -> None:
+        """Store the one-line reason.
+
+        Args:
+            reason: Why the case cannot be instantiated; newlines are collapsed.
+        """
+        self.reason = " ".join(str(reason).split())
+        super().__init__(self.reason)
+
+
+class UnknownCaseError(LookupError):
+    """Raised for a case id that is not listed by :func:`list_cases`."""
+
+
+@dataclass(frozen=True)
+class ZooCase:
+    """One model class of the zoo.
+
+    Attributes:
+        case_id: ``"<model_type>/<ClassName>"``, e.g. ``"llama/LlamaForCausalLM"``.
+        model_type: The ``transformers`` model type (key of ``CONFIG_MAPPING``).
+        class_name: The model class name, an attribute of the ``transformers`` package.
+        task: The task of the auto mapping it was enumerated from, e.g. ``"causal-lm"``,
+            ``"feature-extraction"`` for base models.
+        modality: The kind of dummy inputs it gets: ``"text"``, ``"text2text"``
+            (encoder-decoder), ``"speech"``, ``"audio"``, ``"vision"``, ``"multimodal"``
+            (given text-only inputs), ``"dual-encoder"`` (text and image) or ``"other"``
+            (no input recipe; never instantiable).
+    """
+
+    case_id: str
+    model_type: str
+    class_name: str
+    task: str
+    modality: str
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def _mapping_items(mapping: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for model_type, names in mapping.items():
+        if isinstance(names, (list, tuple)):
+            for name in names:
+                yield model_type, name
+        else:
+            yield model_type, names
+
+
+@functools.lru_cache(maxsize=1)
+def _index() -> dict[str, ZooCase]:
+    from transformers.models.auto import modeling_auto
+
+    def mapping(name: str) -> dict[str, Any]:
+        return getattr(modeling_auto, name, {}) or {}
+
+    type_modality: dict[str, str] = {}
+    for modality, names in _MODALITY_GROUPS:
+        for name in names:
+            for model_type in mapping(name):
+                type_modality.setdefault(model_type, modality)
+    multimodal_classes = {
+        cls
+        for name in _MODALITY_GROUPS[3][1]
+        for _, cls in _mapping_items(mapping(name))
+    }
+
+    cases: dict[str, ZooCase] = {}
+    for task, name in _TASK_MAPPINGS:
+        for model_type, class_name in _mapping_items(mapping(name)):
+            case_id = f"{model_type}/{class_name}"
+            if case_id in cases:
+                continue
+            if task == "feature-extraction":
+                modality = type_modality.get(model_type, "other")
+            else:
+                modality = _TASK_MODALITY[task]
+                if modality == "text" and class_name in multimodal_classes:
+                    modality = "multimodal"
+            cases[case_id] = ZooCase(case_id, model_type, class_name, task, modality)
+    return dict(sorted(cases.items()))
+
+
+def list_cases(filter: str | None = None) -> list[ZooCase]:  # noqa: A002 - public API name
+    """List the zoo cases, sorted by id, without building any model.
+
+    Args:
+        filter: Optional regular expression; only cases whose ``case_id`` matches it
+            (``re.search``) are returned.
+
+    Returns:
+        The matching cases.
+    """
+    cases = list(_index().values())
+    if filter is not None:
+        pattern = re.compile(filter)
+        cases = [c for c in cases if pattern.search(c.case_id)]
+    return cases
+
+
+def get_case(case_id: str) -> ZooCase:
+    """Look a case up by id.
+
+    Args:
+        case_id: ``"<model_type>/<ClassName>"``.
+
+    Returns:
+        The case.
+
+    Raises:
+        UnknownCaseError: If no such case is listed.
+    """
+    try:
+        return _index()[case_id]
+    except KeyError:
+        raise UnknownCaseError(
+            f"unknown zoo case {case_id!r}: expected '<model_type>/<ClassName>' as listed by list_cases()"
+        ) from None
+
+
+# --------------------------------------------------------------------------- tiny configs
+
+# Integer size fields clamped to ``min(default, target)``.
+_INT_CAPS: dict[str, int] = {
+    # transformer widths / depths
+    "hidden_size": TINY_HIDDEN,
+    "d_model": TINY_HIDDEN,
+    "n_embd": TINY_HIDDEN,
+    "dim": TINY_HIDDEN,
+    "embed_dim": 32,
+    "word_embed_proj_dim": TINY_HIDDEN,
+    "embedding_size": 32,
+    "embedding_dim": TINY_HIDDEN,
+    "intermediate_size": 2 * TINY_HIDDEN,
+    "ffn_dim": 2 * TINY_HIDDEN,
+    "encoder_ffn_dim": 2 * TINY_HIDDEN,
+    "decoder_ffn_dim": 2 * TINY_HIDDEN,
+    "d_ff": 2 * TINY_HIDDEN,
+    "n_inner": 2 * TINY_HIDDEN,
+    "hidden_dim": 2 * TINY_HIDDEN,
+    "mlp_dim": 2 * TINY_HIDDEN,
+    "num_hidden_layers": TINY_LAYERS,
+    "num_layers": TINY_LAYERS,
+    "n_layer": TINY_LAYERS,
+    "n_layers": TINY_LAYERS,
+    "encoder_layers": TINY_LAYERS,
+    "decoder_layers": TINY_LAYERS,
+    "num_decoder_layers": TINY_LAYERS,
+    "num_encoder_layers": TINY_LAYERS,
+    "decoder_num_hidden_layers": TINY_LAYERS,
+    "num_attention_heads": TINY_HEADS,
+    "num_heads": TINY_HEADS,
+    "n_head": TINY_HEADS,
+    "n_heads": TINY_HEADS,
+    "encoder_attention_heads": TINY_HEADS,
+    "decoder_attention_heads": TINY_HEADS,
+    "decoder_num_attention_heads": TINY_HEADS,
+    "decoder_hidden_size": TINY_HIDDEN,
+    "decoder_intermediate_size": 2 * TINY_HIDDEN,
+    "d_kv": 16,
+    "rotary_dim": 8,
+    # vocab / positions
+    "vocab_size": TINY_VOCAB,
+    "max_position_embeddings": 512,
+    "n_positions": 512,
+    "n_ctx": 512,
+    "max_source_positions": 64,
+    "max_target_positions": 64,
+    # mixture of experts / MLA
+    "moe_intermediate_size": TINY_HIDDEN,
+    "shared_expert_intermediate_size": TINY_HIDDEN,
+    "expert_intermediate_size": TINY_HIDDEN,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "moe_num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_topk": 2,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    # linear attention / SSM
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "state_size": 16,
+    "ssm_state_size": 16,
+    "time_step_rank": 8,
+    # vision
+    "image_size": TINY_IMAGE,
+    "patch_size": TINY_PATCH,
+    "projection_dim": 32,
+    "projection_size": 32,
+    "vision_embed_dim": 32,
+    "text_embed_dim": 32,
+    # audio / speech
+    "num_mel_bins": 16,
+    "conv_dim": 32,
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 2,
+    "codevector_dim": 32,
+    "proj_codevector_dim": 32,
+    "classifier_proj_size": 32,
+    "xvector_output_dim": 32,
+    "output_hidden_size": TINY_HIDDEN,
+    "adapter_attn_dim": 16,
+}
+
+# Integer-list size fields: element i becomes ``min(value, rule(i))``.
+_LIST_CAPS: dict[str, Callable[[int], int]] = {
+    "hidden_sizes": lambda i: 16 * 2**i,
+    "embed_dims": lambda i: 16 * 2**i,
+    "embed_dim": lambda i: 16 * 2**i,
+    "depths": lambda i: 1,
+    "num_heads": lambda i: 2**i,
+    "num_attention_heads": lambda i: 2**i,
+    "conv_dim": lambda i: 32,
+    "tdnn_dim": lambda i: 32,
+    "intermediate_size": lambda i: 2 * TINY_HIDDEN,
+    "attention_window": lambda i: 8,
+    "image_size": lambda i: TINY_IMAGE,
+}
+
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers")
+_NO_TRUNCATE = {"conv_dim", "conv_kernel", "conv_stride", "hidden_sizes", "depths", "out_features", "out_indices"}
+# (heads key, width key, head-dim key) triples kept consistent after shrinking.
+_HEAD_GROUPS = (
+    ("num_attention_heads", "hidden_size", "head_dim"),
+    ("encoder_attention_heads", "d_model", None),
+    ("decoder_attention_heads", "d_model", None),
+    ("num_heads", "d_model", None),
+    ("num_heads", "hidden_size", None),
+    ("num_heads", "embed_dim", None),
+    ("n_head", "n_embd", None),
+    ("n_heads", "dim", None),
+    ("decoder_num_attention_heads", "decoder_hidden_size", None),
+)
+_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "num_query_groups")
+
+
+def _is_token_key(key: Any) -> bool:
+    return isinstance(key, str) and key.endswith(("_token_id", "_token_ids", "_token_index", "_token"))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """Shrink one (sub-)config dict in place and recurse into nested sub-configs."""
+    original = dict(d)
+    old_layers = next((original[k] for k in _LAYER_COUNT_KEYS if _is_int(original.get(k))), None)
+    for key, value in list(d.items()):
+        if isinstance(value, dict) and key not in ("id2label", "label2id"):
+            if "model_type" in value or any(k in value for k in _INT_CAPS):
+                d[key] = _shrink_dict(value)
+        elif _is_int(value) and key in _INT_CAPS and value > 0:
+            d[key] = min(value, _INT_CAPS[key])
+        elif isinstance(value, (list, tuple)) and value and all(_is_int(v) for v in value):
+            if key in _LIST_CAPS:
+                rule = _LIST_CAPS[key]
+                d[key] = type(value)(min(v, rule(i)) if v > 0 else v for i, v in enumerate(value))
+            if old_layers and old_layers > TINY_LAYERS and len(value) == old_layers and key not in _NO_TRUNCATE:
+                d[key] = d[key][:TINY_LAYERS]
+        elif (
+            isinstance(value, (list, tuple))
+            and old_layers
+            and old_layers > TINY_LAYERS
+            and len(value) == old_layers
+            and key not in _NO_TRUNCATE
+        ):
+            d[key] = value[:TINY_LAYERS]  # per-layer lists, e.g. layer_types
+    # keep head counts consistent with widths
+    for heads_key, width_key, head_dim_key in _HEAD_GROUPS:
+        heads, width = d.get(heads_key), d.get(width_key)
+        if not (_is_int(heads) and _is_int(width)) or heads <= 0:
+            continue
+        if width % heads:
+            d[heads_key] = heads = math.gcd(width, heads)
+        if head_dim_key and _is_int(d.get(head_dim_key)):
+            old_hd, old_heads, old_width = original[head_dim_key], original[heads_key], original[width_key]
+            d[head_dim_key] = width // heads if old_hd * old_heads == old_width else min(old_hd, 16)
+    heads = d.get("num_attention_heads")
+    if _is_int(heads) and heads > 0:
+        for kv_key in _KV_KEYS:
+            kv = original.get(kv_key)
+            if not _is_int(kv) or kv <= 0:
+                continue
+            if kv == original.get("num_attention_heads"):
+                d[kv_key] = heads
+            else:
+                kv = min(kv, 2)
+                d[kv_key] = kv if heads % kv == 0 else 1
+    # multimodal rotary sections must sum to head_dim // 2
+    head_dim = d.get("head_dim") if _is_int(d.get("head_dim")) else None
+    if head_dim is None and _is_int(d.get("hidden_size")) and _is_int(d.get("num_attention_heads")):
+        head_dim = d["hidden_size"] // max(d["num_attention_heads"], 1)
+    for rope_key in ("rope_parameters", "rope_scaling"):
+        rope = d.get(rope_key)
+        if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), (list, tuple)) and head_dim:
+            rope = dict(rope)
+            sec = list(rope["mrope_section"])
+            total, half = sum(sec), head_dim // 2
+            new = [max(1, s * half // total) for s in sec]
+            new[0] += half - sum(new)
+            rope["mrope_section"] = new
+            d[rope_key] = rope
+    return d
+
+
+def _remap_token_ids(d: Any, vocab: int, mapping: dict[int, int]) -> None:
+    """Move special token ids that fall outside the tiny vocab to its top end, consistently."""
+    if not isinstance(d, dict):
+        return
+
+    def remap(v: int) -> int:
+        if v < vocab:
+            return v
+        if v not in mapping:
+            mapping[v] = vocab - 1 - len(mapping)
+        return mapping[v]
+
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("id2label", "label2id"):
+            _remap_token_ids(value, vocab, mapping)
+        elif _is_token_key(key) and _is_int(value):
+            d[key] = remap(value)
+        elif _is_token_key(key) and isinstance(value, list) and all(_is_int(v) for v in value):
+            d[key] = [remap(v) for v in value]
+
+
+def _collect_token_ids(d: Any, out: set[int]) -> set[int]:
+    if isinstance(d, dict):
+        for key, value in d.items():
+            if isinstance(value, dict) and key not in ("id2label", "label2id"):
+                _collect_token_ids(value, out)
+            elif _is_token_key(key) and _is_int(value):
+                out.add(value)
+            elif _is_token_key(key) and isinstance(value, list):
+                out.update(v for v in value if _is_int(v))
+    return out
+
+
+def tiny_config(model_type: str, task: str | None = None) -> Any:
+    """Build the tiny config of a model type from its default config class.
+
+    Args:
+        model_type: A key of ``transformers.CONFIG_MAPPING``.
+        task: The zoo task; ``"sequence-classification"`` also gets a pad token id.
+
+    Returns:
+        A ``PreTrainedConfig`` with size fields shrunk (nested sub-configs included).
+
+    Raises:
+        NotInstantiable: If the default config cannot be built or shrunk.
+    """
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise NotInstantiable(f"no config class for model type {model_type!r}") from None
+    try:
+        default = config_cls()
+    except Exception as exc:  # noqa: BLE001 - any failure is a reason
+        raise NotInstantiable(f"default config fails: {_fmt(exc)}") from exc
+    d = copy.deepcopy(default.to_dict())
+    for key in ("transformers_version", "_name_or_path", "architectures"):
+        d.pop(key, None)
+    d = _shrink_dict(d)
+    _remap_token_ids(d, TINY_VOCAB, {})
+    if task == "sequence-classification":
+        for sub in (d, d.get("text_config")):
+            if isinstance(sub, dict) and sub.get("pad_token_id") is None:
+                sub["pad_token_id"] = 0
+    try:
+        config = config_cls.from_dict(d)
+    except Exception as exc:  # noqa: BLE001
+        raise NotInstantiable(f"tiny config fails: {_fmt(exc)}") from exc
+    return config
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _fmt(exc: BaseException) -> str:
+    msg = " ".join(str(exc).split())
+    if len(msg) > 200:
+        msg = msg[:197] + "..."
+    return f"{type(exc).__name__}: {msg}"
+
+
+def _sub_configs(config: Any) -> list[Any]:
+    subs = [config]
+    for name in ("text_config", "vision_config", "audio_config", "encoder", "decoder", "speech_config"):
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            subs.append(sub)
+    return subs
+
+
+def _attr(config: Any, *names: str, default: Any = None) -> Any:
+    for sub in _sub_configs(config):
+        for name in names:
+            value = getattr(sub, name, None)
+            if value is not None:
+                return value
+    return default
+
+
+def _text_config(config: Any) -> Any:
+    try:
+        return config.get_text_config(decoder=False)
+    except Exception:  # noqa: BLE001
+        return config
+
+
+def _safe_ids(config: Any) -> torch.Tensor:
+    vocab = _attr(_text_config(config), "vocab_size") or _attr(config, "vocab_size") or TINY_VOCAB
+    vocab = min(int(vocab), TINY_VOCAB)
+    special = _collect_token_ids(config.to_dict(), set())
+    allowed = [i for i in range(vocab) if i not in special]
+    return torch.tensor(allowed or list(range(vocab)))
+
+
+def _make_inputs(
+    case: ZooCase, config: Any, params: dict[str, inspect.Parameter], batch: int, alt: bool, gen: torch.Generator
+) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    modality = case.modality
+    seq = ALT_SEQ_LEN if alt else SEQ_LEN
+
+    def ids(b: int, s: int) -> torch.Tensor:
+        allowed = _safe_ids(config)
+        return allowed[torch.randint(len(allowed), (b, s), generator=gen)]
+
+    def pixels(b: int) -> torch.Tensor:
+        vision = getattr(config, "vision_config", None) or config
+        size = getattr(vision, "image_size", None) or getattr(config, "image_size", None) or TINY_IMAGE
+        if isinstance(size, dict):
+            size = (size.get("height", TINY_IMAGE), size.get("width", TINY_IMAGE))
+        h, w = (size, size) if _is_int(size) else tuple(size)[:2]
+        channels = getattr(vision, "num_channels", None) or 3
+        return torch.randn(b, channels, h, w, generator=gen)
+
+    if modality in ("text", "text2text", "multimodal", "dual-encoder"):
+        inputs["input_ids"] = ids(batch, seq)
+        if "attention_mask" in params:
+            inputs["attention_mask"] = torch.ones(batch, seq, dtype=torch.long)
+        if "token_type_ids" in params and (_attr(config, "type_vocab_size", default=2) or 0) > 0:
+            inputs["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
+        if modality == "dual-encoder" and "pixel_values" in params:
+            inputs["pixel_values"] = pixels(batch)
+    elif modality == "vision":
+        inputs["pixel_values"] = pixels(batch)
+    elif modality == "audio":
+        if "input_values" in params:
+            inputs["input_values"] = torch.randn(batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen)
+        elif "input_features" in params:
+            feat = _attr(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=80)
+            frames = ALT_SPEECH_FRAMES if alt else SPEECH_FRAMES
+            inputs["input_features"] = torch.randn(batch, frames, feat, generator=gen)
+    elif modality == "speech":
+        if "input_features" in params:
+            mels = _attr(config, "num_mel_bins")
+            max_src = _attr(config, "max_source_positions")
+            if mels and max_src and case.model_type.startswith("whisper"):
+                inputs["input_features"] = torch.randn(batch, mels, 2 * max_src, generator=gen)
+            else:
+                feat = (_attr(config, "input_feat_per_channel") or mels or _attr(config, "feature_size") or 80) * (
+                    _attr(config, "input_channels") or 1
+                )
+                frames = ALT_SPEECH_FRAMES if alt else SPEECH_FRAMES
+                inputs["input_features"] = torch.randn(batch, frames, feat, generator=gen)
+        elif "input_values" in params:
+            inputs["input_values"] = torch.randn(batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen)
+    else:
+        raise NotInstantiable(f"no dummy-input recipe for modality {modality!r} (task {case.task})")
+    if not inputs:
+        raise NotInstantiable(f"forward takes none of the {modality} inputs the zoo knows how to make")
+
+    if "decoder_input_ids" in params and (
+        getattr(config, "is_encoder_decoder", False) or modality in ("text2text", "speech")
+    ):
+        dec = ALT_DECODER_SEQ_LEN if alt else DECODER_SEQ_LEN
+        inputs["decoder_input_ids"] = ids(batch, dec)
+        if "decoder_attention_mask" in params and modality == "text2text":
+            inputs["decoder_attention_mask"] = torch.ones(batch, dec, dtype=torch.long)
+    if "use_cache" in params:
+        inputs["use_cache"] = False
+    return inputs
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _model_class(case: ZooCase) -> type[torch.nn.Module]:
+    import transformers
+
+    try:
+        return getattr(transformers, case.class_name)
+    except Exception:  # noqa: BLE001 - fall back to the model's own module
+        pass
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type_to_module_name(case.model_type)}")
+        return getattr(module, case.class_name)
+    except Exception as exc:  # noqa: BLE001
+        raise NotInstantiable(f"cannot import {case.class_name}: {_fmt(exc)}") from exc
+
+
+def _forward_params(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
+    """Build a zoo case: tiny eval-mode model and two sets of dummy forward kwargs.
+
+    The result is a pure function of ``case_id``: weights are initialised after
+    ``torch.manual_seed(0)`` and inputs come from a generator seeded with 0, so two
+    calls give identical weights and inputs.  The global RNG state is restored.
+
+    Args:
+        case_id: ``"<model_type>/<ClassName>"`` as listed by :func:`list_cases`.
+
+    Returns:
+        ``(model, inputs, alt_inputs)``: the model in eval mode (float32, CPU), forward
+        kwargs at batch 2, and forward kwargs at batch 3 (with a different sequence
+        length where the modality has one) for dynamic-shape checks.
+
+    Raises:
+        UnknownCaseError: If ``case_id`` is not listed.
+        NotInstantiable: If the tiny config, the model or its inputs cannot be built.
+            The eager forward is not run here; see :func:`check_instantiable`.
+    """
+    case = get_case(case_id)
+    if case.modality == "other":
+        raise NotInstantiable(f"no dummy-input recipe for task {case.task!r} of model type {case.model_type!r}")
+    config = tiny_config(case.model_type, case.task)
+    model_cls = _model_class(case)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        try:
+            model = model_cls(config)
+        except Exception as exc:  # noqa: BLE001
+            raise NotInstantiable(f"model construction fails: {_fmt(exc)}") from exc
+    model = model.float().eval()
+    params = _forward_params(model)
+    gen = torch.Generator().manual_seed(SEED)
+    inputs = _make_inputs(case, config, params, BATCH, False, gen)
+    alt_inputs = _make_inputs(case, config, params, ALT_BATCH, True, gen)
+    return model, inputs, alt_inputs
+
+
+def _has_nan(output: Any) -> bool:
+    if isinstance(output, torch.Tensor):
+        return output.is_floating_point() and bool(torch.isnan(output).any())
+    if isinstance(output, dict):
+        return any(_has_nan(v) for v in output.values())
+    if isinstance(output, (list, tuple)):
+        return any(_has_nan(v) for v in output)
+    return False
+
+
+def run_eager(case_id: str) -> tuple[Any, Any]:
+    """Build a case and run its eager forward at both input shapes.
+
+    Args:
+        case_id: ``"<model_type>/<ClassName>"``.
+
+    Returns:
+        ``(outputs, alt_outputs)`` of the forward at ``inputs`` and ``alt_inputs``.
+
+    Raises:
+        UnknownCaseError: If ``case_id`` is not listed.
+        NotInstantiable: If building fails, either forward raises, or an output has NaNs.
+    """
+    model, inputs, alt_inputs = build_case(case_id)
+    outs = []
+    for name, kwargs in (("inputs", inputs), ("alt_inputs", alt_inputs)):
+        try:
+            with torch.no_grad():
+                out = model(**kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise NotInstantiable(f"eager forward fails on {name}: {_fmt(exc)}") from exc
+        if _has_nan(out):
+            raise NotInstantiable(f"eager forward on {name} gives NaN outputs")
+        outs.append(out)
+    return outs[0], outs[1]
+
+
+def check_instantiable(case_id: str) -> str | None:
+    """Check that a case builds and runs eagerly at both input shapes.
+
+    Args:
+        case_id: ``"<model_type>/<ClassName>"``.
+
+    Returns:
+        ``None`` if the eager forward works at both shapes, else a one-line reason.
+
+    Raises:
+        UnknownCaseError: If ``case_id`` is not listed.
+    """
+    try:
+        run_eager(case_id)
+    except NotInstantiable as exc:
+        return exc.reason
+    return None
