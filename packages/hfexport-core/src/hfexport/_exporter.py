@@ -176,9 +176,12 @@ class Exporter:
             for module, training in modes:
                 module.training = training
 
-    @staticmethod
-    def check_inputs(inputs: Any) -> None:
-        """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors, caches or pytrees."""
+    def check_inputs(self, inputs: Any) -> None:
+        """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors or pytrees of tensors.
+
+        Runs before the first stage, so that bad input costs no work. Backends that accept more container
+        types register them as pytree nodes first (the dynamo backend registers transformers' caches).
+        """
         import torch
         import torch.utils._pytree as pytree
 
@@ -194,7 +197,8 @@ class Exporter:
             if bad or not leaves and value is not None:
                 raise InvalidInputError(
                     f"input {name!r} is a {type(value).__name__} holding {', '.join(bad) or 'nothing'}; inputs "
-                    "must be tensors, Cache objects or nested lists/tuples/dicts of tensors")
+                    "must be tensors, Cache objects or nested lists/tuples/dicts of tensors (register other "
+                    "containers as pytree nodes, e.g. hfexport_dynamo.register_cache_type)")
 
     # ── for subclasses ────────────────────────────────────────────────────────────────────────────────
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -127,6 +127,7 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterat
     report = PatchReport()
     undo: list[tuple[Any, str, Any]] = []
     owners: dict[tuple[int, str], str] = {}
+    ours: dict[int, Registration] = {}  # id(replacement) -> registration, for inherited targets
     with _PATCH_LOCK:
         try:
             for registration in workarounds_for("patch", scopes, disabled):
@@ -137,12 +138,19 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterat
                         logger.info("patch %s skipped: %s", registration.qualified_name, exc)
                         report.skipped.append((registration, path, str(exc)))
                         continue
+                    current = getattr(owner, attr)
+                    if ours.get(id(current)) is registration and _raw_attribute(owner, attr) is _MISSING:
+                        # A subclass that inherits the method this factory already replaced on its base:
+                        # wrapping it again would apply the patch twice.
+                        report.installed.append((registration, path))
+                        continue
                     key = (id(owner), attr)
                     if key in owners:
                         logger.warning("two patches on %s: %s wraps %s", path, registration.qualified_name,
                                        owners[key])
                     owners[key] = registration.qualified_name
                     undo.append((owner, attr, _install(owner, attr, registration.func)))
+                    ours[id(getattr(owner, attr))] = registration
                     report.installed.append((registration, path))
             yield report
         finally:

@@ -42,6 +42,8 @@ class Registration:
         module: the module that defined ``func``.
         name: the function's name (``_patch_...``, ``_fix_...``): the key used to disable it.
         summary: the first line of the function's docstring.
+        qualname: the function's qualified name within its module.
+        source: ``file:line`` of the definition.
     """
 
     kind: Kind
@@ -51,11 +53,12 @@ class Registration:
     module: str = ""
     name: str = ""
     summary: str = ""
+    qualname: str = ""
     source: str = field(default="", compare=False)
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.module}.{self.name}"
+        return f"{self.module}.{self.qualname or self.name}"
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable description (used in the export.json manifest)."""
@@ -69,14 +72,15 @@ class Registration:
 _REGISTRY: list[Registration] = []
 
 
-def _describe(func: Callable[..., Any]) -> tuple[str, str, str, str]:
+def _describe(func: Callable[..., Any]) -> tuple[str, str, str, str, str]:
     doc = inspect.getdoc(func) or ""
     summary = doc.strip().splitlines()[0] if doc.strip() else ""
     try:
         source = f"{inspect.getsourcefile(func)}:{inspect.getsourcelines(func)[1]}"
     except (OSError, TypeError):
         source = ""
-    return getattr(func, "__module__", "") or "", getattr(func, "__qualname__", repr(func)), summary, source
+    name = getattr(func, "__name__", repr(func))
+    return getattr(func, "__module__", "") or "", name, getattr(func, "__qualname__", name), summary, source
 
 
 def _check_scope(scope: str) -> None:
@@ -87,8 +91,8 @@ def _check_scope(scope: str) -> None:
 def _add(kind: Kind, scope: str, func: Callable[..., Any], paths: tuple[str, ...] = ()) -> None:
     if not callable(func):
         raise TypeError(f"@register_{kind} decorates a function, got {func!r}")
-    module, name, summary, source = _describe(func)
-    entry = Registration(kind, scope, func, paths, module, name, summary, source)
+    module, name, qualname, summary, source = _describe(func)
+    entry = Registration(kind, scope, func, paths, module, name, summary, qualname, source)
     # Re-importing a module (importlib.reload, a test re-running a registration) replaces, not duplicates.
     _REGISTRY[:] = [r for r in _REGISTRY if not (r.kind == kind and r.qualified_name == entry.qualified_name
                                                  and r.scope == scope)]

@@ -57,6 +57,8 @@ _STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
     "_cached_decode_position_ids",         # glm_image: decode position ids from the prompt
 )
 
+_CACHE_INPUT_NAMES = ("cache", "past_key_values", "cache_params")
+
 # Model classes that are not exportable as they are: class name -> the model-side change that would make
 # them exportable. `hfexport sweep --recheck-skips` re-runs them; the list should shrink.
 EXPORT_SKIPS: dict[str, str] = {}
@@ -166,6 +168,10 @@ class DynamoExporter(Exporter):
             return dummy_inputs(model)
         return super().prepare_inputs(model, inputs)
 
+    def check_inputs(self, inputs: Any) -> None:
+        register_transformers_pytrees()  # so that Cache inputs flatten to tensors (stage 3 re-checks)
+        super().check_inputs(inputs)
+
     def trace(self, ctx: ExportContext) -> torch.export.ExportedProgram:
         """Run the dynamo stages (nested under the calling backend's stage) and return the program."""
         if ctx.program is None:
@@ -181,10 +187,10 @@ class DynamoExporter(Exporter):
         if unknown:
             raise TypeError(f"{ctx.model_class}.forward takes no {unknown}; it takes {names}")
         fixed = {}
-        if "use_cache" in names and "past_key_values" not in ctx.inputs and "use_cache" not in ctx.inputs:
-            fixed["use_cache"] = False
-        if "past_key_values" in ctx.inputs and "use_cache" in names:
-            fixed["use_cache"] = True
+        # transformers 5 names the cache argument `cache` (`past_key_values` is its deprecated alias).
+        has_cache_input = any(n in ctx.inputs for n in _CACHE_INPUT_NAMES)
+        if "use_cache" in names and "use_cache" not in ctx.inputs:
+            fixed["use_cache"] = has_cache_input
         fixed.update(ctx.config.fixed_kwargs or {})  # type: ignore[attr-defined]
         ctx.extras["fixed_kwargs"] = fixed
         ctx.extras["wrapper"] = _with_signature(ctx.model, list(ctx.inputs), fixed)

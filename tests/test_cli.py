@@ -1,0 +1,57 @@
+"""The hfexport console script: help teaches, backends lists, export refuses to clobber."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hfexport import cli
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "hfexport.cli", *args], capture_output=True, text=True)
+
+
+def test_help_teaches_by_example():
+    out = _run("--help")
+    assert out.returncode == 0
+    assert "hfexport export --demo" in out.stdout and "--backend onnx" in out.stdout
+    export_help = _run("export", "--help").stdout
+    for flag in ("--demo", "--backend", "--output", "--dynamic", "--no-verify", "--overwrite"):
+        assert flag in export_help
+
+
+def test_backends_lists_name_distribution_version_status():
+    out = _run("backends", "--json")
+    assert out.returncode == 0
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["dynamo"]["distribution"] == "hfexport-dynamo" and rows["dynamo"]["status"] == "ok"
+    assert rows["broken"]["status"] == "error" and "vendor_sdk" in rows["broken"]["error"]
+
+
+def test_stages_lists_the_dynamo_reference():
+    out = _run("stages", "dynamo").stdout.splitlines()
+    assert [line.split(".", 1)[1].split("extension")[0].strip() for line in out] == [
+        "Forward signature patch", "Model patches", "Pytree registration", "Dynamic shapes", "State cleanup"]
+
+
+def test_export_refuses_non_empty_output_without_overwrite(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep")
+    with pytest.raises(SystemExit, match="not empty.*--overwrite"):
+        cli.main(["export", "--demo", "--output", str(tmp_path)])
+    assert [p.name for p in tmp_path.iterdir()] == ["precious.txt"]
+
+
+def test_export_unknown_backend_exits_2_and_names_the_distribution(tmp_path, capsys):
+    assert cli.main(["export", "--demo", "--backend", "executorch-foo", "--output", str(tmp_path / "o")]) == 2
+    assert "pip install hfexport-executorch" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_demo_export_end_to_end(tmp_path, capsys):
+    code = cli.main(["export", "--demo", "--output", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "last_hidden_state" in out and "PASSED" in out
+    assert (tmp_path / "demo" / "model.pt2").exists()

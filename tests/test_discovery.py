@@ -1,0 +1,101 @@
+"""Backend discovery through real entry points of installed distributions (the test plugins in tests/plugins)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hfexport
+from hfexport import UnknownBackendError, get_backend, list_backends
+
+
+def _by_name():
+    return {i.name: i for i in list_backends()}
+
+
+def test_first_party_and_plugin_backends_are_listed_with_distributions():
+    infos = _by_name()
+    assert infos["dynamo"].distribution == "hfexport-dynamo" and infos["dynamo"].status == "ok"
+    assert infos["onnx"].distribution == "hfexport-onnx"
+    assert infos["executorch-xnnpack"].distribution == "hfexport-executorch"
+    assert infos["testplugin"].distribution == "hfexport-testplugin"
+    assert infos["testplugin"].version == "0.0.1"
+
+
+def test_broken_plugin_is_reported_and_others_keep_working():
+    infos = _by_name()
+    broken = infos["broken"]
+    assert broken.status == "error"
+    assert "ImportError" in broken.error and "vendor_sdk" in broken.error
+    assert infos["dynamo"].status == "ok"
+    with pytest.raises(UnknownBackendError, match="hfexport-brokenplugin 0.0.1 is not usable.*vendor_sdk"):
+        get_backend("broken")
+
+
+def test_listing_without_load_reads_metadata_only():
+    code = ("import sys, hfexport; infos = hfexport.list_backends(load=False); "
+            "assert {i.status for i in infos} == {'unloaded'}; "
+            "heavy = [m for m in ('torch', 'onnx', 'onnxscript', 'executorch', 'hfexport_onnx') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_loaded_listing_imports_no_toolchain():
+    code = ("import sys, hfexport; hfexport.list_backends(); "
+            "print([m for m in ('torch', 'onnx', 'onnxscript', 'onnxruntime', 'executorch', 'transformers') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_plugin_backend_is_found_by_name_and_exports():
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(x) @ x.transpose(-1, -2)
+
+    x = torch.randn(2, 3, 4)
+    exported = hfexport.export(Tiny(), {"x": x}, backend="testplugin", dynamic=True)
+    assert exported.backend == "testplugin"
+    # The vendor's own stage ran: the program is Core ATen (gelu decomposed away from aten.gelu? no: gelu is core)
+    ops = {str(n.target) for n in exported.runner.program.graph.nodes if n.op == "call_function"}
+    assert "aten.matmul.default" not in ops  # matmul is not Core ATen: decomposed into bmm/mm
+    x2 = torch.randn(3, 5, 4)
+    report = exported.verify({"x": x2}, atol=1e-6, rtol=1e-6)
+    assert report.passed, report
+
+
+def test_unknown_backend_lists_installed_and_names_distribution():
+    with pytest.raises(UnknownBackendError) as info:
+        get_backend("executorch-foo")
+    message = str(info.value)
+    assert "unknown backend 'executorch-foo'" in message
+    assert "dynamo" in message and "testplugin" in message
+    assert "pip install hfexport-executorch" in message
+
+
+def test_uninstalled_first_party_backend_names_its_distribution(monkeypatch):
+    monkeypatch.setenv("HFEXPORT_BLOCK_PLUGINS", "onnx")
+    infos = _by_name()
+    assert infos["onnx"].status == "disabled"
+    with pytest.raises(UnknownBackendError, match="disabled"):
+        get_backend("onnx")
+    monkeypatch.setattr("hfexport._discovery.list_backends",
+                        lambda load=True: [i for i in infos.values() if i.name != "onnx"])
+    with pytest.raises(UnknownBackendError, match="pip install hfexport-onnx"):
+        get_backend("onnx")
+
+
+def test_third_party_plugins_can_be_disabled(monkeypatch):
+    monkeypatch.setenv("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD", "1")
+    infos = _by_name()
+    assert infos["testplugin"].status == "disabled"
+    assert infos["dynamo"].status == "ok"
+
+
+def test_export_with_unknown_backend_changes_nothing(bert):
+    before = {k: v.clone() for k, v in bert.state_dict().items()}
+    with pytest.raises(UnknownBackendError):
+        hfexport.export(bert, backend="nope")
+    assert all(torch.equal(before[k], v) for k, v in bert.state_dict().items())

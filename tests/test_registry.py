@@ -1,0 +1,77 @@
+"""Registries: each decorator lists what it registered, with where it came from."""
+
+import pytest
+
+import hfexport
+from hfexport import (
+    list_fx_node_fixes,
+    list_fx_program_fixes,
+    list_patches,
+    register_fx_node_fix,
+    register_fx_program_fix,
+    register_patch,
+)
+
+
+def test_register_patch_lists_entry_with_origin():
+    @register_patch("test.registry", "torch.where", "torch.Tensor.view")
+    def _patch_twice(original):
+        """Wrap two torch ops with one factory."""
+        return original
+
+    [entry] = [r for r in list_patches("test.registry") if r.name.endswith("_patch_twice")]
+    assert entry.kind == "patch"
+    assert entry.paths == ("torch.where", "torch.Tensor.view")
+    assert entry.module == __name__
+    assert entry.summary == "Wrap two torch ops with one factory."
+    assert entry.source.endswith(".py:" + entry.source.rsplit(":", 1)[1])
+
+
+def test_register_fx_fixes_list_entries():
+    @register_fx_node_fix("test.registry")
+    def _fix_nothing(gm, node):
+        """Never rewrites."""
+        return False
+
+    @register_fx_program_fix("test.registry")
+    def _fix_program_nothing(ep):
+        """Never rewrites the program."""
+
+    assert [r.summary for r in list_fx_node_fixes("test.registry")] == ["Never rewrites."]
+    assert [r.summary for r in list_fx_program_fixes("test.registry")] == ["Never rewrites the program."]
+    assert {r.kind for r in hfexport.list_workarounds("test.registry")} >= {"fx_node_fix", "fx_program_fix"}
+
+
+def test_reregistration_replaces_not_duplicates():
+    for _ in range(2):
+        @register_fx_node_fix("test.rereg")
+        def _fix_same(gm, node):
+            """Same function registered twice."""
+            return False
+    assert len(list_fx_node_fixes("test.rereg")) == 1
+
+
+def test_disabled_workaround_is_left_out():
+    @register_fx_node_fix("test.disable")
+    def _fix_a(gm, node):
+        """A."""
+        return False
+
+    @register_fx_node_fix("test.disable")
+    def _fix_b(gm, node):
+        """B."""
+        return False
+
+    names = [r.name for r in hfexport.workarounds_for("fx_node_fix", ["test.disable"], disabled=["_fix_a"])]
+    assert [n.rsplit(".", 1)[-1] for n in names] == ["_fix_b"]
+
+
+@pytest.mark.parametrize("bad", ["", "a..b", None])
+def test_bad_scope_is_rejected(bad):
+    with pytest.raises(ValueError, match="scope"):
+        register_fx_node_fix(bad)
+
+
+def test_patch_without_dotted_path_is_rejected():
+    with pytest.raises(ValueError, match="dotted paths"):
+        register_patch("test.registry", "where")
