@@ -153,3 +153,35 @@ def test_export_failure_restores_everything():
     assert _DynamoPatchProbe.forward.__qualname__ == "_DynamoPatchProbe.forward"
     assert model.training  # training flag restored
     _assert_originals()
+
+
+class GadgetAlpha:
+    def run(self):
+        return "alpha"
+
+
+class GadgetBeta:
+    def run(self):
+        return "beta"
+
+
+class GadgetGamma(GadgetAlpha):  # inherits run: patched through its base, not twice
+    pass
+
+
+@register_patch("test.wildcard", f"{__name__}.Gadget*.run", "no_such_module_xyz.*.Thing.run")
+def _patch_gadgets_but_beta(original):
+    """Wildcard patch that declines one of its matches by returning the original."""
+    if original.__qualname__.startswith("GadgetBeta"):
+        return original
+    return lambda self: "patched " + original(self)
+
+
+def test_wildcard_path_matches_loaded_classes_and_factory_may_decline():
+    with patch_context(["test.wildcard"]) as report:
+        assert GadgetAlpha().run() == "patched alpha"
+        assert GadgetBeta().run() == "beta"  # declined
+        assert GadgetGamma().run() == "patched alpha"
+    assert GadgetAlpha().run() == "alpha" and "run" in vars(GadgetAlpha)
+    assert [p for _, p in report.installed] == [f"{__name__}.GadgetAlpha.run"]
+    assert hfexport.resolve_pattern("no_such_module_xyz.*.Thing.run") == []  # imports nothing

@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import sys
 import threading
+from fnmatch import fnmatchcase
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._registry import Registration, workarounds_for
 
-__all__ = ["PatchReport", "UnresolvedTarget", "patch_context", "resolve_path"]
+__all__ = ["PatchReport", "UnresolvedTarget", "patch_context", "resolve_path", "resolve_pattern"]
 
 logger = logging.getLogger("hfexport")
 
@@ -20,6 +22,7 @@ logger = logging.getLogger("hfexport")
 # threads would see each other's patches. One re-entrant lock serialises them; nesting in one thread is fine.
 _PATCH_LOCK = threading.RLock()
 _MISSING = object()
+_DECLINED = object()
 
 
 class UnresolvedTarget(LookupError):
@@ -63,6 +66,29 @@ def resolve_path(path: str) -> tuple[Any, str]:
     return obj, parts[-1]
 
 
+def resolve_pattern(path: str) -> list[tuple[Any, str, str]]:
+    """Resolve a wildcard path ``"module.pattern.ClassPattern.attr"`` against already-imported modules.
+
+    The last two components are a class-name pattern and an attribute; everything before is a module-name
+    pattern (``fnmatch`` syntax). Nothing is imported: a model-specific patch only matters for model
+    classes whose module is loaded. Only classes that define ``attr`` themselves match (a subclass that
+    inherits it is patched through its base).
+
+    Returns:
+        ``(owner_class, attr, concrete_path)`` for every match, sorted by path.
+    """
+    module_pattern, class_pattern, attr = path.rsplit(".", 2)
+    matches = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not fnmatchcase(module_name, module_pattern):
+            continue
+        for class_name, obj in list(vars(module).items()):
+            if (isinstance(obj, type) and obj.__module__ == module_name and fnmatchcase(class_name, class_pattern)
+                    and attr in vars(obj)):
+                matches.append((obj, attr, f"{module_name}.{class_name}.{attr}"))
+    return sorted(matches, key=lambda m: m[2])
+
+
 @dataclass
 class PatchReport:
     """What a :func:`patch_context` installed and what it skipped.
@@ -90,9 +116,16 @@ def _raw_attribute(owner: Any, attr: str) -> Any:
 
 
 def _install(owner: Any, attr: str, factory: Any) -> Any:
+    """Install ``factory(original)``; returns the raw attribute to restore, or _DECLINED.
+
+    A factory declines a target by returning ``original`` unchanged (e.g. a wildcard patch that applies
+    only to some of the classes it matches).
+    """
     raw = _raw_attribute(owner, attr)
     original = getattr(owner, attr)
     replacement = factory(original)
+    if replacement is original:  # the factory declined: this target does not need the patch
+        return _DECLINED
     if isinstance(raw, staticmethod):
         replacement = staticmethod(replacement)
     elif isinstance(raw, classmethod):
@@ -131,28 +164,40 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterat
     with _PATCH_LOCK:
         try:
             for registration in workarounds_for("patch", scopes, disabled):
-                for path in registration.paths:
-                    try:
-                        owner, attr = resolve_path(path)
-                    except UnresolvedTarget as exc:
-                        logger.info("patch %s skipped: %s", registration.qualified_name, exc)
-                        report.skipped.append((registration, path, str(exc)))
-                        continue
-                    current = getattr(owner, attr)
-                    if ours.get(id(current)) is registration and _raw_attribute(owner, attr) is _MISSING:
-                        # A subclass that inherits the method this factory already replaced on its base:
-                        # wrapping it again would apply the patch twice.
-                        report.installed.append((registration, path))
-                        continue
-                    key = (id(owner), attr)
-                    if key in owners:
-                        logger.warning("two patches on %s: %s wraps %s", path, registration.qualified_name,
-                                       owners[key])
-                    owners[key] = registration.qualified_name
-                    undo.append((owner, attr, _install(owner, attr, registration.func)))
-                    ours[id(getattr(owner, attr))] = registration
-                    report.installed.append((registration, path))
+                for pattern in registration.paths:
+                    if "*" in pattern:
+                        targets = resolve_pattern(pattern)
+                    else:
+                        try:
+                            targets = [(*resolve_path(pattern), pattern)]
+                        except UnresolvedTarget as exc:
+                            logger.info("patch %s skipped: %s", registration.qualified_name, exc)
+                            report.skipped.append((registration, pattern, str(exc)))
+                            continue
+                    for owner, attr, path in targets:
+                        _install_one(owner, attr, path, registration, report, undo, owners, ours)
             yield report
         finally:
             for owner, attr, raw in reversed(undo):
                 _restore(owner, attr, raw)
+
+
+def _install_one(owner: Any, attr: str, path: str, registration: Registration, report: PatchReport,
+                 undo: list[tuple[Any, str, Any]], owners: dict[tuple[int, str], str],
+                 ours: dict[int, Registration]) -> None:
+    current = getattr(owner, attr)
+    if ours.get(id(current)) is registration and _raw_attribute(owner, attr) is _MISSING:
+        # A subclass that inherits the method this factory already replaced on its base: wrapping it
+        # again would apply the patch twice.
+        report.installed.append((registration, path))
+        return
+    raw = _install(owner, attr, registration.func)
+    if raw is _DECLINED:
+        return
+    key = (id(owner), attr)
+    if key in owners:
+        logger.warning("two patches on %s: %s wraps %s", path, registration.qualified_name, owners[key])
+    owners[key] = registration.qualified_name
+    undo.append((owner, attr, raw))
+    ours[id(getattr(owner, attr))] = registration
+    report.installed.append((registration, path))

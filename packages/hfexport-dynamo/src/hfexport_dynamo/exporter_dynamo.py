@@ -349,6 +349,60 @@ def _patch_nllb_moe_cast_classifier(original: Any) -> Any:
     return cast_classifier
 
 
+def _is_dynamic_rope_wrapper(forward: Any) -> bool:
+    """Whether ``forward`` is the wrapper that ``transformers.modeling_rope_utils.dynamic_rope_update`` returns."""
+    from transformers.modeling_rope_utils import dynamic_rope_update
+
+    code = getattr(forward, "__code__", None)
+    return code is not None and code is dynamic_rope_update(lambda *a, **k: None).__code__ and \
+        hasattr(forward, "__wrapped__")
+
+
+@register_patch("dynamo", "transformers.models.*.modeling_*.*RotaryEmbedding.forward")
+def _patch_dynamic_rope_update(original: Any) -> Any:
+    """Select the dynamic-NTK RoPE frequencies with tensor ops instead of a Python branch on the length.
+
+    **Why**: ``dynamic_rope_update`` recomputes ``inv_freq`` when ``max(position_ids) + 1`` exceeds the cached
+    length, with ``if seq_len > max_seq_len_cached``: a Python branch on a data-dependent value, which
+    torch.export rejects (``GuardOnDataDependentSymNode: Eq(u0, 1)``) on every backend. The replacement
+    computes the scaled frequencies from the runtime length (the rope init functions accept a tensor
+    ``seq_len``) and picks them with ``torch.where(seq_len > original_max_seq_len, scaled, original)``, then
+    runs the undecorated forward with that ``inv_freq``. This is the value eager computes for a model that
+    has not seen a longer sequence before; eager's growth cache (``max_seq_len_cached``) is process state that
+    an exported program cannot carry. ``longrope`` already selects with ``torch.where`` in transformers 5 and
+    is left to the original; every rope type whose name contains ``dynamic`` takes this path.
+    **Upstream**: pytorch/pytorch#163791 (reported on Phi-3.5 longrope; the same branch remains in the
+    dynamic NTK update of ``transformers.modeling_rope_utils.dynamic_rope_update``).
+    **Remove when**: transformers' dynamic update selects with ``torch.where`` like its longrope update.
+    """
+    if not _is_dynamic_rope_wrapper(original):
+        return original  # not decorated with dynamic_rope_update: decline
+    undecorated = original.__wrapped__
+
+    def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None) -> Any:
+        rope_type = self.rope_type if layer_type is None else self.rope_type[layer_type]
+        kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+        if "dynamic" not in rope_type:
+            return original(self, x, position_ids, **kwargs)
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        prefix = f"{layer_type}_" if layer_type is not None else ""
+        original_inv_freq = getattr(self, f"{prefix}original_inv_freq").to(x.device)
+        seq_len = torch.max(position_ids) + 1
+        scaled, _ = ROPE_INIT_FUNCTIONS[rope_type](self.config, x.device, seq_len=seq_len, **kwargs)
+        inv_freq = torch.where(seq_len > self.original_max_seq_len, scaled.to(original_inv_freq.dtype),
+                               original_inv_freq)
+        name = f"{prefix}inv_freq"
+        saved = self._buffers[name]
+        self._buffers[name] = inv_freq
+        try:
+            return undecorated(self, x, position_ids, **kwargs)
+        finally:
+            self._buffers[name] = saved
+
+    return forward
+
+
 # ── helpers for the manifest ───────────────────────────────────────────────────────────────────────────
 def _spec_modules(spec: Any) -> set[str]:
     out = set()
