@@ -9,7 +9,7 @@ from ._artifact import ExportedModel, OutputDiff, VerificationReport, load
 from ._discovery import Backend, BackendInfo, UnknownBackendError, get_backend, list_backends
 from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
-from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path
+from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path, resolve_pattern
 from ._registry import (
     Registration,
     list_fx_node_fixes,
@@ -31,6 +31,7 @@ __all__ = [
     "UnknownBackendError", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
     "apply_fx_program_fixes", "export", "get_backend", "iter_graph_modules", "list_backends",
     "list_fx_node_fixes", "list_fx_program_fixes", "list_patches", "list_workarounds", "load", "patch_context",
-    "register_fx_node_fix", "register_fx_program_fix", "register_patch", "resolve_path", "run_stages",
+    "register_fx_node_fix", "register_fx_program_fix", "register_patch", "resolve_path", "resolve_pattern",
+    "run_stages",
     "workarounds_for",
 ]
