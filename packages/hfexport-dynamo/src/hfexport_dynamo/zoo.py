@@ -214,11 +214,7 @@ def _index() -> dict[str, ZooCase]:
         for name in names:
             for model_type in mapping(name):
                 type_modality.setdefault(model_type, modality)
-    multimodal_classes = {
-        cls
-        for name in _MODALITY_GROUPS[3][1]
-        for _, cls in _mapping_items(mapping(name))
-    }
+    multimodal_classes = {cls for name in _MODALITY_GROUPS[3][1] for _, cls in _mapping_items(mapping(name))}
 
     cases: dict[str, ZooCase] = {}
     for task, name in _TASK_MAPPINGS:
@@ -331,6 +327,9 @@ _INT_CAPS: dict[str, int] = {
     "moe_num_experts": 4,
     "num_experts_per_tok": 2,
     "moe_topk": 2,
+    "moe_k": 2,
+    "moe_num_shared_experts": 1,
+    "num_groups": 4,
     "n_shared_experts": 1,
     "num_shared_experts": 1,
     "n_group": 1,
@@ -385,7 +384,15 @@ _LIST_CAPS: dict[str, Callable[[int], int]] = {
 }
 
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers")
-_NO_TRUNCATE = {"conv_dim", "conv_kernel", "conv_stride", "hidden_sizes", "depths", "out_features", "out_indices"}
+_NO_TRUNCATE = {
+    "conv_dim",
+    "conv_kernel",
+    "conv_stride",
+    "hidden_sizes",
+    "depths",
+    "out_features",
+    "out_indices",
+}
 # (heads key, width key, head-dim key) triples kept consistent after shrinking.
 _HEAD_GROUPS = (
     ("num_attention_heads", "hidden_size", "head_dim"),
@@ -423,7 +430,12 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             if key in _LIST_CAPS:
                 rule = _LIST_CAPS[key]
                 d[key] = type(value)(min(v, rule(i)) if v > 0 else v for i, v in enumerate(value))
-            if old_layers and old_layers > TINY_LAYERS and len(value) == old_layers and key not in _NO_TRUNCATE:
+            if (
+                old_layers
+                and old_layers > TINY_LAYERS
+                and len(value) == old_layers
+                and key not in _NO_TRUNCATE
+            ):
                 d[key] = d[key][:TINY_LAYERS]
         elif (
             isinstance(value, (list, tuple))
@@ -433,6 +445,34 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             and key not in _NO_TRUNCATE
         ):
             d[key] = value[:TINY_LAYERS]  # per-layer lists, e.g. layer_types
+    # secondary widths that mirror the main ones (pooler_hidden_size, encoder_hidden_size, ...)
+    for main_key, pattern in (
+        ("hidden_size", "hidden"),
+        ("d_model", "hidden"),
+        ("intermediate_size", "intermediate"),
+    ):
+        old_main, new_main = original.get(main_key), d.get(main_key)
+        if not (_is_int(old_main) and _is_int(new_main)) or old_main == new_main:
+            continue
+        for key, value in original.items():
+            mirrors = pattern in key or (pattern == "hidden" and key.endswith(("_dim", "_size")))
+            if key != main_key and key not in _INT_CAPS and mirrors and value == old_main:
+                d[key] = new_main
+    if "vocab_size" in d and d["vocab_size"] is None and "hidden_size" in d:
+        d["vocab_size"] = TINY_VOCAB
+    experts = any(_is_int(d.get(k)) for k in ("n_routed_experts", "num_experts", "num_local_experts"))
+    if experts and "num_experts_per_tok" in d and d["num_experts_per_tok"] is None:
+        d["num_experts_per_tok"] = 2
+    new_layers = next((d[k] for k in _LAYER_COUNT_KEYS if _is_int(d.get(k))), None)
+    if old_layers and new_layers and new_layers < old_layers:
+        # per-layer dicts keyed by layer index
+        for key, value in list(d.items()):
+            if key.startswith("per_layer") and isinstance(value, dict):
+                d[key] = {k: v for k, v in value.items() if str(k).isdigit() and int(k) < new_layers}
+        # backbone stages that no longer exist: fall back to the default (last stage)
+        if "depths" not in d and ("out_features" in d or "out_indices" in d):
+            for key in ("out_features", "out_indices", "stage_names"):
+                d.pop(key, None)
     # keep head counts consistent with widths
     for heads_key, width_key, head_dim_key in _HEAD_GROUPS:
         heads, width = d.get(heads_key), d.get(width_key)
@@ -440,9 +480,19 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             continue
         if width % heads:
             d[heads_key] = heads = math.gcd(width, heads)
-        if head_dim_key and _is_int(d.get(head_dim_key)):
+        if (
+            head_dim_key
+            and head_dim_key in d
+            and d[head_dim_key] is None
+            and heads_key == "num_attention_heads"
+        ):
+            d[head_dim_key] = width // heads  # what real checkpoints spell out
+        elif head_dim_key and _is_int(d.get(head_dim_key)):
             old_hd, old_heads, old_width = original[head_dim_key], original[heads_key], original[width_key]
-            d[head_dim_key] = width // heads if old_hd * old_heads == old_width else min(old_hd, 16)
+            if old_hd == original.get("qk_rope_head_dim") and _is_int(d.get("qk_rope_head_dim")):
+                d[head_dim_key] = d["qk_rope_head_dim"]  # MLA models alias head_dim to the rope dim
+            else:
+                d[head_dim_key] = width // heads if old_hd * old_heads == old_width else min(old_hd, 16)
     heads = d.get("num_attention_heads")
     if _is_int(heads) and heads > 0:
         for kv_key in _KV_KEYS:
@@ -587,7 +637,12 @@ def _safe_ids(config: Any) -> torch.Tensor:
 
 
 def _make_inputs(
-    case: ZooCase, config: Any, params: dict[str, inspect.Parameter], batch: int, alt: bool, gen: torch.Generator
+    case: ZooCase,
+    config: Any,
+    params: dict[str, inspect.Parameter],
+    batch: int,
+    alt: bool,
+    gen: torch.Generator,
 ) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     modality = case.modality
@@ -618,7 +673,18 @@ def _make_inputs(
         inputs["pixel_values"] = pixels(batch)
     elif modality == "audio":
         if "input_values" in params:
-            inputs["input_values"] = torch.randn(batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen)
+            inputs["input_values"] = torch.randn(
+                batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen
+            )
+        elif (
+            "input_features" in params
+            and "whisper" in case.model_type
+            and _attr(config, "max_source_positions")
+        ):
+            mels = _attr(config, "num_mel_bins", default=80)
+            inputs["input_features"] = torch.randn(
+                batch, mels, 2 * _attr(config, "max_source_positions"), generator=gen
+            )
         elif "input_features" in params:
             feat = _attr(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=80)
             frames = ALT_SPEECH_FRAMES if alt else SPEECH_FRAMES
@@ -627,23 +693,32 @@ def _make_inputs(
         if "input_features" in params:
             mels = _attr(config, "num_mel_bins")
             max_src = _attr(config, "max_source_positions")
-            if mels and max_src and case.model_type.startswith("whisper"):
+            if mels and max_src and "whisper" in case.model_type:
                 inputs["input_features"] = torch.randn(batch, mels, 2 * max_src, generator=gen)
             else:
-                feat = (_attr(config, "input_feat_per_channel") or mels or _attr(config, "feature_size") or 80) * (
-                    _attr(config, "input_channels") or 1
-                )
+                feat = (
+                    _attr(config, "input_feat_per_channel") or mels or _attr(config, "feature_size") or 80
+                ) * (_attr(config, "input_channels") or 1)
                 frames = ALT_SPEECH_FRAMES if alt else SPEECH_FRAMES
                 inputs["input_features"] = torch.randn(batch, frames, feat, generator=gen)
         elif "input_values" in params:
-            inputs["input_values"] = torch.randn(batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen)
+            inputs["input_values"] = torch.randn(
+                batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen
+            )
     else:
         raise NotInstantiable(f"no dummy-input recipe for modality {modality!r} (task {case.task})")
     if not inputs:
         raise NotInstantiable(f"forward takes none of the {modality} inputs the zoo knows how to make")
 
-    if "decoder_input_ids" in params and (
-        getattr(config, "is_encoder_decoder", False) or modality in ("text2text", "speech")
+    head_task = case.task == "sequence-classification"  # eos-pooled: decoder ids come from input_ids
+    if getattr(config, "is_encoder_decoder", False) and "input_ids" in inputs:
+        eos = getattr(config, "eos_token_id", None)
+        if _is_int(eos) and 0 <= eos < TINY_VOCAB:
+            inputs["input_ids"][:, -1] = eos  # eos-pooled heads (BART family) need exactly one eos per row
+    if (
+        "decoder_input_ids" in params
+        and not head_task
+        and (getattr(config, "is_encoder_decoder", False) or modality in ("text2text", "speech"))
     ):
         dec = ALT_DECODER_SEQ_LEN if alt else DECODER_SEQ_LEN
         inputs["decoder_input_ids"] = ids(batch, dec)
@@ -702,7 +777,9 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
     """
     case = get_case(case_id)
     if case.modality == "other":
-        raise NotInstantiable(f"no dummy-input recipe for task {case.task!r} of model type {case.model_type!r}")
+        raise NotInstantiable(
+            f"no dummy-input recipe for task {case.task!r} of model type {case.model_type!r}"
+        )
     config = tiny_config(case.model_type, case.task)
     model_cls = _model_class(case)
     with torch.random.fork_rng(devices=[]):

@@ -1,0 +1,121 @@
+"""Fast tests of the offline tiny-model zoo (hfexport_dynamo.zoo)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+zoo = pytest.importorskip("hfexport_dynamo.zoo")
+
+REPRESENTATIVE = [
+    ("bert/BertModel", "text"),
+    ("llama/LlamaForCausalLM", "text"),
+    ("vit/ViTForImageClassification", "vision"),
+    ("t5/T5ForConditionalGeneration", "text2text"),
+    ("whisper/WhisperForConditionalGeneration", "speech"),
+]
+
+
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+    raise AssertionError(f"no tensor in output of type {type(output).__name__}")
+
+
+def test_list_cases_is_large_and_well_formed():
+    cases = zoo.list_cases()
+    assert len(cases) > 300
+    ids = [c.case_id for c in cases]
+    assert len(ids) == len(set(ids))
+    assert ids == sorted(ids)
+    for case in cases:
+        assert case.case_id == f"{case.model_type}/{case.class_name}"
+        assert case.task and case.modality
+
+
+def test_list_cases_filter_and_round_trip():
+    llama = zoo.list_cases(r"^llama/")
+    assert "llama/LlamaForCausalLM" in {c.case_id for c in llama}
+    assert all(c.model_type == "llama" for c in llama)
+    for case in zoo.list_cases()[:50] + llama:
+        assert zoo.list_cases(f"^{case.case_id}$") == [case]
+        assert zoo.get_case(case.case_id) == case
+    assert zoo.list_cases(r"^no-such-model-type/") == []
+
+
+def test_unknown_case_raises_clear_error():
+    with pytest.raises(zoo.UnknownCaseError, match="unknown zoo case 'nope/NopeModel'"):
+        zoo.build_case("nope/NopeModel")
+    with pytest.raises(LookupError):
+        zoo.check_instantiable("llama/NotAClass")
+
+
+def test_other_modality_reports_reason_not_dropped():
+    others = [c for c in zoo.list_cases() if c.modality == "other"]
+    if not others:
+        pytest.skip("every listed case has an input recipe")
+    with pytest.raises(zoo.NotInstantiable) as info:
+        zoo.build_case(others[0].case_id)
+    assert "\n" not in str(info.value) and str(info.value)
+    assert zoo.check_instantiable(others[0].case_id) == str(info.value)
+
+
+@pytest.mark.parametrize(("case_id", "modality"), REPRESENTATIVE)
+def test_representative_cases_build_and_run_deterministically(case_id, modality):
+    case = zoo.get_case(case_id)
+    assert case.modality == modality
+
+    model_a, inputs_a, alt_a = zoo.build_case(case_id)
+    model_b, inputs_b, alt_b = zoo.build_case(case_id)
+    assert not model_a.training
+    assert sum(p.numel() for p in model_a.parameters()) < 2_000_000
+
+    state_a, state_b = model_a.state_dict(), model_b.state_dict()
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        assert torch.equal(state_a[key], state_b[key]), key
+    for x, y in ((inputs_a, inputs_b), (alt_a, alt_b)):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], torch.Tensor):
+                assert torch.equal(x[key], y[key]), key
+            else:
+                assert x[key] == y[key]
+
+    # the alt inputs differ in batch (and sequence length where there is one)
+    main_key = next(k for k in ("input_ids", "pixel_values", "input_features") if k in inputs_a)
+    assert inputs_a[main_key].shape[0] == 2 and alt_a[main_key].shape[0] == 3
+    if main_key == "input_ids":
+        assert inputs_a[main_key].shape[1] != alt_a[main_key].shape[1]
+        assert int(inputs_a["input_ids"].max()) < model_a.config.get_text_config().vocab_size
+
+    with torch.no_grad():
+        out_a = _first_tensor(model_a(**inputs_a))
+        out_b = _first_tensor(model_b(**inputs_a))
+        alt_out = _first_tensor(model_a(**alt_a))
+    assert torch.equal(out_a, out_b)
+    assert out_a.shape[0] == 2 and alt_out.shape[0] == 3
+    assert torch.isfinite(out_a).all() and torch.isfinite(alt_out).all()
+
+
+def test_decoder_lm_inputs_disable_cache():
+    _, inputs, alt_inputs = zoo.build_case("llama/LlamaForCausalLM")
+    assert inputs["use_cache"] is False and alt_inputs["use_cache"] is False
+    assert set(inputs) >= {"input_ids", "attention_mask"}
+    assert zoo.check_instantiable("llama/LlamaForCausalLM") is None
+
+
+def test_tiny_config_is_small_and_consistent():
+    config = zoo.tiny_config("llama")
+    assert config.hidden_size <= 64 and config.num_hidden_layers <= 2
+    assert config.hidden_size % config.num_attention_heads == 0
+    assert config.num_attention_heads % config.num_key_value_heads == 0
+    assert config.vocab_size <= 1000
