@@ -169,3 +169,14 @@ def test_stateful_attributes_are_nulled_for_the_trace_and_restored():
     x = torch.randn(3, 7, 2)
     expected = x + torch.arange(7, dtype=x.dtype).sin()[None, :, None]
     torch.testing.assert_close(exported(x=x), expected)
+
+
+def test_constant_inputs_are_baked_in_and_checked(bert):
+    inputs = dict(dummy_inputs(bert), output_hidden_states=True)
+    exported = hfexport.export(bert, inputs)
+    assert exported.manifest["fixed_kwargs"]["output_hidden_states"] is True
+    assert "output_hidden_states" not in exported.input_names
+    out = exported(**inputs)  # the same constant is accepted
+    assert len(out.hidden_states) == 3
+    with pytest.raises(ValueError, match="baked into this export"):
+        exported(**dict(inputs, output_hidden_states=False))

@@ -192,6 +192,12 @@ class ExportedModel:
             TypeError: an input is missing or unknown (the message lists the expected names).
         """
         names = self.input_names
+        fixed = self.manifest.get("fixed_kwargs", {})
+        for name in [n for n in inputs if n in fixed and n not in names]:
+            if inputs[name] != fixed[name]:
+                raise ValueError(f"{name}={inputs[name]!r} was baked into this export as {fixed[name]!r}; "
+                                 f"re-export with {name}={inputs[name]!r} to change it")
+            inputs = {k: v for k, v in inputs.items() if k != name}
         missing = [n for n in names if n not in inputs]
         unknown = [n for n in inputs if n not in names]
         if missing or unknown:

@@ -186,7 +186,10 @@ class DynamoExporter(Exporter):
         unknown = [n for n in ctx.inputs if n not in names and not takes_kwargs]
         if unknown:
             raise TypeError(f"{ctx.model_class}.forward takes no {unknown}; it takes {names}")
-        fixed = {}
+        # Python constants among the inputs (use_cache=False, return_dict=True) are not program inputs: they
+        # are baked in, and ExportedModel accepts them again only with the same value.
+        fixed = {n: v for n, v in ctx.inputs.items() if isinstance(v, bool | int | float | str | type(None))}
+        ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in fixed}
         # transformers 5 names the cache argument `cache` (`past_key_values` is its deprecated alias).
         has_cache_input = any(n in ctx.inputs for n in _CACHE_INPUT_NAMES)
         if "use_cache" in names and "use_cache" not in ctx.inputs:
