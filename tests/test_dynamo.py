@@ -180,3 +180,14 @@ def test_constant_inputs_are_baked_in_and_checked(bert):
     assert len(out.hidden_states) == 3
     with pytest.raises(ValueError, match="baked into this export"):
         exported(**dict(inputs, output_hidden_states=False))
+
+
+def test_version_drift_is_reported(monkeypatch):
+    from hfexport._exporter import warn_version_drift
+    from hfexport_dynamo.exporter_dynamo import DynamoExporter
+
+    assert warn_version_drift(DynamoExporter) == []  # the lock installs the tested versions
+    monkeypatch.setattr(DynamoExporter, "tested_versions", {"torch": "1.0.0"})
+    monkeypatch.setenv("HFEXPORT_IGNORE_VERSION_DRIFT", "1")
+    [message] = warn_version_drift(DynamoExporter)
+    assert "torch" in message and "tested with 1.0.0" in message

@@ -107,6 +107,33 @@ class ExportContext:
         self.report["notes"].append(text)
 
 
+_WARNED_DRIFT: set[str] = set()
+
+
+def warn_version_drift(exporter_class: type[Exporter]) -> list[str]:
+    """Warn once per distribution whose installed major.minor differs from ``exporter_class.tested_versions``.
+
+    Returns:
+        The drift messages (also for distributions warned about earlier).
+    """
+    import os
+    import warnings
+    from importlib import metadata
+
+    messages = []
+    for dist, tested in exporter_class.tested_versions.items():
+        try:
+            installed = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        if installed.split(".")[:2] != tested.split(".")[:2]:
+            messages.append(f"{dist} {installed} is installed; {exporter_class.name} was tested with {tested}")
+            if dist not in _WARNED_DRIFT and not os.environ.get("HFEXPORT_IGNORE_VERSION_DRIFT"):
+                _WARNED_DRIFT.add(dist)
+                warnings.warn(messages[-1] + " (set HFEXPORT_IGNORE_VERSION_DRIFT=1 to silence)", stacklevel=3)
+    return messages
+
+
 def _snapshot_modes(model: Any) -> list[tuple[Any, bool]]:
     return [(m, m.training) for m in model.modules()]
 
@@ -125,6 +152,9 @@ class Exporter:
     scopes: ClassVar[tuple[str, ...]] = ()
     # Distributions whose versions go into the manifest.
     toolchain: ClassVar[tuple[str, ...]] = ("torch",)
+    # Versions this backend was tested with; a different major.minor installed gets one warning per process
+    # (silence it with HFEXPORT_IGNORE_VERSION_DRIFT=1).
+    tested_versions: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         self.config = self.config_class.from_options(config, **options)
@@ -159,6 +189,7 @@ class Exporter:
             raise ExportError(self.name, model_class, exc, where="building inputs from the config",
                               hints=["pass inputs explicitly: a mapping of forward keyword arguments"]) from exc
         self.check_inputs(inputs)
+        warn_version_drift(type(self))
         modes = _snapshot_modes(model)
         start = time.perf_counter()
         try:

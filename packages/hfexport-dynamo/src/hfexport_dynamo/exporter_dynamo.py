@@ -151,6 +151,7 @@ class DynamoExporter(Exporter):
     config_class: ClassVar[type[ExportConfig]] = DynamoConfig
     scopes: ClassVar[tuple[str, ...]] = ("dynamo",)
     toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo")
+    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0"}
     dynamo_stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Forward signature patch", "internal", "stage_forward_signature"),
         Stage(2, "Model patches", '@register_patch("dynamo", ...)', "stage_model_patches"),
@@ -262,6 +263,7 @@ class DynamoExporter(Exporter):
             "dynamic": ctx.config.dynamic,
             "config": {k: repr(v) for k, v in vars(ctx.config).items()},
             "versions": versions_of(self.toolchain),
+            "tested_versions": dict(self.tested_versions),
             "workarounds": {"patches": ctx.report["patches"], "skipped_patches": ctx.report["skipped_patches"],
                             "fixes": ctx.report["fixes"]},
             "timings_s": ctx.report["timings"],
