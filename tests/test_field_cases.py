@@ -44,7 +44,8 @@ def assert_matches(actual, expected, where):
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert a.shape == e.shape, f"{where} output {i}: shape {tuple(a.shape)} != {tuple(e.shape)}"
         if e.is_floating_point():
-            torch.testing.assert_close(a.to(e.dtype), e, atol=ATOL, rtol=RTOL, msg=lambda m: f"{where} output {i}: {m}")
+            label = f"{where} output {i}"
+            torch.testing.assert_close(a.to(e.dtype), e, atol=ATOL, rtol=RTOL, msg=lambda m, label=label: f"{label}: {m}")
         else:
             assert torch.equal(a.to(e.dtype), e), f"{where} output {i}: {a} != {e}"
 

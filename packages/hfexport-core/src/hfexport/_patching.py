@@ -7,9 +7,9 @@ import importlib
 import logging
 import sys
 import threading
-from fnmatch import fnmatchcase
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ._registry import Registration, workarounds_for

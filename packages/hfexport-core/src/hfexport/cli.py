@@ -36,14 +36,19 @@ def _console() -> Any:
 
 
 class _Progress:
-    """One line per stage on a TTY (✅/❌ with seconds); silent when piped."""
+    """One line per stage on a TTY (✅/❌ with seconds); silent when piped. Keeps the lines for --report."""
 
     def __init__(self, console: Any):
         self.console = console
         self.enabled = console.is_terminal
         self._status: Any = None
+        self.lines: list[str] = []
 
     def __call__(self, event: Any) -> None:
+        if event.status != "start":
+            mark = "✅" if event.status == "done" else "❌"
+            self.lines.append(f"| {event.backend} | {'  ' * event.depth}{event.stage.number}/{event.total} "
+                              f"{event.stage.title} | {mark} | {event.seconds:.2f} |")
         if not self.enabled:
             return
         indent = "    " * event.depth
@@ -171,7 +176,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
     console.print(f"verifying the artifact loaded back from disk at {shapes}")
     report = reloaded.verify(check_inputs, atol=args.atol, rtol=args.rtol, reference=model)
     print(report)
+    if args.report:
+        _write_report(Path(args.report), args, exported, progress.lines, report, shapes)
     return 0 if report.passed else 1
+
+
+def _write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,
+                  shapes: str) -> None:
+    """The export as markdown: stages with seconds, workarounds applied, verification."""
+    m = exported.manifest
+    lines = [f"# hfexport: {m['model_class']} -> {m['backend']}", "",
+             f"- artifact: `{args.output or 'out/' + args.backend}` ({', '.join(m.get('files', []))})",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}", "",
+             "| backend | stage | | seconds |", "|---|---|---|---|", *stage_lines, "",
+             "## Workarounds installed (patches) and applied (fixes)", ""]
+    lines += [f"- patch `{p['name']}` on `{p['path']}`: {p['summary']}" for p in m["workarounds"]["patches"]]
+    lines += [f"- fix `{name}` x{count}" for name, count in m["workarounds"]["fixes"].items()]
+    lines += ["", f"## Verification at {shapes}", "", "```", str(report), "```", ""]
+    path.write_text("\n".join(lines))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the verification (default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the verification (default 1e-4)")
     p.add_argument("--traceback", action="store_true", help="show the full traceback of a failed export")
+    p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("backends", help="list installed backends: name, distribution, version, status")
