@@ -16,7 +16,6 @@ import importlib
 import os
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
 
 __all__ = ["Backend", "BackendInfo", "UnknownBackendError", "get_backend", "list_backends"]
 
@@ -42,15 +41,12 @@ class Backend:
         description: one line for ``hfexport backends``.
         requires: distributions the toolchain needs; checked from metadata when the backend is loaded,
             so that a missing toolchain is reported before any export starts.
-        options: keyword options passed to the exporter class (for one class serving several variants,
-            e.g. ``{"variant": "xnnpack"}``).
     """
 
     name: str
     exporter: str
     description: str = ""
     requires: tuple[str, ...] = ()
-    options: tuple[tuple[str, Any], ...] = ()
 
     def missing_requirements(self) -> list[str]:
         missing = []
@@ -122,7 +118,7 @@ def _load_entry_point(ep: metadata.EntryPoint, dist_name: str) -> tuple[str, str
     if not isinstance(obj, Backend):
         return "error", f"{ep.value} is a {type(obj).__name__}, not an hfexport.Backend", None
     if obj.name != ep.name:
-        obj = Backend(ep.name, obj.exporter, obj.description, obj.requires, obj.options)
+        obj = Backend(ep.name, obj.exporter, obj.description, obj.requires)
     missing = obj.missing_requirements()
     if missing:
         return "missing", f"needs {', '.join(missing)} (pip install {' '.join(missing)})", obj
