@@ -1,0 +1,356 @@
+"""The onnx backend: real MiniLM and a 13-architecture tiny-config matrix on ONNX Runtime, config validation,
+naming, providers, and the failure paths (opset too low, optimizer crash, a session ORT refuses)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import hfexport
+from helpers import tiny_model
+from hfexport import ExportError
+from hfexport_dynamo.inputs import dummy_inputs
+
+ATOL = 1e-4
+ONNX_FILE = Path(__file__).parents[1] / "packages/hfexport-onnx/src/hfexport_onnx/exporter_onnx.py"
+
+
+def tiny(kind: str) -> torch.nn.Module:
+    """Seeded tiny models of the families that tests/helpers.py does not build."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    enc = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=100,
+               max_position_embeddings=64)
+    dec = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=37, vocab_size=100, max_position_embeddings=64)
+    if kind == "roberta":
+        return tf.RobertaModel(tf.RobertaConfig(**enc, pad_token_id=1)).eval()
+    if kind == "distilbert":
+        return tf.DistilBertModel(tf.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, vocab_size=100,
+                                                      max_position_embeddings=64)).eval()
+    if kind == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**dec)).eval()
+    if kind == "mistral":
+        return tf.MistralForCausalLM(tf.MistralConfig(**dec)).eval()
+    if kind == "phi":
+        return tf.PhiForCausalLM(tf.PhiConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=37, vocab_size=100, max_position_embeddings=64)).eval()
+    if kind == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=64,
+                                                bos_token_id=1, eos_token_id=2)).eval()
+    if kind == "bart":
+        return tf.BartForConditionalGeneration(tf.BartConfig(
+            d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+            encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=100, max_position_embeddings=64)).eval()
+    if kind == "convnext":
+        return tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_channels=3,
+                                                  image_size=32)).eval()
+    return tiny_model(kind)
+
+
+@functools.cache
+def onnx_export(kind: str) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    """``(model, export)`` of a tiny model with dynamic=True and inputs from its config; cached for the session
+    (test_onnx_workarounds.py reuses the T5 and Llama exports for the "with the workaround" half)."""
+    model = tiny(kind)
+    return model, hfexport.export(model, backend="onnx", dynamic=True)
+
+
+ARCHITECTURES = ["bert", "roberta", "distilbert", "llama", "qwen2", "gpt2", "mistral", "phi", "t5", "bart", "vit",
+                 "convnext", "whisper"]
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_tiny_architecture_exports_dynamic_and_matches_on_ort_at_two_shapes(kind):
+    model, exported = onnx_export(kind)
+    assert exported.manifest["onnx"]["optimized"], exported.manifest["onnx"]
+    traced = dummy_inputs(model)  # batch 2
+    second = dummy_inputs(model, batch=3, seq=13, seed=1)
+    for inputs in (traced, second):
+        report = exported.verify(inputs, atol=ATOL, rtol=0)
+        assert report.passed, report
+    main = exported.manifest["inputs"][0]
+    assert "0" in main["dynamic_dims"], f"batch of {main['name']} should stay dynamic: {main}"
+
+
+def _minilm_inputs(tokenizer, sentences: list[str], length: int) -> dict:
+    return dict(tokenizer(sentences, padding="max_length", truncation=True, max_length=length, return_tensors="pt"))
+
+
+def test_real_minilm_batch2_seq8_runs_at_batch3_seq17_with_padding_before_and_after_save(tmp_path):
+    from transformers import AutoTokenizer
+
+    from hfexport_dynamo.demo import minilm_demo, minilm_path
+
+    model, _, _ = minilm_demo()
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    trace = _minilm_inputs(tokenizer, ["hfexport turns models into artifacts, and back.", "Runs them."], 8)
+    check = _minilm_inputs(tokenizer, [
+        "A different batch size and sequence length exercise the dynamic dimensions of the program.",
+        "Short one.", "Padding in the attention mask must not change the unpadded tokens."], 17)
+    assert trace["input_ids"].shape == (2, 8) and check["input_ids"].shape == (3, 17)
+    assert (check["attention_mask"] == 0).any(), "the check batch must contain padding"
+
+    exported = hfexport.export(model, trace, backend="onnx", dynamic=True)
+    assert exported.manifest["onnx"]["optimized"]
+    report = exported.verify(check, atol=ATOL, rtol=0)
+    assert report.passed and report.max_abs_diff <= ATOL, report
+
+    saved = exported.save_pretrained(tmp_path / "minilm")
+    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "export.json", "model.onnx", "model.onnx.data"]
+    assert (saved / "model.onnx").stat().st_size < (saved / "model.onnx.data").stat().st_size  # weights outside
+    reloaded = hfexport.load(saved)
+    report = reloaded.verify(check, atol=ATOL, rtol=0, reference=model)
+    assert report.passed and report.max_abs_diff <= ATOL, report
+    assert type(reloaded(**check)).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
+
+    manifest = json.loads((saved / "export.json").read_text())
+    section = manifest["onnx"]
+    assert section["opset"] == 18 and section["optimized"] is True and section["not_optimized_because"] is None
+    assert section["providers"] == ["CPUExecutionProvider"] and section["node_count"] > 100
+    assert section["input_leaves"] == ["input_ids", "token_type_ids", "attention_mask"]
+    assert section["output_leaves"] == ["last_hidden_state", "pooler_output"]
+    assert {"onnx", "onnxscript", "onnx-ir", "onnxruntime", "hfexport-onnx"} <= set(manifest["versions"])
+    import onnx
+
+    proto = onnx.load(str(saved / "model.onnx"), load_external_data=False)
+    props = {p.key: p.value for p in proto.metadata_props}
+    assert props["pkg.hfexport.model_class"] == "BertModel" and props["pkg.hfexport.backend"] == "onnx"
+    assert [i.name for i in proto.graph.input] == section["input_leaves"]
+    assert [o.name for o in proto.graph.output] == section["output_leaves"]
+
+
+def test_cache_input_and_output_flatten_to_readable_graph_names():
+    """A decode step with a DynamicCache in and out: pytree leaves map to named ONNX inputs and outputs."""
+    model = tiny_model("llama")
+    prompt = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = model(input_ids=prompt, use_cache=True).cache
+    inputs = {"input_ids": torch.tensor([[7]]), "attention_mask": torch.ones(1, 6, dtype=torch.long), "cache": cache}
+    exported = hfexport.export(model, copy.deepcopy(inputs), backend="onnx")
+    section = exported.manifest["onnx"]
+    assert section["input_leaves"][:2] == ["input_ids", "attention_mask"]
+    assert section["input_leaves"][2:] == [f"cache.layers.{i}.{kv}" for i in range(2) for kv in ("keys", "values")]
+    assert section["output_leaves"][0] == "logits" and len(section["output_leaves"]) == 5
+    report = exported.verify(inputs, atol=ATOL, rtol=0)
+    assert report.passed, report
+    out = exported(**copy.deepcopy(inputs))
+    assert type(out.cache).__name__ == "DynamicCache" and out.cache.get_seq_length() == 6
+
+
+class _Passthrough(torch.nn.Module):
+    def forward(self, x, y):
+        return x, (x * y, x * y), y
+
+
+def _patched_targets() -> tuple:
+    import torch.onnx._internal.exporter._fx_passes as fx_passes
+
+    return torch.Tensor.__rsub__, torch.rsub, fx_passes.decompose_with_registry
+
+
+def test_tuple_outputs_get_names_and_an_input_returned_as_is_keeps_its_name():
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    before = _patched_targets()
+    exported = hfexport.export(_Passthrough(), {"x": x, "y": y}, backend="onnx")
+    assert _patched_targets() == before  # stage 1 and 2 patches are reverted after the export
+    section = exported.manifest["onnx"]
+    assert section["input_leaves"] == ["x", "y"]
+    assert section["output_leaves"] == ["output_0", "output_1_0", "output_1_1", "output_2"]
+    out = exported(x=x, y=y)
+    assert torch.equal(out[0], x) and torch.equal(out[2], y) and torch.allclose(out[1][1], x * y)
+
+
+# ── config ─────────────────────────────────────────────────────────────────────────────────────────────
+@pytest.mark.parametrize("options,error,match", [
+    ({"opset_version": 5}, ValueError, r"opset_version must be an int from 7 to \d+"),
+    ({"opset_version": "18"}, ValueError, "got '18'"),
+    ({"optimize": "yes"}, TypeError, "optimize must be True or False"),
+    ({"providers": ("NoSuchExecutionProvider",)}, ValueError, "valid values: .*CPUExecutionProvider"),
+    ({"providers": ()}, ValueError, "none given"),
+])
+def test_config_validation_lists_valid_values(options, error, match):
+    from hfexport_onnx import OnnxConfig
+
+    with pytest.raises(error, match=match):
+        OnnxConfig(**options)
+
+
+def test_config_defaults_and_options_through_export():
+    from hfexport_onnx import OnnxConfig, OnnxExporter
+
+    config = OnnxConfig(providers="CPUExecutionProvider")
+    assert (config.opset_version, config.optimize, config.providers) == (18, True, ("CPUExecutionProvider",))
+    assert OnnxExporter.config_class is OnnxConfig and OnnxExporter.name == "onnx"
+    with pytest.raises(TypeError, match="does not take 'opset'.*opset_version"):
+        hfexport.export(torch.nn.Linear(2, 2), {"input": torch.ones(1, 2)}, backend="onnx", opset=18)
+
+
+# ── stages and workarounds as data ─────────────────────────────────────────────────────────────────────
+def test_stages_are_the_documented_five():
+    from hfexport_onnx import OnnxExporter
+
+    assert [(s.number, s.title) for s in OnnxExporter.stages] == [
+        (1, "Torch patches"), (2, "ONNX patches"), (3, "FX node fixes"), (4, "ONNX translations"),
+        (5, "ONNX IR fixes")]
+    assert {"onnx", "onnxscript", "onnx-ir", "onnxruntime", "hfexport-onnx", "torch"} <= set(OnnxExporter.toolchain)
+
+
+def test_every_workaround_is_greppable_and_documented():
+    import hfexport_onnx.exporter_onnx as E
+
+    listed = re.findall(r"^def ((?:_patch_|_fix_|_aten_)\w+)", ONNX_FILE.read_text(), re.M)
+    registered = [r.name for r in hfexport.list_workarounds() if r.module == E.__name__]
+    tables = [fn.__name__ for fn in (*E._ONNX_TRANSLATION_TABLE.values(), *E._IR_FIXES)]
+    assert sorted(listed) == sorted(set(registered) | set(tables)), (listed, registered, tables)
+    assert {r.scope for r in hfexport.list_workarounds() if r.module == E.__name__} == {"onnx", "onnx.decomposition"}
+    for name in listed:
+        doc = getattr(E, name).__doc__
+        assert doc and doc.strip().splitlines()[0], name
+        for part in ("**Why**", "**Upstream**", "**Remove when**"):
+            assert part in doc, f"{name} lacks {part}"
+        assert re.search(r"[\w-]+/[\w-]+#\d+", doc), f"{name} names no upstream issue"
+    assert all(isinstance(v, str) and re.search(r"#\d+", v) for v in E.ONNX_DISABLE_OPTIMIZE.values())
+
+
+# ── failure paths ──────────────────────────────────────────────────────────────────────────────────────
+class _LayerNormMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.linear = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(torch.nn.functional.gelu(self.norm(x))).relu()
+
+
+def test_opset_lower_than_the_graph_needs_is_a_clear_error_and_other_opsets_work():
+    model, x = _LayerNormMLP().eval(), torch.randn(2, 8)
+    before = _patched_targets()
+    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*opset_version=12 is lower than this graph "
+                                          r"needs: it uses LayerNormalization \(from opset 17\)") as info:
+        hfexport.export(model, {"x": x}, backend="onnx", opset_version=12)
+    assert "opset_version=18" in str(info.value)  # the hint
+    assert _patched_targets() == before  # reverted after a failed export too
+    for opset in (17, 20):  # 17: converted down from torchlib's 18; 20: ONNX Gelu, no _aten_gelu
+        exported = hfexport.export(model, {"x": x}, backend="onnx", opset_version=opset)
+        assert exported.manifest["onnx"]["opset"] == opset
+        assert ("_aten_gelu" in exported.manifest["onnx"]["translations"]) == (opset < 20)
+        assert exported.verify({"x": x}, atol=ATOL).passed
+
+
+class SplitHeads(torch.nn.Module):
+    """c19: a split along a dynamic axis with a symbolic split size (microsoft/onnxscript#2543)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        a, b = torch.split(q * k + v, x.shape[1] // 2, dim=1)
+        return a - b
+
+
+def _split_heads_export(**options):
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = SplitHeads().eval()
+    seq = Dim("seq", min=2, max=64)
+    x = torch.randn(1, 10, 8)
+    return model, hfexport.export(model, {"x": x}, backend="onnx", dynamic_shapes={"x": {1: 2 * seq}}, **options)
+
+
+def test_optimizer_crash_falls_back_to_the_unoptimized_model_with_a_warning():
+    from hfexport_onnx.exporter_onnx import OptimizerFallbackWarning
+
+    with pytest.warns(OptimizerFallbackWarning, match=r"optimizer failed on SplitHeads \(PassError ← AttributeError"):
+        model, exported = _split_heads_export()
+    section = exported.manifest["onnx"]
+    assert section["optimized"] is False and section["not_optimized_because"].startswith("optimizer failed: ")
+    assert any("unoptimized model was kept" in note for note in exported.manifest["notes"])
+    for seq in (5, 7):  # the traced shape and another one along the dynamic axis
+        x = torch.randn(1, 2 * seq, 8)
+        assert exported.verify({"x": x}, atol=ATOL).passed
+
+
+def test_onnx_disable_optimize_skips_the_optimizer_and_says_why(monkeypatch):
+    import hfexport_onnx.exporter_onnx as E
+
+    monkeypatch.setitem(E.ONNX_DISABLE_OPTIMIZE, "SplitHeads", "microsoft/onnxscript#2543: SplitToSequence folding")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", E.OptimizerFallbackWarning)  # the optimizer is not even tried
+        _, exported = _split_heads_export()
+    assert exported.manifest["onnx"]["not_optimized_because"] == (
+        "ONNX_DISABLE_OPTIMIZE['SplitHeads']: microsoft/onnxscript#2543: SplitToSequence folding")
+    _, exported = _split_heads_export(optimize=False)
+    assert exported.manifest["onnx"]["not_optimized_because"] == "OnnxConfig(optimize=False)"
+
+
+def _fix_ir_break_relu(graph):
+    """Test-only IR fix: turn the Relu into an op that does not exist."""
+    for node in graph:
+        if node.op_type == "Relu":
+            node.op_type = "NotAnOnnxOp"
+            return 1
+    return 0
+
+
+def test_a_session_ort_refuses_names_the_node_and_op_and_leaves_nothing_behind(monkeypatch, tmp_path):
+    import hfexport_onnx.exporter_onnx as E
+
+    monkeypatch.setattr(E, "_IR_FIXES", [*E._IR_FIXES, _fix_ir_break_relu])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the runner's directory would go
+    with pytest.raises(ExportError, match=r"stage 5/5 \(ONNX IR fixes.*OnnxSessionError: ONNX Runtime "
+                                          r"\(CPUExecutionProvider\) cannot create a session for model.onnx: "
+                                          r"node 'node_relu' \(op NotAnOnnxOp") as info:
+        hfexport.export(_LayerNormMLP(), {"x": torch.randn(2, 8)}, backend="onnx")
+    assert isinstance(info.value.__cause__, E.OnnxSessionError)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ── the runner ─────────────────────────────────────────────────────────────────────────────────────────
+def test_load_falls_back_to_cpu_when_the_exported_providers_are_missing(tmp_path):
+    model, x = _LayerNormMLP().eval(), torch.randn(2, 8)
+    saved = hfexport.export(model, {"x": x}, backend="onnx").save_pretrained(tmp_path / "ln")
+    manifest = json.loads((saved / "export.json").read_text())
+    manifest["onnx"]["providers"] = ["NoSuchExecutionProvider"]
+    (saved / "export.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match="running on CPUExecutionProvider"):
+        reloaded = hfexport.load(saved)
+    assert reloaded.runner.providers == ["CPUExecutionProvider"]
+    assert reloaded.verify({"x": x}, atol=ATOL, reference=model).passed
+
+
+def test_runner_takes_explicit_providers_and_session_options(tmp_path):
+    import onnxruntime
+
+    from hfexport_onnx import OnnxRunner
+
+    model, x = _LayerNormMLP().eval(), torch.randn(2, 8)
+    exported = hfexport.export(model, {"x": x}, backend="onnx")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    runner = OnnxRunner(exported.runner.path, ["CPUExecutionProvider"], exported.manifest["onnx"], options)
+    with torch.no_grad():
+        assert torch.allclose(runner.run((x,))[0], model(x), atol=ATOL)
+    with pytest.raises(TypeError, match="expected 1 input tensors"):
+        runner.run((x, x))
+
+
+def test_importing_the_package_does_not_import_the_toolchain():
+    code = ("import sys, hfexport_onnx; print([m for m in ('onnx', 'onnxscript', 'onnxruntime', 'torch.onnx') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

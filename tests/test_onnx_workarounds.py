@@ -1,0 +1,207 @@
+"""Each ONNX workaround: what goes wrong without it (``disable=("<its name>",)``) and the right value with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_onnx import onnx_export
+
+import hfexport
+from hfexport import ExportError
+from hfexport_dynamo.inputs import dummy_inputs
+
+ATOL = 1e-4
+PREFIX = "hfexport_onnx.exporter_onnx."
+
+
+# ── _patch_tensor_rsub, _patch_torch_rsub, _patch_decompose_with_registry, _fix_sub_scalar_int_tensor (c18) ──
+class InvertMask(torch.nn.Module):
+    def forward(self, x, mask):
+        return (1.0 - mask) * x
+
+
+class TorchRsub(torch.nn.Module):
+    def forward(self, x, mask):
+        return torch.rsub(mask, 1.0) * x
+
+
+def _op_types(path) -> list[str]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return [n.op_type for n in model.graph.node] + [n.op_type for f in model.functions for n in f.node]
+
+
+def _mask_inputs():
+    return {"x": torch.randn(2, 3, generator=torch.Generator().manual_seed(0)),
+            "mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+
+
+TYPE_PROMOTION_FAILURE = "Cannot find a compatible OpOverload for aten.sub"
+ALL_RSUB = ("_patch_tensor_rsub", "_patch_torch_rsub", "_fix_sub_scalar_int_tensor")
+
+
+@pytest.mark.parametrize("module,patch", [(InvertMask, "_patch_tensor_rsub"), (TorchRsub, "_patch_torch_rsub")])
+def test_rsub_patch_alone_fixes_float_minus_int_tensor(module, patch):
+    inputs = _mask_inputs()
+    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*" + TYPE_PROMOTION_FAILURE):
+        hfexport.export(module(), inputs, backend="onnx", disable=ALL_RSUB)
+
+    # Only the trace-time patch: the program has the cast, so no fix fires after decomposition.
+    others = tuple(name for name in ALL_RSUB if name != patch)
+    exported = hfexport.export(module(), inputs, backend="onnx", disable=others)
+    assert any(p["name"] == PREFIX + patch for p in exported.manifest["workarounds"]["patches"])
+    report = exported.verify(inputs, atol=0, rtol=0)
+    assert report.passed and report.max_abs_diff == 0.0, report
+
+
+def test_sub_scalar_fix_runs_after_decomposition_through_the_onnx_patch():
+    """Traced without the rsub patches, the decomposed graph has ``sub.Tensor(1.0, int_tensor)``: the FX fix repairs
+    it only because ``_patch_decompose_with_registry`` re-runs the fixes after ``run_decompositions``."""
+    inputs = _mask_inputs()
+    patches_off = ("_patch_tensor_rsub", "_patch_torch_rsub")
+    exported = hfexport.export(InvertMask(), inputs, backend="onnx", disable=patches_off)
+    assert exported.manifest["onnx"]["fixes_after_decomposition"] == {PREFIX + "_fix_sub_scalar_int_tensor": 1}
+    assert PREFIX + "_fix_sub_scalar_int_tensor" not in exported.manifest["workarounds"]["fixes"]  # not before
+    report = exported.verify(inputs, atol=0, rtol=0)
+    assert report.passed and report.max_abs_diff == 0.0, report
+
+    for off in ("_patch_decompose_with_registry", "_fix_sub_scalar_int_tensor"):
+        with pytest.raises(ExportError, match=TYPE_PROMOTION_FAILURE):
+            hfexport.export(InvertMask(), inputs, backend="onnx", disable=(*patches_off, off))
+
+
+# ── _fix_contiguous (tiny T5) ──────────────────────────────────────────────────────────────────────────
+def test_fix_contiguous_lets_t5_through_the_onnx_decomposition():
+    from helpers import tiny_model
+
+    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*ValueError: Cannot view a tensor with "
+                                          r"shape torch.Size\(\[s\d+, s\d+, 4, 8\]\)"):
+        hfexport.export(tiny_model("t5"), backend="onnx", dynamic=True, disable=("_fix_contiguous",))
+
+    model, exported = onnx_export("t5")  # the same config, with the fix (shared with the matrix test)
+    assert exported.manifest["workarounds"]["fixes"][PREFIX + "_fix_contiguous"] > 0
+    report = exported.verify(dummy_inputs(model, batch=3, seq=13, seed=1), atol=ATOL, rtol=0)
+    assert report.passed, report
+
+
+# ── _aten_sort_stable (c21) ──────────────────────────────────────────────────────
+class StableSort(torch.nn.Module):
+    def forward(self, scores):
+        return torch.sort(scores, dim=-1, descending=True, stable=True)
+
+
+class StableArgsort(torch.nn.Module):
+    def forward(self, scores):
+        return torch.argsort(scores, dim=0, stable=True)
+
+
+SCORES = torch.tensor([[0.3, 0.9, 0.1, 0.5, 0.9], [0.2, 0.2, 0.8, 0.4, 0.2], [0.3, 0.2, 0.1, 0.5, 0.2]])
+
+
+@pytest.mark.parametrize("module", [StableSort, StableArgsort])  # argsort(stable=True) decomposes to sort.stable
+def test_stable_sort_translation(module):
+    inputs = {"scores": SCORES}
+    with pytest.raises(ExportError, match=r"stage 4/5 .*DispatchError: No ONNX function found for "
+                                          r"<OpOverload\(op='aten.sort', overload='stable'\)>") as info:
+        hfexport.export(module(), inputs, backend="onnx", dynamic=True, disable=("_aten_sort_stable",))
+    assert "_ONNX_TRANSLATION_TABLE" in str(info.value)  # the hint
+
+    exported = hfexport.export(module(), inputs, backend="onnx", dynamic=True)
+    assert "_aten_sort_stable" in exported.manifest["onnx"]["translations"]
+    for scores in (SCORES, torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.1]])):  # ties: stable order
+        report = exported.verify({"scores": scores}, atol=0, rtol=0)
+        assert report.passed, report  # values and indices exactly
+
+
+# ── _aten_scaled_dot_product_attention (c03, left padding) ─────────────────────────────────────────────
+class BoolMaskAttention(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_sdpa_translation_zeroes_fully_masked_rows_like_eager(kind):
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 5, 8)
+    mask = torch.ones(2, 2, 5, 5, dtype=torch.bool)
+    mask[0, 0, 0, :] = False  # query row 0 of batch 0, head 0 sees no key
+    mask[:, :, :, 4] = False  # the last key is padding for everyone
+    if kind == "additive":  # (1 - mask) * -inf padding: 0 where visible, -inf where not
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    inputs = {"q": q, "k": q, "v": q, "mask": mask}
+    without = hfexport.export(BoolMaskAttention(), inputs, backend="onnx", disable=("_aten_scaled_dot_product_attention",))
+    report = without.verify(inputs, atol=ATOL, rtol=0)
+    assert not report.passed, report
+    row = without(**inputs)[0, 0, 0]
+    if kind == "bool":
+        assert torch.allclose(row, q[0, 0].mean(0), atol=1e-5)  # a uniform softmax: the mean of v, not 0
+    else:
+        assert torch.isnan(row).all()  # softmax over -inf only
+    exported = hfexport.export(BoolMaskAttention(), inputs, backend="onnx")
+    report = exported.verify(inputs, atol=ATOL, rtol=0)
+    assert report.passed and report.max_abs_diff < 1e-5, report
+    assert torch.equal(exported(**inputs)[0, 0, 0], torch.zeros(8))
+    assert "IsNaN" not in _op_types(exported.runner.path)  # a boolean mask goes in as an additive one
+
+
+def test_sdpa_translation_on_a_left_padded_llama_batch():
+    model, exported = onnx_export("llama")  # with the translation (shared with the matrix test)
+    inputs = dummy_inputs(model, batch=3, seq=11, seed=2)
+    inputs["attention_mask"][0, :4] = 0  # left padding: the padded query rows see no key under the causal mask
+    report = exported.verify(inputs, atol=ATOL, rtol=0)
+    assert report.passed, report
+    without = hfexport.export(model, backend="onnx", dynamic=True, disable=("_aten_scaled_dot_product_attention",))
+    report = without.verify(inputs, atol=ATOL, rtol=0)
+    assert not report.passed and report["logits"].max_abs_diff > 1e-2, report
+
+
+# ── _fix_ir_topk_sorted ────────────────────────────────────────────────────────────────────────────────
+class TopkUnsorted(torch.nn.Module):
+    def forward(self, x):
+        return torch.topk(x, 5, dim=-1, sorted=False)
+
+
+def test_topk_sorted_fix_makes_ort_return_eagers_order():
+    x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        values, indices = TopkUnsorted()(x)
+    without = hfexport.export(TopkUnsorted(), {"x": x}, backend="onnx", disable=("_fix_ir_topk_sorted",))
+    assert without.manifest["onnx"]["ir_fixes"] == {}
+    got_values, got_indices = without(x=x)
+    assert not torch.equal(got_values, values)  # ORT's heap order
+    assert torch.equal(got_values.sort(-1).values, values.sort(-1).values)  # the same set
+
+    exported = hfexport.export(TopkUnsorted(), {"x": x}, backend="onnx")
+    assert exported.manifest["onnx"]["ir_fixes"] == {"_fix_ir_topk_sorted": 1}
+    report = exported.verify({"x": x}, atol=0, rtol=0)
+    assert report.passed, report  # values and indices in eager's (sorted) order
+
+
+# ── _aten_gelu ─────────────────────────────────────────────────────────────────────────────────────────
+def _ort_optimized_op_types(path, tmp_path) -> list[str]:
+    """The op types of the graph ONNX Runtime actually runs (after its own fusions)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
+    options.log_severity_level = 3
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return _op_types(tmp_path / "ort_optimized.onnx")
+
+
+def test_gelu_translation_is_fused_by_onnxruntime(tmp_path):
+    model, exported = onnx_export("bert")  # with the translation (shared with the matrix test)
+    assert "_aten_gelu" in exported.manifest["onnx"]["translations"]
+    fused = _ort_optimized_op_types(exported.runner.path, tmp_path)
+    assert "Erf" not in fused and fused.count("BiasGelu") + fused.count("Gelu") == 2, fused  # one per layer
+    report = exported.verify(dummy_inputs(model, batch=3, seq=13, seed=1), atol=ATOL, rtol=0)
+    assert report.passed, report
+
+    without = hfexport.export(model, backend="onnx", dynamic=True, disable=("_aten_gelu",))
+    unfused = _ort_optimized_op_types(without.runner.path, tmp_path)
+    assert unfused.count("Erf") == 2 and "Gelu" not in unfused and "BiasGelu" not in unfused, unfused
+    # From opset 20 on torchlib writes ONNX Gelu itself, and the translation steps aside.
+    from hfexport_onnx.exporter_onnx import translation_table
+
+    assert torch.ops.aten.gelu.default not in translation_table((), opset_version=20)
