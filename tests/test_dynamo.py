@@ -190,3 +190,14 @@ def test_version_drift_is_reported(monkeypatch):
     monkeypatch.setenv("HFEXPORT_IGNORE_VERSION_DRIFT", "1")
     [message] = warn_version_drift(DynamoExporter)
     assert "torch" in message and "tested with 1.0.0" in message
+
+
+def test_manifest_names_cache_outputs():
+    model = tiny_model("llama")
+    prompt = torch.randint(0, 100, (1, 3), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = model(input_ids=prompt, use_cache=True).cache
+    exported = hfexport.export(model, {"input_ids": torch.tensor([[4]]), "cache": cache})
+    names = [o["name"] for o in exported.manifest["outputs"]]
+    assert names[0] == "logits"
+    assert names[1:] == [f"cache.layers.{i}.{kv}" for i in range(2) for kv in ("keys", "values")]

@@ -466,7 +466,11 @@ def describe_outputs(program: torch.export.ExportedProgram) -> list[dict[str, An
     output_node = next(n for n in program.graph.nodes if n.op == "output")
     user_outputs = [s for s in program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
     vals = {a.name: a.meta.get("val") for a in output_node.args[0] if isinstance(a, torch.fx.Node)}
-    names, _, _ = flatten_with_names(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
+    # Tensor placeholders (not ints): attribute-walked cache types classify their children by type.
+    names, _, _ = flatten_with_names(pytree.tree_unflatten([torch.empty(0)] * spec.num_leaves, spec))
+    if len(names) != len(user_outputs):
+        logger.warning("output spec has %d leaves but the program %d user outputs: names may be off",
+                       len(names), len(user_outputs))
     out = []
     for name, s in zip(names, user_outputs, strict=False):
         val = vals.get(getattr(s.arg, "name", None))
