@@ -259,6 +259,11 @@ class Exporter:
         raise NotImplementedError(f"{cls.__name__} cannot load models from a directory")
 
     @classmethod
+    def backend_workarounds(cls) -> list[dict[str, str]]:
+        """Workarounds kept outside the kernel registries (ONNX translations, IR fixes): kind, name, summary."""
+        return []
+
+    @classmethod
     def sample_inputs(cls, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Inputs to verify a saved export with: another shape along its dynamic dims, else the traced one."""
         return None

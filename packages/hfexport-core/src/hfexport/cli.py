@@ -101,15 +101,22 @@ def _cmd_workarounds(args: argparse.Namespace) -> int:
     from ._discovery import list_backends
     from ._registry import list_workarounds
 
+    exporters = {}
     for info in list_backends():  # import every backend's exporter so that its registrations exist
         if info.status == "ok" and info.backend is not None:
             try:
-                info.backend.load_exporter()
+                exporter = info.backend.load_exporter()
+                exporters.setdefault(exporter, info.name)
             except Exception as exc:  # listed, not fatal
                 print(f"# {info.name}: {exc}", file=sys.stderr)
     for r in list_workarounds(args.scope):
         target = f" -> {', '.join(r.paths)}" if r.paths else ""
         print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
+    for exporter, name in exporters.items():
+        if args.scope and args.scope != name:
+            continue
+        for w in exporter.backend_workarounds():
+            print(f"{name:<20} {w['kind']:<15} {w['name']}\n{'':<37}{w['summary']}")
     return 0
 
 

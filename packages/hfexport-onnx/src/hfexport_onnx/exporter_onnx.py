@@ -279,6 +279,17 @@ class OnnxExporter(DynamoExporter):
                              out_spec=ctx.program.call_spec.out_spec, reference=self.reference(ctx))
 
     @classmethod
+    def backend_workarounds(cls) -> list[dict[str, str]]:
+        """The ONNX translations and IR fixes, which live in this module's tables, not the kernel registries."""
+        out = []
+        for op, fn in _ONNX_TRANSLATION_TABLE.items():
+            out.append({"kind": "translation", "name": f"{fn.__module__}.{getattr(fn, 'name', fn.__name__)} ({op})",
+                        "summary": _first_doc_line(fn)})
+        for fix in _IR_FIXES:
+            out.append({"kind": "ir_fix", "name": f"{fix.__module__}.{fix.__name__}", "summary": _first_doc_line(fix)})
+        return out
+
+    @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any]) -> OnnxRunner:
         """Open ``model.onnx`` on ONNX Runtime with the providers it was exported for (those installed)."""
         register_transformers_pytrees()
@@ -312,6 +323,11 @@ def _record_patches(ctx: ExportContext, report: Any) -> None:
 
 
 # ── the runner ─────────────────────────────────────────────────────────────────────────────────────────
+def _first_doc_line(fn: Any) -> str:
+    doc = (getattr(fn, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
 class OnnxRunner:
     """Runs ``model.onnx`` on ONNX Runtime: flat input leaves in, flat output tensors out.
 
