@@ -282,8 +282,8 @@ class OnnxExporter(DynamoExporter):
     def backend_workarounds(cls) -> list[dict[str, str]]:
         """The ONNX translations and IR fixes, which live in this module's tables, not the kernel registries."""
         out = []
-        for op, fn in _ONNX_TRANSLATION_TABLE.items():
-            out.append({"kind": "translation", "name": f"{fn.__module__}.{getattr(fn, 'name', fn.__name__)} ({op})",
+        for target, fn in _ONNX_TRANSLATION_TABLE.items():
+            out.append({"kind": "translation", "name": f"{fn.__module__}.{getattr(fn, 'name', fn.__name__)} ({target})",
                         "summary": _first_doc_line(fn)})
         for fix in _IR_FIXES:
             out.append({"kind": "ir_fix", "name": f"{fix.__module__}.{fix.__name__}", "summary": _first_doc_line(fix)})
