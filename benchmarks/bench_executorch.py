@@ -1,0 +1,198 @@
+"""ExecuTorch backend benchmark, measured in one run on this machine.
+
+1. all-MiniLM-L6-v2 latency on the ExecuTorch runtime (``executorch-xnnpack``) against eager PyTorch, same inputs,
+   same thread count (median of ``--repeat`` calls after warm-up), with the max abs difference.
+2. Export wall time of ``hfexport.export(..., backend="executorch-xnnpack")`` against the peer
+   ``transformers.exporters.ExecutorchExporter`` (static and ``dynamic=True``), after both toolchains are imported
+   (the first ExecuTorch import costs tens of seconds and would otherwise go to whichever runs first).
+3. With ``--matrix``: the delegated fraction (delegated compute nodes / all compute nodes) of every architecture of
+   the tiny-config matrix in tests/test_executorch.py, exported with ``dynamic=True`` and checked at a second shape.
+
+Usage:
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_executorch.py [--repeat 50] [--threads 2] [--matrix] [--no-peer]
+
+Only this benchmark imports the peer (``transformers.exporters``); the product never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+import hfexport  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def median_ms(fn, repeat: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def max_abs_diff(a, b) -> float:
+    import torch.utils._pytree as pytree
+
+    la = [x for x in pytree.tree_leaves(a) if isinstance(x, torch.Tensor)]
+    lb = [x for x in pytree.tree_leaves(b) if isinstance(x, torch.Tensor)]
+    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(la, lb, strict=True))
+
+
+def minilm_inputs():
+    from transformers import AutoTokenizer
+
+    from hfexport_dynamo.demo import CHECK_SENTENCES, TRACE_SENTENCES, minilm_demo, minilm_path
+
+    model, _, _ = minilm_demo()
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+
+    def encode(sentences, length):
+        return dict(tokenizer(sentences, padding="max_length", truncation=True, max_length=length,
+                              return_tensors="pt"))
+
+    return model, encode(TRACE_SENTENCES, 8), encode(CHECK_SENTENCES, 17)
+
+
+def warm_toolchains(peer: bool) -> float:
+    start = time.perf_counter()
+    import executorch.exir  # noqa: F401
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # noqa: F401
+    from executorch.runtime import Runtime
+
+    Runtime.get()
+    import hfexport_executorch.exporter_executorch  # noqa: F401
+
+    if peer:
+        import transformers.exporters.exporter_executorch  # noqa: F401
+    return time.perf_counter() - start
+
+
+def export_peer(model, inputs, dynamic: bool):
+    from transformers.exporters import ExecutorchConfig, ExecutorchExporter
+
+    return ExecutorchExporter().export(model, copy.deepcopy(inputs), config=ExecutorchConfig(backend="xnnpack",
+                                                                                               dynamic=dynamic))
+
+
+def bench_minilm(repeat: int, peer: bool) -> None:
+    model, trace, second = minilm_inputs()
+    print(f"toolchain import (executorch, xnnpack, runtime{', peer' if peer else ''}): "
+          f"{warm_toolchains(peer):.1f} s (not counted below)")
+
+    print("\n## Export wall time, all-MiniLM-L6-v2 (xnnpack, traced at batch 2 x seq 8)")
+    print(f"{'exporter':<44} {'static s':>9} {'dynamic s':>10}")
+    ours = {}
+    for dynamic in (False, True):
+        ours[dynamic], seconds = timed(lambda d=dynamic: hfexport.export(
+            model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=d))
+        ours[f"{dynamic}_s"] = seconds
+    print(f"{'hfexport executorch-xnnpack':<44} {ours['False_s']:>9.1f} {ours['True_s']:>10.1f}")
+    theirs = {}
+    if peer:
+        for dynamic in (False, True):
+            try:
+                theirs[dynamic], seconds = timed(lambda d=dynamic: export_peer(model, trace, d))
+                theirs[f"{dynamic}_s"] = seconds
+            except Exception as exc:  # report, do not hide: the figure is then missing
+                theirs[f"{dynamic}_s"] = float("nan")
+                print(f"  peer dynamic={dynamic} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        print(f"{'transformers.exporters.ExecutorchExporter':<44} {theirs['False_s']:>9.1f} {theirs['True_s']:>10.1f}")
+
+    for dynamic in (False, True):
+        section = ours[dynamic].manifest["executorch"]
+        print(f"hfexport dynamic={dynamic}: delegated {section['delegated_nodes']}/"
+              f"{section['delegated_nodes'] + section['portable_nodes']} ({section['delegated_fraction']:.1%}) in "
+              f"{section['delegates']} delegates; portable ops: {', '.join(list(section['portable_ops'])[:6])} ...")
+
+    print(f"\n## Latency, all-MiniLM-L6-v2, {torch.get_num_threads()} threads, median of {repeat} calls")
+    rows = []
+    with torch.no_grad():
+        for name, inputs in (("batch 2 x seq 8", trace), ("batch 3 x seq 17", second)):
+            eager_out = model(**inputs)
+            eager = median_ms(lambda i=inputs: model(**i), repeat)
+            rows.append((f"eager PyTorch, {name}", eager, 0.0, eager))
+            for label, exported in ((f"hfexport ExecuTorch+XNNPACK static, {name}", ours[False]),
+                                    (f"hfexport ExecuTorch+XNNPACK dynamic, {name}", ours[True])):
+                if label.find("static") >= 0 and name != "batch 2 x seq 8":
+                    continue  # a static program runs its traced shape only
+                diff = max_abs_diff(exported(**inputs), eager_out)
+                rows.append((label, median_ms(lambda e=exported, i=inputs: e(**i), repeat), diff, eager))
+            for dynamic, exported in theirs.items():
+                if isinstance(dynamic, str) or (not dynamic and name != "batch 2 x seq 8"):
+                    continue
+                label = f"peer ExecuTorch+XNNPACK {'dynamic' if dynamic else 'static'}, {name}"
+                try:
+                    diff = max_abs_diff(exported(**inputs), eager_out)
+                    rows.append((label, median_ms(lambda e=exported, i=inputs: e(**i), repeat), diff, eager))
+                except Exception as exc:
+                    print(f"  {label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    print(f"{'runtime':<58} {'median ms':>10} {'vs eager':>9} {'max abs diff':>13}")
+    for label, ms, diff, eager in rows:
+        print(f"{label:<58} {ms:>10.2f} {eager / ms:>8.2f}x {diff:>13.2e}")
+
+
+def bench_matrix() -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_executorch import MATRIX, _tiny
+
+    from hfexport_dynamo.inputs import dummy_inputs
+
+    print("\n## Tiny-config matrix (xnnpack, dynamic=True, 1 layer each): delegated fraction")
+    print(f"{'model':<11} {'delegated':>10} {'fraction':>9} {'delegates':>9} {'export s':>9} {'diff traced':>12} "
+          f"{'diff 2nd':>9}  top portable ops")
+    for kind, (batch, seq) in MATRIX.items():
+        model = _tiny(kind)
+        trace = dummy_inputs(model, 2, 8, seed=0)
+        try:
+            exported, seconds = timed(lambda m=model, t=trace: hfexport.export(
+                m, copy.deepcopy(t), backend="executorch-xnnpack", dynamic=True))
+        except Exception as exc:
+            print(f"{kind:<11} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            continue
+        section = exported.manifest["executorch"]
+        diffs = [exported.verify(dummy_inputs(model, b, s, seed=i), atol=1e-4, rtol=0).max_abs_diff
+                 for i, (b, s) in enumerate(((2, 8), (batch, seq)))]
+        total = section["delegated_nodes"] + section["portable_nodes"]
+        top = ", ".join(f"{op.split('::')[-1]}x{n}" for op, n in list(section["portable_ops"].items())[:4])
+        print(f"{kind:<11} {section['delegated_nodes']:>4}/{total:<5} {section['delegated_fraction']:>9.1%} "
+              f"{section['delegates']:>9} {seconds:>9.1f} {diffs[0]:>12.1e} {diffs[1]:>9.1e}  {top}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=30, help="timed calls per latency figure")
+    parser.add_argument("--threads", type=int, default=2, help="torch and XNNPACK threads")
+    parser.add_argument("--matrix", action="store_true", help="also export the tiny-config matrix")
+    parser.add_argument("--no-peer", action="store_true", help="skip transformers.exporters.ExecutorchExporter")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    versions = hfexport._artifact.versions_of(("torch", "transformers", "executorch"))
+    print(f"# bench_executorch: {', '.join(f'{k} {v}' for k, v in versions.items())}; {os.cpu_count()} CPUs")
+    bench_minilm(args.repeat, peer=not args.no_peer)
+    if args.matrix:
+        bench_matrix()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Sweep benchmark: hfexport against the peer ``transformers.exporters`` on the same zoo cases, in one run.
+
+For each ``--backend`` it runs ``hfexport sweep``'s machinery twice over the same tiny-zoo cases — once with
+hfexport (``hfexport.export(..., dynamic=True)`` + ``verify``), once with the peer
+(``transformers.exporters.<X>Exporter().export(model, inputs, <X>Config(dynamic=True))``, run on the peer's
+runtime at the same alt inputs and compared with eager PyTorch with the same tolerances, atol 1e-4 /
+rtol 1e-3) — each case in its own process with the same timeout, and prints both ok counts and the cases
+the peer passes that hfexport fails (goal: hfexport ok >= peer ok on every backend).
+
+Run from the repository root:
+
+    uv run python benchmarks/bench_sweep.py --backend dynamo --filter '^(bert|llama|t5)/' --jobs 2
+    uv run python benchmarks/bench_sweep.py --backend dynamo --ours-from reports/dynamo --write-peer
+
+``--ours-from DIR`` takes hfexport's side from a finished sweep (``DIR/results.jsonl``) instead of running
+it again, and runs the peer only on the cases that sweep found instantiable (the zoo build is the same for
+both). ``--write-peer`` stores the peer's records as ``reports/<backend>/peer.json``, which the sweep report
+turns into its "Peer comparison" section.
+
+This script may import the peer; the product (``hfexport*``) never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import re
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # so that case processes import this module
+
+# backend -> (peer exporter, peer config, config options, module to preload)
+PEER_BACKENDS: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "dynamo": ("DynamoExporter", "DynamoConfig", {}, "transformers.exporters.exporter_dynamo"),
+    "onnx": ("OnnxExporter", "OnnxConfig", {}, "transformers.exporters.exporter_onnx"),
+    "executorch-xnnpack": ("ExecutorchExporter", "ExecutorchConfig", {"backend": "xnnpack"},
+                           "transformers.exporters.exporter_executorch"),
+}
+PEER_RUNNER = "bench_sweep:peer_export_and_verify"
+
+
+def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, Any], backend: str,
+                           atol: float, rtol: float) -> dict[str, Any]:
+    """Export one case with the peer and verify it like hfexport's sweep does (a sweep runner).
+
+    Args:
+        model: the tiny eval-mode model.
+        inputs: forward kwargs to trace with.
+        alt_inputs: forward kwargs to verify with (another batch and sequence length).
+        backend: the hfexport backend name the peer backend is matched to.
+        atol: absolute tolerance.
+        rtol: relative tolerance.
+
+    Returns:
+        The outcome fields of a sweep record (``status``, ``export_s``, ``max_abs_diff``, ``cause`` ...).
+    """
+    import torch
+    import transformers.exporters as peer
+
+    from hfexport._artifact import compare_outputs
+    from hfexport_dynamo.sweep import _failure
+
+    exporter_name, config_name, options, _ = PEER_BACKENDS[backend]
+    exporter, config = getattr(peer, exporter_name), getattr(peer, config_name)
+    start = time.perf_counter()
+    try:
+        exported = exporter().export(model, dict(inputs), config(dynamic=True, **options))
+    except Exception as exc:
+        return _failure("export_error", exc, stage="peer export", export_s=round(time.perf_counter() - start, 3))
+    export_s = round(time.perf_counter() - start, 3)
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            expected = model(**copy.deepcopy(alt_inputs))
+            actual = exported(**copy.deepcopy(alt_inputs))
+        report = compare_outputs(f"peer-{backend}", expected, actual, atol, rtol)
+    except Exception as exc:
+        return _failure("runtime_error", exc, export_s=export_s)
+    diff = report.max_abs_diff
+    result = {"export_s": export_s, "verify_s": round(time.perf_counter() - start, 3),
+              "max_abs_diff": diff if diff == diff and diff != float("inf") else None}
+    if report.passed:
+        return {"status": "ok", **result}
+    return {"status": "mismatch", "cause": f"max abs diff {diff:.3g}", **result}
+
+
+def _case_regex(case_ids: list[str]) -> str:
+    return "^(?:" + "|".join(re.escape(c) for c in case_ids) + ")$"
+
+
+def main() -> int:
+    """Run the benchmark; print ok counts per backend and the cases only the peer passes."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", action="append", choices=sorted(PEER_BACKENDS),
+                        help="backend(s) to compare (repeatable; default dynamo)")
+    parser.add_argument("--filter", help="regular expression searched in zoo case ids")
+    parser.add_argument("--limit", type=int, help="only the first N matching cases")
+    parser.add_argument("--jobs", type=int, default=2, help="case processes at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
+    parser.add_argument("--ours-from", type=Path,
+                        help="take hfexport's results from this sweep directory (with one backend) instead of "
+                             "running them; the peer runs on its instantiable cases")
+    parser.add_argument("--write-peer", action="store_true",
+                        help="write the peer's records to reports/<backend>/peer.json for the sweep report")
+    parser.add_argument("--reports", type=Path, default=Path("reports"), help="reports root (default reports/)")
+    args = parser.parse_args()
+    backends = args.backend or ["dynamo"]
+    if args.ours_from and len(backends) > 1:
+        parser.error("--ours-from takes one --backend")
+
+    from hfexport_dynamo.sweep import RESULTS_FILE, SweepError, load_results, run_sweep
+
+    command = shlex.join(["python", "benchmarks/bench_sweep.py", *sys.argv[1:]])
+    preload = [PEER_BACKENDS[b][3] for b in backends] + ["bench_sweep"]
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        for backend in backends:
+            started = time.perf_counter()
+            try:
+                if args.ours_from:
+                    ours = load_results(args.ours_from / RESULTS_FILE)
+                    if args.filter:
+                        ours = [r for r in ours if re.search(args.filter, r["case_id"])]
+                    ours = sorted(ours, key=lambda r: r["case_id"])[:args.limit] if args.limit else ours
+                    runnable = sorted(r["case_id"] for r in ours if r["status"] != "not_instantiable")
+                    peer_filter, peer_limit = _case_regex(runnable), None
+                    ours_how = f"from {args.ours_from / RESULTS_FILE}"
+                else:
+                    summary = run_sweep(backend, filter=args.filter, limit=args.limit, jobs=args.jobs,
+                                        timeout=args.timeout, output=Path(tmp) / f"ours-{backend}", report=False,
+                                        command=command, preload=preload)
+                    ours = summary.records
+                    peer_filter, peer_limit = args.filter, args.limit
+                    ours_how = "run now"
+                ours_s = time.perf_counter() - started
+                started = time.perf_counter()
+                peer = run_sweep(backend, filter=peer_filter, limit=peer_limit, jobs=args.jobs, timeout=args.timeout,
+                                 output=Path(tmp) / f"peer-{backend}", report=False, runner=PEER_RUNNER,
+                                 command=command, preload=preload).records
+                peer_s = time.perf_counter() - started
+            except SweepError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                failed = True
+                continue
+            ours_by = {r["case_id"]: r for r in ours}
+            peer_by = {r["case_id"]: r for r in peer}
+            common = sorted(set(ours_by) & set(peer_by))
+            ours_ok = sum(ours_by[c]["status"] == "ok" for c in common)
+            peer_ok = sum(peer_by[c]["status"] == "ok" for c in common)
+            only_peer = [c for c in common if peer_by[c]["status"] == "ok" and ours_by[c]["status"] != "ok"]
+            only_ours = [c for c in common if ours_by[c]["status"] == "ok" and peer_by[c]["status"] != "ok"]
+            verdict = "goal met" if ours_ok >= peer_ok else "GOAL MISSED"
+            print(f"\n{backend}: {len(common)} cases compared — hfexport ok {ours_ok} ({ours_how}, {ours_s:.0f} s), "
+                  f"peer transformers.exporters ok {peer_ok} ({peer_s:.0f} s): {verdict}")
+            print(f"  only hfexport ok: {len(only_ours)}; only the peer ok: {len(only_peer)}")
+            for case in only_peer:
+                r = ours_by[case]
+                print(f"    {case}: ours {r['status']} at {r.get('stage')}: {(r.get('cause') or '')[:160]}")
+            if args.write_peer:
+                target = args.reports / backend
+                target.mkdir(parents=True, exist_ok=True)
+                note = ("hfexport's side " + ("read from this directory's results.jsonl; the peer ran on its "
+                                             "instantiable cases" if args.ours_from else "ran in the same run"))
+                (target / "peer.json").write_text(json.dumps({
+                    "command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "note": note, "peer": "transformers.exporters", "backend": backend, "cases": len(common),
+                    "ours_ok": ours_ok, "peer_ok": peer_ok, "only_peer_ok": only_peer, "only_ours_ok": only_ours,
+                    "records": peer}, indent=1) + "\n")
+                print(f"  wrote {target / 'peer.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1002 @@
+"""``hfexport sweep``: export every tiny-zoo model with one backend and record what works.
+
+Every case of :mod:`hfexport_dynamo.zoo` (``"<model_type>/<ClassName>"``) runs in its own process, forked
+from a server that has imported torch, transformers and the backend once, so a case costs its own work
+only. A case that crashes the interpreter or hangs past ``--timeout`` is recorded and the sweep goes on.
+
+Each case ends in one status:
+
+============================  ===================================================================
+``ok``                        exported with ``dynamic=True`` and verified at the alt input shape
+                              (batch 3, other sequence length) with atol 1e-4, rtol 1e-3
+``not_instantiable``          the tiny config, the model or its eager forward fails (not exported)
+``export_error``              ``hfexport.export`` raised (the failing stage is recorded)
+``runtime_error``             the artifact raised when run at the alt input shape
+``mismatch``                  the artifact ran, but differs from eager beyond the tolerances
+``timeout``                   the case took more than ``--timeout`` seconds (the phase is recorded)
+``skipped``                   the model class is in ``EXPORT_SKIPS`` (the reason is recorded)
+============================  ===================================================================
+
+Results are appended to ``<output>/results.jsonl`` as they come, so an interrupted sweep resumes where
+it stopped: cases already recorded are not run again. ``<output>/meta.json`` records the backend and the
+versions (hfexport, backend distribution, torch, transformers); a directory written with other ones is
+refused rather than mixed (``--overwrite`` starts it afresh). When the sweep ends, ``report.md`` and
+``index.html`` are written (see :mod:`hfexport_dynamo.sweep_report`).
+
+Importing this module is light (no torch, no transformers): ``hfexport --help`` loads it to add the
+``sweep`` subcommand.
+
+Example::
+
+    hfexport sweep --backend dynamo --filter '^(bert|llama)/' --jobs 2 --timeout 120
+    hfexport sweep --backend onnx --recheck-skips
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import re
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ATOL",
+    "COMMON_ARCHITECTURES",
+    "RTOL",
+    "STATUSES",
+    "SweepError",
+    "SweepSummary",
+    "export_and_verify",
+    "load_results",
+    "register_cli",
+    "run_case",
+    "run_sweep",
+]
+
+STATUSES = ("ok", "not_instantiable", "export_error", "runtime_error", "mismatch", "timeout", "skipped")
+"""Every status a case can end in, best first."""
+
+ATOL, RTOL = 1e-4, 1e-3
+"""Tolerances of the verification at the alt input shape."""
+
+DEFAULT_TIMEOUT_S = 180.0
+RESULTS_FILE, META_FILE = "results.jsonl", "meta.json"
+META_KIND = "hfexport-sweep"
+META_SCHEMA = 1
+DEFAULT_RUNNER = "hfexport_dynamo.sweep:export_and_verify"
+# Versions that make two sweeps comparable: a results directory written with other values is not mixed in.
+_META_KEYS = ("backend", "backend_distribution", "runner", "versions")
+# Imported once by the fork server so that every case process starts with them in memory.
+# (Imports only: no tensor work runs in the server, so no thread pool exists when it forks.)
+_PRELOAD = ("torch", "torch.export", "torch.export._trace", "torch._dynamo", "torch._functorch.aot_autograd",
+            "torch._functorch.partitioners", "torch._export.passes", "torch._export.serde.serialize",
+            "torch.fx.experimental.validator", "sympy", "networkx", "transformers", "transformers.modeling_utils",
+            "transformers.generation", "hfexport", "hfexport_dynamo.zoo", "hfexport_dynamo.exporter_dynamo")
+
+COMMON_ARCHITECTURES: tuple[str, ...] = (
+    # text encoders
+    "bert", "roberta", "distilbert", "xlm-roberta", "albert", "electra", "deberta", "deberta-v2", "mpnet",
+    "camembert", "modernbert",
+    # decoders
+    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi", "phi3", "falcon", "gpt_neox", "gptj", "gpt_neo", "opt", "bloom", "starcoder2", "stablelm",
+    "olmo", "olmo2", "granite", "cohere", "smollm3",
+    # encoder-decoders
+    "t5", "mt5", "bart", "mbart", "marian", "pegasus", "m2m_100",
+    # vision
+    "vit", "deit", "convnext", "resnet", "swin", "beit", "dinov2", "mobilenet_v2", "efficientnet", "segformer",
+    # audio and speech
+    "wav2vec2", "hubert", "wavlm", "whisper",
+    # text and image
+    "clip", "siglip",
+)
+"""``--common``: 60 widely used architectures (model types) across modalities, for a stratified sweep of the
+backends whose exports are too slow to sweep the whole zoo on a CPU."""
+
+EXAMPLES = """\
+examples:
+  hfexport sweep --backend dynamo                              every zoo case, results in reports/dynamo/
+  hfexport sweep --backend onnx --filter '^(bert|llama|t5)/' --jobs 2 --timeout 120
+  hfexport sweep --backend dynamo --recheck-skips              re-run the EXPORT_SKIPS classes
+
+Statuses: ok, not_instantiable, export_error, runtime_error, mismatch, timeout, skipped. Results are appended to
+<output>/results.jsonl as they come: run the same command again to resume an interrupted sweep.
+Exit status: 0 the sweep ran (whatever the statuses), 2 bad usage, 130 interrupted.
+"""
+
+
+class SweepError(Exception):
+    """Bad input to a sweep (unknown backend, a filter matching no case, a foreign results directory).
+
+    Raised before any case runs; the message says what to do instead.
+    """
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep run found.
+
+    Attributes:
+        backend: the backend name.
+        output: the results directory.
+        records: every record in ``results.jsonl`` for the selected cases (resumed ones included).
+        ran: the number of cases run by this invocation (the others were already recorded).
+        interrupted: the sweep was stopped (Ctrl-C) before every case ran.
+        recheck: for ``--recheck-skips``, ``(list name, class name, status, cause)`` per rechecked entry.
+    """
+
+    backend: str
+    output: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    ran: int = 0
+    interrupted: bool = False
+    recheck: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Cases per status."""
+        return Counter(r["status"] for r in self.records)
+
+    @property
+    def tried(self) -> int:
+        """Cases with a record."""
+        return len(self.records)
+
+    @property
+    def instantiable(self) -> int:
+        """Cases whose model builds and runs eagerly (all but ``not_instantiable``)."""
+        return self.tried - self.counts["not_instantiable"]
+
+    @property
+    def ok(self) -> int:
+        """Cases exported and verified."""
+        return self.counts["ok"]
+
+    def headline(self) -> str:
+        """``tried N, instantiable M, ok K (P% of instantiable)`` and the count of every other status."""
+        pct = f" ({100 * self.ok / self.instantiable:.1f}% of instantiable)" if self.instantiable else ""
+        others = ", ".join(f"{s} {self.counts[s]}" for s in STATUSES[1:] if self.counts[s])
+        return f"{self.backend}: tried {self.tried}, instantiable {self.instantiable}, ok {self.ok}{pct}" + \
+            (f"; {others}" if others else "")
+
+
+# ── bad input: checked before any work ─────────────────────────────────────────────────────────────────
+def resolve_backend(name: str) -> tuple[str, str]:
+    """Check that ``name`` is an installed backend whose exporter imports.
+
+    Args:
+        name: a backend name (``hfexport backends``).
+
+    Returns:
+        ``(exporter module, distribution "name version")`` of the backend.
+
+    Raises:
+        SweepError: the backend is unknown, not usable, or its exporter fails to import.
+    """
+    from hfexport import UnknownBackendError, list_backends
+    from hfexport._discovery import get_backend
+
+    try:
+        backend = get_backend(name)
+        backend.load_exporter()
+    except UnknownBackendError as exc:
+        raise SweepError(str(exc)) from exc
+    except (ImportError, TypeError, AttributeError) as exc:
+        raise SweepError(f"backend {name!r} is installed but its exporter does not load: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    info = next(i for i in list_backends(load=False) if i.name == name)
+    return backend.exporter.partition(":")[0], f"{info.distribution} {info.version}"
+
+
+def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A002 - CLI name
+                 common: bool = False) -> list[Any]:
+    """The zoo cases to sweep, sorted by id.
+
+    Args:
+        filter: a regular expression searched in each ``case_id`` (``"^llama/"``, ``"ForCausalLM$"``).
+        limit: keep the first ``limit`` matching cases.
+        common: keep only the cases of :data:`COMMON_ARCHITECTURES`.
+
+    Returns:
+        The :class:`~hfexport_dynamo.zoo.ZooCase` list.
+
+    Raises:
+        SweepError: the filter is not a valid regular expression or matches no case; ``limit`` < 1.
+    """
+    from .zoo import list_cases
+
+    if limit is not None and limit < 1:
+        raise SweepError(f"--limit must be at least 1, got {limit}")
+    try:
+        cases = list_cases(filter)
+    except re.error as exc:
+        raise SweepError(f"--filter {filter!r} is not a valid regular expression: {exc}") from exc
+    if common:
+        cases = [c for c in cases if c.model_type in COMMON_ARCHITECTURES]
+    if not cases:
+        raise SweepError(f"--filter {filter!r}{' with --common' if common else ''} matches none of the {len(list_cases())} zoo cases; ids look like "
+                         "'llama/LlamaForCausalLM' (see hfexport_dynamo.zoo.list_cases)")
+    return cases[:limit] if limit else cases
+
+
+def _all_cases() -> list[Any]:
+    from .zoo import list_cases
+
+    return list_cases()
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def sweep_meta(backend: str, distribution: str, runner: str = DEFAULT_RUNNER) -> dict[str, Any]:
+    """The identity of a results directory: backend, runner and the versions that decide the results.
+
+    Args:
+        backend: the backend name.
+        distribution: ``"name version"`` of the distribution that declares it.
+        runner: ``"module:function"`` that exports and verifies one case.
+
+    Returns:
+        The ``meta.json`` content (without the run history).
+    """
+    return {
+        "kind": META_KIND,
+        "schema": META_SCHEMA,
+        "backend": backend,
+        "backend_distribution": distribution,
+        "runner": runner,
+        "versions": {d: _version(d) for d in ("hfexport-core", "hfexport-dynamo", "torch", "transformers")},
+        "python": sys.version.split()[0],
+    }
+
+
+def _describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    diffs = []
+    for key in _META_KEYS:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += [f"{k} {a.get(k)} there, {b.get(k)} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            diffs.append(f"{key} {a!r} there, {b!r} here")
+    return "; ".join(diffs)
+
+
+def prepare_output(output: Path, meta: dict[str, Any], overwrite: bool) -> dict[str, dict[str, Any]]:
+    """Open a results directory: check that it belongs to this sweep, and read what it already holds.
+
+    Args:
+        output: the results directory; created if missing.
+        meta: :func:`sweep_meta` of this sweep.
+        overwrite: delete the results of another backend or version instead of refusing.
+
+    Returns:
+        The records already in ``results.jsonl``, by case id (empty for a new or overwritten directory).
+
+    Raises:
+        SweepError: the directory holds results of another backend, runner or version (the message names the
+            difference), or files that are not a sweep's, and ``overwrite`` is false.
+    """
+    meta_path, results_path = output / META_FILE, output / RESULTS_FILE
+    if output.exists() and not output.is_dir():
+        raise SweepError(f"--output {output} is a file, not a directory")
+    problem = ""
+    if meta_path.exists():
+        try:
+            old = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            old, problem = {}, f"its {META_FILE} is unreadable ({exc})"
+        if not problem and old.get("kind") != META_KIND:
+            problem = f"its {META_FILE} is not an hfexport sweep's"
+        elif not problem:
+            difference = _describe_difference(old, meta)
+            if difference:
+                problem = f"it holds results of another sweep: {difference}"
+    elif output.exists() and any(output.iterdir()):
+        problem = f"it is not empty and has no {META_FILE} (not an hfexport sweep's results)"
+    if problem and not overwrite:
+        raise SweepError(f"refusing to mix results in {output}: {problem}. Pass --overwrite to start it afresh, or "
+                         "choose another --output")
+    if problem:
+        for name in (RESULTS_FILE, META_FILE, "report.md", "index.html", "recheck.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (output / name).unlink()
+    output.mkdir(parents=True, exist_ok=True)
+    history: list[Any] = []
+    if meta_path.exists():
+        history = json.loads(meta_path.read_text()).get("runs", [])
+    _write_json(meta_path, {**meta, "runs": history})
+    if results_path.exists() and results_path.stat().st_size:
+        with results_path.open("rb+") as f:  # a line cut short by an interruption: end it, it is ignored
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+    return {r["case_id"]: r for r in load_results(results_path)}
+
+
+def load_results(path: Path) -> list[dict[str, Any]]:
+    """Read a ``results.jsonl``; a line cut short by an interruption is ignored (its case runs again).
+
+    Args:
+        path: the ``results.jsonl`` file (missing: no records).
+
+    Returns:
+        The records in file order; a later record of the same case replaces the earlier one.
+    """
+    if not path.exists():
+        return []
+    records: dict[str, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "case_id" in record and record.get("status") in STATUSES:
+            records[record["case_id"]] = record
+    return list(records.values())
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _append_record(path: Path, record: Mapping[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _record_run(output: Path, entry: dict[str, Any]) -> None:
+    meta_path = output / META_FILE
+    meta = json.loads(meta_path.read_text())
+    runs = [r for r in meta.get("runs", []) if r.get("started") != entry["started"]]
+    meta["runs"] = [*runs, entry]
+    _write_json(meta_path, meta)
+
+
+# ── one case, in its own process ───────────────────────────────────────────────────────────────────────
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _where(exc: BaseException) -> str | None:
+    """The innermost frame of ``exc``'s traceback in a Transformers model file: ``modeling_x.py:123 in f``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if "/transformers/models/" in frame.filename.replace(os.sep, "/"):
+            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    return None
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    seen = set()
+    while exc.__cause__ is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return exc
+
+
+def _stage_label(exc: Any, backend: str) -> str:
+    """``"3/5 Pytree registration"`` (prefixed with the pipeline when a nested one failed: ``"dynamo 5/5 ..."``)."""
+    match = re.search(r"stage (\d+)/(\d+) \(([^()→]+?)(?: →[^()]*)?\)", str(exc))
+    number, total, title = (match.groups() if match else (exc.stage_number or "?", "?", exc.stage_title or "?"))
+    prefix = f"{exc.backend} " if getattr(exc, "backend", backend) != backend else ""
+    if not getattr(exc, "stage_number", 0) and not match:
+        return f"{prefix}before the first stage"
+    return f"{prefix}{number}/{total} {title.strip()}"
+
+
+def _failure(status: str, exc: BaseException, **fields: Any) -> dict[str, Any]:
+    root = _innermost(exc)
+    text = " ".join(str(root).split())
+    return {"status": status, "cause": _one_line(root), "where": _where(root) or _where(exc),
+            "error": text[:800], **fields}
+
+
+def _has_nan(output: Any) -> bool:
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output.is_floating_point() and bool(torch.isnan(output).any())
+    if isinstance(output, Mapping):
+        return any(_has_nan(v) for v in output.values())
+    if isinstance(output, list | tuple):
+        return any(_has_nan(v) for v in output)
+    return False
+
+
+def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, Any], backend: str,
+                      atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
+    """The default case runner: ``hfexport.export(dynamic=True)``, then verify at the alt input shape.
+
+    Args:
+        model: the tiny eval-mode model.
+        inputs: forward kwargs to trace with (batch 2).
+        alt_inputs: forward kwargs to verify with (batch 3, another sequence length where there is one).
+        backend: the backend name.
+        atol: absolute tolerance of the verification.
+        rtol: relative tolerance of the verification.
+
+    Returns:
+        The case's outcome: ``status`` (``ok``, ``export_error``, ``runtime_error`` or ``mismatch``) and, as
+        they apply, ``export_s``, ``verify_s``, ``max_abs_diff``, ``stage``, ``cause``, ``where``, ``error``.
+    """
+    import hfexport
+
+    start = time.perf_counter()
+    try:
+        exported = hfexport.export(model, inputs, backend=backend, dynamic=True)
+    except hfexport.ExportError as exc:
+        return _failure("export_error", exc, stage=_stage_label(exc, backend),
+                        export_s=round(time.perf_counter() - start, 3))
+    except Exception as exc:  # input checks before the first stage (InvalidInputError, TypeError)
+        return _failure("export_error", exc, stage="before the first stage",
+                        export_s=round(time.perf_counter() - start, 3))
+    export_s = round(time.perf_counter() - start, 3)
+    _phase("verify")
+    # Python constants baked into the program (use_cache=False) are added to the eager call by the artifact.
+    fixed = exported.manifest.get("fixed_kwargs", {})
+    alt = {k: v for k, v in alt_inputs.items() if not (k in fixed and fixed[k] == v)}
+    start = time.perf_counter()
+    try:
+        report = exported.verify(alt, atol=atol, rtol=rtol)
+    except Exception as exc:
+        return _failure("runtime_error", exc, export_s=export_s, verify_s=round(time.perf_counter() - start, 3))
+    verify_s = round(time.perf_counter() - start, 3)
+    max_diff = report.max_abs_diff
+    result: dict[str, Any] = {"export_s": export_s, "verify_s": verify_s,
+                              "max_abs_diff": max_diff if max_diff == max_diff and max_diff != float("inf") else None}
+    if report.passed:
+        return {"status": "ok", **result}
+    bad = [o for o in report.outputs if not o.ok]
+    worst = max(bad, key=lambda o: o.max_abs_diff) if bad else None
+    if worst is None:
+        cause = "the artifact returned no outputs"
+    elif worst.max_abs_diff == float("inf"):
+        cause = f"{len(bad)} of {len(report.outputs)} outputs differ: {worst.name} has another shape or value type"
+    else:
+        cause = (f"{len(bad)} of {len(report.outputs)} outputs differ beyond atol={atol:g} rtol={rtol:g}: "
+                 f"{worst.name} max abs diff {worst.max_abs_diff:.3g}")
+    return {"status": "mismatch", "cause": cause, **result}
+
+
+_PHASE_FILE: Path | None = None
+
+
+def _phase(name: str) -> None:
+    """Note the phase a case process is in, so that a crash or a timeout says where it happened."""
+    if _PHASE_FILE is not None:
+        _PHASE_FILE.write_text(name)
+
+
+def _load_runner(runner: str) -> Callable[..., dict[str, Any]]:
+    import importlib
+
+    module, _, name = runner.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: float = ATOL,
+             rtol: float = RTOL, enable_onnx_optimize: bool = False) -> dict[str, Any]:
+    """Build one zoo case, run it eagerly, then export and verify it (in the calling process).
+
+    Args:
+        case_id: ``"<model_type>/<ClassName>"``.
+        backend: the backend name.
+        runner: ``"module:function"`` called as ``runner(model, inputs, alt_inputs, backend, atol, rtol)``;
+            the default is :func:`export_and_verify`.
+        atol: absolute tolerance of the verification.
+        rtol: relative tolerance of the verification.
+        enable_onnx_optimize: drop the class from ``hfexport_onnx.ONNX_DISABLE_OPTIMIZE`` first (to recheck it).
+
+    Returns:
+        The outcome fields of the case's record (``status`` and what applies of ``reason``, ``stage``,
+        ``cause``, ``where``, ``error``, ``export_s``, ``verify_s``, ``max_abs_diff``).
+
+    Raises:
+        hfexport_dynamo.zoo.UnknownCaseError: the case is not in the zoo.
+    """
+    import torch
+
+    from . import zoo
+
+    _phase("build")
+    try:
+        model, inputs, alt_inputs = zoo.build_case(case_id)
+        for name, kwargs in (("inputs", inputs), ("alt_inputs", alt_inputs)):
+            try:
+                with torch.no_grad():
+                    out = model(**kwargs)
+            except Exception as exc:
+                raise zoo.NotInstantiable(f"eager forward fails on {name}: {_one_line(exc, 200)}") from exc
+            if _has_nan(out):
+                raise zoo.NotInstantiable(f"eager forward on {name} gives NaN outputs")
+    except zoo.NotInstantiable as exc:
+        return {"status": "not_instantiable", "reason": exc.reason, "cause": exc.reason, "where": _where(exc)}
+    if enable_onnx_optimize:  # recheck an ONNX_DISABLE_OPTIMIZE entry: optimizer on, and its fallback an error
+        import warnings
+
+        with contextlib.suppress(ImportError, AttributeError, KeyError):
+            from hfexport_onnx import exporter_onnx
+
+            fallback = getattr(exporter_onnx, "OptimizerFallbackWarning", None)
+            if isinstance(fallback, type) and issubclass(fallback, Warning):
+                warnings.filterwarnings("error", category=fallback)
+            exporter_onnx.ONNX_DISABLE_OPTIMIZE.pop(type(model).__name__)
+    _phase("export")
+    return _load_runner(runner)(model, inputs, alt_inputs, backend, atol, rtol)
+
+
+def _case_process(job: dict[str, Any], result_path: str, log_path: str) -> None:
+    """Entry point of a case process: run the case with output sent to a log, write the outcome as JSON."""
+    global _PHASE_FILE
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    _PHASE_FILE = Path(result_path + ".phase")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    try:
+        outcome = run_case(job["case_id"], job["backend"], runner=job["runner"], atol=job["atol"],
+                           rtol=job["rtol"], enable_onnx_optimize=job.get("enable_onnx_optimize", False))
+    except BaseException as exc:  # the sweep records every failure as a status
+        traceback.print_exc()
+        phase = _PHASE_FILE.read_text() if _PHASE_FILE.exists() else "build"
+        status = {"build": "not_instantiable", "export": "export_error"}.get(phase, "runtime_error")
+        outcome = _failure(status, exc, stage=f"sweep runner ({phase})")
+        if status == "not_instantiable":
+            outcome["reason"] = outcome["cause"]
+    tmp = result_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(outcome, f, default=str)
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+# ── the sweep ──────────────────────────────────────────────────────────────────────────────────────────
+def _mp_context(preload: Iterable[str]) -> Any:
+    import multiprocessing
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(preload))
+        # The server's imports print warnings (torch, transformers): started with stdout and stderr on
+        # /dev/null, they do not break the progress bar. Case processes send theirs to their own log.
+        saved = [os.dup(1), os.dup(2)]
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            forkserver.ensure_running()
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, devnull):
+                os.close(fd)
+        return ctx
+    return multiprocessing.get_context("spawn")  # pragma: no cover - Windows: each case imports on its own
+
+
+@dataclass
+class _Running:
+    case: Any
+    process: Any
+    started: float
+    result_path: str
+    log_path: str
+    job: dict[str, Any]
+
+
+def _log_tail(path: str, lines: int = 3) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    tail = [ln.strip() for ln in text if ln.strip() and not ln.startswith((" ", "W1", "I1"))][-lines:]
+    return " | ".join(tail)[:300]
+
+
+def _finish(run: _Running, timed_out: bool, timeout: float) -> dict[str, Any]:
+    phase_file = Path(run.result_path + ".phase")
+    phase = phase_file.read_text() if phase_file.exists() else "start"
+    if timed_out:
+        return {"status": "timeout", "stage": phase, "cause": f"timed out after {timeout:g} s during {phase}"}
+    try:
+        return json.loads(Path(run.result_path).read_text())
+    except (OSError, ValueError):
+        pass
+    code = run.process.exitcode
+    how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    try:
+        import signal
+
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else how
+    except ValueError:
+        pass
+    tail = _log_tail(run.log_path)
+    cause = f"case process died ({how}) during {phase}" + (f": {tail}" if tail else "")
+    status = {"build": "not_instantiable", "export": "export_error"}.get(phase, "runtime_error")
+    return {"status": status, "stage": f"process crash ({phase})", "cause": cause[:400],
+            **({"reason": cause[:400]} if status == "not_instantiable" else {})}
+
+
+class _Display:
+    """A rich progress bar on a TTY; one line per finished case otherwise."""
+
+    def __init__(self, total: int, backend: str, enabled: bool | None = None):
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.tty = self.console.is_terminal if enabled is None else enabled
+        self.total, self.done, self.backend = total, 0, backend
+        self.counts: Counter[str] = Counter()
+        self._progress: Any = None
+        if self.tty and total:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[counts]}"),
+                                      console=self.console, transient=False)
+            self._task = self._progress.add_task(f"sweep {backend}", total=total, counts="")
+            self._progress.start()
+
+    def update(self, record: Mapping[str, Any]) -> None:
+        self.done += 1
+        self.counts[record["status"]] += 1
+        if self._progress is not None:
+            counts = " ".join(f"{s} {self.counts[s]}" for s in STATUSES if self.counts[s])
+            self._progress.update(self._task, advance=1, counts=counts)
+            if record["status"] not in ("ok", "not_instantiable", "skipped"):
+                self._progress.console.print(f"  {record['status']:<16} {record['case_id']}: "
+                                             f"{(record.get('cause') or '')[:150]}")
+        else:
+            detail = record.get("cause") or ""
+            seconds = record.get("seconds")
+            print(f"[{self.done}/{self.total}] {record['status']:<16} {record['case_id']}"
+                  f"{f' {seconds:.1f}s' if seconds is not None else ''}{f'  {detail[:160]}' if detail and record['status'] != 'ok' else ''}",
+                  file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def _base_record(case: Any, backend: str) -> dict[str, Any]:
+    return {"case_id": case.case_id, "model_type": case.model_type, "class_name": case.class_name,
+            "task": case.task, "modality": case.modality, "backend": backend}
+
+
+def _export_skips() -> dict[str, str]:
+    from .exporter_dynamo import EXPORT_SKIPS
+
+    return dict(EXPORT_SKIPS)
+
+
+def _onnx_disable_optimize() -> tuple[dict[str, str] | None, str]:
+    """``hfexport_onnx.ONNX_DISABLE_OPTIMIZE``, or ``None`` and why it is not available."""
+    try:
+        import hfexport_onnx
+
+        return dict(hfexport_onnx.ONNX_DISABLE_OPTIMIZE), ""
+    except (ImportError, AttributeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: float, preload: Iterable[str],
+              on_record: Callable[[dict[str, Any]], None]) -> None:
+    """Run the case processes, ``jobs`` at a time, calling ``on_record`` with each record as it finishes."""
+    from multiprocessing.connection import wait
+
+    ctx = _mp_context(preload)
+    pending = list(reversed(jobs_list))
+    running: list[_Running] = []
+    with tempfile.TemporaryDirectory(prefix="hfexport-sweep-") as tmp:
+        try:
+            while pending or running:
+                while pending and len(running) < jobs:
+                    case, job = pending.pop()
+                    stem = os.path.join(tmp, f"{len(pending)}-{case.case_id.replace('/', '__')}")
+                    process = ctx.Process(target=_case_process, args=(job, stem + ".json", stem + ".log"),
+                                          name=f"sweep:{case.case_id}", daemon=True)
+                    process.start()
+                    running.append(_Running(case, process, time.monotonic(), stem + ".json", stem + ".log", job))
+                now = time.monotonic()
+                next_deadline = min(r.started + timeout for r in running)
+                wait([r.process.sentinel for r in running], timeout=max(0.05, next_deadline - now))
+                now = time.monotonic()
+                for run in list(running):
+                    timed_out = run.process.is_alive() and now - run.started > timeout
+                    if run.process.is_alive() and not timed_out:
+                        continue
+                    if timed_out:
+                        run.process.kill()
+                    run.process.join()
+                    running.remove(run)
+                    record = {**_base_record(run.case, run.job["backend"]), **_finish(run, timed_out, timeout)}
+                    if "list" in run.job:  # --recheck-skips: the skip list the case's class is in
+                        record["list"] = run.job["list"]
+                    record["seconds"] = round(now - run.started, 2)
+                    record["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+                    on_record(record)
+        finally:
+            for run in running:  # interrupted: stop what still runs; its case runs again on resume
+                if run.process.is_alive():
+                    run.process.kill()
+                run.process.join()
+
+
+def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa: A002 - CLI name
+              timeout: float = DEFAULT_TIMEOUT_S, output: str | os.PathLike[str] | None = None,
+              overwrite: bool = False, recheck_skips: bool = False, limit: int | None = None, common: bool = False,
+              rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None, progress: bool | None = None,
+              report: bool = True, preload: Iterable[str] = ()) -> SweepSummary:
+    """Export every selected zoo case with ``backend``, one process per case, and write the results.
+
+    Args:
+        backend: the backend name (``hfexport backends``).
+        filter: a regular expression searched in each case id.
+        jobs: case processes run at once (each gets ``cpu_count // jobs`` torch threads).
+        timeout: seconds a case may take (build, eager run, export, verify) before it is killed.
+        output: the results directory (default ``reports/<backend>``).
+        overwrite: start afresh a directory holding another backend's or version's results.
+        recheck_skips: run only the classes listed in ``EXPORT_SKIPS`` (and, with the ``onnx`` backend and
+            hfexport-onnx installed, in ``ONNX_DISABLE_OPTIMIZE`` with the optimizer on) and report the entries
+            that now pass; results go to ``recheck.json``, not ``results.jsonl``.
+        limit: run only the first ``limit`` matching cases.
+        common: run only the cases of the 60 :data:`COMMON_ARCHITECTURES` (a stratified sweep).
+        rerun: statuses whose recorded cases run again (``("timeout",)`` with a longer ``timeout``); the new
+            record replaces the old one.
+        runner: ``"module:function"`` that exports and verifies one case (see :func:`run_case`).
+        command: the command line recorded in ``meta.json`` (default: ``sys.argv``).
+        progress: force the progress bar on or off (default: on a TTY).
+        report: write ``report.md`` and ``index.html`` when the sweep ends.
+        preload: more modules for the fork server to import once (only the first sweep of a process starts
+            the server: a caller running several sweeps passes the union to the first).
+
+    Returns:
+        A :class:`SweepSummary`.
+
+    Raises:
+        SweepError: unknown backend, a filter matching no case, a bad option, or a results directory of
+            another sweep (see :func:`prepare_output`) — all before any case runs.
+    """
+    if jobs < 1:
+        raise SweepError(f"--jobs must be at least 1, got {jobs}")
+    if timeout <= 0:
+        raise SweepError(f"--timeout must be positive, got {timeout}")
+    rerun = tuple(rerun)
+    unknown = [s for s in rerun if s not in STATUSES]
+    if unknown:
+        raise SweepError(f"--rerun takes statuses among {', '.join(STATUSES)}; got {', '.join(unknown)}")
+    exporter_module, distribution = resolve_backend(backend)
+    cases = select_cases(filter, limit, common)
+    out = Path(output) if output is not None else Path("reports") / backend
+    meta = sweep_meta(backend, distribution, runner)
+    done = prepare_output(out, meta, overwrite)
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    run_entry: dict[str, Any] = {"started": started, "command": command or shlex.join(["hfexport", *sys.argv[1:]]),
+                                 "filter": filter, "limit": limit, "common": common, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout,
+                                 "recheck_skips": recheck_skips, "selected": len(cases),
+                                 "zoo_cases": len(_all_cases())}
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
+    preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]
+    skips = _export_skips()
+    summary = SweepSummary(backend, out)
+
+    if recheck_skips:
+        return _recheck(cases, skips, backend, job_base, jobs, timeout, preload, out, run_entry, summary, progress)
+
+    to_run: list[tuple[Any, dict[str, Any]]] = []
+    records = dict(done)
+    new_skips = []
+    for case in cases:
+        previous = done.get(case.case_id)
+        # A record stands unless the skip list changed since: a newly listed class is recorded as skipped,
+        # a class taken off the list runs again.
+        if previous is not None and (previous["status"] == "skipped") == (case.class_name in skips) \
+                and previous["status"] not in rerun:
+            continue
+        if case.class_name in skips:
+            new_skips.append({**_base_record(case, backend), "status": "skipped", "reason": skips[case.class_name],
+                              "cause": skips[case.class_name], "seconds": 0.0})
+            continue
+        to_run.append((case, {**job_base, "case_id": case.case_id}))
+    results_path = out / RESULTS_FILE
+    display = _Display(len(to_run) + len(new_skips), backend, progress)
+    if len(done):
+        print(f"resuming {out}: {sum(c.case_id in done for c in cases)} of {len(cases)} selected cases already "
+              f"recorded; {len(to_run)} to run", file=sys.stderr)
+
+    def on_record(record: dict[str, Any]) -> None:
+        _append_record(results_path, record)
+        records[record["case_id"]] = record
+        summary.ran += 1
+        display.update(record)
+
+    try:
+        for record in new_skips:
+            on_record(record)
+        _run_jobs(to_run, jobs, timeout, preload, on_record)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    finally:
+        display.stop()
+        selected = {c.case_id for c in cases}
+        summary.records = [r for r in records.values() if r["case_id"] in selected]
+        run_entry.update(finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                         ran=summary.ran, interrupted=summary.interrupted)
+        _record_run(out, run_entry)
+        if report:
+            from .sweep_report import write_reports
+
+            write_reports(out)
+    return summary
+
+
+def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: dict[str, Any], jobs: int,
+             timeout: float, preload: list[str], out: Path, run_entry: dict[str, Any], summary: SweepSummary,
+             progress: bool | None) -> SweepSummary:
+    """Run the classes of the skip lists and record which entries now pass."""
+    listed: list[tuple[str, Any, dict[str, Any]]] = []
+    for case in cases:
+        if case.class_name in skips:
+            listed.append(("EXPORT_SKIPS", case, {**job_base, "case_id": case.case_id}))
+    onnx_list, why = _onnx_disable_optimize()
+    notes = []
+    if onnx_list is None:
+        notes.append(f"ONNX_DISABLE_OPTIMIZE not rechecked: hfexport_onnx does not provide it ({why})")
+    elif backend != "onnx":
+        notes.append(f"ONNX_DISABLE_OPTIMIZE ({len(onnx_list)} entries) is rechecked with --backend onnx")
+    else:
+        for case in cases:
+            if case.class_name in onnx_list:
+                listed.append(("ONNX_DISABLE_OPTIMIZE", case,
+                               {**job_base, "case_id": case.case_id, "enable_onnx_optimize": True}))
+    for note in notes:
+        print(note, file=sys.stderr)
+    in_zoo = {c.class_name for c in cases}
+    missing = [("EXPORT_SKIPS", name) for name in skips if name not in in_zoo]
+    display = _Display(len(listed), backend, progress)
+    records: list[dict[str, Any]] = []
+
+    def on_record(record: dict[str, Any]) -> None:
+        records.append(record)
+        display.update(record)
+
+    try:
+        _run_jobs([(case, {**job, "list": name}) for name, case, job in listed], jobs, timeout, preload, on_record)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    finally:
+        display.stop()
+    per_class: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        per_class.setdefault((record["list"], record["class_name"]), []).append(record)
+    for (name, cls), recs in sorted(per_class.items()):
+        failed = [r for r in recs if r["status"] != "ok"]
+        status = ",".join(sorted({r["status"] for r in failed})) if failed else "ok"
+        summary.recheck.append((name, cls, status, (failed[0].get("cause") or "") if failed else ""))
+    summary.records = records
+    summary.ran = len(records)
+    _write_json(out / "recheck.json", {
+        "started": run_entry["started"], "command": run_entry["command"], "backend": backend, "notes": notes,
+        "not_in_zoo": [f"{n}: {c}" for n, c in missing],
+        "entries": [{"list": n, "class_name": c, "status": s, "cause": why, "can_be_removed": s == "ok"}
+                    for n, c, s, why in summary.recheck],
+        "records": summary.records})
+    run_entry.update(finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), ran=summary.ran)
+    _record_run(out, run_entry)
+    return summary
+
+
+# ── the CLI ────────────────────────────────────────────────────────────────────────────────────────────
+def register_cli(subparsers: Any) -> None:
+    """Add ``hfexport sweep`` to the ``hfexport`` command line (entry point group ``hfexport.commands``).
+
+    Args:
+        subparsers: the ``argparse`` sub-parsers action of the ``hfexport`` parser.
+    """
+    p = subparsers.add_parser(
+        "sweep", help="export every tiny-zoo model with one backend and report what works",
+        description="Export every case of the offline tiny-model zoo (one model class per case) with one backend, "
+                    "each in its own process, verify it against eager PyTorch at another input shape, and write "
+                    "results.jsonl, report.md and index.html.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    p.add_argument("--backend", "-b", required=True, help="backend name, see `hfexport backends`")
+    p.add_argument("--filter", "-k", help="regular expression searched in case ids ('^llama/', 'ForCausalLM$')")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="cases run at once, one process each (default 1)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds one case may take before it is killed (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--output", "-o", help="results directory (default reports/<backend>); reports of every backend "
+                                          "found beside it feed the coverage matrix")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh a results directory of another backend or version (refused otherwise)")
+    p.add_argument("--recheck-skips", action="store_true",
+                   help="run only the EXPORT_SKIPS classes (and ONNX_DISABLE_OPTIMIZE ones with --backend onnx) and "
+                        "report the entries that now pass")
+    p.add_argument("--limit", type=int, help="only the first N matching cases")
+    p.add_argument("--common", action="store_true",
+                   help=f"only the cases of {len(COMMON_ARCHITECTURES)} widely used architectures (a stratified "
+                        "sweep, for slow backends)")
+    p.add_argument("--rerun", metavar="STATUS[,STATUS]", default="",
+                   help="run again the recorded cases with these statuses (e.g. timeout, with a longer --timeout)")
+    p.add_argument("--report-only", action="store_true", help="rewrite report.md and index.html from the results")
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    output = Path(args.output) if args.output else Path("reports") / args.backend
+    if args.report_only:
+        from .sweep_report import write_reports
+
+        if not (output / RESULTS_FILE).exists():
+            print(f"error: no {RESULTS_FILE} in {output}", file=sys.stderr)
+            return 2
+        for path in write_reports(output):
+            print(f"wrote {path}")
+        return 0
+    try:
+        summary = run_sweep(args.backend, filter=args.filter, jobs=args.jobs, timeout=args.timeout, output=output,
+                            overwrite=args.overwrite, recheck_skips=args.recheck_skips, limit=args.limit,
+                            common=args.common, rerun=[s for s in args.rerun.split(",") if s])
+    except SweepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.recheck_skips:
+        if not summary.recheck:
+            print("no listed class among the selected cases")
+        for name, cls, status, cause in summary.recheck:
+            verdict = "passes now: remove the entry" if status == "ok" else f"still {status}: {cause[:120]}"
+            print(f"{name:<22} {cls:<45} {verdict}")
+        print(f"wrote {output / 'recheck.json'}")
+        return 130 if summary.interrupted else 0
+    print(summary.headline())
+    if summary.interrupted:
+        print(f"interrupted: {summary.tried} results kept in {output / RESULTS_FILE}; run the same command to resume",
+              file=sys.stderr)
+        return 130
+    print(f"results in {output / RESULTS_FILE}, report in {output / 'report.md'} and {output / 'index.html'}")
+    return 0

