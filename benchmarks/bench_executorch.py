@@ -34,17 +34,6 @@ import hfexport  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def median_ms(fn, repeat: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
-
-
 def timed(fn):
     start = time.perf_counter()
     result = fn()
@@ -88,6 +77,20 @@ def warm_toolchains(peer: bool) -> float:
     return time.perf_counter() - start
 
 
+def warm_exports(peer: bool) -> None:
+    """One tiny export with each exporter first: lazy imports and first-call costs go to neither timed export."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                                     vocab_size=100, max_position_embeddings=64)
+    tiny = transformers.BertModel(config).eval()
+    inputs = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    hfexport.export(tiny, copy.deepcopy(inputs), backend="executorch-xnnpack", dynamic=True)
+    if peer:
+        export_peer(tiny, inputs, True)
+
+
 def export_peer(model, inputs, dynamic: bool):
     from transformers.exporters import ExecutorchConfig, ExecutorchExporter
 
@@ -100,23 +103,22 @@ def bench_minilm(repeat: int, peer: bool) -> None:
     print(f"toolchain import (executorch, xnnpack, runtime{', peer' if peer else ''}): "
           f"{warm_toolchains(peer):.1f} s (not counted below)")
 
+    warm_exports(peer)
     print("\n## Export wall time, all-MiniLM-L6-v2 (xnnpack, traced at batch 2 x seq 8)")
     print(f"{'exporter':<44} {'static s':>9} {'dynamic s':>10}")
-    ours = {}
-    for dynamic in (False, True):
-        ours[dynamic], seconds = timed(lambda d=dynamic: hfexport.export(
+    ours: dict = {}
+    theirs: dict = {}
+    for dynamic in (False, True):  # alternating, so that drifting load on a shared machine hits both alike
+        ours[dynamic], ours[f"{dynamic}_s"] = timed(lambda d=dynamic: hfexport.export(
             model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=d))
-        ours[f"{dynamic}_s"] = seconds
-    print(f"{'hfexport executorch-xnnpack':<44} {ours['False_s']:>9.1f} {ours['True_s']:>10.1f}")
-    theirs = {}
-    if peer:
-        for dynamic in (False, True):
+        if peer:
             try:
-                theirs[dynamic], seconds = timed(lambda d=dynamic: export_peer(model, trace, d))
-                theirs[f"{dynamic}_s"] = seconds
+                theirs[dynamic], theirs[f"{dynamic}_s"] = timed(lambda d=dynamic: export_peer(model, trace, d))
             except Exception as exc:  # report, do not hide: the figure is then missing
                 theirs[f"{dynamic}_s"] = float("nan")
                 print(f"  peer dynamic={dynamic} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    print(f"{'hfexport executorch-xnnpack':<44} {ours['False_s']:>9.1f} {ours['True_s']:>10.1f}")
+    if peer:
         print(f"{'transformers.exporters.ExecutorchExporter':<44} {theirs['False_s']:>9.1f} {theirs['True_s']:>10.1f}")
 
     for dynamic in (False, True):
@@ -125,31 +127,46 @@ def bench_minilm(repeat: int, peer: bool) -> None:
               f"{section['delegated_nodes'] + section['portable_nodes']} ({section['delegated_fraction']:.1%}) in "
               f"{section['delegates']} delegates; portable ops: {', '.join(list(section['portable_ops'])[:6])} ...")
 
-    print(f"\n## Latency, all-MiniLM-L6-v2, {torch.get_num_threads()} threads, median of {repeat} calls")
-    rows = []
+    print(f"\n## Latency, all-MiniLM-L6-v2, {torch.get_num_threads()} thread(s) for torch and for ExecuTorch, "
+          f"median of {repeat} calls (interleaved: one call of each runtime per round)")
+    print(f"{'shape':<17} {'runtime':<42} {'median ms':>10} {'vs eager':>9} {'max abs diff':>13}")
     with torch.no_grad():
         for name, inputs in (("batch 2 x seq 8", trace), ("batch 3 x seq 17", second)):
-            eager_out = model(**inputs)
-            eager = median_ms(lambda i=inputs: model(**i), repeat)
-            rows.append((f"eager PyTorch, {name}", eager, 0.0, eager))
-            for label, exported in ((f"hfexport ExecuTorch+XNNPACK static, {name}", ours[False]),
-                                    (f"hfexport ExecuTorch+XNNPACK dynamic, {name}", ours[True])):
-                if label.find("static") >= 0 and name != "batch 2 x seq 8":
+            runners = {"eager PyTorch": lambda i=inputs: model(**i)}
+            candidates = [("hfexport static", ours[False]), ("hfexport dynamic", ours[True])]
+            candidates += [(f"peer {'dynamic' if d else 'static'}", e) for d, e in theirs.items() if not isinstance(d, str)]
+            for label, exported in candidates:
+                if "static" in label and inputs is not trace:
                     continue  # a static program runs its traced shape only
-                diff = max_abs_diff(exported(**inputs), eager_out)
-                rows.append((label, median_ms(lambda e=exported, i=inputs: e(**i), repeat), diff, eager))
-            for dynamic, exported in theirs.items():
-                if isinstance(dynamic, str) or (not dynamic and name != "batch 2 x seq 8"):
-                    continue
-                label = f"peer ExecuTorch+XNNPACK {'dynamic' if dynamic else 'static'}, {name}"
+                runners[f"{label} (ExecuTorch+XNNPACK)"] = lambda e=exported, i=inputs: e(**i)
+            eager_out = model(**inputs)
+            diffs = {}
+            for label, run in list(runners.items()):
                 try:
-                    diff = max_abs_diff(exported(**inputs), eager_out)
-                    rows.append((label, median_ms(lambda e=exported, i=inputs: e(**i), repeat), diff, eager))
-                except Exception as exc:
+                    diffs[label] = max_abs_diff(run(), eager_out)
+                except Exception as exc:  # report, do not hide
                     print(f"  {label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    print(f"{'runtime':<58} {'median ms':>10} {'vs eager':>9} {'max abs diff':>13}")
-    for label, ms, diff, eager in rows:
-        print(f"{label:<58} {ms:>10.2f} {eager / ms:>8.2f}x {diff:>13.2e}")
+                    runners.pop(label)
+            samples = interleaved(runners, repeat)
+            eager = statistics.median(samples["eager PyTorch"])
+            for label, times in samples.items():
+                ms = statistics.median(times)
+                print(f"{name:<17} {label:<42} {ms:>10.2f} {eager / ms:>8.2f}x {diffs[label]:>13.2e}")
+
+
+def interleaved(runners: dict, repeat: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Milliseconds per call of each runner, one call of each per round, so that load from other processes on a
+    shared machine hits them alike."""
+    for _ in range(warmup):
+        for run in runners.values():
+            run()
+    samples: dict[str, list[float]] = {label: [] for label in runners}
+    for _ in range(repeat):
+        for label, run in runners.items():
+            start = time.perf_counter()
+            run()
+            samples[label].append((time.perf_counter() - start) * 1e3)
+    return samples
 
 
 def bench_matrix() -> None:
@@ -182,11 +199,15 @@ def bench_matrix() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per latency figure")
-    parser.add_argument("--threads", type=int, default=2, help="torch and XNNPACK threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads for torch and for ExecuTorch's XNNPACK threadpool (1: robust on a shared machine)")
     parser.add_argument("--matrix", action="store_true", help="also export the tiny-config matrix")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers.exporters.ExecutorchExporter")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    from executorch.extension.pybindings import portable_lib
+
+    portable_lib._unsafe_reset_threadpool(args.threads)
     versions = hfexport._artifact.versions_of(("torch", "transformers", "executorch"))
     print(f"# bench_executorch: {', '.join(f'{k} {v}' for k, v in versions.items())}; {os.cpu_count()} CPUs")
     bench_minilm(args.repeat, peer=not args.no_peer)

@@ -104,6 +104,11 @@ def main() -> int:
                         help="backend(s) to compare (repeatable; default dynamo)")
     parser.add_argument("--filter", help="regular expression searched in zoo case ids")
     parser.add_argument("--limit", type=int, help="only the first N matching cases")
+    parser.add_argument("--common", action="store_true",
+                        help="only the cases of the 60 common architectures (hfexport sweep --common)")
+    parser.add_argument("--with-our-failures", action="store_true",
+                        help="with --ours-from: also run the peer on every instantiable case hfexport does not pass, "
+                             "whatever --filter/--common select, so that no case the peer passes and we fail is missed")
     parser.add_argument("--jobs", type=int, default=2, help="case processes at once (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
     parser.add_argument("--ours-from", type=Path,
@@ -117,7 +122,7 @@ def main() -> int:
     if args.ours_from and len(backends) > 1:
         parser.error("--ours-from takes one --backend")
 
-    from hfexport_dynamo.sweep import RESULTS_FILE, SweepError, load_results, run_sweep
+    from hfexport_dynamo.sweep import COMMON_ARCHITECTURES, RESULTS_FILE, SweepError, load_results, run_sweep
 
     command = shlex.join(["python", "benchmarks/bench_sweep.py", *sys.argv[1:]])
     preload = [PEER_BACKENDS[b][3] for b in backends] + ["bench_sweep"]
@@ -127,23 +132,28 @@ def main() -> int:
             started = time.perf_counter()
             try:
                 if args.ours_from:
-                    ours = load_results(args.ours_from / RESULTS_FILE)
-                    if args.filter:
-                        ours = [r for r in ours if re.search(args.filter, r["case_id"])]
+                    everything = load_results(args.ours_from / RESULTS_FILE)
+                    ours = [r for r in everything if (not args.filter or re.search(args.filter, r["case_id"]))
+                            and (not args.common or r["model_type"] in COMMON_ARCHITECTURES)]
                     ours = sorted(ours, key=lambda r: r["case_id"])[:args.limit] if args.limit else ours
+                    if args.with_our_failures:
+                        chosen = {r["case_id"] for r in ours}
+                        ours += [r for r in everything if r["case_id"] not in chosen
+                                 and r["status"] not in ("ok", "not_instantiable")]
                     runnable = sorted(r["case_id"] for r in ours if r["status"] != "not_instantiable")
-                    peer_filter, peer_limit = _case_regex(runnable), None
+                    peer_filter, peer_limit, peer_common = _case_regex(runnable), None, False
                     ours_how = f"from {args.ours_from / RESULTS_FILE}"
                 else:
-                    summary = run_sweep(backend, filter=args.filter, limit=args.limit, jobs=args.jobs,
-                                        timeout=args.timeout, output=Path(tmp) / f"ours-{backend}", report=False,
-                                        command=command, preload=preload)
+                    summary = run_sweep(backend, filter=args.filter, limit=args.limit, common=args.common,
+                                        jobs=args.jobs, timeout=args.timeout, output=Path(tmp) / f"ours-{backend}",
+                                        report=False, command=command, preload=preload)
                     ours = summary.records
-                    peer_filter, peer_limit = args.filter, args.limit
+                    peer_filter, peer_limit, peer_common = args.filter, args.limit, args.common
                     ours_how = "run now"
                 ours_s = time.perf_counter() - started
                 started = time.perf_counter()
-                peer = run_sweep(backend, filter=peer_filter, limit=peer_limit, jobs=args.jobs, timeout=args.timeout,
+                peer = run_sweep(backend, filter=peer_filter, limit=peer_limit, common=peer_common, jobs=args.jobs,
+                                 timeout=args.timeout,
                                  output=Path(tmp) / f"peer-{backend}", report=False, runner=PEER_RUNNER,
                                  command=command, preload=preload).records
                 peer_s = time.perf_counter() - started
@@ -168,8 +178,13 @@ def main() -> int:
             if args.write_peer:
                 target = args.reports / backend
                 target.mkdir(parents=True, exist_ok=True)
-                note = ("hfexport's side " + ("read from this directory's results.jsonl; the peer ran on its "
-                                             "instantiable cases" if args.ours_from else "ran in the same run"))
+                selection = ("the cases of the 60 common architectures (--common)" if args.common else
+                             f"the cases matching {args.filter!r}" if args.filter else "every zoo case")
+                if args.with_our_failures:
+                    selection += ", plus every instantiable case hfexport does not pass"
+                note = (f"compared on {selection}; hfexport's side " +
+                        ("read from this directory's results.jsonl, the peer run on its instantiable cases"
+                         if args.ours_from else "ran in the same run"))
                 (target / "peer.json").write_text(json.dumps({
                     "command": command, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "note": note, "peer": "transformers.exporters", "backend": backend, "cases": len(common),

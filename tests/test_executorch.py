@@ -175,7 +175,7 @@ def test_manifest_records_variant_memory_planning_and_bounds(ranker_export):
     section = exported.manifest["executorch"]
     assert section["memory_planning"] == {"alloc_graph_input": True, "alloc_graph_output": True,
                                           "alloc_mutable_buffers": True}
-    assert section["dim_upper_bound"] == 128 and section["bounded_dims"] == {}
+    assert section["dim_upper_bound"] == 64 and section["bounded_dims"] == {}
     assert section["program_file"] == "model.pte" and exported.manifest["program_file"] == "model.pte"
     assert exported.manifest["backend"] == "executorch-xnnpack"
     assert exported.manifest["versions"]["executorch"] != "not installed"

@@ -189,8 +189,8 @@ def test_fix_unbounded_range_constraints():
     assert "_fix_unbounded_range_constraints" in fixes(with_it)
     assert_matches(with_it, AddPositions(), longer)
     dims = with_it.manifest["inputs"][0]["dynamic_dims"]
-    assert {d["max"] for d in dims.values()} == {128}
-    assert all(v == [2, 128] for v in with_it.manifest["executorch"]["bounded_dims"].values())
+    assert {d["max"] for d in dims.values()} == {64}  # ExecutorchConfig.dim_upper_bound's default
+    assert all(v == [2, 64] for v in with_it.manifest["executorch"]["bounded_dims"].values())
     # the bound is the user's setting: past it the runtime refuses the input
     small = export(AddPositions(), inputs, dynamic=True, dim_upper_bound=8)
     assert_matches(small, AddPositions(), {"x": torch.randn(2, 8)})

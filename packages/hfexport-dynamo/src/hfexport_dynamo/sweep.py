@@ -407,11 +407,18 @@ def _stage_label(exc: Any, backend: str) -> str:
     return f"{prefix}{number}/{total} {title.strip()}"
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    chain = [exc]
+    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
+        chain.append(chain[-1].__cause__)
+    return chain
+
+
 def _failure(status: str, exc: BaseException, **fields: Any) -> dict[str, Any]:
     root = _innermost(exc)
     text = " ".join(str(root).split())
-    return {"status": status, "cause": _one_line(root), "where": _where(root) or _where(exc),
-            "error": text[:800], **fields}
+    where = next((w for e in reversed(_chain(exc)) if (w := _where(e))), None)
+    return {"status": status, "cause": _one_line(root), "where": where, "error": text[:800], **fields}
 
 
 def _has_nan(output: Any) -> bool:
@@ -728,6 +735,8 @@ def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: f
     """Run the case processes, ``jobs`` at a time, calling ``on_record`` with each record as it finishes."""
     from multiprocessing.connection import wait
 
+    if not jobs_list:
+        return
     ctx = _mp_context(preload)
     pending = list(reversed(jobs_list))
     running: list[_Running] = []

@@ -82,9 +82,13 @@ PROGRAM_FILE = "model.pte"
 DATA_FILE_SUFFIX = ".ptd"
 # The largest size given to a dynamic dimension that torch.export left unbounded (``Dim.AUTO``, ``Dim.DYNAMIC``).
 # ExecuTorch plans memory for the upper bound of every dynamic dim, so planned activations grow with the product
-# of the bounds (attention scores with batch * seq * seq). Set ``ExecutorchConfig(dim_upper_bound=...)`` or give
-# explicit ``Dim(name, max=...)`` bounds for larger inputs.
-DEFAULT_DIM_UPPER_BOUND = 128
+# of the bounds (attention scores with batch * seq * seq), and the runtime allocates that memory when it loads the
+# program: all-MiniLM-L6-v2 with dynamic=True (seq <= 512 inferred by torch.export, batch bounded here) plans
+# 1.4 GiB at 32, 2.8 GiB at 64, 5.5 GiB at 128. Set ``ExecutorchConfig(dim_upper_bound=...)`` or give explicit
+# ``Dim(name, max=...)`` bounds for other inputs.
+DEFAULT_DIM_UPPER_BOUND = 64
+# Planned memory above this gets a note in the manifest and a warning that says how to lower it.
+PLANNED_MEMORY_WARNING_BYTES = 1 << 30
 
 
 def _require_executorch() -> None:
@@ -264,6 +268,11 @@ class ExecutorchExporter(DynamoExporter):
                                  f"backend={self.variant!r})")
         super().__init__(config, **options)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.variant is not None and "variant" in vars(cls):  # the scopes a variant's exports activate
+            cls.scopes = (*ExecutorchExporter.scopes, f"executorch.{cls.variant}", f"executorch.{cls.variant}.internals")
+
     def variant_scopes(self, variant: str) -> tuple[str, ...]:
         """The scopes of torch patches, program fixes and node fixes for ``variant``."""
         return ("executorch", f"executorch.{variant}")
@@ -332,6 +341,8 @@ class ExecutorchExporter(DynamoExporter):
         manager = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(**planning),
                                                              **preparation.backend_config_options))
         input_dtypes = _input_dtypes(program)
+        plans = manager.executorch_program.execution_plan
+        planned = sum(sum(plan.non_const_buffer_sizes[1:]) for plan in plans)  # [0] is reserved by ExecuTorch
         ctx.extras["executorch_runner"] = ExecutorchRunner.from_program_manager(
             manager, input_dtypes=input_dtypes, device=preparation.device)
         ctx.extras["executorch_manifest"] = {
@@ -345,11 +356,19 @@ class ExecutorchExporter(DynamoExporter):
             "portable_ops": dict(report.portable_ops.most_common()),
             "non_core_aten_on_portable_kernels": sorted(set(state.admitted_ops)),
             "memory_planning": planning,
+            "planned_memory_bytes": planned,
             "dim_upper_bound": config.dim_upper_bound,
             "bounded_dims": {sym: list(rng) for sym, rng in sorted(state.bounded.items())},
             "input_dtypes": input_dtypes,
             "device": preparation.device,
         }
+        if planned > PLANNED_MEMORY_WARNING_BYTES and state.bounded:
+            message = (f"ExecuTorch plans {planned / 2**30:.1f} GiB for the upper bounds of the dynamic dims "
+                       f"({', '.join(f'{k} <= {v[1]}' for k, v in sorted(state.bounded.items()))} from "
+                       f"dim_upper_bound={config.dim_upper_bound}); the runtime allocates it when it loads the program. "
+                       "Lower dim_upper_bound or give explicit Dim(name, max=...) bounds in dynamic_shapes")
+            logger.warning(message)
+            ctx.note(message)
         if report.portable_ops and preparation.partitioners:
             ctx.note(f"{report.portable_nodes} of {report.portable_nodes + report.delegated_nodes} compute nodes "
                      f"run on portable kernels: {', '.join(report.portable_ops)}")
