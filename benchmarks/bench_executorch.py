@@ -171,14 +171,14 @@ def interleaved(runners: dict, repeat: int, warmup: int = 3) -> dict[str, list[f
 
 def bench_matrix() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_executorch import MATRIX, _tiny
+    from test_executorch import MATRIX, MATRIX_EXTRA, _tiny
 
     from hfexport_dynamo.inputs import dummy_inputs
 
     print("\n## Tiny-config matrix (xnnpack, dynamic=True, 1 layer each): delegated fraction")
     print(f"{'model':<11} {'delegated':>10} {'fraction':>9} {'delegates':>9} {'export s':>9} {'diff traced':>12} "
           f"{'diff 2nd':>9}  top portable ops")
-    for kind, (batch, seq) in MATRIX.items():
+    for kind, (batch, seq) in {**MATRIX, **MATRIX_EXTRA}.items():
         model = _tiny(kind)
         trace = dummy_inputs(model, 2, 8, seed=0)
         try:

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -368,7 +369,8 @@ def _append_record(path: Path, record: Mapping[str, Any]) -> None:
 def _record_run(output: Path, entry: dict[str, Any]) -> None:
     meta_path = output / META_FILE
     meta = json.loads(meta_path.read_text())
-    runs = [r for r in meta.get("runs", []) if r.get("started") != entry["started"]]
+    # One entry per run, updated as the run goes; keyed by run_id (two runs can start within one second).
+    runs = [r for r in meta.get("runs", []) if r.get("run_id", r.get("started")) != entry["run_id"]]
     meta["runs"] = [*runs, entry]
     _write_json(meta_path, meta)
 
@@ -824,7 +826,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     meta = sweep_meta(backend, distribution, runner)
     done = prepare_output(out, meta, overwrite)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    run_entry: dict[str, Any] = {"started": started, "command": command or shlex.join(["hfexport", *sys.argv[1:]]),
+    run_entry: dict[str, Any] = {"run_id": uuid.uuid4().hex, "started": started, "command": command or shlex.join(["hfexport", *sys.argv[1:]]),
                                  "filter": filter, "limit": limit, "common": common, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout,
                                  "recheck_skips": recheck_skips, "selected": len(cases),
                                  "zoo_cases": len(_all_cases())}

@@ -110,7 +110,7 @@ class BackendPreparation:
         edge_compile_options: extra ``EdgeCompileConfig`` fields for this variant.
         memory_planning_options: ``MemoryPlanningPass`` arguments that override the config's ``alloc_*`` flags.
         backend_config_options: extra ``ExecutorchBackendConfig`` fields.
-        device: where the runtime expects its inputs (``"cpu"``).
+        device: the device the model is traced on (recorded in the manifest).
         dtype: the floating dtype the program was traced in (float inputs are cast to it when run).
     """
 
@@ -343,10 +343,11 @@ class ExecutorchExporter(DynamoExporter):
         input_dtypes = _input_dtypes(program)
         plans = manager.executorch_program.execution_plan
         planned = sum(sum(plan.non_const_buffer_sizes[1:]) for plan in plans)  # [0] is reserved by ExecuTorch
-        ctx.extras["executorch_runner"] = ExecutorchRunner.from_program_manager(
-            manager, input_dtypes=input_dtypes, device=preparation.device)
+        runner = ExecutorchRunner.from_program_manager(manager, input_dtypes=input_dtypes)
+        ctx.extras["executorch_runner"] = runner
         ctx.extras["executorch_manifest"] = {
             "program_file": PROGRAM_FILE,
+            "data_file": runner.data_file,
             "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners],
             "delegated_fraction": round(report.fraction, 4),
@@ -390,8 +391,7 @@ class ExecutorchExporter(DynamoExporter):
         path = Path(path)
         data = section.get("data_file")
         return ExecutorchRunner(path / section.get("program_file", manifest.get("program_file", PROGRAM_FILE)),
-                                data_path=path / data if data else None,
-                                input_dtypes=section.get("input_dtypes"), device=section.get("device", "cpu"))
+                                data_path=path / data if data else None, input_dtypes=section.get("input_dtypes"))
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"
@@ -451,17 +451,18 @@ class ExecutorchRunner:
         path: the ``.pte`` file.
         data_path: the ``.ptd`` file holding the weights, for variants that keep them outside the program (CUDA).
         input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
-        device: where the runtime expects inputs (``"cpu"``).
         method: the method to run.
+
+    Inputs are passed as contiguous CPU tensors (the ExecuTorch Python runtime takes host memory; a delegate copies
+    to its device).
     """
 
     def __init__(self, path: str | Path, *, data_path: str | Path | None = None,
-                 input_dtypes: Sequence[str | None] | None = None, device: str = "cpu", method: str = "forward"):
+                 input_dtypes: Sequence[str | None] | None = None, method: str = "forward"):
         from executorch.runtime import Runtime
 
         self.path = Path(path)
         self.data_path = Path(data_path) if data_path else None
-        self.device = device
         self.input_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
         self._cleanup: Any = None  # removes the temporary directory of an in-memory export
         self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
