@@ -191,6 +191,11 @@ def main() -> int:
                     "ours_ok": ours_ok, "peer_ok": peer_ok, "only_peer_ok": only_peer, "only_ours_ok": only_ours,
                     "records": peer}, indent=1) + "\n")
                 print(f"  wrote {target / 'peer.json'}")
+                if (target / RESULTS_FILE).exists():  # the sweep report gains its "Peer comparison" section
+                    from hfexport_dynamo.sweep_report import write_reports
+
+                    write_reports(target)
+                    print(f"  rewrote {target / 'report.md'} and {target / 'index.html'}")
     return 1 if failed else 0
 
 

@@ -244,6 +244,17 @@ def test_recheck_skips_cli_without_onnx_list(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "res" / "recheck.json").read_text())["entries"][0]["can_be_removed"] is False
 
 
+def test_recheck_onnx_disable_optimize_entries(tmp_path, monkeypatch):
+    try:
+        sweep.resolve_backend("onnx")
+    except SweepError as exc:
+        pytest.skip(f"onnx backend not loadable: {exc}")
+    monkeypatch.setattr(sweep, "_onnx_disable_optimize", lambda: ({"BertModel": "onnxscript bug (test)"}, ""))
+    summary = run_sweep("onnx", filter=TWO, output=tmp_path / "res", runner=FAKE, recheck_skips=True, progress=False)
+    assert summary.recheck == [("ONNX_DISABLE_OPTIMIZE", "BertModel", "ok", "")]
+    assert [r["case_id"] for r in summary.records] == ["bert/BertModel"]
+
+
 def test_not_instantiable_is_recorded_without_exporting(tmp_path):
     from hfexport_dynamo.zoo import list_cases
 

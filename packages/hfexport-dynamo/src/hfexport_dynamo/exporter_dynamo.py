@@ -96,6 +96,13 @@ EXPORT_SKIPS: dict[str, str] = {
         "the sequence length. Exportable once the RG-LRU recurrence is a scan op (torch._higher_order_ops.scan) "
         "or an associative scan."),
     **dict.fromkeys(
+        ("xLSTMModel", "xLSTMForCausalLM"),
+        "the native mLSTM kernels loop in Python over the chunks and the time steps of the sequence "
+        "(mlstm_chunkwise_recurrent_fw_C: `for key in range(0, num_chunks)`; mlstm_recurrent_sequence_native: "
+        "`for t in range(sequence_length)`): unrolled, the sequence length is specialized (and the trace takes "
+        "~200 s for 2 tiny layers). Exportable once the inter-chunk recurrence is a scan op "
+        "(torch._higher_order_ops.scan)."),
+    **dict.fromkeys(
         ("FunnelModel", "FunnelBaseModel", "FunnelForMaskedLM", "FunnelForQuestionAnswering",
          "FunnelForSequenceClassification", "FunnelForTokenClassification"),
         "FunnelAttentionStructure.get_position_embeds keeps positions as Python lists from range(seq_len) "

@@ -228,7 +228,8 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
     if common:
         cases = [c for c in cases if c.model_type in COMMON_ARCHITECTURES]
     if not cases:
-        raise SweepError(f"--filter {filter!r}{' with --common' if common else ''} matches none of the {len(list_cases())} zoo cases; ids look like "
+        where = f"--filter {filter!r}{' with --common' if common else ''}"
+        raise SweepError(f"{where} matches none of the {len(list_cases())} zoo cases; ids look like "
                          "'llama/LlamaForCausalLM' (see hfexport_dynamo.zoo.list_cases)")
     return cases[:limit] if limit else cases
 
@@ -699,11 +700,11 @@ class _Display:
                 self._progress.console.print(f"  {record['status']:<16} {record['case_id']}: "
                                              f"{(record.get('cause') or '')[:150]}")
         else:
-            detail = record.get("cause") or ""
+            detail = (record.get("cause") or "") if record["status"] != "ok" else ""
             seconds = record.get("seconds")
-            print(f"[{self.done}/{self.total}] {record['status']:<16} {record['case_id']}"
-                  f"{f' {seconds:.1f}s' if seconds is not None else ''}{f'  {detail[:160]}' if detail and record['status'] != 'ok' else ''}",
-                  file=sys.stderr, flush=True)
+            timing = f" {seconds:.1f}s" if seconds is not None else ""
+            print(f"[{self.done}/{self.total}] {record['status']:<16} {record['case_id']}{timing}"
+                  f"{'  ' + detail[:160] if detail else ''}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -780,7 +781,8 @@ def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: f
 def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa: A002 - CLI name
               timeout: float = DEFAULT_TIMEOUT_S, output: str | os.PathLike[str] | None = None,
               overwrite: bool = False, recheck_skips: bool = False, limit: int | None = None, common: bool = False,
-              rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None, progress: bool | None = None,
+              rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None,
+              progress: bool | None = None,
               report: bool = True, preload: Iterable[str] = ()) -> SweepSummary:
     """Export every selected zoo case with ``backend``, one process per case, and write the results.
 
@@ -826,10 +828,11 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     meta = sweep_meta(backend, distribution, runner)
     done = prepare_output(out, meta, overwrite)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    run_entry: dict[str, Any] = {"run_id": uuid.uuid4().hex, "started": started, "command": command or shlex.join(["hfexport", *sys.argv[1:]]),
-                                 "filter": filter, "limit": limit, "common": common, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout,
-                                 "recheck_skips": recheck_skips, "selected": len(cases),
-                                 "zoo_cases": len(_all_cases())}
+    run_entry: dict[str, Any] = {
+        "run_id": uuid.uuid4().hex, "started": started,
+        "command": command or shlex.join(["hfexport", *sys.argv[1:]]), "filter": filter, "limit": limit,
+        "common": common, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout, "recheck_skips": recheck_skips,
+        "selected": len(cases), "zoo_cases": len(_all_cases())}
     threads = max(1, (os.cpu_count() or 1) // jobs)
     job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
     preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]

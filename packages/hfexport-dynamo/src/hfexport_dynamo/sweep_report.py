@@ -129,6 +129,11 @@ def _groups(records: Sequence[Mapping[str, Any]], statuses: Sequence[str]) -> li
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
+def _examples(records: Sequence[Mapping[str, Any]], n: int) -> str:
+    more = f" (+{len(records) - n})" if len(records) > n else ""
+    return ", ".join(f"`{r['case_id']}`" for r in records[:n]) + more
+
+
 def _md(text: Any) -> str:
     return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
 
@@ -182,12 +187,47 @@ def _coverage(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
     if filters and filters != [""]:
         what += " (filters: " + ", ".join(f"`{f}`" if f else "none" for f in filters) + ")"
     elif total and len(records) == total:
-        what += " (the whole zoo)"
+        what += ": the whole zoo"
     return what
 
 
+def _observed(history: Mapping[str, Sequence[Mapping[str, Any]]], case_id: str) -> str:
+    """What the sweep saw of a case before it was skipped (its last other record in results.jsonl)."""
+    earlier = [r for r in history.get(case_id, []) if r["status"] != "skipped"]
+    if not earlier:
+        return ""
+    last = earlier[-1]
+    return f"{last['status']}: {last.get('cause') or ''}"
+
+
+def load_history(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every record of every case in a ``results.jsonl``, oldest first (reruns and skips keep the old lines).
+
+    Args:
+        path: the ``results.jsonl`` file.
+
+    Returns:
+        ``{case_id: [record, ...]}``.
+    """
+    history: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "case_id" in record:
+                history[record["case_id"]].append(record)
+    return history
+
+
+def _stage(record: Mapping[str, Any]) -> str:
+    return record.get("stage") or {"mismatch": "verify", "runtime_error": "verify"}.get(record["status"], "?")
+
+
 def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-                    sweeps: Mapping[str, Sequence[Mapping[str, Any]]], peer: Mapping[str, Any] | None = None) -> str:
+                    sweeps: Mapping[str, Sequence[Mapping[str, Any]]], peer: Mapping[str, Any] | None = None,
+                    history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
     """The markdown report of one backend's sweep.
 
     Args:
@@ -196,6 +236,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
         records: its records.
         sweeps: records of every backend found under the reports root (for the cross-backend summary).
         peer: its ``peer.json``, if the peer benchmark wrote one.
+        history: every record of every case (:func:`load_history`), to show what a skipped case did before.
 
     Returns:
         The markdown text.
@@ -204,10 +245,11 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     versions = ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items())
     lines = [f"# hfexport sweep: `{backend}`", "",
-             f"Generated {now} from `{RESULTS_FILE}` ({_coverage(meta, records)}).", "",
+             f"Generated {now} from `{RESULTS_FILE}`: {_coverage(meta, records)}.", "",
              f"- Backend: `{backend}` from {meta.get('backend_distribution', '?')}",
              f"- Tested versions: {versions}, Python {meta.get('python', '?')}",
-             "- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the tiny zoo model (batch 2), "
+             "- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the tiny zoo model "
+             "(batch 2), "
              "then `exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)` at batch 3 and another sequence length.",
              "- Commands that produced these results (run from the repository root):", ""]
     for run in meta.get("runs", []):
@@ -239,7 +281,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
             m = summarize(recs)
             lines.append(f"| {name} | {m['tried']} | {m['instantiable']} | {m['ok']} | {m['ok_pct']}% |")
     # failures by stage
-    stages = Counter(r.get("stage") or "?" for r in records if r["status"] in FAILURES)
+    stages = Counter(_stage(r) for r in records if r["status"] in FAILURES)
     if stages:
         lines += ["", "## Failures by stage", "", "| stage | cases |", "|---|---:|"]
         lines += [f"| {_md(st)} | {n} |" for st, n in stages.most_common()]
@@ -253,7 +295,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
         for key, recs in groups:
             statuses = "/".join(sorted({r["status"] for r in recs}))
             where = next((r.get("where") for r in recs if r.get("where")), "")
-            examples = ", ".join(f"`{r['case_id']}`" for r in recs[:4]) + (f" (+{len(recs) - 4})" if len(recs) > 4 else "")
+            examples = _examples(recs, 4)
             lines.append(f"| {len(recs)} | {statuses} | {_md(key)} | {_md(where)} | {examples} |")
     # peer
     if peer:
@@ -282,8 +324,18 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
         lines += ["", "## Timeouts", "", ", ".join(f"`{r['case_id']}` ({r.get('stage')})" for r in timeouts)]
     skipped = sorted((r for r in records if r["status"] == "skipped"), key=lambda r: r["case_id"])
     if skipped:
-        lines += ["", "## Skipped (`EXPORT_SKIPS`)", "", "| case | reason |", "|---|---|"]
-        lines += [f"| `{r['case_id']}` | {_md(r.get('reason'))} |" for r in skipped]
+        by_reason: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for r in skipped:
+            by_reason[r.get("reason") or ""].append(r)
+        lines += ["", "## Skipped (`EXPORT_SKIPS`)", "",
+                  f"{len(skipped)} cases whose model class is listed in `hfexport_dynamo.EXPORT_SKIPS`, with the "
+                  "model-side change that would make it exportable; `hfexport sweep --recheck-skips` runs them "
+                  "again. *Observed* is what this sweep recorded before the class was listed.", "",
+                  "| cases | reason | observed |", "|---|---|---|"]
+        for reason, recs in sorted(by_reason.items(), key=lambda kv: kv[1][0]["case_id"]):
+            observed = sorted({o for r in recs if (o := _observed(history or {}, r["case_id"]))})
+            cases = ", ".join(f"`{r['case_id']}`" for r in recs)
+            lines.append(f"| {cases} | {_md(reason)} | {_md('; '.join(observed)) or '–'} |")
     # not instantiable
     ni = _groups(records, ("not_instantiable",))
     if ni:
@@ -293,7 +345,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
                   "<details><summary>" + f"{s['by_status']['not_instantiable']} cases, {len(ni)} reasons" +
                   "</summary>", "", "| cases | reason | examples |", "|---:|---|---|"]
         for key, recs in ni:
-            examples = ", ".join(f"`{r['case_id']}`" for r in recs[:3]) + (f" (+{len(recs) - 3})" if len(recs) > 3 else "")
+            examples = _examples(recs, 3)
             lines.append(f"| {len(recs)} | {_md(key)} | {examples} |")
         lines += ["", "</details>"]
     # slowest exports
@@ -444,7 +496,8 @@ def write_reports(output: Path, *, siblings: bool = True) -> list[Path]:
     for name, directory, m in targets:
         records = sweeps[name]
         peer = _load_peer(directory)
-        for filename, text in (("report.md", render_markdown(name, m, records, sweeps, peer)),
+        history = load_history(directory / RESULTS_FILE)
+        for filename, text in (("report.md", render_markdown(name, m, records, sweeps, peer, history)),
                                ("index.html", render_html(name, m, records, sweeps, peer))):
             path = directory / filename
             tmp = path.with_suffix(path.suffix + ".tmp")
