@@ -23,11 +23,14 @@ CUDA_BACKEND = Backend(
     requires=_REQUIRES,
 )
 
-__all__ = ["CUDA_BACKEND", "XNNPACK_BACKEND", "ExecutorchConfig", "ExecutorchExporter"]
+_LAZY = ("ExecutorchConfig", "ExecutorchExporter", "XnnpackExporter", "CudaExporter", "ExecutorchRunner",
+         "register_backend_prepare", "place_model_and_inputs", "BackendPreparation", "backend_variants")
+
+__all__ = ["CUDA_BACKEND", "XNNPACK_BACKEND", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ExecutorchConfig", "ExecutorchExporter", "XnnpackExporter", "CudaExporter", "ExecutorchRunner"):
+    if name in _LAZY:
         from . import exporter_executorch
 
         return getattr(exporter_executorch, name)
