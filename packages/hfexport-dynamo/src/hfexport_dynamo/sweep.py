@@ -782,8 +782,8 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
               timeout: float = DEFAULT_TIMEOUT_S, output: str | os.PathLike[str] | None = None,
               overwrite: bool = False, recheck_skips: bool = False, limit: int | None = None, common: bool = False,
               rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None,
-              progress: bool | None = None,
-              report: bool = True, preload: Iterable[str] = ()) -> SweepSummary:
+              progress: bool | None = None, report: bool = True, preload: Iterable[str] = (),
+              apply_skips: bool = True) -> SweepSummary:
     """Export every selected zoo case with ``backend``, one process per case, and write the results.
 
     Args:
@@ -804,6 +804,8 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
         command: the command line recorded in ``meta.json`` (default: ``sys.argv``).
         progress: force the progress bar on or off (default: on a TTY).
         report: write ``report.md`` and ``index.html`` when the sweep ends.
+        apply_skips: record the ``EXPORT_SKIPS`` classes as ``skipped`` (``False`` runs them like any other,
+            e.g. for a runner that is not hfexport's).
         preload: more modules for the fork server to import once (only the first sweep of a process starts
             the server: a caller running several sweeps passes the union to the first).
 
@@ -836,7 +838,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     threads = max(1, (os.cpu_count() or 1) // jobs)
     job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
     preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]
-    skips = _export_skips()
+    skips = _export_skips() if apply_skips else {}
     summary = SweepSummary(backend, out)
 
     if recheck_skips:

@@ -313,7 +313,16 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
         else:
             lines.append("The peer passes no case that hfexport fails.")
         if cmp_["ours_only"]:
-            lines += ["", f"Cases hfexport passes and the peer does not: {len(cmp_['ours_only'])}."]
+            theirs = {r["case_id"]: r for r in peer.get("records", [])}
+            lines += ["", f"Cases hfexport passes and the peer does not ({len(cmp_['ours_only'])}):", "",
+                      "| case | peer status | peer cause |", "|---|---|---|"]
+            lines += [f"| `{c}` | {theirs[c]['status']} | {_md((theirs[c].get('cause') or '')[:200])} |"
+                      for c in cmp_["ours_only"]]
+        noted = [r for r in peer.get("records", []) if r.get("note")]
+        if noted:
+            lines += ["", f"In the peer's favour: for {len(noted)} cases it returned more outputs than eager "
+                          f"(e.g. `{noted[0]['case_id']}`: {_md(noted[0]['note'])}); only the outputs eager returns "
+                          "were compared."]
     # mismatches, timeouts, skipped
     mism = sorted((r for r in records if r["status"] == "mismatch"), key=lambda r: r["case_id"])
     if mism:
