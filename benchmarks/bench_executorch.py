@@ -6,7 +6,7 @@
    ``transformers.exporters.ExecutorchExporter`` (static and ``dynamic=True``), after both toolchains are imported
    (the first ExecuTorch import costs tens of seconds and would otherwise go to whichever runs first).
 3. With ``--matrix``: the delegated fraction (delegated compute nodes / all compute nodes) of every architecture of
-   the tiny-config matrix in tests/test_executorch.py, exported with ``dynamic=True`` and checked at a second shape.
+   the tiny-config matrix in tests/executorch/test_executorch.py, exported with ``dynamic=True`` and checked at a second shape.
 
 Usage:
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_executorch.py [--repeat 50] [--threads 2] [--matrix] [--no-peer]
@@ -170,7 +170,7 @@ def interleaved(runners: dict, repeat: int, warmup: int = 3) -> dict[str, list[f
 
 
 def bench_matrix() -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "executorch")]
     from test_executorch import MATRIX, MATRIX_EXTRA, _tiny
 
     from hfexport_dynamo.inputs import dummy_inputs
