@@ -67,7 +67,7 @@ def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[
     import transformers.exporters as peer
 
     from hfexport._artifact import compare_outputs, flatten_with_names
-    from hfexport_dynamo.sweep import _failure
+    from hfexport_sweep.sweep import _failure
 
     exporter_name, config_name, options, _ = PEER_BACKENDS[backend]
     exporter, config = getattr(peer, exporter_name), getattr(peer, config_name)
@@ -133,7 +133,7 @@ def main() -> int:
     if args.ours_from and len(backends) > 1:
         parser.error("--ours-from takes one --backend")
 
-    from hfexport_dynamo.sweep import COMMON_ARCHITECTURES, RESULTS_FILE, SweepError, load_results, run_sweep
+    from hfexport_sweep.sweep import COMMON_ARCHITECTURES, RESULTS_FILE, SweepError, load_results, run_sweep
 
     command = shlex.join(["python", "benchmarks/bench_sweep.py", *sys.argv[1:]])
     preload = [PEER_BACKENDS[b][3] for b in backends] + ["bench_sweep"]
@@ -203,7 +203,7 @@ def main() -> int:
                     "records": peer}, indent=1) + "\n")
                 print(f"  wrote {target / 'peer.json'}")
                 if (target / RESULTS_FILE).exists():  # the sweep report gains its "Peer comparison" section
-                    from hfexport_dynamo.sweep_report import write_reports
+                    from hfexport_sweep.sweep_report import write_reports
 
                     write_reports(target)
                     print(f"  rewrote {target / 'report.md'} and {target / 'index.html'}")

@@ -1,6 +1,6 @@
 """``hfexport sweep``: export every tiny-zoo model with one backend and record what works.
 
-Every case of :mod:`hfexport_dynamo.zoo` (``"<model_type>/<ClassName>"``) runs in its own process, forked
+Every case of :mod:`hfexport_sweep.zoo` (``"<model_type>/<ClassName>"``) runs in its own process, forked
 from a server that has imported torch, transformers and the backend once, so a case costs its own work
 only. A case that crashes the interpreter or hangs past ``--timeout`` is recorded and the sweep goes on.
 
@@ -21,7 +21,7 @@ Results are appended to ``<output>/results.jsonl`` as they come, so an interrupt
 it stopped: cases already recorded are not run again. ``<output>/meta.json`` records the backend and the
 versions (hfexport, backend distribution, torch, transformers); a directory written with other ones is
 refused rather than mixed (``--overwrite`` starts it afresh). When the sweep ends, ``report.md`` and
-``index.html`` are written (see :mod:`hfexport_dynamo.sweep_report`).
+``index.html`` are written (see :mod:`hfexport_sweep.sweep_report`).
 
 Importing this module is light (no torch, no transformers): ``hfexport --help`` loads it to add the
 ``sweep`` subcommand.
@@ -77,7 +77,7 @@ DEFAULT_TIMEOUT_S = 180.0
 RESULTS_FILE, META_FILE = "results.jsonl", "meta.json"
 META_KIND = "hfexport-sweep"
 META_SCHEMA = 1
-DEFAULT_RUNNER = "hfexport_dynamo.sweep:export_and_verify"
+DEFAULT_RUNNER = "hfexport_sweep.sweep:export_and_verify"
 # Versions that make two sweeps comparable: a results directory written with other values is not mixed in.
 _META_KEYS = ("backend", "backend_distribution", "runner", "versions")
 # Imported once by the fork server so that every case process starts with them in memory.
@@ -85,7 +85,7 @@ _META_KEYS = ("backend", "backend_distribution", "runner", "versions")
 _PRELOAD = ("torch", "torch.export", "torch.export._trace", "torch._dynamo", "torch._functorch.aot_autograd",
             "torch._functorch.partitioners", "torch._export.passes", "torch._export.serde.serialize",
             "torch.fx.experimental.validator", "sympy", "networkx", "transformers", "transformers.modeling_utils",
-            "transformers.generation", "hfexport", "hfexport_dynamo.zoo", "hfexport_dynamo.exporter_dynamo")
+            "transformers.generation", "hfexport", "hfexport_sweep.zoo", "hfexport_dynamo.exporter_dynamo")
 
 COMMON_ARCHITECTURES: tuple[str, ...] = (
     # text encoders
@@ -187,8 +187,7 @@ def resolve_backend(name: str) -> tuple[str, str]:
     Raises:
         SweepError: the backend is unknown, not usable, or its exporter fails to import.
     """
-    from hfexport import UnknownBackendError, list_backends
-    from hfexport._discovery import get_backend
+    from hfexport import UnknownBackendError, get_backend, list_backends
 
     try:
         backend = get_backend(name)
@@ -212,7 +211,7 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
         common: keep only the cases of :data:`COMMON_ARCHITECTURES`.
 
     Returns:
-        The :class:`~hfexport_dynamo.zoo.ZooCase` list.
+        The :class:`~hfexport_sweep.zoo.ZooCase` list.
 
     Raises:
         SweepError: the filter is not a valid regular expression or matches no case; ``limit`` < 1.
@@ -230,7 +229,7 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
     if not cases:
         where = f"--filter {filter!r}{' with --common' if common else ''}"
         raise SweepError(f"{where} matches none of the {len(list_cases())} zoo cases; ids look like "
-                         "'llama/LlamaForCausalLM' (see hfexport_dynamo.zoo.list_cases)")
+                         "'llama/LlamaForCausalLM' (see hfexport_sweep.zoo.list_cases)")
     return cases[:limit] if limit else cases
 
 
@@ -525,7 +524,7 @@ def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: 
         ``cause``, ``where``, ``error``, ``export_s``, ``verify_s``, ``max_abs_diff``).
 
     Raises:
-        hfexport_dynamo.zoo.UnknownCaseError: the case is not in the zoo.
+        hfexport_sweep.zoo.UnknownCaseError: the case is not in the zoo.
     """
     import torch
 
@@ -718,7 +717,7 @@ def _base_record(case: Any, backend: str) -> dict[str, Any]:
 
 
 def _export_skips() -> dict[str, str]:
-    from .exporter_dynamo import EXPORT_SKIPS
+    from hfexport_dynamo import EXPORT_SKIPS
 
     return dict(EXPORT_SKIPS)
 

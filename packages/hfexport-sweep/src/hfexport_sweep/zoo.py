@@ -21,7 +21,7 @@ one-line reason and :func:`check_instantiable` returns that reason.
 
 Example::
 
-    from hfexport_dynamo.zoo import build_case, list_cases
+    from hfexport_sweep.zoo import build_case, list_cases
 
     for case in list_cases(r"^llama/"):
         model, inputs, alt_inputs = build_case(case.case_id)

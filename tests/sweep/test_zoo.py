@@ -1,4 +1,4 @@
-"""Fast tests of the offline tiny-model zoo (hfexport_dynamo.zoo)."""
+"""Fast tests of the offline tiny-model zoo (hfexport_sweep.zoo)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-zoo = pytest.importorskip("hfexport_dynamo.zoo")
+zoo = pytest.importorskip("hfexport_sweep.zoo")
 
 REPRESENTATIVE = [
     ("bert/BertModel", "text"),

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from hfexport import cli
-from hfexport_dynamo import sweep
-from hfexport_dynamo.sweep import RESULTS_FILE, SweepError, prepare_output, run_sweep, sweep_meta
-from hfexport_dynamo.sweep_report import cause_key, write_reports
+from hfexport_sweep import sweep
+from hfexport_sweep.sweep import RESULTS_FILE, SweepError, prepare_output, run_sweep, sweep_meta
+from hfexport_sweep.sweep_report import cause_key, write_reports
 
 # ── the representative subset ───────────────────────────────────────────────────────────────────────────
 # About 30 cases across modalities, tasks and architecture families, picked among the fast ones of the full
@@ -228,7 +228,7 @@ def test_skips_are_recorded_and_rechecked(tmp_path, monkeypatch, capsys):
 
 def test_recheck_skips_cli_without_onnx_list(tmp_path, monkeypatch, capsys):
     from hfexport_dynamo import exporter_dynamo
-    from hfexport_dynamo.zoo import list_cases
+    from hfexport_sweep.zoo import list_cases
 
     other = next((c for c in list_cases() if c.modality == "other"), None)
     if other is None:
@@ -256,7 +256,7 @@ def test_recheck_onnx_disable_optimize_entries(tmp_path, monkeypatch):
 
 
 def test_not_instantiable_is_recorded_without_exporting(tmp_path):
-    from hfexport_dynamo.zoo import list_cases
+    from hfexport_sweep.zoo import list_cases
 
     other = next((c for c in list_cases() if c.modality == "other"), None)
     if other is None:
@@ -340,14 +340,14 @@ def test_report_only_rewrites_reports(tmp_path, capsys):
 
 
 def test_sweep_module_import_is_light():
-    code = ("import sys, hfexport_dynamo.sweep, hfexport_dynamo.sweep_report; from hfexport import cli; "
+    code = ("import sys, hfexport_sweep.sweep, hfexport_sweep.sweep_report; from hfexport import cli; "
             "cli.build_parser(); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_common_architectures_are_in_the_zoo():
-    from hfexport_dynamo.sweep import COMMON_ARCHITECTURES, select_cases
+    from hfexport_sweep.sweep import COMMON_ARCHITECTURES, select_cases
 
     cases = select_cases(common=True)
     assert len(COMMON_ARCHITECTURES) == len(set(COMMON_ARCHITECTURES)) == 60
