@@ -1,19 +1,33 @@
-"""Shared fixtures: offline, seeded tiny models. Nothing here touches the network."""
+"""Shared fixtures: offline, seeded tiny models; the test plugin distributions on a temporary path.
+
+Nothing here touches the network.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).parent))  # helpers, plugin_path
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from helpers import tiny_model  # noqa: E402
+from plugin_path import install_on_temporary_path  # noqa: E402
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-
-from helpers import tiny_model  # noqa: E402
+# Before collection, so that test modules may import the plugins; removed when the session ends.
+_PLUGIN_DIR = Path(tempfile.mkdtemp(prefix="hfexport-test-plugins-"))
+atexit.register(shutil.rmtree, _PLUGIN_DIR, ignore_errors=True)
+TEST_PLUGINS = install_on_temporary_path(_PLUGIN_DIR)
 
 
 @pytest.fixture

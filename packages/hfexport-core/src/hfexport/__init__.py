@@ -1,11 +1,12 @@
 """hfexport: export Hugging Face Transformers models and any ``torch.nn.Module`` through ``torch.export``.
 
-The kernel: workaround registries, the patch context manager, the stage protocol and backend discovery.
-Importing it is cheap (no torch); backends are found through the ``hfexport.backends`` entry points.
+The user API: :func:`export`, :func:`load`, the artifact (:class:`ExportedModel`), discovery of installed
+backends, and the workaround registry. Importing it is cheap (no torch); backends are found through the
+``hfexport.backends`` entry points. Backend and plugin authors import from :mod:`hfexport.plugin`.
 """
 
-from ._api import export
-from ._artifact import ExportedModel, OutputDiff, VerificationReport, load
+from ._api import export, load
+from ._artifact import ExportedModel, OutputDiff, VerificationReport
 from ._discovery import Backend, BackendInfo, UnknownBackendError, get_backend, list_backends
 from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
@@ -32,6 +33,5 @@ __all__ = [
     "apply_fx_program_fixes", "export", "get_backend", "iter_graph_modules", "list_backends",
     "list_fx_node_fixes", "list_fx_program_fixes", "list_patches", "list_workarounds", "load", "patch_context",
     "register_fx_node_fix", "register_fx_program_fix", "register_patch", "resolve_path", "resolve_pattern",
-    "run_stages",
-    "workarounds_for",
+    "run_stages", "workarounds_for",
 ]

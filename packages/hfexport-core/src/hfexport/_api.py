@@ -1,16 +1,18 @@
-"""``hfexport.export``: pick a backend by name and run its exporter."""
+"""``hfexport.export`` and ``hfexport.load``: find the backend by name and run its exporter or open its runtime."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from ._artifact import ExportedModel
+from ._artifact import Component, ExportedModel, read_manifest
 from ._discovery import get_backend
 from ._exporter import ExportConfig
 from ._stages import ProgressCallback
 
-__all__ = ["export"]
+__all__ = ["export", "load"]
 
 
 def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str = "dynamo",
@@ -45,3 +47,32 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         options["dynamic"] = True
     exporter = exporter_class(config, **options)
     return exporter.export(model, inputs, progress=progress)
+
+
+def load(path: str | os.PathLike[str]) -> ExportedModel:
+    """Load a saved artifact and open every component on its backend's runtime.
+
+    Raises:
+        FileNotFoundError: ``path`` has no ``export.json``, or lacks a file the manifest lists.
+        ValueError: the manifest's schema is another version, or names a file outside ``path``.
+        hfexport.UnknownBackendError: the backend that wrote it is not installed (says what to install).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    exporter_class = get_backend(manifest["backend"]).load_exporter()
+    if exporter_class.tracer is not None:
+        exporter_class.tracer.prepare_load(manifest)
+    sections = manifest.get("components") or {"model": manifest}
+    components = [Component(name, exporter_class.load_runner(path, manifest, name), manifest=section)
+                  for name, section in sections.items()]
+    files = [f for f in manifest.get("files", []) if f != "export.json"]
+    # Saving a loaded artifact again copies its files (they are the artifact).
+    copy = {f: (lambda d, f=f: _copy_file(path / f, d / f)) for f in files}
+    return ExportedModel(manifest["backend"], components, manifest, extra_files=copy)
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    import shutil
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)

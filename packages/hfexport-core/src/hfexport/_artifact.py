@@ -1,4 +1,9 @@
-"""The artifact: an exported program with its runner, manifest, atomic save, load and verification."""
+"""The artifact every backend shares: named components (programs with their runners), the manifest, atomic
+save, reading a saved manifest, and verification against eager PyTorch.
+
+Nothing here knows a backend: opening a saved artifact on its runtime is ``hfexport.load`` (``_api``), which
+finds the backend through discovery.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,20 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-__all__ = ["ExportedModel", "OutputDiff", "Runner", "VerificationReport", "load", "MANIFEST_NAME",
-           "SCHEMA_VERSION"]
+__all__ = ["Component", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
+           "Runner", "SCHEMA_VERSION", "VerificationReport", "compare_outputs", "flatten_with_names",
+           "read_manifest", "versions_of"]
 
 MANIFEST_NAME = "export.json"
 SCHEMA_VERSION = 1
+DEFAULT_COMPONENT = "model"  # the component ``ExportedModel.__call__`` runs
 
 
 class Runner(Protocol):
@@ -29,6 +37,110 @@ class Runner(Protocol):
     """
 
     def run(self, args: tuple[Any, ...]) -> list[Any]: ...
+
+
+class FileRunner:
+    """Base of runners whose runtime reads a program file (ONNX Runtime, ExecuTorch).
+
+    An in-memory export is written once into a temporary directory owned by the runner (removed when the
+    runner is garbage-collected), so the runtime reads the file exactly as it would read a saved artifact;
+    saving copies the files. Subclasses set ``program_file`` and implement :meth:`open` and :meth:`run`.
+
+    Args:
+        path: the program file.
+        data_path: a file of weights kept beside the program (``model.onnx.data``, ``.ptd``), if any.
+    """
+
+    program_file: ClassVar[str] = "model.bin"
+
+    def __init__(self, path: str | os.PathLike[str], data_path: str | os.PathLike[str] | None = None):
+        self.path = Path(path)
+        self.data_path = Path(data_path) if data_path else None
+        self._cleanup: Any = None
+        self.open()
+
+    def open(self) -> None:
+        """Open ``self.path`` on the runtime."""
+        raise NotImplementedError(f"{type(self).__name__} must implement open()")
+
+    def run(self, args: tuple[Any, ...]) -> list[Any]:
+        raise NotImplementedError(f"{type(self).__name__} must implement run()")
+
+    @classmethod
+    def from_writer(cls, write: Callable[[Path], Path | None], **kwargs: Any) -> Any:
+        """Call ``write(directory)`` on a fresh temporary directory owned by the runner, then open the file.
+
+        ``write`` writes ``directory / cls.program_file`` (and any data file) and returns the data file's
+        path, or ``None``. Keyword arguments go to the constructor.
+        """
+        directory = tempfile.mkdtemp(prefix=f"hfexport-{cls.__name__.lower()}-")
+        try:
+            data_path = write(Path(directory))
+            runner = cls(Path(directory) / cls.program_file, data_path=data_path, **kwargs)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        runner._cleanup = weakref.finalize(runner, shutil.rmtree, directory, ignore_errors=True)
+        return runner
+
+    @property
+    def files(self) -> list[Path]:
+        return [p for p in (self.path, self.data_path) if p is not None]
+
+    @property
+    def data_file(self) -> str | None:
+        return self.data_path.name if self.data_path else None
+
+    def write_files(self, directory: Path) -> list[str]:
+        """Copy the program file (as ``program_file``) and its data file into ``directory``; their names."""
+        names = []
+        for source in self.files:
+            name = self.program_file if source == self.path else source.name
+            shutil.copyfile(source, Path(directory) / name)
+            names.append(name)
+        return names
+
+    @staticmethod
+    def flat_inputs(args: Sequence[Any], dtypes: Sequence[Any] = ()) -> list[Any]:
+        """The pytree leaves of ``args``; tensors detached, on the CPU, contiguous, and cast to ``dtypes[i]``
+        when both are floating point."""
+        import torch
+        import torch.utils._pytree as pytree
+
+        flat = []
+        for i, leaf in enumerate(pytree.tree_leaves(tuple(args))):
+            if isinstance(leaf, torch.Tensor):
+                leaf = leaf.detach().to("cpu")
+                dtype = dtypes[i] if i < len(dtypes) else None
+                if dtype is not None and leaf.is_floating_point() and dtype.is_floating_point:
+                    leaf = leaf.to(dtype)
+                leaf = leaf.contiguous()
+            flat.append(leaf)
+        return flat
+
+
+@dataclass
+class Component:
+    """One program of an artifact, with the runner that runs it.
+
+    An artifact has one (``"model"``) or several (a prefill and a decode program; an encoder and a decoder).
+
+    Attributes:
+        name: the component name (``"model"``, ``"prefill"``, ``"decode"``, ``"encoder"``).
+        runner: runs the program: ``run(args) -> flat outputs``.
+        out_spec: the pytree ``TreeSpec`` that rebuilds the outputs (``None``: read from the manifest).
+        write: writes the component's file(s) into a directory; returns their names.
+        manifest: the component's manifest section (``program_file``, ``inputs``, ``outputs``,
+            ``output_spec``, backend-specific keys).
+        program: the ``ExportedProgram`` it was lowered from, for the manifest (not saved).
+    """
+
+    name: str
+    runner: Runner
+    out_spec: Any = None
+    write: Callable[[Path], Any] | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    program: Any = field(default=None, repr=False)
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
@@ -144,55 +256,88 @@ def compare_outputs(backend: str, expected: Any, actual: Any, atol: float, rtol:
 
 
 class ExportedModel:
-    """An exported program, runnable on its backend's runtime.
+    """An exported model: one or several named programs, runnable on the backend's runtime.
 
     Attributes:
         backend: the backend name.
-        manifest: the ``export.json`` content (inputs, outputs, versions, workarounds ...).
+        components: name -> :class:`Component`; calling the model runs ``"model"`` (or the only one).
+        manifest: the ``export.json`` content (inputs, outputs, versions, workarounds, components ...).
+        extra_files: file name -> writer of the files saved besides the programs (``config.json``).
         reference: the eager callable to verify against (the model with the export's fixed keyword
-            arguments); ``None`` after :func:`load` unless passed to :meth:`verify`.
+            arguments); ``None`` after :func:`hfexport.load` unless passed to :meth:`verify`.
     """
 
-    def __init__(self, backend: str, runner: Runner, manifest: dict[str, Any], *,
-                 components: Mapping[str, Callable[[Path], Any]] | None = None,
-                 out_spec: Any = None, reference: Callable[..., Any] | None = None):
+    def __init__(self, backend: str, components: Sequence[Component] | Mapping[str, Component],
+                 manifest: dict[str, Any], *, extra_files: Mapping[str, Callable[[Path], Any]] | None = None,
+                 reference: Callable[..., Any] | None = None):
         self.backend = backend
-        self.runner = runner
+        items = list(components.values()) if isinstance(components, Mapping) else list(components)
+        if not items:
+            raise ValueError("an ExportedModel needs at least one component")
+        self.components = {c.name: c for c in items}
         self.manifest = manifest
-        self.components = dict(components or {})
+        self.extra_files = dict(extra_files or {})
         self.reference = reference
-        self._out_spec = out_spec
 
     def __repr__(self) -> str:
         inputs = ", ".join(i["name"] for i in self.manifest.get("inputs", []))
-        return f"ExportedModel(backend={self.backend!r}, model={self.manifest.get('model_class')!r}, inputs=[{inputs}])"
+        return (f"ExportedModel(backend={self.backend!r}, model={self.manifest.get('model_class')!r}, "
+                f"components={list(self.components)}, inputs=[{inputs}])")
+
+    @property
+    def default_component(self) -> Component:
+        return self.components.get(DEFAULT_COMPONENT) or next(iter(self.components.values()))
+
+    @property
+    def runner(self) -> Runner:
+        """The default component's runner."""
+        return self.default_component.runner
+
+    def _section(self, component: Component) -> dict[str, Any]:
+        return self.manifest.get("components", {}).get(component.name) or component.manifest or self.manifest
 
     @property
     def input_names(self) -> list[str]:
-        return [i["name"] for i in self.manifest["inputs"]]
+        return [i["name"] for i in self._section(self.default_component)["inputs"]]
 
     @property
     def output_names(self) -> list[str]:
-        return [o["name"] for o in self.manifest["outputs"]]
+        return [o["name"] for o in self._section(self.default_component)["outputs"]]
 
-    @property
-    def out_spec(self) -> Any:
-        if self._out_spec is None:
+    def out_spec(self, component: Component | None = None) -> Any:
+        """The outputs' ``TreeSpec`` of ``component`` (default: the default one)."""
+        component = component or self.default_component
+        if component.out_spec is None:
             import torch.utils._pytree as pytree
 
-            for module in self.manifest.get("output_modules", []):
+            section = self._section(component)
+            for module in section.get("output_modules", []):
                 importlib.import_module(module)
-            self._out_spec = pytree.treespec_loads(self.manifest["output_spec"])
-        return self._out_spec
+            component.out_spec = pytree.treespec_loads(section["output_spec"])
+        return component.out_spec
 
     def __call__(self, **inputs: Any) -> Any:
-        """Run on the backend's runtime; returns the model's output structure (e.g. a ``ModelOutput``).
+        """Run the default component on the backend's runtime; returns the model's output structure.
 
         Raises:
             TypeError: an input is missing or unknown (the message lists the expected names).
+            ValueError: a keyword baked into the export is passed with another value.
         """
-        names = self.input_names
-        fixed = self.manifest.get("fixed_kwargs", {})
+        return self.run(self.default_component.name, **inputs)
+
+    def run(self, component: str, /, **inputs: Any) -> Any:
+        """Run the named component with keyword ``inputs``; returns its output structure.
+
+        Raises:
+            KeyError: no such component (the message lists them).
+            TypeError: an input is missing or unknown.
+        """
+        if component not in self.components:
+            raise KeyError(f"no component {component!r}; this artifact has {list(self.components)}")
+        part = self.components[component]
+        section = self._section(part)
+        names = [i["name"] for i in section["inputs"]]
+        fixed = section.get("fixed_kwargs", self.manifest.get("fixed_kwargs", {}))
         for name in [n for n in inputs if n in fixed and n not in names]:
             if inputs[name] != fixed[name]:
                 raise ValueError(f"{name}={inputs[name]!r} was baked into this export as {fixed[name]!r}; "
@@ -204,8 +349,8 @@ class ExportedModel:
             raise TypeError(f"this {self.backend} export takes inputs {names}; missing {missing}, unknown {unknown}")
         import torch.utils._pytree as pytree
 
-        flat = self.runner.run(tuple(inputs[n] for n in names))
-        return pytree.tree_unflatten(list(flat), self.out_spec)
+        flat = part.runner.run(tuple(inputs[n] for n in names))
+        return pytree.tree_unflatten(list(flat), self.out_spec(part))
 
     def verify(self, inputs: Mapping[str, Any], *, atol: float = 1e-5, rtol: float = 1e-5,
                reference: Callable[..., Any] | None = None) -> VerificationReport:
@@ -258,7 +403,10 @@ class ExportedModel:
         staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the artifact gets the usual permissions
         try:
             files: list[str] = []
-            for name, write in self.components.items():
+            for component in self.components.values():
+                written = component.write(staging) if component.write else None
+                files.extend(written if isinstance(written, list | tuple) else [])
+            for name, write in self.extra_files.items():
                 written = write(staging)
                 files.extend(written if isinstance(written, list | tuple) else [name])
             manifest = dict(self.manifest, files=sorted(set(files) | {MANIFEST_NAME}))
@@ -281,10 +429,18 @@ class ExportedModel:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str]) -> ExportedModel:
         """Same as :func:`hfexport.load`."""
-        return load(path)
+        import hfexport  # the loader finds the backend through discovery, which builds on this module
+
+        return hfexport.load(path)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """Read ``path/export.json`` and check it: schema version, and every listed file present inside ``path``.
+
+    Raises:
+        FileNotFoundError: no manifest, or a listed file is missing.
+        ValueError: another schema version, or a listed file that resolves outside ``path``.
+    """
     manifest_path = path / MANIFEST_NAME
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{path} is not an hfexport artifact: it has no {MANIFEST_NAME}")
@@ -292,23 +448,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{manifest_path} has schema_version {manifest.get('schema_version')!r}; this hfexport "
                          f"reads version {SCHEMA_VERSION}: re-export, or install the hfexport that wrote it")
+    root = path.resolve()
+    outside = [f for f in manifest.get("files", []) if not (root / f).resolve().is_relative_to(root)]
+    if outside:
+        raise ValueError(f"{manifest_path} names files outside the artifact directory: {outside}")
     missing = [f for f in manifest.get("files", []) if not (path / f).exists()]
     if missing:
         raise FileNotFoundError(f"{path} lacks files its manifest lists: {missing}")
     return manifest
-
-
-def load(path: str | os.PathLike[str]) -> ExportedModel:
-    """Load a saved artifact and open it on its backend's runtime.
-
-    Raises:
-        FileNotFoundError: ``path`` has no ``export.json``, or lacks a file the manifest lists.
-        hfexport.UnknownBackendError: the backend that wrote it is not installed (says what to install).
-    """
-    from ._discovery import get_backend
-
-    path = Path(path)
-    manifest = read_manifest(path)
-    exporter_class = get_backend(manifest["backend"]).load_exporter()
-    runner = exporter_class.load_runner(path, manifest)
-    return ExportedModel(manifest["backend"], runner, manifest)

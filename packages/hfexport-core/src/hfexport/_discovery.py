@@ -4,14 +4,18 @@ An entry point names a :class:`Backend` object in a light module (``hfexport_onn
 it imports only that module: the toolchain (torch.onnx, onnxscript, executorch) is imported when an export
 or a load actually needs the exporter class.
 
+The kernel names no backend: each :class:`Backend` says which distribution brings it and how to install
+it, and an unknown name gets the installed backends listed.
+
 Environment:
-    HFEXPORT_DISABLE_PLUGIN_AUTOLOAD=1: load only the first-party backends (distributions ``hfexport-*``
-        that ship with hfexport); third-party plugins are listed as ``disabled``.
+    HFEXPORT_DISABLE_PLUGIN_AUTOLOAD=1: load only the bundled backends (distributions named ``hfexport-*``
+        released together with hfexport-core, i.e. at its version); other plugins are listed as ``disabled``.
     HFEXPORT_BLOCK_PLUGINS=name1,name2: never load these entry points (a broken plugin you cannot uninstall).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from dataclasses import dataclass
@@ -20,15 +24,6 @@ from importlib import metadata
 __all__ = ["Backend", "BackendInfo", "UnknownBackendError", "get_backend", "list_backends"]
 
 GROUP = "hfexport.backends"
-FIRST_PARTY = {"hfexport-core", "hfexport-dynamo", "hfexport-onnx", "hfexport-executorch"}
-# Names we ship, and the distribution that brings them: used to say what to install.
-FIRST_PARTY_NAMES = {
-    "dynamo": "hfexport-dynamo",
-    "onnx": "hfexport-onnx",
-    "executorch": "hfexport-executorch",
-    "executorch-xnnpack": "hfexport-executorch",
-    "executorch-cuda": "hfexport-executorch",
-}
 
 
 @dataclass(frozen=True)
@@ -41,12 +36,20 @@ class Backend:
         description: one line for ``hfexport backends``.
         requires: distributions the toolchain needs; checked from metadata when the backend is loaded,
             so that a missing toolchain is reported before any export starts.
+        distribution: the distribution that ships this backend (``"hfexport-onnx"``), for error messages.
+        install_hint: how to install it (default ``pip install <distribution>``).
     """
 
     name: str
     exporter: str
     description: str = ""
     requires: tuple[str, ...] = ()
+    distribution: str = ""
+    install_hint: str = ""
+
+    @property
+    def install(self) -> str:
+        return self.install_hint or (f"pip install {self.distribution}" if self.distribution else "")
 
     def missing_requirements(self) -> list[str]:
         missing = []
@@ -68,7 +71,8 @@ class Backend:
 
         missing = self.missing_requirements()
         if missing:
-            raise ImportError(f"backend {self.name!r} needs {', '.join(missing)}: pip install {' '.join(missing)}")
+            raise ImportError(f"backend {self.name!r} needs {', '.join(missing)}: pip install {' '.join(missing)}"
+                              + (f" (or {self.install})" if self.install else ""))
         module_name, _, attr = self.exporter.partition(":")
         cls = getattr(importlib.import_module(module_name), attr)
         if not (isinstance(cls, type) and issubclass(cls, Exporter)):
@@ -106,10 +110,19 @@ def _blocked() -> set[str]:
     return {n.strip() for n in os.environ.get("HFEXPORT_BLOCK_PLUGINS", "").split(",") if n.strip()}
 
 
-def _load_entry_point(ep: metadata.EntryPoint, dist_name: str) -> tuple[str, str, Backend | None]:
+def _bundled(dist_name: str, version: str) -> bool:
+    """Released together with hfexport-core: named ``hfexport-*`` at hfexport-core's own version."""
+    try:
+        core_version = metadata.version("hfexport-core")
+    except metadata.PackageNotFoundError:  # pragma: no cover - this module is hfexport-core
+        return False
+    return dist_name.startswith("hfexport-") and version == core_version
+
+
+def _load_entry_point(ep: metadata.EntryPoint, dist_name: str, version: str) -> tuple[str, str, Backend | None]:
     if ep.name in _blocked():
         return "disabled", "blocked by HFEXPORT_BLOCK_PLUGINS", None
-    if os.environ.get("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD") and dist_name not in FIRST_PARTY:
+    if os.environ.get("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD") and not _bundled(dist_name, version):
         return "disabled", "HFEXPORT_DISABLE_PLUGIN_AUTOLOAD is set", None
     try:
         obj = ep.load()
@@ -117,12 +130,23 @@ def _load_entry_point(ep: metadata.EntryPoint, dist_name: str) -> tuple[str, str
         return "error", f"import of {ep.value} raised {type(exc).__name__}: {exc}", None
     if not isinstance(obj, Backend):
         return "error", f"{ep.value} is a {type(obj).__name__}, not an hfexport.Backend", None
-    if obj.name != ep.name:
-        obj = Backend(ep.name, obj.exporter, obj.description, obj.requires)
+    if obj.name != ep.name or not obj.distribution:
+        obj = dataclasses.replace(obj, name=ep.name, distribution=obj.distribution or dist_name)
     missing = obj.missing_requirements()
     if missing:
         return "missing", f"needs {', '.join(missing)} (pip install {' '.join(missing)})", obj
     return "ok", "", obj
+
+
+def _info(ep: metadata.EntryPoint, load: bool) -> BackendInfo:
+    dist = getattr(ep, "dist", None)
+    dist_name = dist.metadata["Name"] if dist is not None else "?"
+    version = dist.version if dist is not None else "?"
+    if load:
+        status, error, backend = _load_entry_point(ep, dist_name, version)
+    else:
+        status, error, backend = "unloaded", "", None
+    return BackendInfo(ep.name, ep.value, dist_name, version, status, error, backend)
 
 
 def list_backends(load: bool = True) -> list[BackendInfo]:
@@ -132,42 +156,25 @@ def list_backends(load: bool = True) -> list[BackendInfo]:
         load: import each plugin's light module to validate it (never the toolchain). With ``False``,
             only metadata is read and ``status`` is ``"unloaded"``.
     """
-    infos = []
-    for ep in metadata.entry_points(group=GROUP):
-        dist = getattr(ep, "dist", None)
-        dist_name = dist.metadata["Name"] if dist is not None else "?"
-        version = dist.version if dist is not None else "?"
-        if load:
-            status, error, backend = _load_entry_point(ep, dist_name)
-        else:
-            status, error, backend = "unloaded", "", None
-        infos.append(BackendInfo(ep.name, ep.value, dist_name, version, status, error, backend))
-    return sorted(infos, key=lambda i: i.name)
+    return sorted((_info(ep, load) for ep in metadata.entry_points(group=GROUP)), key=lambda i: i.name)
 
 
 def get_backend(name: str) -> Backend:
-    """The :class:`Backend` registered under ``name``.
+    """The :class:`Backend` registered under ``name``; imports only that entry point's module.
 
     Raises:
-        UnknownBackendError: the name is not installed (the message lists installed backends and, for a
-            first-party name, the distribution to install), or its plugin failed to load (the message
-            says why).
+        UnknownBackendError: the name is not installed (the message lists the installed backends, read
+            from metadata), or its plugin failed to load (the message says why and what to install).
     """
-    infos = list_backends()
-    for info in infos:
-        if info.name == name:
-            if info.backend is not None and info.status == "ok":
-                return info.backend
-            raise UnknownBackendError(
-                f"backend {name!r} from {info.distribution} {info.version} is not usable ({info.status}): {info.error}")
-    usable = [i.name for i in infos if i.status == "ok"] or ["none"]
-    message = f"unknown backend {name!r}. Installed backends: {', '.join(usable)}."
-    broken = [f"{i.name} ({i.status}: {i.error})" for i in infos if i.status not in ("ok",)]
-    if broken:
-        message += f" Not usable: {'; '.join(broken)}."
-    dist = FIRST_PARTY_NAMES.get(name) or ("hfexport-executorch" if name.startswith("executorch-") else None)
-    if dist:
-        message += f" Backend {name!r} ships in {dist}: pip install {dist}"
-    else:
-        message += f" A third-party backend is installed as its own distribution (pip install hfexport-{name})."
-    raise UnknownBackendError(message)
+    for ep in metadata.entry_points(group=GROUP, name=name):
+        info = _info(ep, load=True)
+        if info.backend is not None and info.status == "ok":
+            return info.backend
+        hint = f" ({info.backend.install})" if info.backend is not None and info.backend.install else ""
+        raise UnknownBackendError(f"backend {name!r} from {info.distribution} {info.version} is not usable "
+                                  f"({info.status}): {info.error}{hint}")
+    installed = sorted({ep.name for ep in metadata.entry_points(group=GROUP)}) or ["none"]
+    raise UnknownBackendError(
+        f"unknown backend {name!r}. Installed backends: {', '.join(installed)} (`hfexport backends` shows their "
+        f"status). A backend is installed as its own distribution: pip install hfexport-{name.split('-')[0]} "
+        "for the ones hfexport publishes, or the vendor's package.")

@@ -1,23 +1,27 @@
-"""The exporter base class: option validation, input checks, the staged run and model-state safety."""
+"""The exporter base class: option validation, input checks, the staged run, model-state safety, and the
+export context through which stages install patches, apply fixes and record what they did."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from ._stages import ExportError, ProgressCallback, Stage, run_stages
+from ._artifact import DEFAULT_COMPONENT, SCHEMA_VERSION, Component, ExportedModel, versions_of
+from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes
+from ._patching import PatchReport, patch_context
+from ._registry import Registration, workarounds_for
+from ._stages import ExportError, ProgressCallback, Stage, StepRecorder, run_stages
 
 if TYPE_CHECKING:
     import torch
 
-    from ._artifact import ExportedModel
-
-__all__ = ["ExportConfig", "ExportContext", "Exporter", "InvalidInputError"]
+__all__ = ["ExportConfig", "ExportContext", "Exporter", "InvalidInputError", "Tracer"]
 
 
 class InvalidInputError(TypeError):
@@ -85,6 +89,7 @@ class ExportContext:
         program: the ``torch.export.ExportedProgram`` once traced.
         report: what the export did: installed patches, fixes applied, timings, notes (into the manifest).
         extras: backend-specific results (an ONNX model, a .pte buffer, partitioners ...).
+        steps: times the toolchain calls of the stages (``with ctx.step("torch.onnx.export"): ...``).
     """
 
     exporter: Exporter
@@ -97,6 +102,11 @@ class ExportContext:
     report: dict[str, Any] = field(default_factory=lambda: {"patches": [], "skipped_patches": [], "fixes": {},
                                                              "timings": {}, "notes": []})
     extras: dict[str, Any] = field(default_factory=dict)
+    steps: StepRecorder = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.steps is None:
+            self.steps = StepRecorder(self.progress)
 
     @property
     def model_class(self) -> str:
@@ -105,6 +115,67 @@ class ExportContext:
     def note(self, text: str) -> None:
         """Record a fact about this export (a fallback taken, a dim specialized) in the manifest."""
         self.report["notes"].append(text)
+
+    def step(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Run a toolchain call (``"torch.export.export"``) as a named, timed step of the current stage;
+        a failure inside it names the step in the :class:`ExportError`."""
+        return self.steps(name)
+
+    def workarounds(self, kind: str, scopes: Iterable[str]) -> list[Registration]:
+        """The registrations of ``kind`` for ``scopes``, minus those this export's config disables."""
+        return workarounds_for(kind, scopes, self.config.disable)
+
+    def install_patches(self, scopes: Sequence[str]) -> PatchReport:
+        """Install the patches of ``scopes`` until the export ends; record what was installed or skipped."""
+        report = self.stack.enter_context(patch_context(tuple(scopes), self.config.disable))
+        self.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
+        self.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why}
+                                              for r, p, why in report.skipped)
+        return report
+
+    def apply_fx_node_fixes(self, graph_module: Any, scopes: Iterable[str]) -> FixReport:
+        """Apply the FX node fixes of ``scopes`` (fixes with a ``ctx`` parameter get this context); record them."""
+        report = apply_fx_node_fixes(graph_module, self.workarounds("fx_node_fix", scopes), ctx=self)
+        self.record_fixes(report)
+        return report
+
+    def apply_fx_program_fixes(self, program: Any, scopes: Iterable[str]) -> FixReport:
+        """Apply the FX program fixes of ``scopes`` to ``program`` in place; record them."""
+        report = apply_fx_program_fixes(program, self.workarounds("fx_program_fix", scopes), ctx=self)
+        self.record_fixes(report)
+        return report
+
+    def record_fixes(self, report: FixReport) -> None:
+        for name, count in report.applied.items():
+            self.record_applied(name, count)
+
+    def record_applied(self, name: str, count: int = 1) -> None:
+        """Count a workaround that fired (a translation used, an IR fix that rewrote nodes) in the manifest."""
+        fixes = self.report["fixes"]
+        fixes[name] = fixes.get(name, 0) + count
+
+
+class Tracer(Protocol):
+    """What a backend gets from the package that traces models (hfexport-dynamo's ``DYNAMO_TRACER``).
+
+    The kernel names no tracer: an exporter sets ``tracer`` and the base class delegates to it.
+    """
+
+    def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> None: ...
+
+    def program_manifest(self, ctx: ExportContext, program: Any) -> dict[str, Any]: ...
+
+    def extra_files(self, ctx: ExportContext) -> dict[str, Any]: ...
+
+    def reference(self, ctx: ExportContext) -> Any: ...
+
+    def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    def load_model(self, path: str | Path) -> Any: ...
+
+    def prepare_load(self, manifest: dict[str, Any]) -> None: ...
 
 
 _WARNED_DRIFT: set[str] = set()
@@ -142,8 +213,10 @@ class Exporter:
     """Base class of every backend's exporter.
 
     A subclass declares ``name``, ``config_class``, ``stages`` (the :class:`Stage` list, whose ``method``
-    names its own methods), ``scopes`` (the workaround scopes it activates) and implements
-    :meth:`package` (build the artifact) and :meth:`load_runner` (reopen a saved one).
+    names its own methods), ``scopes`` (the workaround scopes it activates) and ``tracer`` (what turns a
+    model into a program and describes it: ``hfexport_dynamo.DYNAMO_TRACER``), and implements
+    :meth:`package` (build the artifact, usually with :meth:`artifact`) and :meth:`load_runner` (reopen a
+    saved component).
     """
 
     name: ClassVar[str] = "base"
@@ -155,6 +228,7 @@ class Exporter:
     # Versions this backend was tested with; a different major.minor installed gets one warning per process
     # (silence it with HFEXPORT_IGNORE_VERSION_DRIFT=1).
     tested_versions: ClassVar[dict[str, str]] = {}
+    tracer: ClassVar[Tracer | None] = None
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         self.config = self.config_class.from_options(config, **options)
@@ -197,12 +271,13 @@ class Exporter:
                 ctx = ExportContext(self, model, inputs, self.config, stack, progress)
                 model.eval()
                 ctx.report["timings"].update(run_stages(self.name, self.stages, self, ctx, model_class, progress))
+            ctx.report["timings"].update(ctx.steps.timings)
             ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
             try:
                 return self.package(ctx)
             except Exception as exc:
                 raise ExportError(self.name, model_class, exc, where="packaging (after the last stage)",
-                                  hints=["all stages passed; please report this with the traceback"]) from exc
+                                  internal=True) from exc
         finally:
             for module, training in modes:
                 module.training = training
@@ -216,6 +291,8 @@ class Exporter:
         import torch
         import torch.utils._pytree as pytree
 
+        if self.tracer is not None:
+            self.tracer.check_inputs(inputs)
         if not isinstance(inputs, Mapping):
             raise InvalidInputError(f"inputs must be a mapping of forward keyword arguments to tensors, e.g. "
                                     f"{{'input_ids': tensor}}; got {type(inputs).__name__}")
@@ -231,11 +308,16 @@ class Exporter:
                     "must be tensors, Cache objects or nested lists/tuples/dicts of tensors (register other "
                     "containers as pytree nodes, e.g. hfexport_dynamo.register_cache_type)")
 
-    # ── for subclasses ────────────────────────────────────────────────────────────────────────────────
+    # ── for subclasses (the tracer's answers unless overridden) ───────────────────────────────────────
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The inputs to trace with; the base class requires them."""
+        """The inputs to trace with: the given ones, or the tracer's (built from the model's config)."""
+        if inputs is None and self.tracer is not None:
+            built = self.tracer.prepare_inputs(model, None)
+            if built is not None:
+                return built
         if inputs is None:
-            raise InvalidInputError(f"backend {self.name!r} needs inputs for {type(model).__name__}")
+            raise InvalidInputError(f"backend {self.name!r} needs inputs for {type(model).__name__}: pass a "
+                                    "mapping of forward keyword arguments")
         if not isinstance(inputs, Mapping):
             raise InvalidInputError(f"inputs must be a mapping of forward keyword arguments to tensors, got "
                                     f"{type(inputs).__name__}")
@@ -248,27 +330,76 @@ class Exporter:
     def package(self, ctx: ExportContext) -> ExportedModel:
         raise NotImplementedError(f"{type(self).__name__} must implement package()")
 
+    def artifact(self, ctx: ExportContext, components: Sequence[Component], **extra: Any) -> ExportedModel:
+        """The :class:`ExportedModel` of ``components``, with the manifest every backend shares.
+
+        Each component's manifest section is completed with the tracer's description of its program
+        (inputs, outputs, output spec); the default component's section is also merged at the top level.
+        ``extra`` adds top-level manifest keys.
+        """
+        sections = {}
+        for component in components:
+            program = component.program if component.program is not None else ctx.program
+            described = self.tracer.program_manifest(ctx, program) if self.tracer and program is not None else {}
+            component.manifest = {**described, **component.manifest}
+            sections[component.name] = component.manifest
+        default = sections.get(DEFAULT_COMPONENT) or next(iter(sections.values()))
+        manifest = {**self.base_manifest(ctx), **default, "components": sections, **extra}
+        extra_files = self.tracer.extra_files(ctx) if self.tracer else {}
+        return ExportedModel(self.name, components, manifest, extra_files=extra_files,
+                             reference=self.reference(ctx))
+
+    def base_manifest(self, ctx: ExportContext) -> dict[str, Any]:
+        """The ``export.json`` keys every backend writes: schema, model, config, versions, workarounds, timings."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "backend": self.name,
+            "model_class": ctx.model_class,
+            "model_module": type(ctx.model).__module__,
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "dynamic": ctx.config.dynamic,
+            "config": {k: repr(v) for k, v in vars(ctx.config).items()},
+            "versions": versions_of(self.toolchain),
+            "tested_versions": dict(self.tested_versions),
+            "workarounds": {"patches": ctx.report["patches"], "skipped_patches": ctx.report["skipped_patches"],
+                            "fixes": ctx.report["fixes"]},
+            "timings_s": ctx.report["timings"],
+            "notes": ctx.report["notes"],
+        }
+
+    def reference(self, ctx: ExportContext) -> Any:
+        """The eager callable outputs are verified against (the model, with the export's fixed kwargs)."""
+        return self.tracer.reference(ctx) if self.tracer else ctx.model
+
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any]) -> Any:
-        """Reopen a saved artifact's program on its runtime; returns a runner (see ``ExportedModel``)."""
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = DEFAULT_COMPONENT) -> Any:
+        """Reopen one saved component's program on its runtime; returns a runner (``run(args) -> list``).
+
+        ``manifest["components"][component]`` is that component's section.
+        """
         raise NotImplementedError(f"{cls.__name__} must implement load_runner()")
 
     @classmethod
     def load_model(cls, path: str | Path) -> Any:
         """Load a model from a directory, for the CLI."""
-        raise NotImplementedError(f"{cls.__name__} cannot load models from a directory")
-
-    @classmethod
-    def backend_workarounds(cls) -> list[dict[str, str]]:
-        """Workarounds kept outside the kernel registries (ONNX translations, IR fixes): kind, name, summary."""
-        return []
+        if cls.tracer is None:
+            raise NotImplementedError(f"{cls.__name__} cannot load models from a directory")
+        return cls.tracer.load_model(path)
 
     @classmethod
     def sample_inputs(cls, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Inputs to verify a saved export with: another shape along its dynamic dims, else the traced one."""
-        return None
+        return cls.tracer.sample_inputs(model, manifest) if cls.tracer else None
 
     @classmethod
-    def demo(cls) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-        """``(model, inputs, second_inputs)`` for ``hfexport export --demo``."""
-        raise NotImplementedError(f"{cls.__name__} has no demo model")
+    def known_failures(cls) -> dict[str, dict[str, str]]:
+        """Known-failure lists: list name -> {model class: the upstream bug or model-side change it waits for}.
+
+        The sweep reads them (and re-checks each entry with :meth:`recheck_options`); they should shrink.
+        """
+        return {}
+
+    @classmethod
+    def recheck_options(cls, list_name: str, model_class: str) -> dict[str, Any]:
+        """Config options that re-check one entry of a known-failure list (the workaround turned off)."""
+        return {}

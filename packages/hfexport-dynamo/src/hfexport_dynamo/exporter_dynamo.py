@@ -1,7 +1,7 @@
 """DynamoExporter: ``torch.export`` of Transformers models (and any ``nn.Module``) to a ``.pt2`` program.
 
-Its five stages prepare the model for ``torch.export.export``; the ONNX and ExecuTorch exporters run
-this pipeline (nested, stage by stage) to get their ``ExportedProgram``:
+Its five stages prepare the model for ``torch.export.export``; the ONNX and ExecuTorch exporters run them
+through :func:`trace` (nested under one of their own stages) to get their ``ExportedProgram``:
 
 1. Forward signature patch — a flat, explicit signature from the sample inputs (internal).
 2. Model patches — ``@register_patch("dynamo", ...)``.
@@ -9,14 +9,13 @@ this pipeline (nested, stage by stage) to get their ``ExportedProgram``:
 4. Dynamic shapes — ``Dim.AUTO`` on every tensor and cache leaf when ``dynamic=True``; overridden by
    ``DynamoConfig.dynamic_shapes``.
 5. State cleanup — tensor attributes a model sets inside ``forward`` (``_STATEFUL_CACHE_ATTRS``) are
-   saved, nulled for the trace and restored; the trace (``torch.export.export``) runs here.
+   saved, nulled for the trace and restored; then ``torch.export.export`` runs as a step of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import inspect
 import logging
 from collections.abc import Iterator, Mapping
@@ -28,22 +27,24 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim
 
-from hfexport import (
+from hfexport.plugin import (
+    DEFAULT_COMPONENT,
+    Component,
     ExportConfig,
     ExportContext,
     ExportedModel,
     Exporter,
     Stage,
-    patch_context,
     register_patch,
     run_stages,
 )
-from hfexport._artifact import SCHEMA_VERSION, versions_of
 
 from ._pytree import register_transformers_pytrees
-from .inputs import dummy_inputs, forward_parameters
+from .inputs import forward_parameters
+from .skips import EXPORT_SKIPS
+from .tracer import DYNAMO_TRACER
 
-__all__ = ["DynamoConfig", "DynamoExporter", "DynamoRunner", "EXPORT_SKIPS", "PROGRAM_FILE"]
+__all__ = ["DynamoConfig", "DynamoExporter", "DynamoRunner", "PROGRAM_FILE", "trace"]
 
 logger = logging.getLogger("hfexport")
 PROGRAM_FILE = "model.pt2"
@@ -58,82 +59,6 @@ _STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
 )
 
 _CACHE_INPUT_NAMES = ("cache", "past_key_values", "cache_params")
-
-# Model classes that are not exportable as they are: class name -> the model-side change that would make
-# them exportable. `hfexport sweep --recheck-skips` re-runs them; the list should shrink.
-# Every entry was investigated on the tiny zoo case (transformers 5.24, torch 2.15, dynamic=True): the
-# `TORCH_LOGS=+dynamic` guard that specializes the sequence, or the data-dependent op, is named in the reason.
-# A class whose sequence length gets specialized exports, but only for the traced length ("runtime_error:
-# Guard failed: input_ids.size()[1] == 8" at any other length), which is not a usable dynamic export.
-EXPORT_SKIPS: dict[str, str] = {
-    **dict.fromkeys(
-        ("CanineModel", "CanineForSequenceClassification", "CanineForQuestionAnswering",
-         "CanineForTokenClassification"),
-        "CanineAttention.forward builds its local-attention chunks with a Python loop over range(seq_len) "
-        "(modeling_canine.py): torch.export specializes the sequence length to the traced one. Exportable with a "
-        "dynamic sequence once the chunks are cut with tensor ops (pad + unfold/view) instead of a Python list."),
-    **dict.fromkeys(
-        ("CpmAntModel", "CpmAntForCausalLM"),
-        "CpmAntModel._prepare_attention_mask builds the left-padding mask from "
-        "torch.tensor(list(range(seqlen - prompt_length))[::-1]), a Python list sized by the sequence, which "
-        "specializes its length. Exportable once it is torch.arange(seqlen - prompt_length - 1, -1, -1)."),
-    **dict.fromkeys(
-        ("MambaModel", "MambaForCausalLM", "FalconMambaModel", "FalconMambaForCausalLM", "JambaModel",
-         "JambaForCausalLM", "JambaForSequenceClassification", "ZambaModel", "ZambaForCausalLM",
-         "ZambaForSequenceClassification"),
-        "the CPU selective scan (mamba_selective_scan in modeling_mamba / modeling_falcon_mamba / modeling_jamba / "
-        "modeling_zamba, used without the CUDA kernels) is a Python loop `for index in range(seq_len)`: unrolled by torch.export, "
-        "it specializes the sequence length. Exportable once the scan is a scan op "
-        "(torch._higher_order_ops.scan) or the chunked parallel form Mamba2's torch_forward uses."),
-    **dict.fromkeys(
-        ("RwkvModel", "RwkvForCausalLM"),
-        "rwkv_linear_attention_cpu (modeling_rwkv.py) runs the WKV recurrence as a Python loop over "
-        "range(seq_length): unrolled, it specializes the sequence length. Exportable once the recurrence is a "
-        "scan op (torch._higher_order_ops.scan) or a chunked parallel WKV."),
-    **dict.fromkeys(
-        ("RecurrentGemmaModel", "RecurrentGemmaForCausalLM"),
-        "RecurrentGemmaRglru._rnn_scan loops `for t in range(hidden_states.shape[1])`: unrolled, it specializes "
-        "the sequence length. Exportable once the RG-LRU recurrence is a scan op (torch._higher_order_ops.scan) "
-        "or an associative scan."),
-    **dict.fromkeys(
-        ("xLSTMModel", "xLSTMForCausalLM"),
-        "the native mLSTM kernels loop in Python over the chunks and the time steps of the sequence "
-        "(mlstm_chunkwise_recurrent_fw_C: `for key in range(0, num_chunks)`; mlstm_recurrent_sequence_native: "
-        "`for t in range(sequence_length)`): unrolled, the sequence length is specialized (and the trace takes "
-        "~200 s for 2 tiny layers). Exportable once the inter-chunk recurrence is a scan op "
-        "(torch._higher_order_ops.scan)."),
-    **dict.fromkeys(
-        ("FunnelModel", "FunnelBaseModel", "FunnelForMaskedLM", "FunnelForQuestionAnswering",
-         "FunnelForSequenceClassification", "FunnelForTokenClassification"),
-        "FunnelAttentionStructure.get_position_embeds keeps positions as Python lists from range(seq_len) "
-        "(static on purpose, says its comment) and pools them in Python: the sequence length is specialized. "
-        "Exportable with a dynamic sequence once positions and their pooling use torch.arange and tensor slicing."),
-    **dict.fromkeys(
-        ("LongformerModel", "LongformerForMaskedLM", "LongformerForSequenceClassification",
-         "LongformerForTokenClassification", "LEDModel", "LEDForConditionalGeneration", "LEDForQuestionAnswering"),
-        "`_chunk` (LongformerSelfAttention / LEDEncoderSelfAttention) counts chunks with "
-        "torch.div(hidden_states.size(1), 2 * window_overlap, rounding_mode='trunc'), a tensor, so view() gets a "
-        "data-dependent size (GuardOnDataDependentSymNode: Eq(u1, 1)). Exportable once the count is the int "
-        "hidden_states.size(1) // (2 * window_overlap)."),
-    **dict.fromkeys(
-        ("OpenAIPrivacyFilterModel", "OpenAIPrivacyFilterForTokenClassification"),
-        "OpenAIPrivacyFilterExperts.forward loops over the experts that received tokens (`for expert_idx in "
-        "expert_hit`, from nonzero()) and gathers them with torch.where: a data-dependent Python loop "
-        "(GuardOnDataDependentSymNode). Exportable once the experts run batched over all experts, as GptOss's "
-        "experts do (gpt_oss exports)."),
-    **dict.fromkeys(
-        ("SwitchTransformersModel", "SwitchTransformersForConditionalGeneration"),
-        "SwitchTransformersTop1Router.forward reassigns a submodule (`self.classifier = "
-        "self.classifier.to(self.dtype)`), which torch.export cannot trace (RuntimeError: Cannot swap t1 because "
-        "it has weakref associated with it). Exportable once the cast happens at load time, not in forward."),
-    **dict.fromkeys(
-        ("SEWModel", "SEWForCTC", "SEWForSequenceClassification", "SEWDModel", "SEWDForCTC",
-         "SEWDForSequenceClassification"),
-        "SEWEncoder / SEWDEncoder.forward reconcile the pooled and upsampled lengths with Python min() and "
-        "`if hidden_states.shape[1] < n_input_timesteps: pad`, branches on sizes resolved for the traced length, "
-        "so other input lengths fail a guard. Exportable once both are unconditional tensor ops (slice to "
-        "torch.sym_min, pad by n_input_timesteps - length, possibly 0)."),
-}
 
 
 @dataclass
@@ -222,36 +147,16 @@ class DynamoExporter(Exporter):
     name: ClassVar[str] = "dynamo"
     config_class: ClassVar[type[ExportConfig]] = DynamoConfig
     scopes: ClassVar[tuple[str, ...]] = ("dynamo",)
+    tracer = DYNAMO_TRACER
     toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo")
     tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0"}
-    dynamo_stages: ClassVar[tuple[Stage, ...]] = (
+    stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Forward signature patch", "internal", "stage_forward_signature"),
         Stage(2, "Model patches", '@register_patch("dynamo", ...)', "stage_model_patches"),
         Stage(3, "Pytree registration", "hfexport_dynamo.register_cache_type", "stage_pytree_registration"),
         Stage(4, "Dynamic shapes", "DynamoConfig.dynamic_shapes", "stage_dynamic_shapes"),
         Stage(5, "State cleanup", "_STATEFUL_CACHE_ATTRS", "stage_state_cleanup", runs="torch.export.export"),
     )
-    stages: ClassVar[tuple[Stage, ...]] = dynamo_stages
-
-    # ── inputs ────────────────────────────────────────────────────────────────────────────────────────
-    def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
-        if inputs is None:
-            if not hasattr(model, "config"):
-                return super().prepare_inputs(model, inputs)  # raises InvalidInputError: inputs needed
-            return dummy_inputs(model)
-        return super().prepare_inputs(model, inputs)
-
-    def check_inputs(self, inputs: Any) -> None:
-        register_transformers_pytrees()  # so that Cache inputs flatten to tensors (stage 3 re-checks)
-        super().check_inputs(inputs)
-
-    def trace(self, ctx: ExportContext) -> torch.export.ExportedProgram:
-        """Run the dynamo stages (nested under the calling backend's stage) and return the program."""
-        if ctx.program is None:
-            timings = run_stages("dynamo", self.dynamo_stages, self, ctx, ctx.model_class, ctx.progress,
-                                 depth=1 if self.stages is not self.dynamo_stages else 0)
-            ctx.report["timings"].update(timings)
-        return ctx.program
 
 # ── Stage 1: Forward signature patch ──
     def stage_forward_signature(self, ctx: ExportContext) -> None:
@@ -273,9 +178,7 @@ class DynamoExporter(Exporter):
 
 # ── Stage 2: Model patches ──
     def stage_model_patches(self, ctx: ExportContext) -> None:
-        report = ctx.stack.enter_context(patch_context(("dynamo",), ctx.config.disable))
-        ctx.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
-        ctx.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why} for r, p, why in report.skipped)
+        ctx.install_patches(("dynamo",))
 
 # ── Stage 3: Pytree registration ──
     def stage_pytree_registration(self, ctx: ExportContext) -> None:
@@ -313,95 +216,52 @@ class DynamoExporter(Exporter):
             if nulled:
                 ctx.note(f"nulled for the trace and restored: {', '.join(nulled)}")
             args = tuple(copy.deepcopy(v) if not isinstance(v, torch.Tensor) else v for v in ctx.inputs.values())
-            ctx.program = torch.export.export(ctx.extras["wrapper"], args, dynamic_shapes=ctx.extras["dynamic_shapes"],
-                                              strict=ctx.config.strict)  # type: ignore[attr-defined]
+            with ctx.step("torch.export.export"):
+                ctx.program = torch.export.export(ctx.extras["wrapper"], args,
+                                                  dynamic_shapes=ctx.extras["dynamic_shapes"],
+                                                  strict=ctx.config.strict)  # type: ignore[attr-defined]
 
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
-    def manifest(self, ctx: ExportContext, program: torch.export.ExportedProgram | None = None,
-                 **extra: Any) -> dict[str, Any]:
-        """The ``export.json`` content shared by every backend built on this pipeline."""
-        program = program or ctx.program
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "backend": self.name,
-            "model_class": ctx.model_class,
-            "model_module": type(ctx.model).__module__,
-            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "inputs": describe_inputs(ctx.program, ctx.inputs),
-            "outputs": describe_outputs(ctx.program),
-            "output_spec": pytree.treespec_dumps(ctx.program.call_spec.out_spec),
-            "output_modules": sorted(_spec_modules(ctx.program.call_spec.out_spec)),
-            "fixed_kwargs": ctx.extras.get("fixed_kwargs", {}),
-            "dynamic": ctx.config.dynamic,
-            "config": {k: repr(v) for k, v in vars(ctx.config).items()},
-            "versions": versions_of(self.toolchain),
-            "tested_versions": dict(self.tested_versions),
-            "workarounds": {"patches": ctx.report["patches"], "skipped_patches": ctx.report["skipped_patches"],
-                            "fixes": ctx.report["fixes"]},
-            "timings_s": ctx.report["timings"],
-            "notes": ctx.report["notes"],
-            **extra,
-        }
-
-    def components(self, ctx: ExportContext) -> dict[str, Any]:
-        """Files every artifact carries besides the program: the model's ``config.json`` when it has one."""
-        config = getattr(ctx.model, "config", None)
-        if config is None or not hasattr(config, "to_json_file"):
-            return {}
-        return {"config.json": lambda d: config.to_json_file(d / "config.json")}
-
-    def reference(self, ctx: ExportContext) -> Any:
-        model, fixed = ctx.model, dict(ctx.extras.get("fixed_kwargs", {}))
-        return lambda **kw: model(**kw, **fixed)
-
     def package(self, ctx: ExportContext) -> ExportedModel:
         program = ctx.program
-        components = {PROGRAM_FILE: lambda d: torch.export.save(program, d / PROGRAM_FILE), **self.components(ctx)}
-        return ExportedModel(self.name, DynamoRunner(program), self.manifest(ctx, program_file=PROGRAM_FILE),
-                             components=components, out_spec=program.call_spec.out_spec,
-                             reference=self.reference(ctx))
+
+        def write(directory: Path) -> list[str]:
+            torch.export.save(program, directory / PROGRAM_FILE)
+            return [PROGRAM_FILE]
+
+        return self.artifact(ctx, [Component(DEFAULT_COMPONENT, DynamoRunner(program), program.call_spec.out_spec,
+                                             write, {"program_file": PROGRAM_FILE})])
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any]) -> DynamoRunner:
-        register_transformers_pytrees()
-        return DynamoRunner(torch.export.load(path / manifest.get("program_file", PROGRAM_FILE)))
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = DEFAULT_COMPONENT) -> DynamoRunner:
+        section = manifest.get("components", {}).get(component, manifest)
+        return DynamoRunner(torch.export.load(path / section.get("program_file", PROGRAM_FILE)))
 
     @classmethod
-    def load_model(cls, path: str | Path) -> torch.nn.Module:
-        """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``."""
-        import transformers
-
-        config = transformers.AutoConfig.from_pretrained(path)
-        arch = (getattr(config, "architectures", None) or [None])[0]
-        model_cls = getattr(transformers, arch, None) if arch else None
-        return (model_cls or transformers.AutoModel).from_pretrained(path).eval()
-
-    @classmethod
-    def demo(cls) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
-        from .demo import minilm_demo
-
-        return minilm_demo()
-
-    @classmethod
-    def sample_inputs(cls, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """Dummy inputs at batch+1 and seq+5 along the dims the program kept dynamic (traced size otherwise)."""
-        if not hasattr(model, "config"):
-            return None
-        ids = next((i for i in manifest["inputs"] if i["name"] in ("input_ids", "pixel_values", "input_features",
-                                                                   "input_values")), None)
-        if ids is None or "example_shape" not in ids:
-            return None
-        batch, rest = ids["example_shape"][0], ids["example_shape"][1:]
-        seq = rest[0] if rest else 8
-        dynamic = ids.get("dynamic_dims", {})
-        return dummy_inputs(model, batch=batch + 1 if "0" in dynamic else batch,
-                            seq=seq + 5 if "1" in dynamic and ids["name"] == "input_ids" else seq, seed=1)
+    def known_failures(cls) -> dict[str, dict[str, str]]:
+        return {"EXPORT_SKIPS": dict(EXPORT_SKIPS)}
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = str(exc)
         if "not a known type" in text or "register a pytree" in text.lower():
             return ["register the input/output type: hfexport_dynamo.register_cache_type(cls)"]
         return []
+
+
+# ── The public tracing step ─────────────────────────────────────────────────────────────────────────────
+def trace(ctx: ExportContext) -> torch.export.ExportedProgram:
+    """Run the dynamo stages on ``ctx`` (nested under the calling backend's current stage); set and return
+    ``ctx.program``. The public tracing step every backend built on ``torch.export`` calls.
+
+    Raises:
+        hfexport.ExportError: a dynamo stage failed; its path names the caller's stage too.
+    """
+    if ctx.program is None:
+        exporter = DynamoExporter(ctx.config)
+        depth = 0 if type(ctx.exporter).stages is DynamoExporter.stages else 1  # nested under another backend
+        ctx.report["timings"].update(run_stages("dynamo", DynamoExporter.stages, exporter, ctx, ctx.model_class,
+                                                ctx.progress, depth=depth))
+    return ctx.program
 
 
 # ── Model patches (stage 2) ────────────────────────────────────────────────────────────────────────────
@@ -480,75 +340,3 @@ def _patch_dynamic_rope_update(original: Any) -> Any:
     return forward
 
 
-# ── helpers for the manifest ───────────────────────────────────────────────────────────────────────────
-def _spec_modules(spec: Any) -> set[str]:
-    out = set()
-    if spec.type is not None and spec.type.__module__ not in ("builtins", "collections"):
-        out.add(spec.type.__module__)
-    for child in spec.children():
-        out |= _spec_modules(child)
-    return out
-
-
-def _dims(value: Any, program: torch.export.ExportedProgram) -> tuple[list[Any], dict[str, Any]]:
-    shape, dynamic = [], {}
-    for i, size in enumerate(value.shape):
-        if isinstance(size, torch.SymInt):
-            symbol = size.node.expr
-            rng = program.range_constraints.get(symbol)
-            try:
-                upper = int(rng.upper) if rng is not None else None
-            except (TypeError, AttributeError, OverflowError):  # int_oo: unbounded
-                upper = None
-            dynamic[str(i)] = {"symbol": str(symbol), "min": int(rng.lower) if rng else None, "max": upper}
-            shape.append(str(symbol))
-        else:
-            shape.append(int(size))
-    return shape, dynamic
-
-
-def describe_inputs(program: torch.export.ExportedProgram, examples: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Name, dtype, shape (symbols for dynamic dims) and dynamic dims of every user input leaf."""
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    leaves = [placeholders[s.arg.name].meta.get("val") for s in specs if hasattr(s.arg, "name")]
-    in_spec = program.call_spec.in_spec.children()[0]  # (args, kwargs) -> args
-    out, offset = [], 0
-    for name, child in zip(examples, in_spec.children(), strict=True):
-        n = child.num_leaves
-        entry: dict[str, Any] = {"name": name, "leaves": n}
-        vals = [v for v in leaves[offset:offset + n] if isinstance(v, torch.Tensor)]
-        if n == 1 and vals:
-            entry["dtype"] = str(vals[0].dtype).replace("torch.", "")
-            entry["shape"], entry["dynamic_dims"] = _dims(vals[0], program)
-            if isinstance(examples.get(name), torch.Tensor):
-                entry["example_shape"] = list(examples[name].shape)
-        else:
-            entry["type"] = str(child.type.__name__) if child.type else "leaf"
-        out.append(entry)
-        offset += n
-    return out
-
-
-def describe_outputs(program: torch.export.ExportedProgram) -> list[dict[str, Any]]:
-    """Name (dotted pytree path), dtype and shape of every output leaf."""
-    from hfexport._artifact import flatten_with_names
-
-    spec = program.call_spec.out_spec
-    output_node = next(n for n in program.graph.nodes if n.op == "output")
-    user_outputs = [s for s in program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
-    vals = {a.name: a.meta.get("val") for a in output_node.args[0] if isinstance(a, torch.fx.Node)}
-    # Tensor placeholders (not ints): attribute-walked cache types classify their children by type.
-    names, _, _ = flatten_with_names(pytree.tree_unflatten([torch.empty(0)] * spec.num_leaves, spec))
-    if len(names) != len(user_outputs):
-        logger.warning("output spec has %d leaves but the program %d user outputs: names may be off",
-                       len(names), len(user_outputs))
-    out = []
-    for name, s in zip(names, user_outputs, strict=False):
-        val = vals.get(getattr(s.arg, "name", None))
-        entry: dict[str, Any] = {"name": name}
-        if isinstance(val, torch.Tensor):
-            entry["dtype"] = str(val.dtype).replace("torch.", "")
-            entry["shape"], _ = _dims(val, program)
-        out.append(entry)
-    return out

@@ -5,7 +5,7 @@ backend, ``testplugin``, traces with the dynamo pipeline, decomposes the program
 hardware vendor's compiler usually consumes) and saves it as a ``.pt2``.
 """
 
-from hfexport import Backend
+from hfexport.plugin import Backend
 
 BACKEND = Backend(
     name="testplugin",

@@ -1,28 +1,42 @@
-"""CoreAtenExporter: the dynamo pipeline plus a Core ATen decomposition, as a vendor backend would add."""
+"""CoreAtenExporter: the dynamo trace plus a Core ATen decomposition, as a vendor backend would add.
+
+Built on the public plugin API only (``hfexport.plugin``, ``hfexport_dynamo``): it composes the dynamo trace,
+it does not subclass the dynamo exporter.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
-from hfexport import ExportContext, ExportedModel, Stage
-from hfexport_dynamo.exporter_dynamo import PROGRAM_FILE, DynamoExporter, DynamoRunner
+import torch
+
+from hfexport.plugin import Component, ExportContext, ExportedModel, Exporter, Stage
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoRunner, trace
 
 
-class CoreAtenExporter(DynamoExporter):
+class CoreAtenExporter(Exporter):
     name: ClassVar[str] = "testplugin"
+    config_class = DynamoConfig
+    tracer = DYNAMO_TRACER
     stages: ClassVar[tuple[Stage, ...]] = (
-        Stage(1, "Trace", "the dynamo pipeline", "stage_trace"),
+        Stage(1, "Trace", "the dynamo pipeline", "stage_trace", runs="torch.export.export"),
         Stage(2, "Core ATen decomposition", "internal", "stage_decompose", runs="run_decompositions"),
     )
 
     def stage_trace(self, ctx: ExportContext) -> None:
-        self.trace(ctx)
+        trace(ctx)
 
     def stage_decompose(self, ctx: ExportContext) -> None:
-        ctx.program = ctx.program.run_decompositions()
+        with ctx.step("run_decompositions"):
+            ctx.program = ctx.program.run_decompositions()
 
     def package(self, ctx: ExportContext) -> ExportedModel:
-        exported = super().package(ctx)
-        exported.runner = DynamoRunner(ctx.program)
-        exported.manifest["program_file"] = PROGRAM_FILE
-        return exported
+        program = ctx.program
+        write = lambda d: (torch.export.save(program, d / "model.pt2"), ["model.pt2"])[1]  # noqa: E731
+        return self.artifact(ctx, [Component("model", DynamoRunner(program), program.call_spec.out_spec, write,
+                                             {"program_file": "model.pt2"})])
+
+    @classmethod
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model") -> DynamoRunner:
+        return DynamoRunner(torch.export.load(path / manifest["components"][component]["program_file"]))

@@ -63,7 +63,7 @@ def test_failed_save_leaves_no_artifact(bert, tmp_path):
         (directory / "half.bin").write_bytes(b"x" * 10)
         raise OSError("disk full")
 
-    exported.components["zz_explode"] = explode
+    exported.extra_files["zz_explode"] = explode
     with pytest.raises(OSError, match="disk full"):
         exported.save_pretrained(tmp_path / "out")
     assert list(tmp_path.iterdir()) == []

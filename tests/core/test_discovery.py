@@ -75,16 +75,35 @@ def test_unknown_backend_lists_installed_and_names_distribution():
     assert "pip install hfexport-executorch" in message
 
 
-def test_uninstalled_first_party_backend_names_its_distribution(monkeypatch):
+def test_blocked_backend_is_disabled_and_unknown_names_say_what_to_install(monkeypatch):
     monkeypatch.setenv("HFEXPORT_BLOCK_PLUGINS", "onnx")
     infos = _by_name()
     assert infos["onnx"].status == "disabled"
-    with pytest.raises(UnknownBackendError, match="disabled"):
+    with pytest.raises(UnknownBackendError, match="hfexport-onnx 0.1.0 is not usable.*HFEXPORT_BLOCK_PLUGINS"):
         get_backend("onnx")
-    monkeypatch.setattr("hfexport._discovery.list_backends",
-                        lambda load=True: [i for i in infos.values() if i.name != "onnx"])
-    with pytest.raises(UnknownBackendError, match="pip install hfexport-onnx"):
-        get_backend("onnx")
+    with pytest.raises(UnknownBackendError, match="pip install hfexport-tensorrt"):
+        get_backend("tensorrt")
+
+
+def test_get_backend_imports_only_that_plugin():
+    code = ("import sys, hfexport; hfexport.get_backend('onnx'); "
+            "print(sorted(m for m in ('hfexport_executorch', 'hfexport_testplugin', 'hfexport_etportable', "
+            "'hfexport_brokenplugin') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_fresh_environment_lists_the_product_backends_only():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no test plugins on the path
+    out = subprocess.run([sys.executable, "-m", "hfexport.cli", "backends", "--json"], capture_output=True,
+                         text=True, check=True, env=env).stdout
+    import json
+
+    rows = {r["name"]: r["distribution"] for r in json.loads(out)}
+    assert rows == {"dynamo": "hfexport-dynamo", "onnx": "hfexport-onnx", "executorch": "hfexport-executorch",
+                    "executorch-xnnpack": "hfexport-executorch", "executorch-cuda": "hfexport-executorch"}
 
 
 def test_third_party_plugins_can_be_disabled(monkeypatch):

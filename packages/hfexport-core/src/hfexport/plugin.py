@@ -1,0 +1,63 @@
+"""The plugin author's API: everything a backend distribution (ours or a vendor's) builds on.
+
+A backend declares a :class:`Backend` in the ``hfexport.backends`` entry point group, subclasses
+:class:`Exporter` with its stages, gets traced programs from a tracer (``hfexport_dynamo.DYNAMO_TRACER`` and
+``hfexport_dynamo.trace``), registers workarounds of the kernel's kinds or of its own
+(:func:`register_workaround`), and packages :class:`Component` s into an :class:`ExportedModel`. Runtimes that
+read a program file subclass :class:`FileRunner`. Nothing outside this module and :mod:`hfexport` is public.
+
+Example (a vendor backend that decomposes to Core ATen)::
+
+    from hfexport.plugin import Component, Exporter, Stage
+    from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
+
+    class CoreAtenExporter(Exporter):
+        name = "mybackend"
+        config_class = DynamoConfig
+        tracer = DYNAMO_TRACER
+        stages = (Stage(1, "Trace", "the dynamo pipeline", "stage_trace", runs="torch.export.export"),)
+        def stage_trace(self, ctx): trace(ctx)
+        def package(self, ctx): return self.artifact(ctx, [Component("model", MyRunner(ctx.program), ...)])
+"""
+
+from ._artifact import (
+    DEFAULT_COMPONENT,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    Component,
+    ExportedModel,
+    FileRunner,
+    OutputDiff,
+    Runner,
+    VerificationReport,
+    compare_outputs,
+    flatten_with_names,
+    read_manifest,
+    versions_of,
+)
+from ._discovery import Backend, UnknownBackendError, get_backend
+from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError, Tracer
+from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
+from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path, resolve_pattern
+from ._registry import (
+    Registration,
+    is_disabled,
+    list_workarounds,
+    register_fx_node_fix,
+    register_fx_program_fix,
+    register_patch,
+    register_workaround,
+    workarounds_for,
+)
+from ._stages import ExportError, Stage, StageEvent, StagePath, run_stages
+
+__all__ = [
+    "Backend", "Component", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError", "ExportedModel",
+    "Exporter", "FileRunner", "FixReport", "InvalidInputError", "MANIFEST_NAME", "OutputDiff", "PatchReport",
+    "Registration", "Runner", "SCHEMA_VERSION", "Stage", "StageEvent", "StagePath", "Tracer",
+    "UnknownBackendError", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
+    "apply_fx_program_fixes", "compare_outputs", "flatten_with_names", "get_backend", "is_disabled",
+    "iter_graph_modules", "list_workarounds", "patch_context", "read_manifest", "register_fx_node_fix",
+    "register_fx_program_fix", "register_patch", "register_workaround", "resolve_path", "resolve_pattern",
+    "run_stages", "versions_of", "workarounds_for",
+]

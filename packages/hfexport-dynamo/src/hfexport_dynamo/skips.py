@@ -1,0 +1,88 @@
+"""Known failures of the dynamo trace: model classes not exportable as they are (``EXPORT_SKIPS``).
+
+Every backend traces with hfexport-dynamo, so a class listed here fails on every backend; the sweep marks
+these cases ``skipped`` and ``hfexport sweep --recheck-skips`` re-runs them. The list should shrink: each
+reason names the model-side change that would make the class exportable.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXPORT_SKIPS"]
+
+# Model classes that are not exportable as they are: class name -> the model-side change that would make
+# them exportable. `hfexport sweep --recheck-skips` re-runs them; the list should shrink.
+# Every entry was investigated on the tiny zoo case (transformers 5.24, torch 2.15, dynamic=True): the
+# `TORCH_LOGS=+dynamic` guard that specializes the sequence, or the data-dependent op, is named in the reason.
+# A class whose sequence length gets specialized exports, but only for the traced length ("runtime_error:
+# Guard failed: input_ids.size()[1] == 8" at any other length), which is not a usable dynamic export.
+EXPORT_SKIPS: dict[str, str] = {
+    **dict.fromkeys(
+        ("CanineModel", "CanineForSequenceClassification", "CanineForQuestionAnswering",
+         "CanineForTokenClassification"),
+        "CanineAttention.forward builds its local-attention chunks with a Python loop over range(seq_len) "
+        "(modeling_canine.py): torch.export specializes the sequence length to the traced one. Exportable with a "
+        "dynamic sequence once the chunks are cut with tensor ops (pad + unfold/view) instead of a Python list."),
+    **dict.fromkeys(
+        ("CpmAntModel", "CpmAntForCausalLM"),
+        "CpmAntModel._prepare_attention_mask builds the left-padding mask from "
+        "torch.tensor(list(range(seqlen - prompt_length))[::-1]), a Python list sized by the sequence, which "
+        "specializes its length. Exportable once it is torch.arange(seqlen - prompt_length - 1, -1, -1)."),
+    **dict.fromkeys(
+        ("MambaModel", "MambaForCausalLM", "FalconMambaModel", "FalconMambaForCausalLM", "JambaModel",
+         "JambaForCausalLM", "JambaForSequenceClassification", "ZambaModel", "ZambaForCausalLM",
+         "ZambaForSequenceClassification"),
+        "the CPU selective scan (mamba_selective_scan in modeling_mamba / modeling_falcon_mamba / modeling_jamba / "
+        "modeling_zamba, used without the CUDA kernels) is a Python loop `for index in range(seq_len)`: unrolled by torch.export, "
+        "it specializes the sequence length. Exportable once the scan is a scan op "
+        "(torch._higher_order_ops.scan) or the chunked parallel form Mamba2's torch_forward uses."),
+    **dict.fromkeys(
+        ("RwkvModel", "RwkvForCausalLM"),
+        "rwkv_linear_attention_cpu (modeling_rwkv.py) runs the WKV recurrence as a Python loop over "
+        "range(seq_length): unrolled, it specializes the sequence length. Exportable once the recurrence is a "
+        "scan op (torch._higher_order_ops.scan) or a chunked parallel WKV."),
+    **dict.fromkeys(
+        ("RecurrentGemmaModel", "RecurrentGemmaForCausalLM"),
+        "RecurrentGemmaRglru._rnn_scan loops `for t in range(hidden_states.shape[1])`: unrolled, it specializes "
+        "the sequence length. Exportable once the RG-LRU recurrence is a scan op (torch._higher_order_ops.scan) "
+        "or an associative scan."),
+    **dict.fromkeys(
+        ("xLSTMModel", "xLSTMForCausalLM"),
+        "the native mLSTM kernels loop in Python over the chunks and the time steps of the sequence "
+        "(mlstm_chunkwise_recurrent_fw_C: `for key in range(0, num_chunks)`; mlstm_recurrent_sequence_native: "
+        "`for t in range(sequence_length)`): unrolled, the sequence length is specialized (and the trace takes "
+        "~200 s for 2 tiny layers). Exportable once the inter-chunk recurrence is a scan op "
+        "(torch._higher_order_ops.scan)."),
+    **dict.fromkeys(
+        ("FunnelModel", "FunnelBaseModel", "FunnelForMaskedLM", "FunnelForQuestionAnswering",
+         "FunnelForSequenceClassification", "FunnelForTokenClassification"),
+        "FunnelAttentionStructure.get_position_embeds keeps positions as Python lists from range(seq_len) "
+        "(static on purpose, says its comment) and pools them in Python: the sequence length is specialized. "
+        "Exportable with a dynamic sequence once positions and their pooling use torch.arange and tensor slicing."),
+    **dict.fromkeys(
+        ("LongformerModel", "LongformerForMaskedLM", "LongformerForSequenceClassification",
+         "LongformerForTokenClassification", "LEDModel", "LEDForConditionalGeneration", "LEDForQuestionAnswering"),
+        "`_chunk` (LongformerSelfAttention / LEDEncoderSelfAttention) counts chunks with "
+        "torch.div(hidden_states.size(1), 2 * window_overlap, rounding_mode='trunc'), a tensor, so view() gets a "
+        "data-dependent size (GuardOnDataDependentSymNode: Eq(u1, 1)). Exportable once the count is the int "
+        "hidden_states.size(1) // (2 * window_overlap)."),
+    **dict.fromkeys(
+        ("OpenAIPrivacyFilterModel", "OpenAIPrivacyFilterForTokenClassification"),
+        "OpenAIPrivacyFilterExperts.forward loops over the experts that received tokens (`for expert_idx in "
+        "expert_hit`, from nonzero()) and gathers them with torch.where: a data-dependent Python loop "
+        "(GuardOnDataDependentSymNode). Exportable once the experts run batched over all experts, as GptOss's "
+        "experts do (gpt_oss exports)."),
+    **dict.fromkeys(
+        ("SwitchTransformersModel", "SwitchTransformersForConditionalGeneration"),
+        "SwitchTransformersTop1Router.forward reassigns a submodule (`self.classifier = "
+        "self.classifier.to(self.dtype)`), which torch.export cannot trace (RuntimeError: Cannot swap t1 because "
+        "it has weakref associated with it). Exportable once the cast happens at load time, not in forward."),
+    **dict.fromkeys(
+        ("SEWModel", "SEWForCTC", "SEWForSequenceClassification", "SEWDModel", "SEWDForCTC",
+         "SEWDForSequenceClassification"),
+        "SEWEncoder / SEWDEncoder.forward reconcile the pooled and upsampled lengths with Python min() and "
+        "`if hidden_states.shape[1] < n_input_timesteps: pad`, branches on sizes resolved for the traced length, "
+        "so other input lengths fail a guard. Exportable once both are unconditional tensor ops (slice to "
+        "torch.sym_min, pad by n_input_timesteps - length, possibly 0)."),
+}
+
+
