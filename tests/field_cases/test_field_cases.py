@@ -13,7 +13,7 @@ import torch
 
 import hfexport
 
-FIELD = Path(__file__).parent / "field_cases"
+FIELD = Path(__file__).parent
 CASES = sorted(p.stem for p in FIELD.glob("[cs][0-9]*.py"))
 BACKENDS = ["dynamo", "onnx", "executorch-xnnpack"]
 ATOL, RTOL = 1e-4, 1e-3
