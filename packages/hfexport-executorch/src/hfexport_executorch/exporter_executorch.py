@@ -1,22 +1,24 @@
-"""ExecutorchExporter: the dynamo pipeline, then ``to_edge_transform_and_lower`` + ``to_executorch`` to ``model.pte``.
+"""ExecutorchExporter: dynamo's trace, then ``to_edge_transform_and_lower`` + ``to_executorch`` to ``model.pte``.
 
-Five stages around ExecuTorch's lowering (the dynamo pipeline runs nested inside stage 4):
+Five stages around ExecuTorch's lowering:
 
-1. Backend preparation — ``prepare_for_<variant>`` in ``_BACKEND_PREPARE`` (``xnnpack``, ``cuda``; vendors add
-   theirs with ``@register_backend_prepare("<variant>")``): device, dtype, contiguous inputs, partitioners.
-   The model is restored when the export ends.
+1. Backend preparation — ``prepare_for_<variant>`` registered with ``@register_backend_prepare("<variant>")``
+   (kind ``executorch_variant``: ``xnnpack``, ``cuda``; vendors add theirs): device, dtype, contiguous inputs,
+   partitioners. The model is restored when the export ends.
 2. Torch patches — ``@register_patch("executorch", ...)`` and ``@register_patch("executorch.<variant>", ...)``
    for torch ops the ExecuTorch backends do not accept; active while tracing and lowering.
 3. ExecuTorch patches — ``@register_patch("executorch.internals", ...)``: ExecuTorch internals that crash on
    valid dynamic-shape graphs (same registry, another scope, so stage 2 does not install them).
-4. FX program fixes — trace with the dynamo pipeline, then ``@register_fx_program_fix("executorch")``
-   (finite bounds for unbounded dynamic dims, the non-Core-ATen ops that have portable kernels).
+4. FX program fixes — dynamo's trace (``hfexport_dynamo.trace``: its five stages nested, then
+   ``torch.export.export``), then ``@register_fx_program_fix("executorch")`` (finite bounds for unbounded
+   dynamic dims).
 5. FX node fixes — ``@register_fx_node_fix("executorch")`` (Python sym ops ExecuTorch cannot emit, ``pow`` as a
-   ``mul`` chain, ...), then ``to_edge_transform_and_lower`` and ``to_executorch``.
+   ``mul`` chain, ...), then the steps ``to_edge_transform_and_lower`` and ``to_executorch``.
 
-Every workaround (``_patch_*``, ``_fix_*``) and every preparation (``prepare_for_*``) can be left out by name
-with ``disable=("<function name>",)``; ``grep -nE "^def (_patch_|_fix_|prepare_for_)"`` lists them, and each
-docstring says **Why**, **Upstream** and **Remove when**.
+Under each stage's banner below stand its workarounds. Every one (``_patch_*``, ``_fix_*``, ``prepare_for_*``) can
+be left out by name with ``disable=("<function name>",)``; ``grep -nE "^def (_patch_|_fix_|prepare_for_)"`` lists
+them, and each docstring says **Why**, **Upstream** and **Remove when**. The runner, the delegation and memory
+reports and the variant registry live in the package's private modules.
 
 executorch itself is imported lazily (inside the stages and the runner), so that importing this module, listing
 backends and ``hfexport --help`` stay fast, and a missing install is reported by name.
@@ -26,153 +28,52 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import logging
 import operator
-import shutil
 import sys
-import tempfile
 import threading
-import weakref
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.utils._pytree as pytree
 
-from hfexport import (
+from hfexport.plugin import (
+    Component,
     ExportConfig,
     ExportContext,
     ExportedModel,
+    Exporter,
     Stage,
-    apply_fx_node_fixes,
-    apply_fx_program_fixes,
-    patch_context,
+    is_disabled,
     register_fx_node_fix,
     register_fx_program_fix,
     register_patch,
-    workarounds_for,
 )
-from hfexport_dynamo._pytree import register_transformers_pytrees
-from hfexport_dynamo.exporter_dynamo import DynamoConfig, DynamoExporter
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
 
-__all__ = [
-    "BackendPreparation",
-    "CudaExporter",
-    "DEFAULT_DIM_UPPER_BOUND",
-    "DelegationReport",
-    "ExecutorchConfig",
-    "ExecutorchExporter",
-    "ExecutorchRunner",
-    "PROGRAM_FILE",
-    "XnnpackExporter",
-    "backend_variants",
-    "delegation_report",
-    "place_model_and_inputs",
-    "portable_kernel_names",
-    "register_backend_prepare",
-]
+from ._decompositions import ET_DECOMPOSITIONS, nonzero_row_major, rejected_ops_with_decomposition
+from ._delegation import (
+    DEFAULT_DIM_UPPER_BOUND,
+    STRICT,
+    delegation_report,
+    planned_memory_bytes,
+    portable_kernel_for,
+    report_planned_memory,
+)
+from ._graph import emit, is_symint_arg, replace_with_chain, shape_envs
+from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes
+from ._variants import (
+    BackendPreparation,
+    backend_variants,
+    place_model_and_inputs,
+    register_backend_prepare,
+    require_executorch,
+    variant_registration,
+)
 
-logger = logging.getLogger("hfexport")
+__all__ = ["CudaExporter", "ExecutorchConfig", "ExecutorchExporter", "XnnpackExporter"]
+
 aten = torch.ops.aten
-
-PROGRAM_FILE = "model.pte"
-DATA_FILE_SUFFIX = ".ptd"
-# The largest size given to a dynamic dimension that torch.export left unbounded (``Dim.AUTO``, ``Dim.DYNAMIC``).
-# ExecuTorch plans memory for the upper bound of every dynamic dim, so planned activations grow with the product
-# of the bounds (attention scores with batch * seq * seq), and the runtime allocates that memory when it loads the
-# program: all-MiniLM-L6-v2 with dynamic=True (seq <= 512 inferred by torch.export, batch bounded here) plans
-# 1.4 GiB at 32, 2.8 GiB at 64, 5.5 GiB at 128. Set ``ExecutorchConfig(dim_upper_bound=...)`` or give explicit
-# ``Dim(name, max=...)`` bounds for other inputs.
-DEFAULT_DIM_UPPER_BOUND = 64
-# Planned memory above this gets a note in the manifest and a warning that says how to lower it.
-PLANNED_MEMORY_WARNING_BYTES = 1 << 30
-
-
-def _require_executorch() -> None:
-    """Raise an ImportError that names what to install when executorch is missing."""
-    import importlib.util
-
-    if importlib.util.find_spec("executorch") is None:
-        raise ImportError("the ExecuTorch backends need executorch: pip install executorch "
-                          "(or pip install hfexport-executorch, which brings it)")
-
-
-# ── Backend variants ───────────────────────────────────────────────────────────────────────────────────
-@dataclass
-class BackendPreparation:
-    """What a ``prepare_for_<variant>`` function returns (a plain list of partitioners is short for this).
-
-    Attributes:
-        partitioners: passed to ``to_edge_transform_and_lower``; empty: every op runs on portable kernels.
-        edge_compile_options: extra ``EdgeCompileConfig`` fields for this variant.
-        memory_planning_options: ``MemoryPlanningPass`` arguments that override the config's ``alloc_*`` flags.
-        backend_config_options: extra ``ExecutorchBackendConfig`` fields.
-        device: the device the model is traced on (recorded in the manifest).
-        dtype: the floating dtype the program was traced in (float inputs are cast to it when run).
-    """
-
-    partitioners: list[Any] = field(default_factory=list)
-    edge_compile_options: dict[str, Any] = field(default_factory=dict)
-    memory_planning_options: dict[str, Any] = field(default_factory=dict)
-    backend_config_options: dict[str, Any] = field(default_factory=dict)
-    device: str = "cpu"
-    dtype: torch.dtype | None = None
-
-
-PrepareFunction = Callable[[ExportContext], "BackendPreparation | list[Any]"]
-_BACKEND_PREPARE: dict[str, PrepareFunction] = {}
-
-
-def register_backend_prepare(variant: str) -> Callable[[PrepareFunction], PrepareFunction]:
-    """Register ``prepare_for_<variant>(ctx) -> BackendPreparation | list[partitioner]`` as an ExecuTorch variant.
-
-    The function moves the model and inputs to the variant's device and dtype (use
-    :func:`place_model_and_inputs`, which restores the model after the export) and returns the partitioners.
-    The variant is then valid as ``ExecutorchConfig(backend=variant)``, and its workarounds are registered under
-    the scope ``"executorch.<variant>"``. A vendor distribution ships an exporter subclass with ``variant`` set and
-    declares it under the ``hfexport.backends`` entry points (see the test plugin ``hfexport-etportable``).
-
-    Raises:
-        ValueError: ``variant`` is not an identifier, or is registered already by another function.
-    """
-    if not isinstance(variant, str) or not variant.isidentifier():
-        raise ValueError(f"an ExecuTorch variant is an identifier such as 'xnnpack', got {variant!r}")
-
-    def decorator(prepare: PrepareFunction) -> PrepareFunction:
-        current = _BACKEND_PREPARE.get(variant)
-        if current is not None and _qualname(current) != _qualname(prepare):
-            raise ValueError(f"ExecuTorch variant {variant!r} is registered already by {_qualname(current)}")
-        _BACKEND_PREPARE[variant] = prepare
-        return prepare
-
-    return decorator
-
-
-def _qualname(func: Callable[..., Any]) -> str:
-    return f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', repr(func))}"
-
-
-def _load_variant_plugins() -> None:
-    """Import the exporters of installed ``executorch-*`` backends, so that their variants register themselves."""
-    from hfexport import list_backends
-
-    for info in list_backends():
-        if (info.name.startswith("executorch") and info.status == "ok" and info.backend is not None
-                and not info.backend.exporter.startswith(f"{__name__}:")):
-            try:
-                info.backend.load_exporter()
-            except Exception as exc:  # a broken plugin must not hide the others: say so and go on
-                logger.warning("ExecuTorch variant plugin %s (%s) failed to load: %s", info.name, info.value, exc)
-
-
-def backend_variants(load_plugins: bool = True) -> list[str]:
-    """The registered ExecuTorch variants (``xnnpack``, ``cuda``, and those of installed plugins), sorted."""
-    if load_plugins:
-        _load_variant_plugins()
-    return sorted(_BACKEND_PREPARE)
 
 
 # ── Config ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -201,12 +102,10 @@ class ExecutorchConfig(DynamoConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.backend not in _BACKEND_PREPARE:
-            variants = backend_variants(load_plugins=True)
-            if self.backend not in _BACKEND_PREPARE:
-                raise ValueError(f"unknown ExecuTorch variant backend={self.backend!r}; registered variants: "
-                                 f"{', '.join(map(repr, variants))} (vendors add one with "
-                                 "hfexport_executorch.exporter_executorch.register_backend_prepare)")
+        if variant_registration(self.backend) is None:
+            raise ValueError(f"unknown ExecuTorch variant backend={self.backend!r}; registered variants: "
+                             f"{', '.join(map(repr, backend_variants(load_plugins=False)))} (vendors add one "
+                             "with hfexport_executorch.register_backend_prepare)")
         for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -216,36 +115,23 @@ class ExecutorchConfig(DynamoConfig):
                              f"got {self.dim_upper_bound!r}")
 
 
-# ── per-export state for the program fixes (they take only the program) ───────────────────────────────
-@dataclass
-class _ExportState:
-    dim_upper_bound: int = DEFAULT_DIM_UPPER_BOUND
-    admitted_ops: list[str] = field(default_factory=list)
-    bounded: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-
-_STATE: contextvars.ContextVar[_ExportState | None] = contextvars.ContextVar("hfexport_executorch_state",
-                                                                             default=None)
-
-
-def _state() -> _ExportState:
-    state = _STATE.get()
-    return state if state is not None else _ExportState()
-
-
-class ExecutorchExporter(DynamoExporter):
+# ── Exporter ───────────────────────────────────────────────────────────────────────────────────────────
+class ExecutorchExporter(Exporter):
     """Export to an ExecuTorch program (``model.pte``), verified on the ExecuTorch runtime.
 
     ``variant`` presets the ExecuTorch variant (``XnnpackExporter``, ``CudaExporter``, a vendor's subclass); the
-    generic exporter takes it from ``ExecutorchConfig.backend``.
+    generic exporter takes it from ``ExecutorchConfig.backend``. Per-export state of the stages and fixes is kept
+    in ``ctx.extras["executorch_*"]``.
     """
 
     name: ClassVar[str] = "executorch"
     variant: ClassVar[str | None] = None
     config_class: ClassVar[type[ExportConfig]] = ExecutorchConfig
+    tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals")
-    toolchain: ClassVar[tuple[str, ...]] = (*DynamoExporter.toolchain, "executorch", "hfexport-executorch")
-    tested_versions: ClassVar[dict[str, str]] = {**DynamoExporter.tested_versions, "executorch": "1.5.1"}
+    toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo", "executorch",
+                                            "hfexport-executorch")
+    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0", "executorch": "1.5.1"}
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Backend preparation", '@register_backend_prepare("<variant>")', "stage_backend_preparation"),
         Stage(2, "Torch patches", '@register_patch("executorch", ...)', "stage_torch_patches"),
@@ -257,7 +143,7 @@ class ExecutorchExporter(DynamoExporter):
     )
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
-        _require_executorch()
+        require_executorch()
         if self.variant is not None:
             requested = options.get("backend", config.backend if isinstance(config, ExecutorchConfig) else None)
             if config is None and "backend" not in options:
@@ -277,121 +163,87 @@ class ExecutorchExporter(DynamoExporter):
         """The scopes of torch patches, program fixes and node fixes for ``variant``."""
         return ("executorch", f"executorch.{variant}")
 
-# ── Stage 1: Backend preparation ──
     def stage_backend_preparation(self, ctx: ExportContext) -> None:
-        config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
-        state = _ExportState(dim_upper_bound=config.dim_upper_bound)  # read by the workarounds of stages 3-5
-        ctx.stack.callback(_STATE.reset, _STATE.set(state))
-        ctx.extras["executorch_state"] = state
-        prepare = _BACKEND_PREPARE[config.backend]
-        if _disabled(prepare, config.disable):
+        """Stage 1: the variant's ``prepare_for_<variant>`` (device, dtype, partitioners)."""
+        prepare = variant_registration(ctx.config.backend)  # type: ignore[attr-defined]
+        if is_disabled(prepare, ctx.config.disable):
             # Consistent with the workarounds: a disabled preparation is left out entirely. The model is traced
             # where and as it is, and no partitioner runs (every op on portable kernels).
-            ctx.note(f"{prepare.__name__} disabled: no device/dtype move and no partitioner (portable kernels only)")
-            preparation = BackendPreparation()
+            ctx.note(f"{prepare.name} disabled: no device/dtype move and no partitioner (portable kernels only)")
+            ctx.extras["executorch_preparation"] = BackendPreparation()
         else:
-            result = prepare(ctx)
-            preparation = result if isinstance(result, BackendPreparation) else BackendPreparation(list(result or []))
-        ctx.extras["executorch_preparation"] = preparation
+            ctx.extras["executorch_preparation"] = BackendPreparation.of(prepare.func(ctx))
 
-# ── Stage 2: Torch patches ──
     def stage_torch_patches(self, ctx: ExportContext) -> None:
-        scopes = self.variant_scopes(ctx.config.backend)  # type: ignore[attr-defined]
-        _record_patches(ctx, ctx.stack.enter_context(patch_context(scopes, ctx.config.disable)))
+        """Stage 2: the torch patches of ``executorch`` and ``executorch.<variant>``."""
+        ctx.install_patches(self.variant_scopes(ctx.config.backend))  # type: ignore[attr-defined]
 
-# ── Stage 3: ExecuTorch patches ──
     def stage_executorch_patches(self, ctx: ExportContext) -> None:
-        variant = ctx.config.backend  # type: ignore[attr-defined]
-        scopes = ("executorch.internals", f"executorch.{variant}.internals")
-        _record_patches(ctx, ctx.stack.enter_context(patch_context(scopes, ctx.config.disable)))
+        """Stage 3: the patches of ExecuTorch internals (``executorch.internals``, ``executorch.<variant>.internals``)."""
+        ctx.extras["executorch_admitted_ops"] = admitted = []
+        ctx.stack.callback(_ADMITTED_OPS.reset, _ADMITTED_OPS.set(admitted))
+        ctx.install_patches(("executorch.internals", f"executorch.{ctx.config.backend}.internals"))  # type: ignore[attr-defined]
 
-# ── Stage 4: FX program fixes ──
     def stage_fx_program_fixes(self, ctx: ExportContext) -> None:
-        config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
-        state: _ExportState = ctx.extras["executorch_state"]
-        program = self.trace(ctx)
-        fixes = workarounds_for("fx_program_fix", self.variant_scopes(config.backend), config.disable)
-        ctx.report["fixes"].update(apply_fx_program_fixes(program, fixes).applied)
-        if state.bounded:
+        """Stage 4: dynamo's trace (nested stages, then ``torch.export.export``), then the FX program fixes."""
+        program = trace(ctx)
+        ctx.apply_fx_program_fixes(program, self.variant_scopes(ctx.config.backend))  # type: ignore[attr-defined]
+        bounded = ctx.extras.get("executorch_bounded_dims")
+        if bounded:
             ctx.note("unbounded dynamic dims given a finite upper bound (dim_upper_bound): " + ", ".join(
-                f"{sym} in [{lo}, {hi}]" for sym, (lo, hi) in sorted(state.bounded.items())))
+                f"{sym} in [{lo}, {hi}]" for sym, (lo, hi) in sorted(bounded.items())))
 
-# ── Stage 5: FX node fixes ──
     def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
+        """Stage 5: the FX node fixes, then the steps ``to_edge_transform_and_lower`` and ``to_executorch``."""
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
         from executorch.exir.passes import MemoryPlanningPass
 
         config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
-        program = ctx.program
-        fixes = workarounds_for("fx_node_fix", self.variant_scopes(config.backend), config.disable)
-        ctx.report["fixes"].update(apply_fx_node_fixes(program.graph_module, fixes).applied)
-
+        ctx.apply_fx_node_fixes(ctx.program.graph_module, self.variant_scopes(config.backend))
         preparation: BackendPreparation = ctx.extras["executorch_preparation"]
-        state: _ExportState = ctx.extras["executorch_state"]
-        compile_options = dict(preparation.edge_compile_options)
-        edge = to_edge_transform_and_lower(program, partitioner=list(preparation.partitioners) or None,
-                                           compile_config=EdgeCompileConfig(**compile_options))
-        report = delegation_report(edge)  # before to_executorch, which rewrites the edge graph in place
-        if report.missing_kernels:
-            raise RuntimeError(f"ops left outside every delegate have no kernel in the ExecuTorch portable library: "
-                               f"{', '.join(report.missing_kernels)}; the program would fail at load with "
-                               "'Missing operator'")
+        with ctx.step("to_edge_transform_and_lower"):
+            edge = to_edge_transform_and_lower(ctx.program, partitioner=list(preparation.partitioners) or None,
+                                               compile_config=EdgeCompileConfig(**preparation.edge_compile_options))
+        delegation = delegation_report(edge)  # before to_executorch, which rewrites the edge graph in place
+        delegation.check_kernels()
         planning = {"alloc_graph_input": config.alloc_graph_input, "alloc_graph_output": config.alloc_graph_output,
                     "alloc_mutable_buffers": config.alloc_mutable_buffers, **preparation.memory_planning_options}
-        manager = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(**planning),
-                                                             **preparation.backend_config_options))
-        input_dtypes = _input_dtypes(program)
-        plans = manager.executorch_program.execution_plan
-        planned = sum(sum(plan.non_const_buffer_sizes[1:]) for plan in plans)  # [0] is reserved by ExecuTorch
-        runner = ExecutorchRunner.from_program_manager(manager, input_dtypes=input_dtypes)
-        ctx.extras["executorch_runner"] = runner
+        with ctx.step("to_executorch"):
+            manager = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(**planning),
+                                                                 **preparation.backend_config_options))
+        dtypes = input_dtypes(ctx.inputs)
+        runner = ctx.extras["executorch_runner"] = ExecutorchRunner.from_program_manager(manager, input_dtypes=dtypes)
+        bounded, planned = ctx.extras.get("executorch_bounded_dims", {}), planned_memory_bytes(manager)
         ctx.extras["executorch_manifest"] = {
-            "program_file": PROGRAM_FILE,
-            "data_file": runner.data_file,
-            "variant": config.backend,
-            "partitioners": [type(p).__name__ for p in preparation.partitioners],
-            "delegated_fraction": round(report.fraction, 4),
-            "delegated_nodes": report.delegated_nodes,
-            "portable_nodes": report.portable_nodes,
-            "delegates": report.num_delegates,
-            "portable_ops": dict(report.portable_ops.most_common()),
-            "non_core_aten_on_portable_kernels": sorted(set(state.admitted_ops)),
-            "memory_planning": planning,
-            "planned_memory_bytes": planned,
+            "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
+            "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
+            "non_core_aten_on_portable_kernels": sorted(set(ctx.extras["executorch_admitted_ops"])),
+            "memory_planning": planning, "planned_memory_bytes": planned,
             "dim_upper_bound": config.dim_upper_bound,
-            "bounded_dims": {sym: list(rng) for sym, rng in sorted(state.bounded.items())},
-            "input_dtypes": input_dtypes,
-            "device": preparation.device,
+            "bounded_dims": {sym: list(rng) for sym, rng in sorted(bounded.items())},
+            "input_dtypes": dtypes, "device": preparation.device,
         }
-        if planned > PLANNED_MEMORY_WARNING_BYTES and state.bounded:
-            message = (f"ExecuTorch plans {planned / 2**30:.1f} GiB for the upper bounds of the dynamic dims "
-                       f"({', '.join(f'{k} <= {v[1]}' for k, v in sorted(state.bounded.items()))} from "
-                       f"dim_upper_bound={config.dim_upper_bound}); the runtime allocates it when it loads the program. "
-                       "Lower dim_upper_bound or give explicit Dim(name, max=...) bounds in dynamic_shapes")
-            logger.warning(message)
-            ctx.note(message)
-        if report.portable_ops and preparation.partitioners:
-            ctx.note(f"{report.portable_nodes} of {report.portable_nodes + report.delegated_nodes} compute nodes "
-                     f"run on portable kernels: {', '.join(report.portable_ops)}")
+        report_planned_memory(ctx, planned, bounded)
+        if preparation.partitioners:
+            delegation.note(ctx)
 
-    # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
+    # ── packaging and loading ─────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
         runner: ExecutorchRunner = ctx.extras["executorch_runner"]
-        manifest = self.manifest(ctx, program_file=PROGRAM_FILE, executorch=ctx.extras["executorch_manifest"])
-        components = {PROGRAM_FILE: runner.write_files, **self.components(ctx)}
-        return ExportedModel(self.name, runner, manifest, components=components,
-                             out_spec=ctx.program.call_spec.out_spec, reference=self.reference(ctx))
+        return self.artifact(ctx, [Component(
+            "model", runner, out_spec=ctx.program.call_spec.out_spec, write=runner.write_files,
+            manifest={"program_file": PROGRAM_FILE, "executorch": ctx.extras["executorch_manifest"]})])
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any]) -> ExecutorchRunner:
-        """Open the saved ``model.pte`` (and its ``.ptd`` data file, if any) on the ExecuTorch runtime."""
-        _require_executorch()
-        register_transformers_pytrees()
-        section = manifest.get("executorch", {})
-        path = Path(path)
-        data = section.get("data_file")
-        return ExecutorchRunner(path / section.get("program_file", manifest.get("program_file", PROGRAM_FILE)),
-                                data_path=path / data if data else None, input_dtypes=section.get("input_dtypes"))
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model") -> ExecutorchRunner:
+        """Open a saved component's ``model.pte`` (and its ``.ptd`` data file, if any) on the ExecuTorch runtime."""
+        require_executorch()
+        section = manifest.get("components", {}).get(component, manifest)
+        executorch = section.get("executorch", {})
+        data = executorch.get("data_file")
+        return ExecutorchRunner(Path(path) / executorch.get("program_file", section.get("program_file", PROGRAM_FILE)),
+                                data_path=Path(path) / data if data else None,
+                                input_dtypes=executorch.get("input_dtypes"))
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"
@@ -404,7 +256,7 @@ class ExecutorchExporter(DynamoExporter):
                     "avoids it", "see the full traceback above (the original error is chained)"]
         if "CUDA" in text or "GPU" in text:
             return ["run on a machine with a visible NVIDIA GPU, or export with backend='executorch-xnnpack' (CPU)"]
-        return super().hints_for(stage, exc)
+        return []
 
 
 class XnnpackExporter(ExecutorchExporter):
@@ -421,241 +273,7 @@ class CudaExporter(ExecutorchExporter):
     variant: ClassVar[str | None] = "cuda"
 
 
-def _record_patches(ctx: ExportContext, report: Any) -> None:
-    ctx.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
-    ctx.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why} for r, p, why in report.skipped)
-
-
-def _disabled(func: Callable[..., Any], disabled: Iterable[str]) -> bool:
-    off = set(disabled)
-    return func.__name__ in off or _qualname(func) in off
-
-
-def _input_dtypes(program: torch.export.ExportedProgram) -> list[str | None]:
-    """The dtype of every user-input leaf of ``program`` (``None`` for non-tensor leaves)."""
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    out: list[str | None] = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind.name != "USER_INPUT":
-            continue
-        val = placeholders[spec.arg.name].meta.get("val") if hasattr(spec.arg, "name") else None
-        out.append(str(val.dtype).replace("torch.", "") if isinstance(val, torch.Tensor) else None)
-    return out
-
-
-# ── the runner ─────────────────────────────────────────────────────────────────────────────────────────
-class ExecutorchRunner:
-    """Runs ``model.pte`` on the ExecuTorch runtime (``executorch.runtime``): flat input leaves in, flat outputs out.
-
-    Args:
-        path: the ``.pte`` file.
-        data_path: the ``.ptd`` file holding the weights, for variants that keep them outside the program (CUDA).
-        input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
-        method: the method to run.
-
-    Inputs are passed as contiguous CPU tensors (the ExecuTorch Python runtime takes host memory; a delegate copies
-    to its device).
-    """
-
-    def __init__(self, path: str | Path, *, data_path: str | Path | None = None,
-                 input_dtypes: Sequence[str | None] | None = None, method: str = "forward"):
-        from executorch.runtime import Runtime
-
-        self.path = Path(path)
-        self.data_path = Path(data_path) if data_path else None
-        self.input_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
-        self._cleanup: Any = None  # removes the temporary directory of an in-memory export
-        self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
-        self.method = self.program.load_method(method)
-        if self.method is None:
-            raise ValueError(f"{self.path} has no method {method!r}; it has {sorted(self.program.method_names)}")
-
-    @classmethod
-    def from_program_manager(cls, manager: Any, **kwargs: Any) -> ExecutorchRunner:
-        """Write an ``ExecutorchProgramManager``'s ``.pte`` (and ``.ptd``) into a temporary directory owned by the
-        runner, and open it from there (the runtime reads the file as a saved artifact would be read)."""
-        directory = tempfile.mkdtemp(prefix="hfexport-executorch-")
-        try:
-            path = Path(directory) / PROGRAM_FILE
-            with open(path, "wb") as file:
-                manager.write_to_file(file)
-            data_path = None
-            if getattr(manager, "_tensor_data", None):  # set by write_to_file: weights kept outside the .pte
-                manager.write_tensor_data_to_file(directory)
-                data_files = sorted(Path(directory).glob(f"*{DATA_FILE_SUFFIX}"))
-                if len(data_files) > 1:
-                    raise ValueError(f"the program has {len(data_files)} data files ({[p.name for p in data_files]}); "
-                                     "the ExecuTorch runtime loads one")
-                data_path = data_files[0] if data_files else None
-            runner = cls(path, data_path=data_path, **kwargs)
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
-        runner._cleanup = weakref.finalize(runner, shutil.rmtree, directory, ignore_errors=True)
-        return runner
-
-    @property
-    def files(self) -> list[Path]:
-        return [p for p in (self.path, self.data_path) if p is not None]
-
-    @property
-    def data_file(self) -> str | None:
-        return self.data_path.name if self.data_path else None
-
-    def write_files(self, directory: Path) -> list[str]:
-        """Copy ``model.pte`` (and its data file) into ``directory``; returns their names."""
-        names = []
-        for source in self.files:
-            name = PROGRAM_FILE if source == self.path else source.name
-            shutil.copyfile(source, Path(directory) / name)
-            names.append(name)
-        return names
-
-    def run(self, args: tuple[Any, ...]) -> list[Any]:
-        """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
-        leaves = pytree.tree_leaves(args)
-        if self.input_dtypes and len(leaves) != len(self.input_dtypes):
-            raise TypeError(f"expected {len(self.input_dtypes)} input leaves after flattening, got {len(leaves)}")
-        flat = []
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor):
-                dtype = self.input_dtypes[i] if i < len(self.input_dtypes) else None
-                leaf = leaf.detach().to("cpu")
-                if dtype is not None and leaf.is_floating_point() and dtype.is_floating_point:
-                    leaf = leaf.to(dtype)
-                leaf = leaf.contiguous()
-            flat.append(leaf)
-        outputs = self.method.execute(flat)
-        # The outputs live in the method's planned memory: copy them out before the next call reuses it.
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
-
-
-# ── Delegation report ──────────────────────────────────────────────────────────────────────────────────
-_NOT_COMPUTE = ("sym_size", "sym_numel", "sym_stride", "executorch_prim", "_assert", "sym_constrain_range",
-                "_local_scalar_dense", "torch.sym_")
-
-
-def _is_compute(node: torch.fx.Node) -> bool:
-    """A call that runs a kernel: not getitem, not Python/``executorch_prim`` sym arithmetic, not an assert."""
-    if node.op != "call_function" or getattr(node.target, "__module__", None) in ("_operator", "math", "builtins"):
-        return False
-    name = str(node.target)
-    return not any(k in name for k in _NOT_COMPUTE)
-
-
-def _op_name(target: Any) -> str:
-    name = getattr(target, "__name__", None) or str(target)
-    schema = getattr(target, "_schema", None)
-    if schema is not None:  # aten::native_layer_norm + overload
-        overload = schema.overload_name or "default"
-        return f"{schema.name}.{overload}"
-    return name
-
-
-@dataclass
-class DelegationReport:
-    """How much of a lowered program runs inside delegates.
-
-    Attributes:
-        delegated_nodes: compute nodes inside delegates (``lowered_module_N.original_module``).
-        portable_nodes: compute nodes left outside every delegate (portable kernels).
-        num_delegates: ``executorch_call_delegate`` calls.
-        portable_ops: op name (``aten::native_layer_norm.default``) -> count, for the nodes left out.
-        missing_kernels: ops left out whose out-variant kernel is not linked into the runtime (the program would
-            fail at load with ``Missing operator``).
-    """
-
-    delegated_nodes: int
-    portable_nodes: int
-    num_delegates: int
-    portable_ops: Counter = field(default_factory=Counter)
-
-    @property
-    def fraction(self) -> float:
-        """Delegated compute nodes / all compute nodes (1.0 for an empty program)."""
-        total = self.delegated_nodes + self.portable_nodes
-        return self.delegated_nodes / total if total else 1.0
-
-    missing_kernels: list[str] = field(default_factory=list)
-
-
-def delegation_report(edge_program: Any) -> DelegationReport:
-    """Count compute nodes inside delegates and left on portable kernels.
-
-    Args:
-        edge_program: the ``EdgeProgramManager`` that ``to_edge_transform_and_lower`` returns (or its
-            ``exported_program()``), before ``to_executorch``.
-    """
-    from executorch.exir.delegate import executorch_call_delegate
-
-    program = edge_program.exported_program() if hasattr(edge_program, "exported_program") else edge_program
-    gm = program.graph_module
-    delegated = portable = delegates = 0
-    ops: Counter = Counter()
-    missing: set[str] = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is executorch_call_delegate:
-            delegates += 1
-            lowered = getattr(gm, node.args[0].target)
-            delegated += sum(_is_compute(n) for n in lowered.original_module.graph.nodes)
-        elif _is_compute(node):
-            portable += 1
-            ops[_op_name(node.target)] += 1
-            op = getattr(node.target, "_op", node.target)  # EdgeOpOverload -> the aten OpOverload
-            if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and _portable_kernel_for(op) is None:
-                missing.add(_op_name(node.target))
-    return DelegationReport(delegated, portable, delegates, ops, sorted(missing))
-
-
-@functools.cache
-def portable_kernel_names() -> frozenset[str]:
-    """The kernels linked into the ExecuTorch Python runtime (``aten::topk.values``, ...)."""
-    from executorch.extension.pybindings import portable_lib
-
-    return frozenset(portable_lib._get_operator_names())
-
-
-# ── Backend preparations (stage 1) ──────────────────────────────────────────────────────────────────────
-def place_model_and_inputs(ctx: ExportContext, device: str | torch.device, dtype: torch.dtype | None = None) -> None:
-    """Move the model to ``device`` (and its floating parameters and buffers to ``dtype``) for this export; move
-    the inputs likewise and make them contiguous.
-
-    The model is moved back when the export ends (``ctx.stack``), also when it fails: a model that was already
-    in place is not touched at all. The inputs are the export's own copies, never the caller's tensors.
-    """
-    device = torch.device(device)
-    model = ctx.model
-    tensors = [(m, kind, name, t) for m in model.modules()
-               for kind, table in (("param", m._parameters), ("buffer", m._buffers))
-               for name, t in table.items() if t is not None]
-
-    def moved(t: torch.Tensor) -> bool:
-        return t.device != device or (dtype is not None and t.is_floating_point() and t.dtype != dtype)
-
-    if any(moved(t) for *_, t in tensors):
-        saved = [(m, kind, name, t.data if kind == "param" else t) for m, kind, name, t in tensors]
-
-        def restore() -> None:
-            for m, kind, name, original in saved:
-                if kind == "param":
-                    m._parameters[name].data = original
-                else:
-                    m._buffers[name] = original
-
-        ctx.stack.callback(restore)
-        model.to(device=device)
-        if dtype is not None:
-            model.to(dtype=dtype)  # floating parameters and buffers only
-
-    def convert(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(device=device)
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        return t.contiguous()
-
-    ctx.inputs = {name: pytree.tree_map_only(torch.Tensor, convert, value) for name, value in ctx.inputs.items()}
-
-
+# ── Stage 1: Backend preparation ──
 @register_backend_prepare("xnnpack")
 def prepare_for_xnnpack(ctx: ExportContext) -> BackendPreparation:
     """CPU, float32, contiguous inputs and one ``XnnpackPartitioner``; ops it does not take stay on portable kernels.
@@ -701,18 +319,7 @@ def prepare_for_cuda(ctx: ExportContext) -> BackendPreparation:
                               device="cuda", dtype=torch.bfloat16)
 
 
-# ── Torch patches (stage 2) ────────────────────────────────────────────────────────────────────────────
-def _nonzero_row_major(input: torch.Tensor) -> torch.Tensor:
-    """``torch.nonzero(input)`` built from a boolean index of ``arange`` (row-major ``[nnz, dim]``, contiguous)."""
-    flat = input.reshape(-1) != 0
-    positions = torch.arange(flat.shape[0], device=input.device)[flat]  # [nnz], in row-major order
-    coords = []
-    for size in reversed(input.shape):
-        coords.append(positions % size)
-        positions = torch.div(positions, size, rounding_mode="floor")
-    return torch.stack(coords[::-1], dim=1)
-
-
+# ── Stage 2: Torch patches ──
 @register_patch("executorch", "torch.nonzero", "torch.Tensor.nonzero", "torch.argwhere", "torch.Tensor.argwhere")
 def _patch_nonzero(original: Any) -> Any:
     """Traces ``nonzero`` (and ``argwhere``) as a boolean index of ``arange`` plus ``%``/``//``, row-major.
@@ -746,7 +353,7 @@ def _patch_nonzero(original: Any) -> Any:
             return original(input, *args, **kwargs)
         inside.active = True
         try:
-            result = _nonzero_row_major(input)
+            result = nonzero_row_major(input)
         finally:
             inside.active = False
         return result.unbind(1) if as_tuple else result
@@ -754,7 +361,7 @@ def _patch_nonzero(original: Any) -> Any:
     return nonzero
 
 
-# ── ExecuTorch patches (stage 3) ────────────────────────────────────────────────────────────────────────
+# ── Stage 3: ExecuTorch patches ──
 @register_patch("executorch.internals",
                 "executorch.exir.tensor.dim_order_from_stride",
                 "executorch.exir.tensor_layout.dim_order_from_stride",
@@ -843,77 +450,6 @@ def _patch_arg_validator_list_return(original: Any) -> Any:
     return call_function
 
 
-def _sort_pairwise(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stable sort from comparisons only: ``rank[i] = #{j: x_j before x_i} + #{j < i: x_j == x_i}``.
-
-    Uses lt/gt/eq/logical ops/sum/gather (all with portable kernels). NaN sorts last ascending and first
-    descending, as in eager. Memory is O(n^2) along ``dim`` (fine for token ranking and routing; not for n=32k).
-    """
-    if x.dim() == 0:
-        return x.clone(), torch.zeros_like(x, dtype=torch.long)
-    dim = dim % x.dim()
-    xt = x.movedim(dim, -1)
-    n = xt.shape[-1]
-    xi, xj = xt.unsqueeze(-1), xt.unsqueeze(-2)  # [..., n(i), 1], [..., 1, n(j)]
-    if x.is_floating_point():
-        nan_i, nan_j = torch.isnan(xi), torch.isnan(xj)
-        bigger_j = (xj > xi) | (nan_j & ~nan_i)  # NaN is the largest value
-        smaller_j = (xj < xi) | (nan_i & ~nan_j)
-        equal = (xj == xi) | (nan_i & nan_j)
-    else:
-        bigger_j, smaller_j, equal = xj > xi, xj < xi, xj == xi
-    before = bigger_j if descending else smaller_j
-    positions = torch.arange(n, device=x.device)
-    earlier = positions.unsqueeze(-1) > positions.unsqueeze(0)  # [i, j]: j < i
-    rank = (before | (equal & earlier)).sum(-1)  # [..., n]: where element i goes
-    onehot = rank.unsqueeze(-1) == positions  # [..., i, r]
-    index = (onehot.long() * positions.unsqueeze(-1)).sum(-2)  # [..., r]: which i lands at r
-    return torch.gather(xt, -1, index).movedim(-1, dim), index.movedim(-1, dim)
-
-
-def _decompose_sort_stable(x: torch.Tensor, *, stable: bool | None = None, dim: int = -1,
-                           descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sort_pairwise(x, dim, descending)
-
-
-def _decompose_sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sort_pairwise(x, dim, descending)
-
-
-# Decompositions we own, for ops that neither Core ATen decompositions nor portable kernels cover.
-_ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    aten.sort.stable: _decompose_sort_stable,  # not Core ATen, no portable kernel
-    aten.sort.default: _decompose_sort,  # Core ATen, but no portable kernel in executorch 1.5.1
-}
-
-
-_STRICT = threading.local()  # set while we ask the verifier ourselves: then _patch_aten_dialect_verifier admits nothing
-
-
-def _rejected_by_edge(op: Any) -> bool:
-    """Whether ExecuTorch's ATen-dialect verifier raises "is not in Core ATen opset" for ``op``."""
-    from executorch.exir.verification.verifier import EXIRATenDialectVerifier
-    from torch._export.verifier import SpecViolationError
-
-    _STRICT.on = True
-    try:
-        EXIRATenDialectVerifier().check_valid_op(op)
-    except SpecViolationError:
-        return True
-    finally:
-        _STRICT.on = False
-    return False
-
-
-@functools.cache
-def _rejected_ops_with_decomposition() -> dict[Any, Callable[..., Any]]:
-    """``torch._decomp.decomposition_table`` entries for the aten ops the edge verifier rejects."""
-    from torch._decomp import decomposition_table
-
-    return {op: fn for op, fn in decomposition_table.items()
-            if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and _rejected_by_edge(op)}
-
-
 @register_patch("executorch.internals",
                 "executorch.exir.program._program._default_decomposition_table",
                 "executorch.exir.tracer._default_decomposition_table")
@@ -943,26 +479,18 @@ def _patch_default_decomposition_table(original: Any) -> Any:
     @functools.wraps(original)
     def _default_decomposition_table(*args: Any, **kwargs: Any) -> Any:
         table = original(*args, **kwargs)
-        for op, fn in _rejected_ops_with_decomposition().items():
+        for op, fn in rejected_ops_with_decomposition().items():
             table.setdefault(op, fn)
-        table.update(_ET_DECOMPOSITIONS)
+        table.update(ET_DECOMPOSITIONS)
         return table
 
     return _default_decomposition_table
 
 
-def _portable_kernel_for(op: Any) -> str | None:
-    """The portable kernel that would run ``op`` (``aten::repeat_interleave.Tensor_out``), or None."""
-    from executorch.exir.operator.convert import to_out_variant
-
-    kernels = portable_kernel_names()
-    try:
-        out, _ = to_out_variant(op)
-    except Exception:  # e.g. pow: its int overloads break the lookup; any kernel of the op's name then
-        base = f"{op._schema.name}."
-        return next((k for k in sorted(kernels) if k.startswith(base)), None)
-    name = f"{out._schema.name}.{out._overloadname}"
-    return name if name in kernels else None
+# The edge verifier runs deep inside ``to_edge``, where no ExportContext reaches: the one piece of per-export
+# state a workaround keeps outside ``ctx``. Stage 3 points it at ``ctx.extras["executorch_admitted_ops"]``.
+_ADMITTED_OPS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfexport_executorch_admitted_ops",
+                                                                                default=None)
 
 
 @register_patch("executorch.internals",
@@ -1002,10 +530,12 @@ def _patch_aten_dialect_verifier(original: Any) -> Any:
                 return check(self, op)
             except SpecViolationError:
                 admissible = (isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
-                              and not op._schema.is_mutable and not getattr(_STRICT, "on", False))
-                if not admissible or _portable_kernel_for(op) is None:
+                              and not op._schema.is_mutable and not getattr(STRICT, "on", False))
+                if not admissible or portable_kernel_for(op) is None:
                     raise
-                _state().admitted_ops.append(str(op))
+                admitted = _ADMITTED_OPS.get()
+                if admitted is not None:
+                    admitted.append(str(op))
                 return None
 
         cls.check_valid_op = check_valid_op  # a fresh class per call: nothing else sees this
@@ -1014,24 +544,10 @@ def _patch_aten_dialect_verifier(original: Any) -> Any:
     return EXIRATenDialectVerifier
 
 
-# ── FX program fixes (stage 4) ──────────────────────────────────────────────────────────────────────────
-def _shape_envs(program: torch.export.ExportedProgram) -> list[Any]:
-    """Every ShapeEnv that the symbolic sizes in the nodes' ``meta["val"]`` point to."""
-    envs: dict[int, Any] = {}
-    for node in program.graph.nodes:
-        for value in pytree.tree_leaves(node.meta.get("val")):
-            symbols: list[Any] = []
-            if isinstance(value, torch.Tensor):
-                symbols = [s for s in (*value.shape, *value.stride()) if isinstance(s, torch.SymInt)]
-            elif isinstance(value, torch.SymInt):
-                symbols = [value]
-            for s in symbols:
-                envs.setdefault(id(s.node.shape_env), s.node.shape_env)
-    return list(envs.values())
-
-
+# ── Stage 4: FX program fixes ──
 @register_fx_program_fix("executorch")
-def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram) -> bool:
+def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram,
+                                     ctx: ExportContext | None = None) -> bool:
     """Gives every dynamic dim with an unbounded range ``[lo, int_oo]`` the finite bound ``[lo, dim_upper_bound]``.
 
     Rewrites ``range_constraints`` and the ShapeEnv(s) that the symbolic sizes in ``meta["val"]`` point to:
@@ -1050,8 +566,8 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    state = _state()
-    bound = state.dim_upper_bound
+    bound = getattr(ctx.config, "dim_upper_bound", DEFAULT_DIM_UPPER_BOUND) if ctx else DEFAULT_DIM_UPPER_BOUND
+    bounded = ctx.extras.setdefault("executorch_bounded_dims", {}) if ctx else {}
 
     def narrowed(rng: Any) -> Any:
         if rng.upper is int_oo or not getattr(rng.upper, "is_finite", True):
@@ -1060,46 +576,18 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
         return None
 
     changed = False
-    tables = [exported_program.range_constraints] + [env.var_to_range for env in _shape_envs(exported_program)]
+    tables = [exported_program.range_constraints] + [env.var_to_range for env in shape_envs(exported_program)]
     for table in tables:
         for symbol, rng in list(table.items()):
             new = narrowed(rng)
             if new is not None:
                 table[symbol] = new
-                state.bounded[str(symbol)] = (int(new.lower), int(new.upper))
+                bounded[str(symbol)] = (int(new.lower), int(new.upper))
                 changed = True
     return changed
 
 
-# ── FX node fixes (stage 5) ─────────────────────────────────────────────────────────────────────────────
-def _value(arg: Any) -> Any:
-    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
-
-
-def _emit(gm: torch.fx.GraphModule, like: torch.fx.Node, fn: Any, *args: Any) -> torch.fx.Node:
-    """A ``call_function`` node ``fn(*args)`` with ``like``'s metadata and a computed ``meta["val"]``."""
-    new = gm.graph.call_function(fn, args)
-    new.meta = {k: v for k, v in like.meta.items() if k != "val"}
-    values = [_value(a) for a in args]
-    if all(v is not None for v in values):
-        new.meta["val"] = fn(*values)
-    return new
-
-
-def _replace_with_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, fn: Any, operands: list[Any]) -> None:
-    """Fold ``operands`` with the binary Python op ``fn`` before ``node``; replace ``node`` with the result."""
-    with gm.graph.inserting_before(node):
-        acc = operands[0]
-        for rhs in operands[1:]:
-            acc = _emit(gm, node, fn, acc, rhs)
-    node.replace_all_uses_with(acc)
-    gm.graph.erase_node(node)
-
-
-def _is_symint_arg(arg: Any) -> bool:
-    return isinstance(_value(arg), int | torch.SymInt) and not isinstance(_value(arg), bool)
-
-
+# ── Stage 5: FX node fixes ──
 @register_fx_node_fix("executorch")
 def _fix_sym_pow(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replaces ``operator.pow(s, k)`` on a SymInt with a small int ``k`` by ``s * s * ...`` (``operator.mul``).
@@ -1115,10 +603,10 @@ def _fix_sym_pow(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target not in (operator.pow, pow) or len(node.args) != 2:
         return False
     base, exponent = node.args
-    if not isinstance(base, torch.fx.Node) or not _is_symint_arg(base) or isinstance(exponent, bool) \
+    if not isinstance(base, torch.fx.Node) or not is_symint_arg(base) or isinstance(exponent, bool) \
             or not isinstance(exponent, int) or not 1 <= exponent <= 8:
         return False
-    _replace_with_chain(gm, node, operator.mul, [base] * exponent)
+    replace_with_chain(gm, node, operator.mul, [base] * exponent)
     return True
 
 
@@ -1137,11 +625,11 @@ def _fix_sym_ne(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target is not operator.ne or len(node.args) != 2:
         return False
     a, b = node.args
-    if not (_is_symint_arg(a) and _is_symint_arg(b)) or not any(isinstance(v, torch.fx.Node) for v in (a, b)):
+    if not (is_symint_arg(a) and is_symint_arg(b)) or not any(isinstance(v, torch.fx.Node) for v in (a, b)):
         return False
     with gm.graph.inserting_before(node):
-        diff = _emit(gm, node, operator.sub, a, b)
-        new = _emit(gm, node, operator.gt, _emit(gm, node, operator.mul, diff, diff), 0)
+        diff = emit(gm, node, operator.sub, a, b)
+        new = emit(gm, node, operator.gt, emit(gm, node, operator.mul, diff, diff), 0)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
     return True
@@ -1162,7 +650,7 @@ def _fix_sym_sum(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     operands = list(node.args[0])
     if not operands:
         return False
-    _replace_with_chain(gm, node, operator.add, operands)
+    replace_with_chain(gm, node, operator.add, operands)
     return True
 
 

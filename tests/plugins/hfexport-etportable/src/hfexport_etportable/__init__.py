@@ -6,13 +6,14 @@ hfexport: its exporter subclasses ``ExecutorchExporter`` and registers the varia
 Importing this package stays light: executorch is imported when the exporter is loaded.
 """
 
-from hfexport import Backend
+from hfexport.plugin import Backend
 
 BACKEND = Backend(
     name="executorch-portable",
     exporter="hfexport_etportable.exporter_etportable:PortableExporter",
     description="test vendor variant: ExecuTorch program (.pte) on portable kernels only (no delegate)",
     requires=("executorch",),
+    distribution="hfexport-etportable",
 )
 
 __all__ = ["BACKEND"]

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import torch
 
-from hfexport import ExportContext
-from hfexport_executorch.exporter_executorch import (
+from hfexport.plugin import ExportContext
+from hfexport_executorch import (
     BackendPreparation,
     ExecutorchExporter,
     place_model_and_inputs,

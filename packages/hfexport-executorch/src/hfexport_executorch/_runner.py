@@ -1,0 +1,82 @@
+"""ExecutorchRunner: runs ``model.pte`` on the ExecuTorch runtime (``executorch.runtime``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.plugin import FileRunner
+
+__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "input_dtypes"]
+
+PROGRAM_FILE = "model.pte"
+DATA_FILE_SUFFIX = ".ptd"
+
+
+def input_dtypes(inputs: Mapping[str, Any]) -> list[str | None]:
+    """The dtype of every input leaf, in the order the runner flattens them (``None`` for non-tensor leaves)."""
+    return [str(leaf.dtype).removeprefix("torch.") if isinstance(leaf, torch.Tensor) else None
+            for leaf in pytree.tree_leaves(tuple(inputs.values()))]
+
+
+class ExecutorchRunner(FileRunner):
+    """Runs ``model.pte`` on the ExecuTorch runtime: flat input leaves in, flat outputs out.
+
+    Args:
+        path: the ``.pte`` file.
+        data_path: the ``.ptd`` file holding the weights, for variants that keep them outside the program (CUDA).
+        input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
+        method: the method to run.
+
+    Inputs are passed as contiguous CPU tensors (the ExecuTorch Python runtime takes host memory; a delegate copies
+    to its device).
+    """
+
+    program_file: ClassVar[str] = PROGRAM_FILE
+
+    def __init__(self, path: str | Path, data_path: str | Path | None = None, *,
+                 input_dtypes: Sequence[str | None] | None = None, method: str = "forward"):
+        self.input_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
+        self.method_name = method
+        super().__init__(path, data_path)
+
+    def open(self) -> None:
+        from executorch.runtime import Runtime
+
+        self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
+        self.method = self.program.load_method(self.method_name)
+        if self.method is None:
+            raise ValueError(f"{self.path} has no method {self.method_name!r}; it has "
+                             f"{sorted(self.program.method_names)}")
+
+    @classmethod
+    def from_program_manager(cls, manager: Any, **kwargs: Any) -> ExecutorchRunner:
+        """Write an ``ExecutorchProgramManager``'s ``.pte`` (and ``.ptd``) into a temporary directory owned by the
+        runner, and open it from there (the runtime reads the file as a saved artifact would be read)."""
+
+        def write(directory: Path) -> Path | None:
+            with open(directory / PROGRAM_FILE, "wb") as file:
+                manager.write_to_file(file)
+            if not getattr(manager, "_tensor_data", None):  # set by write_to_file: weights kept outside the .pte
+                return None
+            manager.write_tensor_data_to_file(directory)
+            data_files = sorted(directory.glob(f"*{DATA_FILE_SUFFIX}"))
+            if len(data_files) > 1:
+                raise ValueError(f"the program has {len(data_files)} data files ({[p.name for p in data_files]}); "
+                                 "the ExecuTorch runtime loads one")
+            return data_files[0] if data_files else None
+
+        return cls.from_writer(write, **kwargs)
+
+    def run(self, args: tuple[Any, ...]) -> list[Any]:
+        """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
+        flat = self.flat_inputs(args, self.input_dtypes)
+        if self.input_dtypes and len(flat) != len(self.input_dtypes):
+            raise TypeError(f"expected {len(self.input_dtypes)} input leaves after flattening, got {len(flat)}")
+        outputs = self.method.execute(flat)
+        # The outputs live in the method's planned memory: copy them out before the next call reuses it.
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
