@@ -426,13 +426,6 @@ class ExportedModel:
 
     save = save_pretrained
 
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str]) -> ExportedModel:
-        """Same as :func:`hfexport.load`."""
-        import hfexport  # the loader finds the backend through discovery, which builds on this module
-
-        return hfexport.load(path)
-
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """Read ``path/export.json`` and check it: schema version, and every listed file present inside ``path``.

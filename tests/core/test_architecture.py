@@ -1,0 +1,113 @@
+"""The layout DESIGN.md promises, checked on the source: dependencies point one way, no private imports
+across packages, no import cycles inside a package, and the kernel names no backend."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+PACKAGES = {p.name: p for p in sorted((ROOT / "packages").glob("*/src/*")) if p.is_dir()}
+# What each package may import, besides itself and third-party libraries (DESIGN.md: one-way dependencies).
+ALLOWED = {
+    "hfexport": set(),
+    "hfexport_dynamo": {"hfexport"},
+    "hfexport_onnx": {"hfexport", "hfexport_dynamo"},
+    "hfexport_executorch": {"hfexport", "hfexport_dynamo"},
+    "hfexport_sweep": {"hfexport", "hfexport_dynamo"},
+}
+OURS = set(ALLOWED) | {"hfexport_testplugin", "hfexport_etportable", "hfexport_brokenplugin"}
+
+
+def _module_name(package_dir: Path, file: Path) -> str:
+    parts = [package_dir.name, *file.relative_to(package_dir).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(module: str, file: Path) -> list[str]:
+    """Every module ``file`` imports (function-local imports included), relative imports resolved."""
+    is_package = file.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[:len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            out.append(target)
+            out += [f"{target}.{alias.name}" for alias in node.names]  # `from . import submodule`
+    return out
+
+
+def _sources(root: Path) -> dict[str, tuple[Path, list[str]]]:
+    files = {}
+    for file in sorted(root.rglob("*.py")):
+        module = _module_name(root, file)
+        files[module] = (file, _imports(module, file))
+    return files
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_dependencies_point_one_way_and_use_public_names_only(package):
+    offences = []
+    for file, imports in _sources(PACKAGES[package]).values():
+        for target in imports:
+            top = target.split(".")[0]
+            if top in OURS and top != package and top not in ALLOWED[package]:
+                offences.append(f"{file.relative_to(ROOT)} imports {target}")
+            parts = target.split(".")
+            if top in OURS and top != package and any(p.startswith("_") for p in parts[1:]):
+                offences.append(f"{file.relative_to(ROOT)} imports the private {target}")
+    assert not offences, "\n".join(offences)
+
+
+def test_plugins_use_the_public_plugin_api_only():
+    offences = []
+    for root in sorted((ROOT / "tests" / "plugins").glob("*/src/*")):
+        for file, imports in _sources(root).values():
+            for target in imports:
+                parts = target.split(".")
+                if parts[0] in OURS and parts[0] != root.name and any(p.startswith("_") for p in parts[1:]):
+                    offences.append(f"{file.relative_to(ROOT)} imports the private {target}")
+    assert not offences, "\n".join(offences)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_module_imports_one_that_imports_it_back(package):
+    sources = _sources(PACKAGES[package])
+    graph = {m: {t for t in imports if t in sources and t != m} for m, (_, imports) in sources.items()}
+    cycles = []
+
+    def visit(node: str, stack: list[str], seen: set[str]) -> None:
+        for target in sorted(graph[node]):
+            if target in stack:
+                cycles.append(" -> ".join([*stack[stack.index(target):], target]))
+            elif target not in seen:
+                seen.add(target)
+                visit(target, [*stack, target], seen)
+
+    for start in sorted(graph):
+        visit(start, [start], {start})
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_the_kernel_and_dynamo_name_no_backend_outside_prose():
+    offences = []
+    for package in ("hfexport", "hfexport_dynamo"):
+        for _, (file, imports) in _sources(PACKAGES[package]).items():
+            offences += [f"{file.name} imports {t}" for t in imports
+                         if t.split(".")[0] in ("hfexport_onnx", "hfexport_executorch")]
+            tree = ast.parse(file.read_text())
+            docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                          if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                          and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+            offences += [f"{file.name}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+                         and ("hfexport_onnx" in n.value or "hfexport_executorch" in n.value)]
+    assert not offences, "\n".join(offences)
