@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -134,6 +135,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 2
     from ._discovery import UnknownBackendError, get_backend
 
+    # torchao (imported by transformers when installed, e.g. as an executorch dependency) registers Enum
+    # constants as pytree nodes, and torch logs a deprecation warning for each on every run: nothing the
+    # user of this command can act on. Errors from that logger still show.
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     try:
         exporter_class = get_backend(args.backend).load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
