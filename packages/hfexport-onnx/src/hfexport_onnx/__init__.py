@@ -6,16 +6,18 @@ onnx, onnxscript and onnxruntime) is imported when an export or load needs it.
 
 from typing import Any
 
-from hfexport import Backend
+from hfexport.plugin import Backend
 
 ONNX_BACKEND = Backend(
     name="onnx",
     exporter="hfexport_onnx.exporter_onnx:OnnxExporter",
     description="ONNX model (model.onnx + model.onnx.data), run on ONNX Runtime",
     requires=("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnxruntime"),
+    distribution="hfexport-onnx",
+    install_hint="pip install hfexport-onnx",
 )
 
-__all__ = ["ONNX_BACKEND", "OnnxConfig", "OnnxExporter", "ONNX_DISABLE_OPTIMIZE"]
+__all__ = ["ONNX_BACKEND", "OnnxConfig", "OnnxExporter", "OnnxRunner", "ONNX_DISABLE_OPTIMIZE"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,104 +1,78 @@
-"""OnnxExporter: the dynamo pipeline, then ``torch.onnx.export`` to ``model.onnx`` + ``model.onnx.data``, run on ORT.
+"""OnnxExporter: the dynamo trace, then ``torch.onnx.export`` to ``model.onnx`` + ``model.onnx.data``, run on ORT.
 
-Five stages around ``torch.onnx.export`` (the dynamo pipeline runs nested inside stage 3):
+The file follows the five stages: the config, the exporter with its stages in order, then under each
+``# ── Stage N: Title ──`` banner the workarounds of that stage.
 
 1. Torch patches — ``@register_patch("onnx", ...)``, active while tracing and lowering.
 2. ONNX patches — ``@register_patch("onnx.decomposition", ...)``: re-run the FX node fixes right after
    ``run_decompositions`` inside ``torch.onnx.export`` (same registry as stage 3).
-3. FX node fixes — trace with the dynamo pipeline, then ``@register_fx_node_fix("onnx")`` rewrites.
-4. ONNX translations — ``_aten_*`` functions in ``_ONNX_TRANSLATION_TABLE``, passed to ``torch.onnx.export``.
-5. ONNX IR fixes — ``_fix_ir_*`` functions in ``_IR_FIXES``, then the onnxscript optimizer (unless
-   ``optimize=False`` or the model class is in ``ONNX_DISABLE_OPTIMIZE``; a crash falls back to the unoptimized
-   model with a warning), then the ONNX Runtime session.
+3. FX node fixes — the dynamo trace (``hfexport_dynamo.trace``: ``torch.export.export``), then
+   ``@register_fx_node_fix("onnx")`` rewrites.
+4. ONNX translations — ``_aten_*`` functions (``@register_workaround("onnx_translation", "onnx", target=...)``)
+   for the step ``torch.onnx.export``.
+5. ONNX IR fixes — ``_fix_ir_*`` functions (``@register_workaround("onnx_ir_fix", "onnx")``), then the steps
+   ``onnxscript optimizer`` (skipped with ``optimize=False`` or for a class in ``ONNX_DISABLE_OPTIMIZE``; a crash
+   keeps the unoptimized model, or fails with ``optimize_fallback=False``) and ``onnxruntime.InferenceSession``.
 
-Every workaround (``_patch_*``, ``_fix_*``, ``_fix_ir_*``, ``_aten_*``) can be left out by name with
-``disable=("<function name>",)``; its docstring says **Why**, **Upstream** and **Remove when**.
+Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
+**Upstream** and **Remove when**. The runner, I/O names, opset check, metadata and failure texts are private
+modules of the package.
 """
-
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
-import re
-import shutil
-import tempfile
 import time
 import warnings
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import onnx
 import onnx_ir as ir
 import torch
-import torch.utils._pytree as pytree
 from onnxscript import opset18 as op
 
-from hfexport import (
+from hfexport.plugin import (
+    Component,
     ExportConfig,
     ExportContext,
     ExportedModel,
+    Exporter,
     FixReport,
+    Registration,
     Stage,
     apply_fx_node_fixes,
-    patch_context,
     register_fx_node_fix,
     register_patch,
+    register_workaround,
     workarounds_for,
 )
-from hfexport._artifact import flatten_with_names
-from hfexport_dynamo._pytree import register_transformers_pytrees
-from hfexport_dynamo.exporter_dynamo import DynamoConfig, DynamoExporter
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
 
-__all__ = [
-    "MODEL_FILE",
-    "ONNX_DISABLE_OPTIMIZE",
-    "OnnxConfig",
-    "OnnxConversionError",
-    "OnnxExporter",
-    "OnnxRunner",
-    "OnnxSessionError",
-    "OptimizerFallbackWarning",
-    "UnsupportedOpsetError",
-]
+from ._errors import (
+    OnnxConversionError,
+    OnnxSessionError,
+    OptimizerFallbackWarning,
+    failure_text,
+    onnx_hints,
+    quiet_torch_onnx,
+)
+from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count, stamp_metadata
+from ._naming import io_names, name_graph_io
+from ._runner import DATA_FILE, MODEL_FILE, OnnxRunner, available_providers, providers_for
 
-logger = logging.getLogger("hfexport")
+__all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "OnnxConfig", "OnnxConversionError", "OnnxExporter", "OnnxRunner",
+           "OnnxSessionError", "OptimizerFallbackWarning", "UnsupportedOpsetError", "translation_table"]
+
 aten = torch.ops.aten
-
-MODEL_FILE = "model.onnx"
-DATA_FILE = f"{MODEL_FILE}.data"
-TORCHLIB_OPSET = 18  # the opset torch.onnx's function library (torchlib) is written for
-MIN_OPSET = 7  # the lowest opset the ONNX version converter handles
 
 # Model class -> the upstream onnxscript bug that makes the optimizer unusable for it. Only entries that were
 # reproduced on the pinned toolchain; the optimizer-crash fallback (stage 5) already covers unknown ones, so an
-# entry only saves the failed attempt and its re-export. Expected to shrink.
+# entry only saves the failed attempt and its re-export. Expected to shrink; the sweep re-checks each entry
+# through OnnxExporter.known_failures() and recheck_options().
 ONNX_DISABLE_OPTIMIZE: dict[str, str] = {}
-
-
-class UnsupportedOpsetError(ValueError):
-    """The graph cannot be expressed in the requested ONNX opset."""
-
-
-class OnnxConversionError(RuntimeError):
-    """``torch.onnx.export`` failed; the message leads with the innermost error (the op or node at fault)."""
-
-
-class OnnxSessionError(RuntimeError):
-    """ONNX Runtime refused the model; the message names the node and op it refused."""
-
-
-class OptimizerFallbackWarning(UserWarning):
-    """The onnxscript optimizer crashed; the unoptimized model was kept."""
-
-
-def _available_providers() -> list[str]:
-    import onnxruntime
-
-    return list(onnxruntime.get_available_providers())
 
 
 @dataclass
@@ -109,11 +83,16 @@ class OnnxConfig(DynamoConfig):
         opset_version: the ONNX opset of the default domain. torch.onnx writes opset 18 and converts down
             to lower ones when the graph allows it; an opset lower than the graph needs fails the export.
         optimize: run the onnxscript optimizer (constant folding, inlining, dead code) on the model.
+        optimize_fallback: when the optimizer cannot be used — the model class is in ``ONNX_DISABLE_OPTIMIZE``
+            or the optimizer crashes — keep the unoptimized model (``True``, with a warning on a crash).
+            ``False`` runs the optimizer even for a listed class and fails the export when it crashes: this is
+            how an ``ONNX_DISABLE_OPTIMIZE`` entry is re-checked (``OnnxExporter.recheck_options``).
         providers: ONNX Runtime execution providers of the runner, in priority order.
     """
 
     opset_version: int = TORCHLIB_OPSET
     optimize: bool = True
+    optimize_fallback: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
 
     def __post_init__(self) -> None:
@@ -124,38 +103,29 @@ class OnnxConfig(DynamoConfig):
             raise ValueError(f"opset_version must be an int from {MIN_OPSET} to {highest} (onnx "
                              f"{onnx.__version__}); {TORCHLIB_OPSET} is what torch.onnx writes natively; "
                              f"got {self.opset_version!r}")
-        if not isinstance(self.optimize, bool):
-            raise TypeError(f"optimize must be True or False, got {self.optimize!r}")
+        for flag in ("optimize", "optimize_fallback"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.providers, str):
             self.providers = (self.providers,)
         self.providers = tuple(self.providers)
-        available = _available_providers()
+        available = available_providers()
         unknown = [p for p in self.providers if p not in available]
         if not self.providers or unknown:
             raise ValueError(f"providers must name execution providers of the installed onnxruntime; "
                              f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
 
 
-# ── ONNX-side state of one export, passed to the decomposition hook ──────────────────────────────────────
-@dataclass
-class _Decomposition:
-    fixes: list[Any]
-    report: FixReport = field(default_factory=FixReport)
-
-
-_DECOMPOSITION_FIXES: contextvars.ContextVar[_Decomposition | None] = contextvars.ContextVar(
-    "hfexport_onnx_decomposition_fixes", default=None)
-
-
-class OnnxExporter(DynamoExporter):
+class OnnxExporter(Exporter):
     """Export to ONNX (``model.onnx`` + ``model.onnx.data``), verified on ONNX Runtime."""
 
     name: ClassVar[str] = "onnx"
     config_class: ClassVar[type[ExportConfig]] = OnnxConfig
+    tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "onnx", "onnx.decomposition")
-    toolchain: ClassVar[tuple[str, ...]] = (*DynamoExporter.toolchain, "onnx", "onnxscript", "onnx-ir",
-                                            "onnxruntime", "hfexport-onnx")
-    tested_versions: ClassVar[dict[str, str]] = {**DynamoExporter.tested_versions, "onnx": "1.23.2",
+    toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo", "onnx",
+                                            "onnxscript", "onnx-ir", "onnxruntime", "hfexport-onnx")
+    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0", "onnx": "1.23.2",
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Torch patches", '@register_patch("onnx", ...)', "stage_torch_patches"),
@@ -168,466 +138,141 @@ class OnnxExporter(DynamoExporter):
               runs="onnxscript optimizer, onnxruntime.InferenceSession"),
     )
 
-# ── Stage 1: Torch patches ──
+    # Stage 1: Torch patches (the patches are under the stage's banner below, as for every stage)
     def stage_torch_patches(self, ctx: ExportContext) -> None:
-        report = ctx.stack.enter_context(patch_context(("onnx",), ctx.config.disable))
-        _record_patches(ctx, report)
+        ctx.install_patches(("onnx",))
 
-# ── Stage 2: ONNX patches ──
+    # Stage 2: ONNX patches
     def stage_onnx_patches(self, ctx: ExportContext) -> None:
-        report = ctx.stack.enter_context(patch_context(("onnx.decomposition",), ctx.config.disable))
-        _record_patches(ctx, report)
-        state = _Decomposition(workarounds_for("fx_node_fix", ("onnx",), ctx.config.disable))
-        token = _DECOMPOSITION_FIXES.set(state)
-        ctx.stack.callback(_DECOMPOSITION_FIXES.reset, token)
-        ctx.extras["onnx_decomposition"] = state
+        ctx.install_patches(("onnx.decomposition",))
+        ctx.extras["onnx_decomposition_fixes"] = FixReport()
+        ctx.stack.callback(_DECOMPOSING.reset, _DECOMPOSING.set(ctx))
 
-# ── Stage 3: FX node fixes ──
+    # Stage 3: FX node fixes
     def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
-        program = self.trace(ctx)
-        fixes = workarounds_for("fx_node_fix", ("onnx",), ctx.config.disable)
-        report = apply_fx_node_fixes(program.graph_module, fixes)
-        ctx.report["fixes"].update(report.applied)
+        program = trace(ctx)  # the dynamo stages, nested; torch.export.export is their last step
+        ctx.apply_fx_node_fixes(program.graph_module, ("onnx",))
 
-# ── Stage 4: ONNX translations ──
+    # Stage 4: ONNX translations
     def stage_onnx_translations(self, ctx: ExportContext) -> None:
         table = translation_table(ctx.config.disable, ctx.config.opset_version)  # type: ignore[attr-defined]
         ctx.extras["onnx_translations"] = sorted({fn.__name__ for fn in table.values()})
-        ctx.extras["onnx_program"] = self._to_onnx(ctx, table)
+        ctx.extras["onnx_program"] = self._convert(ctx, table)
 
-# ── Stage 5: ONNX IR fixes ──
+    # Stage 5: ONNX IR fixes
     def stage_onnx_ir_fixes(self, ctx: ExportContext) -> None:
         config: OnnxConfig = ctx.config  # type: ignore[assignment]
-        fixes = ir_fixes(config.disable)
-        program = ctx.extras["onnx_program"]
+        fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
+        # The ONNX program's initializers are views of the torch weights: not kept; the runner's files are.
+        program = ctx.extras.pop("onnx_program")
         applied = apply_ir_fixes(program.model, fixes)
-        optimized, not_optimized_because, seconds = False, None, 0.0
-        if not config.optimize:
-            not_optimized_because = "OnnxConfig(optimize=False)"
-        elif ctx.model_class in ONNX_DISABLE_OPTIMIZE:
-            not_optimized_because = f"ONNX_DISABLE_OPTIMIZE[{ctx.model_class!r}]: {ONNX_DISABLE_OPTIMIZE[ctx.model_class]}"
-        else:
-            start = time.perf_counter()
-            try:
-                program.optimize()  # onnxscript's optimizer, what torch.onnx.export(optimize=True) runs
-                optimized = True
-            except Exception as exc:  # never lose the export: keep the unoptimized model, and say so
-                failure = _failure_text(exc)
-                warnings.warn(f"the onnxscript optimizer failed on {ctx.model_class} ({failure}); keeping the "
-                              "unoptimized ONNX model (outputs are the same, it may run slower)",
-                              OptimizerFallbackWarning, stacklevel=2)
-                ctx.note(f"onnxscript optimizer failed ({failure}); the unoptimized model was kept")
-                not_optimized_because = f"optimizer failed: {failure}"
-                # The optimizer rewrites in place (it may have inlined functions before it crashed): re-export.
-                program = self._to_onnx(ctx, translation_table(config.disable, config.opset_version))
-                applied = apply_ir_fixes(program.model, fixes)
-            seconds = time.perf_counter() - start
-        ctx.extras["onnx_program"] = program
+        not_optimized_because, seconds, crashed = self._optimize(ctx, program)
+        if crashed:  # the optimizer rewrites in place (it may have inlined functions before it crashed): re-export
+            program = self._convert(ctx, translation_table(config.disable, config.opset_version))
+            applied = apply_ir_fixes(program.model, fixes)
+        for fix in fixes:
+            if fix.name in applied:
+                ctx.record_applied(fix.qualified_name, applied[fix.name])
         model = program.model
-        _stamp_metadata(model, ctx)
-        runner = OnnxRunner.from_model(model, config.providers, ctx.extras["onnx_io"])
-        ctx.extras["onnx_runner"] = runner
+        stamp_metadata(model, ctx.model_class)
+        with ctx.step("onnxruntime.InferenceSession"):
+            ctx.extras["onnx_runner"] = OnnxRunner.from_model(model, config.providers, ctx.extras["onnx_io"])
         ctx.extras["onnx_manifest"] = {
             "model_file": MODEL_FILE,
             "data_file": DATA_FILE,
             "opset": model.opset_imports.get("", None),
             "opset_requested": config.opset_version,
-            "optimized": optimized,
+            "optimized": not_optimized_because is None,
             "not_optimized_because": not_optimized_because,
             "optimize_s": round(seconds, 4),
             "providers": list(config.providers),
             "node_count": node_count(model),
             "ir_fixes": applied,
             "translations": ctx.extras.get("onnx_translations", []),
-            "fixes_after_decomposition": ctx.extras["onnx_decomposition"].report.applied
-            if "onnx_decomposition" in ctx.extras else {},
+            "fixes_after_decomposition": ctx.extras["onnx_decomposition_fixes"].applied
+            if "onnx_decomposition_fixes" in ctx.extras else {},
             **ctx.extras["onnx_io"],
         }
-        # The ONNX program's initializers are views of the torch weights: drop it, the runner's files are the artifact.
-        ctx.extras.pop("onnx_program", None)
 
-    # ── lowering ──────────────────────────────────────────────────────────────────────────────────────
-    def _to_onnx(self, ctx: ExportContext, table: Mapping[Any, Callable[..., Any]]) -> Any:
+    # ── the toolchain steps of stages 4 and 5 ─────────────────────────────────────────────────────────
+    def _convert(self, ctx: ExportContext, table: Mapping[Any, Callable[..., Any]]) -> Any:
         """``torch.onnx.export`` of ``ctx.program`` (unoptimized), with readable input and output names."""
         config: OnnxConfig = ctx.config  # type: ignore[assignment]
-        io = _io_names(ctx)
-        ctx.extras["onnx_io"] = io
-        if "onnx_decomposition" in ctx.extras:  # count the fixes of this conversion only (a fallback converts again)
-            ctx.extras["onnx_decomposition"].report.applied.clear()
-        try:
-            with _quiet_torch_onnx():
-                program = torch.onnx.export(ctx.program, (), dynamo=True,
-                                            custom_translation_table=dict(table) or None, optimize=False,
-                                            opset_version=config.opset_version,
-                                            output_names=[n for n in io["output_leaves"] if n is not None],
-                                            verbose=False, report=False)
-        except Exception as exc:
-            # torch.onnx wraps the real failure (a missing op, a decomposition error) in a generic
-            # ConversionError: lead with the innermost one, which names the op or node.
-            raise OnnxConversionError(f"torch.onnx.export failed: {_failure_text(exc)}") from exc
-        _check_opset(program.model, config.opset_version)
-        _name_graph_inputs(program.model.graph, [n for n in io["input_leaves"] if n is not None])
-        _name_graph_outputs(program.model.graph, [n for n in io["output_leaves"] if n is not None])
+        io = ctx.extras["onnx_io"] = io_names(ctx.program, ctx.inputs)
+        if "onnx_decomposition_fixes" in ctx.extras:  # count the fixes of this conversion only (a fallback re-converts)
+            ctx.extras["onnx_decomposition_fixes"].applied.clear()
+        with ctx.step("torch.onnx.export"):
+            try:
+                with quiet_torch_onnx():
+                    program = torch.onnx.export(ctx.program, (), dynamo=True,
+                                                custom_translation_table=dict(table) or None, optimize=False,
+                                                opset_version=config.opset_version,
+                                                output_names=[n for n in io["output_leaves"] if n is not None],
+                                                verbose=False, report=False)
+            except Exception as exc:
+                # torch.onnx wraps the real failure (a missing op, a decomposition error) in a generic
+                # ConversionError: lead with the innermost one, which names the op or node.
+                raise OnnxConversionError(f"torch.onnx.export failed: {failure_text(exc)}") from exc
+        check_opset(program.model, config.opset_version)
+        name_graph_io(program.model.graph, io)
         return program
 
-    # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
+    def _optimize(self, ctx: ExportContext, program: Any) -> tuple[str | None, float, bool]:
+        """Run the onnxscript optimizer on ``program`` unless the config or ``ONNX_DISABLE_OPTIMIZE`` says not to.
+
+        Returns:
+            ``(why it was not optimized or None, seconds, whether it crashed)``; a crash warns (or raises with
+            ``optimize_fallback=False``) and the caller re-exports.
+        """
+        config: OnnxConfig = ctx.config  # type: ignore[assignment]
+        if not config.optimize:
+            return "OnnxConfig(optimize=False)", 0.0, False
+        if ctx.model_class in ONNX_DISABLE_OPTIMIZE and config.optimize_fallback:
+            return f"ONNX_DISABLE_OPTIMIZE[{ctx.model_class!r}]: {ONNX_DISABLE_OPTIMIZE[ctx.model_class]}", 0.0, False
+        start = time.perf_counter()
+        with ctx.step("onnxscript optimizer"):
+            try:
+                program.optimize()  # onnxscript's optimizer, what torch.onnx.export(optimize=True) runs
+                return None, time.perf_counter() - start, False
+            except Exception as exc:  # never lose the export: keep the unoptimized model, and say so
+                if not config.optimize_fallback:
+                    raise
+                failure = failure_text(exc)
+        warnings.warn(f"the onnxscript optimizer failed on {ctx.model_class} ({failure}); keeping the unoptimized "
+                      "ONNX model (outputs are the same, it may run slower)", OptimizerFallbackWarning, stacklevel=2)
+        ctx.note(f"onnxscript optimizer failed ({failure}); the unoptimized model was kept")
+        return f"optimizer failed: {failure}", time.perf_counter() - start, True
+
+    # ── artifact, loading, known failures, hints ──────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
         runner: OnnxRunner = ctx.extras["onnx_runner"]
-        manifest = self.manifest(ctx, program_file=MODEL_FILE, onnx=ctx.extras["onnx_manifest"])
-        components = {MODEL_FILE: runner.write_files, **self.components(ctx)}
-        return ExportedModel(self.name, runner, manifest, components=components,
-                             out_spec=ctx.program.call_spec.out_spec, reference=self.reference(ctx))
+        section = {"program_file": MODEL_FILE, "onnx": ctx.extras["onnx_manifest"]}
+        return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, runner.write_files,
+                                             section, ctx.program)])
 
     @classmethod
-    def backend_workarounds(cls) -> list[dict[str, str]]:
-        """The ONNX translations and IR fixes, which live in this module's tables, not the kernel registries."""
-        out = []
-        for target, fn in _ONNX_TRANSLATION_TABLE.items():
-            out.append({"kind": "translation", "name": f"{fn.__module__}.{getattr(fn, 'name', fn.__name__)} ({target})",
-                        "summary": _first_doc_line(fn)})
-        for fix in _IR_FIXES:
-            out.append({"kind": "ir_fix", "name": f"{fix.__module__}.{fix.__name__}", "summary": _first_doc_line(fix)})
-        return out
-
-    @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any]) -> OnnxRunner:
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model") -> OnnxRunner:
         """Open ``model.onnx`` on ONNX Runtime with the providers it was exported for (those installed)."""
-        register_transformers_pytrees()
-        section = manifest.get("onnx", {})
-        wanted = list(section.get("providers") or ["CPUExecutionProvider"])
-        available = _available_providers()
-        providers = [p for p in wanted if p in available]
-        if not providers:
-            warnings.warn(f"none of the providers this model was exported for ({', '.join(wanted)}) is "
-                          f"available; running on CPUExecutionProvider", stacklevel=2)
-            providers = ["CPUExecutionProvider"]
-        return OnnxRunner(Path(path) / section.get("model_file", MODEL_FILE), providers, section)
+        section = manifest.get("components", {}).get(component, manifest).get("onnx", {})
+        return OnnxRunner(Path(path) / section.get("model_file", MODEL_FILE), providers_for(section), section)
+
+    @classmethod
+    def known_failures(cls) -> dict[str, dict[str, str]]:
+        return {"ONNX_DISABLE_OPTIMIZE": dict(ONNX_DISABLE_OPTIMIZE)}
+
+    @classmethod
+    def recheck_options(cls, list_name: str, model_class: str) -> dict[str, Any]:
+        """``ONNX_DISABLE_OPTIMIZE``: the optimizer on even for a listed class, and its crash an error."""
+        if list_name != "ONNX_DISABLE_OPTIMIZE":
+            raise KeyError(f"the onnx backend has no known-failure list {list_name!r}; it has "
+                           f"{sorted(cls.known_failures())}")
+        return {"optimize": True, "optimize_fallback": False}
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
-        text = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, UnsupportedOpsetError):
-            return [f"export with opset_version={TORCHLIB_OPSET} (the default) or higher"]
-        if "No ONNX function found" in text or "DispatchError" in text:
-            return ["add an `_aten_<op>` translation to _ONNX_TRANSLATION_TABLE in hfexport_onnx/exporter_onnx.py, "
-                    "or an @register_patch('onnx', ...) that avoids the op",
-                    "see the full traceback above (the original error is chained)"]
-        if isinstance(exc, OnnxSessionError):
-            return ["try optimize=False (an optimizer rewrite may have produced the node), or another opset_version",
-                    "if the op is missing from ONNX Runtime, add an `_aten_<op>` translation that avoids it"]
-        return super().hints_for(stage, exc)
+        return onnx_hints(exc) or super().hints_for(stage, exc)
 
 
-def _record_patches(ctx: ExportContext, report: Any) -> None:
-    ctx.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
-    ctx.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why} for r, p, why in report.skipped)
-
-
-# ── the runner ─────────────────────────────────────────────────────────────────────────────────────────
-def _first_doc_line(fn: Any) -> str:
-    doc = (getattr(fn, "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else ""
-
-
-class OnnxRunner:
-    """Runs ``model.onnx`` on ONNX Runtime: flat input leaves in, flat output tensors out.
-
-    Args:
-        path: the ``model.onnx`` file (its weights beside it in ``model.onnx.data``).
-        providers: execution providers, in priority order (default CPU).
-        io: ``input_leaves`` (the graph input name of each flattened input leaf, ``None`` for a leaf baked into
-            the program) and ``output_leaves`` (the graph output name of each output leaf, ``None`` where
-            ``output_constants`` gives its value), as written in the manifest's ``onnx`` section.
-        session_options: an ``onnxruntime.SessionOptions``; the default logs errors only.
-
-    Raises:
-        OnnxSessionError: ONNX Runtime cannot create a session; names the node and op it refused.
-    """
-
-    def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
-                 io: Mapping[str, Any] | None = None, session_options: Any = None):
-        import onnxruntime
-
-        self.path = Path(path)
-        self.providers = list(providers)
-        io = dict(io or {})
-        self._cleanup: Any = None  # removes the temporary directory of an in-memory export
-        if session_options is None:
-            session_options = onnxruntime.SessionOptions()
-            session_options.log_severity_level = 3
-        try:
-            self.session = onnxruntime.InferenceSession(str(self.path), session_options, providers=self.providers)
-        except Exception as exc:
-            raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc
-        graph_inputs = [i.name for i in self.session.get_inputs()]
-        graph_outputs = [o.name for o in self.session.get_outputs()]
-        self.input_leaves: list[str | None] = list(io.get("input_leaves") or graph_inputs)
-        self.output_leaves: list[str | None] = list(io.get("output_leaves") or graph_outputs)
-        self.output_constants: dict[str, Any] = dict(io.get("output_constants") or {})
-        missing = sorted({n for n in self.input_leaves if n is not None} - set(graph_inputs))
-        if missing:
-            raise OnnxSessionError(f"{self.path} has no graph inputs {missing}; its inputs are {graph_inputs}")
-
-    @classmethod
-    def from_model(cls, model: ir.Model, providers: Sequence[str], io: Mapping[str, Any]) -> OnnxRunner:
-        """Write ``model`` into a temporary directory owned by the runner and open a session on the file.
-
-        Opening from a file (weights in ``model.onnx.data``) works past the 2 GB protobuf limit.
-        """
-        directory = tempfile.mkdtemp(prefix="hfexport-onnx-")
-        path = Path(directory) / MODEL_FILE
-        try:
-            ir.save(model, path, external_data=DATA_FILE)
-            runner = cls(path, providers, io)
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
-        # The directory goes with the runner (and at interpreter exit at the latest).
-        runner._cleanup = weakref.finalize(runner, shutil.rmtree, directory, ignore_errors=True)
-        return runner
-
-    @property
-    def files(self) -> list[Path]:
-        """``model.onnx`` and, when the model has weights, ``model.onnx.data``."""
-        return [p for p in (self.path, self.path.with_name(self.path.name + ".data")) if p.exists()]
-
-    def write_files(self, directory: Path) -> list[str]:
-        """Copy the model files into ``directory`` (the artifact's staging directory); returns their names."""
-        names = []
-        for source in self.files:
-            name = MODEL_FILE if source == self.path else DATA_FILE
-            shutil.copyfile(source, Path(directory) / name)
-            names.append(name)
-        return names
-
-    def run(self, args: tuple[Any, ...]) -> list[Any]:
-        """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
-        leaves = pytree.tree_leaves(args)
-        if len(leaves) != len(self.input_leaves):
-            raise TypeError(f"expected {len(self.input_leaves)} input tensors after flattening, got {len(leaves)}")
-        feed = {}
-        for name, leaf in zip(self.input_leaves, leaves, strict=True):
-            if name is None:
-                continue
-            if not isinstance(leaf, torch.Tensor):
-                leaf = torch.as_tensor(leaf)
-            feed[name] = leaf.detach().cpu().contiguous().numpy()
-        names = [n for n in self.output_leaves if n is not None]
-        values = dict(zip(names, self.session.run(names, feed), strict=True))
-        out = []
-        for i, name in enumerate(self.output_leaves):
-            if name is None:
-                out.append(self.output_constants.get(str(i)))
-            else:
-                out.append(torch.from_numpy(values[name]))
-        return out
-
-
-def _explain_session_failure(exc: BaseException, path: Path, providers: Sequence[str]) -> str:
-    """The ORT error, led by the node and op it refused (looked up in the model when ORT names only one)."""
-    text = str(exc).strip()
-    nodes: dict[str, tuple[str, str]] = {}
-    with contextlib.suppress(Exception):
-        model = ir.load(path)
-        for graph in (model.graph, *model.functions.values()):
-            for node in ir.traversal.RecursiveGraphIterator(graph):
-                if node.name:
-                    nodes[node.name] = (node.domain or "ai.onnx", node.op_type)
-    culprit = None
-    # ORT names the node like `Node (node_Foo_3)`, `node_Foo_3`, `[ShapeInferenceError] ... node: name` ...
-    for match in re.finditer(r"[\"'(\s:=]([A-Za-z_][\w./:-]*)", text):
-        if match.group(1) in nodes:
-            culprit = match.group(1)
-            break
-    if culprit is None:  # an op that ORT does not know (it often names only the op)
-        for name, (_domain, op_type) in nodes.items():
-            if re.search(rf"\b{re.escape(op_type)}\b", text):
-                culprit = name
-                break
-    where = "node ? (op ?)"
-    if culprit is not None:
-        domain, op_type = nodes[culprit]
-        where = f"node {culprit!r} (op {op_type}, domain {domain})"
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return f"ONNX Runtime ({', '.join(providers)}) cannot create a session for {path.name}: {where}: {first}"
-
-
-# ── names, metadata, opset ─────────────────────────────────────────────────────────────────────────────
-def _readable(name: str, taken: set[str], default: str) -> str:
-    if not name or name.replace(".", "").isdigit():
-        name = f"{default}_{name.replace('.', '_')}" if name else default
-    base, i = name, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
-def _io_names(ctx: ExportContext) -> dict[str, Any]:
-    """Readable graph input/output names for every flattened leaf (``None`` for leaves that are constants)."""
-    from torch.export.graph_signature import ConstantArgument, TensorArgument
-
-    program = ctx.program
-    sig = program.graph_signature
-    user_inputs = [s for s in sig.input_specs if s.kind.name == "USER_INPUT"]
-    input_names, _, _ = flatten_with_names(dict(ctx.inputs))
-    taken: set[str] = set()
-    input_leaves: list[str | None] = []
-    if len(input_names) != len(user_inputs):  # cannot happen for a traced signature; keep torch's names then
-        input_names = [getattr(s.arg, "name", "") for s in user_inputs]
-    for name, spec in zip(input_names, user_inputs, strict=True):
-        input_leaves.append(_readable(name, taken, "input") if isinstance(spec.arg, TensorArgument) else None)
-    out_spec = program.call_spec.out_spec
-    # Tensor placeholders, not ints: cache types flatten by walking their tensor-valued attributes.
-    placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
-    output_names, _, _ = flatten_with_names(pytree.tree_unflatten(placeholders, out_spec))
-    user_outputs = [s for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
-    output_leaves: list[str | None] = []
-    constants: dict[str, Any] = {}
-    for i, (name, spec) in enumerate(zip(output_names, user_outputs, strict=True)):
-        if isinstance(spec.arg, TensorArgument):
-            output_leaves.append(_readable(name, taken, "output"))  # a bare tensor output is called "output"
-        else:
-            output_leaves.append(None)
-            constants[str(i)] = spec.arg.value if isinstance(spec.arg, ConstantArgument) else None
-    return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants}
-
-
-def _all_value_names(graph: ir.Graph) -> dict[str, ir.Value]:
-    values: dict[str, ir.Value] = {}
-    for v in (*graph.inputs, *graph.initializers.values()):
-        if v.name:
-            values[v.name] = v
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        for v in node.outputs:
-            if v.name:
-                values[v.name] = v
-    return values
-
-
-def _rename(graph: ir.Graph, value: ir.Value, name: str) -> None:
-    """Give ``value`` the name ``name``; another value already called so is renamed out of the way."""
-    if value.name == name:
-        return
-    other = _all_value_names(graph).get(name)
-    if other is not None and other is not value:
-        other.name = f"{name}__{id(other):x}"
-    value.name = name
-
-
-def _name_graph_inputs(graph: ir.Graph, names: list[str]) -> None:
-    if len(graph.inputs) != len(names):
-        logger.warning("ONNX graph has %d inputs for %d tensor input leaves: keeping torch.onnx's input names",
-                       len(graph.inputs), len(names))
-        return
-    for value, name in zip(graph.inputs, names, strict=True):
-        _rename(graph, value, name)
-
-
-def _name_graph_outputs(graph: ir.Graph, names: list[str]) -> None:
-    """Name the outputs; one that is a graph input or repeats an earlier output goes through an ``Identity``."""
-    if len(graph.outputs) != len(names):
-        logger.warning("ONNX graph has %d outputs for %d tensor output leaves: keeping torch.onnx's output names",
-                       len(graph.outputs), len(names))
-        return
-    seen: set[int] = set()
-    for index, (value, name) in enumerate(zip(list(graph.outputs), names, strict=True)):
-        if value.is_graph_input() or id(value) in seen or value.is_initializer():
-            identity = ir.node("Identity", [value])
-            out = identity.outputs[0]
-            out.shape, out.type = value.shape, value.type
-            graph.append(identity)
-            graph.outputs[index] = value = out
-        seen.add(id(value))
-        _rename(graph, value, name)
-
-
-def _stamp_metadata(model: ir.Model, ctx: ExportContext) -> None:
-    """Namespaced ``metadata_props``: ``pkg.hfexport.*``."""
-    from importlib import metadata
-
-    model.metadata_props["pkg.hfexport.backend"] = "onnx"
-    model.metadata_props["pkg.hfexport.model_class"] = ctx.model_class
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        model.metadata_props["pkg.hfexport.version"] = metadata.version("hfexport-onnx")
-
-
-def _check_opset(model: ir.Model, requested: int) -> None:
-    """Raise :class:`UnsupportedOpsetError` when torch.onnx kept a higher opset than requested.
-
-    torch.onnx writes opset 18 and converts down; when the converter fails it keeps 18 and only logs.
-    """
-    got = model.opset_imports.get("", requested)
-    if got == requested:
-        return
-    needs: dict[str, int] = {}
-    for graph in (model.graph, *model.functions.values()):
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            if node.domain not in ("", "ai.onnx") or node.op_type in needs:
-                continue
-            try:
-                onnx.defs.get_schema(node.op_type, max_inclusive_version=requested, domain="")
-            except onnx.defs.SchemaError:
-                with contextlib.suppress(onnx.defs.SchemaError):
-                    first = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
-                                if s.name == node.op_type and s.domain == "")
-                    needs[node.op_type] = first
-    if needs:
-        lowest = max(needs.values())
-        ops = ", ".join(f"{op_type} (from opset {v})" for op_type, v in sorted(needs.items(), key=lambda kv: -kv[1]))
-        detail = f"it uses {ops}, which opset {requested} does not have; the lowest opset it fits is {lowest}"
-    else:
-        detail = f"the ONNX version converter could not convert it from opset {got}"
-    raise UnsupportedOpsetError(f"opset_version={requested} is lower than this graph needs: {detail}. Use "
-                                f"opset_version >= {max(needs.values(), default=got)} (the default, "
-                                f"{TORCHLIB_OPSET}, is what torch.onnx writes natively)")
-
-
-def node_count(model: ir.Model) -> int:
-    """Nodes in the main graph, its subgraphs and every function."""
-    return sum(sum(1 for _ in ir.traversal.RecursiveGraphIterator(g)) for g in (model.graph, *model.functions.values()))
-
-
-def _failure_text(exc: BaseException) -> str:
-    """``Type: message`` of the innermost cause (the optimizer wraps the real error in a PassError)."""
-    chain = []
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        # what a traceback shows as "the above exception was the direct cause of / during handling of"
-        exc = exc.__cause__ if exc.__cause__ is not None else (  # type: ignore[assignment]
-            None if exc.__suppress_context__ else exc.__context__)
-    root = chain[-1]
-    first = str(root).strip().splitlines()[0][:200] if str(root).strip() else ""
-    outer = f"{type(chain[0]).__name__} ← " if len(chain) > 1 else ""
-    return f"{outer}{type(root).__name__}: {first}"
-
-
-class _DropNoise(logging.Filter):
-    """torch.onnx logs 'torchvision is not installed. Skipping torchvision::nms' (4 lines) on every export."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "torchvision is not installed" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_torch_onnx() -> Iterator[None]:
-    noise = _DropNoise()
-    loggers = [logging.getLogger("torch.onnx._internal.exporter._registration")]
-    for lg in loggers:
-        lg.addFilter(noise)
-    try:
-        with warnings.catch_warnings():
-            # torch.onnx re-warns about things the exporter already handled (deprecated dynamic_axes, ...).
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(noise)
-
-
-# ── Torch patches (stage 1) ────────────────────────────────────────────────────────────────────────────
+# ── Stage 1: Torch patches ──
 def _float_scalar_with_int_tensor(tensor: Any, other: Any) -> bool:
     return (isinstance(tensor, torch.Tensor) and isinstance(other, float) and not tensor.dtype.is_floating_point
             and not tensor.dtype.is_complex and tensor.dtype != torch.bool)
@@ -675,7 +320,16 @@ def _patch_torch_rsub(original: Any) -> Any:
     return rsub
 
 
-# ── ONNX patches (stage 2) ─────────────────────────────────────────────────────────────────────────────
+# ── Stage 2: ONNX patches ──
+# The export whose torch.onnx.export is running, for the decomposition hook below. torch.onnx calls
+# ``decompose_with_registry(program, registry)`` from deep inside ``torch.onnx.export``: no argument of that call
+# can carry the export's state, and a patch factory gets only the original function. So stage 2 sets this
+# context variable (reset when the export ends) and the hook reads the fixes, ``disable=`` and its report from
+# the context. It goes when patch factories receive the ExportContext.
+_DECOMPOSING: contextvars.ContextVar[ExportContext | None] = contextvars.ContextVar(
+    "hfexport_onnx_decomposing", default=None)
+
+
 @register_patch("onnx.decomposition", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry")
 def _patch_decompose_with_registry(original: Any) -> Any:
     """Re-run the ONNX FX node fixes on the program that ``run_decompositions`` returns inside torch.onnx.
@@ -686,7 +340,7 @@ def _patch_decompose_with_registry(original: Any) -> Any:
     ``aten.rsub.Scalar(int_tensor, 1.0)`` becomes ``aten.sub.Tensor(1.0, int_tensor)``, which fails with
     ``Cannot find a compatible OpOverload for aten.sub`` (c18 traced without ``_patch_tensor_rsub``). Running
     the FX node fixes between the two steps lets ``_fix_sub_scalar_int_tensor`` rewrite it. The fixes to run
-    come from the export (``disable`` respected) through a context variable.
+    come from the export (``disable`` respected) through the ``_DECOMPOSING`` context variable.
     **Upstream**: pytorch/pytorch#194381 (the pattern this hook exists for); the hook is a private torch.onnx
     function (``torch/onnx/_internal/exporter/_fx_passes.py``).
     **Remove when**: torch.onnx offers a post-decomposition hook, or no FX node fix needs the decomposed
@@ -695,15 +349,18 @@ def _patch_decompose_with_registry(original: Any) -> Any:
 
     def decompose_with_registry(exported_program: Any, registry: Any, *args: Any, **kwargs: Any) -> Any:
         program = original(exported_program, registry, *args, **kwargs)
-        state = _DECOMPOSITION_FIXES.get()
-        if state is not None and state.fixes:
-            apply_fx_node_fixes(program.graph_module, state.fixes, state.report)
+        ctx = _DECOMPOSING.get()
+        if ctx is not None:
+            apply_fx_node_fixes(program.graph_module, ctx.workarounds("fx_node_fix", ("onnx",)),
+                                ctx.extras["onnx_decomposition_fixes"], ctx=ctx)
         return program
 
     return decompose_with_registry
 
 
-# ── FX node fixes (stage 3; re-run after decomposition by stage 2) ─────────────────────────────────────
+# ── Stage 3: FX node fixes ──
+# Applied to the traced program, and again by ``_patch_decompose_with_registry`` (stage 2) to the program
+# torch.onnx decomposes.
 @register_fx_node_fix("onnx")
 def _fix_contiguous(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replaces ``aten.contiguous(x)`` by ``aten.clone(x, memory_format=torch.contiguous_format)``.
@@ -761,15 +418,21 @@ def _fix_sub_scalar_int_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
     return True
 
 
-# ── ONNX translations (stage 4) ────────────────────────────────────────────────────────────────────────
+
+# ── Stage 4: ONNX translations ──
 # Plain Python functions over onnxscript ops (traced, not scripted); torch.onnx wraps them and they take
-# precedence over torchlib's functions for the same overload.
+# precedence over torchlib's functions for the same overload. Registered as the "onnx_translation" kind with
+# their ``target`` op (and ``below_opset`` when torchlib lowers the op better from that opset on).
+_ONNX_TRANSLATION_TABLE = "onnx_translation"  # the registry kind of stage 4 (its extension point)
+
+
 def _topk_all(self: Any, dim: int, descending: bool) -> Any:
     # TopK(sorted=1) puts the lower index first among equal values: a stable sort, in both directions.
     size = op.Gather(op.Shape(self), op.Constant(value_ints=[dim]), axis=0)
     return op.TopK(self, size, axis=dim, largest=1 if descending else 0, sorted=1)
 
 
+@register_workaround("onnx_translation", "onnx", target=aten.sort.stable)
 def _aten_sort_stable(self: Any, stable: bool | None = None, dim: int = -1, descending: bool = False) -> Any:
     """``aten.sort.stable`` → ``TopK(X, k=size(dim), sorted=1)`` (values and indices).
 
@@ -787,6 +450,7 @@ def _aten_sort_stable(self: Any, stable: bool | None = None, dim: int = -1, desc
     return values, indices
 
 
+@register_workaround("onnx_translation", "onnx", target=aten.scaled_dot_product_attention.default)
 def _aten_scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                        dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                        enable_gqa: bool = False) -> Any:
@@ -828,6 +492,7 @@ def _aten_scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_ma
     return op.Where(sees_any, out, op.CastLike(op.Constant(value_float=0.0), out))
 
 
+@register_workaround("onnx_translation", "onnx", target=aten.gelu.default, below_opset=20)
 def _aten_gelu(self: Any, approximate: str = "none") -> Any:
     """``aten.gelu(x)`` → ``(x * 0.5) * (1 + Erf(x / sqrt(2)))``, the form ONNX Runtime fuses into one ``Gelu``.
 
@@ -851,29 +516,20 @@ def _aten_gelu(self: Any, approximate: str = "none") -> Any:
     return op.Mul(half, op.Add(erf, op.CastLike(op.Constant(value_float=1.0), self)))
 
 
-_ONNX_TRANSLATION_TABLE: dict[Any, Callable[..., Any]] = {
-    aten.sort.stable: _aten_sort_stable,
-    aten.scaled_dot_product_attention.default: _aten_scaled_dot_product_attention,
-    aten.gelu.default: _aten_gelu,
-}
-# Translations that only apply below an opset (torchlib has a better lowering from there on).
-_TRANSLATION_BELOW_OPSET: dict[Callable[..., Any], int] = {_aten_gelu: 20}
-
-
-def _disabled(func: Callable[..., Any], disabled: Iterable[str]) -> bool:
-    off = set(disabled)
-    return func.__name__ in off or f"{func.__module__}.{func.__qualname__}" in off
-
-
 def translation_table(disabled: Iterable[str] = (), opset_version: int = TORCHLIB_OPSET) -> dict[Any, Callable[..., Any]]:
-    """``_ONNX_TRANSLATION_TABLE`` minus the entries whose function name is in ``disabled`` and those that do
-    not apply at ``opset_version``."""
-    disabled = tuple(disabled)
-    return {k: fn for k, fn in _ONNX_TRANSLATION_TABLE.items()
-            if not _disabled(fn, disabled) and opset_version < _TRANSLATION_BELOW_OPSET.get(fn, 10**6)}
+    """The registered ONNX translations, ``{aten overload: function}``, minus those ``disabled`` names and those
+    that do not apply at ``opset_version``."""
+    return {r.data["target"]: r.func for r in workarounds_for(_ONNX_TRANSLATION_TABLE, ("onnx",), disabled)
+            if opset_version < r.data.get("below_opset", 10**6)}
 
 
-# ── ONNX IR fixes (stage 5) ────────────────────────────────────────────────────────────────────────────
+# ── Stage 5: ONNX IR fixes ──
+# ``fix(graph) -> int`` rewrites of the ONNX model (the main graph and every function), before the optimizer;
+# each returns how many nodes it rewrote. Registered as the "onnx_ir_fix" kind.
+_IR_FIXES = "onnx_ir_fix"  # the registry kind of stage 5 (its extension point)
+
+
+@register_workaround("onnx_ir_fix", "onnx")
 def _fix_ir_topk_sorted(graph: ir.Graph | ir.Function) -> int:
     """Replaces ``TopK(sorted=0)`` by ``TopK(sorted=1)``.
 
@@ -896,20 +552,11 @@ def _fix_ir_topk_sorted(graph: ir.Graph | ir.Function) -> int:
     return changed
 
 
-_IR_FIXES: list[Callable[[ir.Graph | ir.Function], int]] = [_fix_ir_topk_sorted]
-
-
-def ir_fixes(disabled: Iterable[str] = ()) -> list[Callable[[ir.Graph | ir.Function], int]]:
-    """``_IR_FIXES`` minus those whose function name is in ``disabled``."""
-    disabled = tuple(disabled)
-    return [fix for fix in _IR_FIXES if not _disabled(fix, disabled)]
-
-
-def apply_ir_fixes(model: ir.Model, fixes: Iterable[Callable[[ir.Graph | ir.Function], int]]) -> dict[str, int]:
+def apply_ir_fixes(model: ir.Model, fixes: Iterable[Registration]) -> dict[str, int]:
     """Apply each ``_fix_ir_*`` to the main graph and every function; returns ``{name: rewrites}`` (fired only)."""
     applied: dict[str, int] = {}
     for fix in fixes:
-        n = sum(int(fix(g) or 0) for g in (model.graph, *model.functions.values()))
+        n = sum(int(fix.func(g) or 0) for g in (model.graph, *model.functions.values()))
         if n:
-            applied[fix.__name__] = n
+            applied[fix.name] = n
     return applied

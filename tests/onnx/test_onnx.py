@@ -22,7 +22,7 @@ from hfexport import ExportError
 from hfexport_dynamo.inputs import dummy_inputs
 
 ATOL = 1e-4
-ONNX_FILE = Path(__file__).parents[1] / "packages/hfexport-onnx/src/hfexport_onnx/exporter_onnx.py"
+ONNX_FILE = Path(__file__).parents[2] / "packages/hfexport-onnx/src/hfexport_onnx/exporter_onnx.py"
 
 
 def tiny(kind: str) -> torch.nn.Module:
@@ -212,9 +212,11 @@ def test_every_workaround_is_greppable_and_documented():
 
     listed = re.findall(r"^def ((?:_patch_|_fix_|_aten_)\w+)", ONNX_FILE.read_text(), re.M)
     registered = [r.name for r in hfexport.list_workarounds() if r.module == E.__name__]
-    tables = [fn.__name__ for fn in (*E._ONNX_TRANSLATION_TABLE.values(), *E._IR_FIXES)]
-    assert sorted(listed) == sorted(set(registered) | set(tables)), (listed, registered, tables)
+    assert sorted(listed) == sorted(registered), (listed, registered)  # translations and IR fixes included
     assert {r.scope for r in hfexport.list_workarounds() if r.module == E.__name__} == {"onnx", "onnx.decomposition"}
+    kinds = {r.name: r.kind for r in hfexport.list_workarounds() if r.module == E.__name__}
+    assert {n for n, k in kinds.items() if k == "onnx_translation"} == {n for n in listed if n.startswith("_aten_")}
+    assert {n for n, k in kinds.items() if k == "onnx_ir_fix"} == {n for n in listed if n.startswith("_fix_ir_")}
     for name in listed:
         doc = getattr(E, name).__doc__
         assert doc and doc.strip().splitlines()[0], name
@@ -249,20 +251,9 @@ def test_opset_lower_than_the_graph_needs_is_a_clear_error_and_other_opsets_work
         assert exported.verify({"x": x}, atol=ATOL).passed
 
 
-class SplitHeads(torch.nn.Module):
-    """c19: a split along a dynamic axis with a symbolic split size (microsoft/onnxscript#2543)."""
-
-    def __init__(self):
-        super().__init__()
-        self.qkv = torch.nn.Linear(8, 24)
-
-    def forward(self, x):
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        a, b = torch.split(q * k + v, x.shape[1] // 2, dim=1)
-        return a - b
-
-
 def _split_heads_export(**options):
+    """c19: a split along a dynamic axis with a symbolic split size (microsoft/onnxscript#2543)."""
+    from field_cases.c19_split_dynamic_axis import SplitHeads
     from torch.export import Dim
 
     torch.manual_seed(0)
@@ -308,9 +299,12 @@ def _fix_ir_break_relu(graph):
 
 
 def test_a_session_ort_refuses_names_the_node_and_op_and_leaves_nothing_behind(monkeypatch, tmp_path):
+    import hfexport._registry as registry
     import hfexport_onnx.exporter_onnx as E
+    from hfexport.plugin import register_workaround
 
-    monkeypatch.setattr(E, "_IR_FIXES", [*E._IR_FIXES, _fix_ir_break_relu])
+    monkeypatch.setattr(registry, "_REGISTRY", list(registry._REGISTRY))  # the test-only fix goes with the test
+    register_workaround("onnx_ir_fix", "onnx")(_fix_ir_break_relu)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the runner's directory would go
     with pytest.raises(ExportError, match=r"stage 5/5 \(ONNX IR fixes.*OnnxSessionError: ONNX Runtime "
                                           r"\(CPUExecutionProvider\) cannot create a session for model.onnx: "
@@ -325,7 +319,8 @@ def test_load_falls_back_to_cpu_when_the_exported_providers_are_missing(tmp_path
     model, x = _LayerNormMLP().eval(), torch.randn(2, 8)
     saved = hfexport.export(model, {"x": x}, backend="onnx").save_pretrained(tmp_path / "ln")
     manifest = json.loads((saved / "export.json").read_text())
-    manifest["onnx"]["providers"] = ["NoSuchExecutionProvider"]
+    for section in (manifest, manifest["components"]["model"]):  # the top level repeats the default component's
+        section["onnx"]["providers"] = ["NoSuchExecutionProvider"]
     (saved / "export.json").write_text(json.dumps(manifest))
     with pytest.warns(UserWarning, match="running on CPUExecutionProvider"):
         reloaded = hfexport.load(saved)

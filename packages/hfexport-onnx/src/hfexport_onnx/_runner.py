@@ -1,0 +1,147 @@
+"""OnnxRunner: ``model.onnx`` (weights in ``model.onnx.data``) on an ONNX Runtime session."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import onnx_ir as ir
+import torch
+
+from hfexport.plugin import FileRunner
+
+from ._errors import OnnxSessionError
+
+__all__ = ["DATA_FILE", "MODEL_FILE", "OnnxRunner", "available_providers", "providers_for"]
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = f"{MODEL_FILE}.data"
+
+
+def available_providers() -> list[str]:
+    """The execution providers of the installed onnxruntime."""
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
+
+
+def providers_for(section: Mapping[str, Any]) -> list[str]:
+    """The providers a saved model was exported for (its manifest's ``onnx`` section) that are installed; CPU
+    with a warning when none is."""
+    wanted = list(section.get("providers") or ["CPUExecutionProvider"])
+    available = available_providers()
+    providers = [p for p in wanted if p in available]
+    if not providers:
+        warnings.warn(f"none of the providers this model was exported for ({', '.join(wanted)}) is "
+                      f"available; running on CPUExecutionProvider", stacklevel=3)
+        providers = ["CPUExecutionProvider"]
+    return providers
+
+
+class OnnxRunner(FileRunner):
+    """Runs ``model.onnx`` on ONNX Runtime: flat input leaves in, flat output tensors out.
+
+    Args:
+        path: the ``model.onnx`` file (its weights beside it in ``model.onnx.data``).
+        providers: execution providers, in priority order (default CPU).
+        io: ``input_leaves`` (the graph input name of each flattened input leaf, ``None`` for a leaf baked into
+            the program) and ``output_leaves`` (the graph output name of each output leaf, ``None`` where
+            ``output_constants`` gives its value), as written in the manifest's ``onnx`` section.
+        session_options: an ``onnxruntime.SessionOptions``; the default logs errors only.
+        data_path: the weights file; default ``model.onnx.data`` beside ``path`` when it exists.
+
+    Raises:
+        OnnxSessionError: ONNX Runtime cannot create a session; names the node and op it refused.
+    """
+
+    program_file: ClassVar[str] = MODEL_FILE
+
+    def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
+                 io: Mapping[str, Any] | None = None, session_options: Any = None, *,
+                 data_path: str | Path | None = None):
+        self.providers = list(providers)
+        self.io = dict(io or {})
+        self.session_options = session_options
+        if data_path is None:
+            beside = Path(path).with_name(Path(path).name + ".data")
+            data_path = beside if beside.exists() else None
+        super().__init__(path, data_path)
+
+    @classmethod
+    def from_model(cls, model: ir.Model, providers: Sequence[str], io: Mapping[str, Any]) -> OnnxRunner:
+        """Write ``model`` into a temporary directory owned by the runner and open a session on the file.
+
+        Opening from a file (weights in ``model.onnx.data``) works past the 2 GB protobuf limit.
+        """
+
+        def write(directory: Path) -> Path | None:
+            ir.save(model, directory / MODEL_FILE, external_data=DATA_FILE)
+            data = directory / DATA_FILE
+            return data if data.exists() else None
+
+        return cls.from_writer(write, providers=providers, io=io)
+
+    def open(self) -> None:
+        import onnxruntime
+
+        options = self.session_options
+        if options is None:
+            options = onnxruntime.SessionOptions()
+            options.log_severity_level = 3
+        try:
+            self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)
+        except Exception as exc:
+            raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc
+        graph_inputs = [i.name for i in self.session.get_inputs()]
+        graph_outputs = [o.name for o in self.session.get_outputs()]
+        self.input_leaves: list[str | None] = list(self.io.get("input_leaves") or graph_inputs)
+        self.output_leaves: list[str | None] = list(self.io.get("output_leaves") or graph_outputs)
+        self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
+        missing = sorted({n for n in self.input_leaves if n is not None} - set(graph_inputs))
+        if missing:
+            raise OnnxSessionError(f"{self.path} has no graph inputs {missing}; its inputs are {graph_inputs}")
+
+    def run(self, args: tuple[Any, ...]) -> list[Any]:
+        """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
+        leaves = self.flat_inputs(args)
+        if len(leaves) != len(self.input_leaves):
+            raise TypeError(f"expected {len(self.input_leaves)} input tensors after flattening, got {len(leaves)}")
+        feed = {name: torch.as_tensor(leaf).numpy()
+                for name, leaf in zip(self.input_leaves, leaves, strict=True) if name is not None}
+        names = [n for n in self.output_leaves if n is not None]
+        values = dict(zip(names, self.session.run(names, feed), strict=True))
+        return [self.output_constants.get(str(i)) if name is None else torch.from_numpy(values[name])
+                for i, name in enumerate(self.output_leaves)]
+
+
+def _explain_session_failure(exc: BaseException, path: Path, providers: Sequence[str]) -> str:
+    """The ORT error, led by the node and op it refused (looked up in the model when ORT names only one)."""
+    text = str(exc).strip()
+    nodes: dict[str, tuple[str, str]] = {}
+    with contextlib.suppress(Exception):
+        model = ir.load(path)
+        for graph in (model.graph, *model.functions.values()):
+            for node in ir.traversal.RecursiveGraphIterator(graph):
+                if node.name:
+                    nodes[node.name] = (node.domain or "ai.onnx", node.op_type)
+    culprit = None
+    # ORT names the node like `Node (node_Foo_3)`, `node_Foo_3`, `[ShapeInferenceError] ... node: name` ...
+    for match in re.finditer(r"[\"'(\s:=]([A-Za-z_][\w./:-]*)", text):
+        if match.group(1) in nodes:
+            culprit = match.group(1)
+            break
+    if culprit is None:  # an op that ORT does not know (it often names only the op)
+        for name, (_domain, op_type) in nodes.items():
+            if re.search(rf"\b{re.escape(op_type)}\b", text):
+                culprit = name
+                break
+    where = "node ? (op ?)"
+    if culprit is not None:
+        domain, op_type = nodes[culprit]
+        where = f"node {culprit!r} (op {op_type}, domain {domain})"
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return f"ONNX Runtime ({', '.join(providers)}) cannot create a session for {path.name}: {where}: {first}"
