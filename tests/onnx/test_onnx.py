@@ -177,6 +177,7 @@ def test_tuple_outputs_get_names_and_an_input_returned_as_is_keeps_its_name():
     ({"opset_version": 5}, ValueError, r"opset_version must be an int from 7 to \d+"),
     ({"opset_version": "18"}, ValueError, "got '18'"),
     ({"optimize": "yes"}, TypeError, "optimize must be True or False"),
+    ({"optimize_fallback": 1}, TypeError, "optimize_fallback must be True or False"),
     ({"providers": ("NoSuchExecutionProvider",)}, ValueError, "valid values: .*CPUExecutionProvider"),
     ({"providers": ()}, ValueError, "none given"),
 ])
@@ -287,6 +288,25 @@ def test_onnx_disable_optimize_skips_the_optimizer_and_says_why(monkeypatch):
         "ONNX_DISABLE_OPTIMIZE['SplitHeads']: microsoft/onnxscript#2543: SplitToSequence folding")
     _, exported = _split_heads_export(optimize=False)
     assert exported.manifest["onnx"]["not_optimized_because"] == "OnnxConfig(optimize=False)"
+
+
+def test_known_failures_and_recheck_options_run_the_optimizer_for_a_listed_class_and_fail_on_its_crash(monkeypatch):
+    """What the sweep does to re-check an ONNX_DISABLE_OPTIMIZE entry, without touching the table."""
+    import hfexport_onnx.exporter_onnx as E
+
+    reason = "microsoft/onnxscript#2543: SplitToSequence folding"
+    monkeypatch.setitem(E.ONNX_DISABLE_OPTIMIZE, "SplitHeads", reason)
+    assert E.OnnxExporter.known_failures() == {"ONNX_DISABLE_OPTIMIZE": {"SplitHeads": reason}}
+    options = E.OnnxExporter.recheck_options("ONNX_DISABLE_OPTIMIZE", "SplitHeads")
+    assert options == {"optimize": True, "optimize_fallback": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", E.OptimizerFallbackWarning)  # no fallback: the crash is the error
+        with pytest.raises(ExportError, match=r"stage 5/5 \(ONNX IR fixes.*failed for SplitHeads: PassError") as info:
+            _split_heads_export(**options)
+    assert info.value.step == "onnxscript optimizer" and info.value.internal is False
+    assert E.ONNX_DISABLE_OPTIMIZE == {"SplitHeads": reason}  # the table is read, never changed
+    with pytest.raises(KeyError, match="has no known-failure list 'EXPORT_SKIPS'; it has"):
+        E.OnnxExporter.recheck_options("EXPORT_SKIPS", "SplitHeads")
 
 
 def _fix_ir_break_relu(graph):

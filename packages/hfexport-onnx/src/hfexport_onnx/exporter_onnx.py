@@ -189,8 +189,7 @@ class OnnxExporter(Exporter):
             "node_count": node_count(model),
             "ir_fixes": applied,
             "translations": ctx.extras.get("onnx_translations", []),
-            "fixes_after_decomposition": ctx.extras["onnx_decomposition_fixes"].applied
-            if "onnx_decomposition_fixes" in ctx.extras else {},
+            "fixes_after_decomposition": ctx.extras["onnx_decomposition_fixes"].applied,
             **ctx.extras["onnx_io"],
         }
 
@@ -199,8 +198,7 @@ class OnnxExporter(Exporter):
         """``torch.onnx.export`` of ``ctx.program`` (unoptimized), with readable input and output names."""
         config: OnnxConfig = ctx.config  # type: ignore[assignment]
         io = ctx.extras["onnx_io"] = io_names(ctx.program, ctx.inputs)
-        if "onnx_decomposition_fixes" in ctx.extras:  # count the fixes of this conversion only (a fallback re-converts)
-            ctx.extras["onnx_decomposition_fixes"].applied.clear()
+        ctx.extras["onnx_decomposition_fixes"].applied.clear()  # this conversion's only (a fallback re-converts)
         with ctx.step("torch.onnx.export"):
             try:
                 with quiet_torch_onnx():
