@@ -49,7 +49,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoExporter, trace
 
 from ._errors import (
     OnnxConversionError,
@@ -123,9 +123,10 @@ class OnnxExporter(Exporter):
     config_class: ClassVar[type[ExportConfig]] = OnnxConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "onnx", "onnx.decomposition")
-    toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo", "onnx",
-                                            "onnxscript", "onnx-ir", "onnxruntime", "hfexport-onnx")
-    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0", "onnx": "1.23.2",
+    # The tracer's toolchain (torch, transformers, ...) as hfexport-dynamo declares and tested it, plus ONNX's.
+    toolchain: ClassVar[tuple[str, ...]] = (*DynamoExporter.toolchain, "onnx", "onnxscript", "onnx-ir", "onnxruntime",
+                                            "hfexport-onnx")
+    tested_versions: ClassVar[dict[str, str]] = {**DynamoExporter.tested_versions, "onnx": "1.23.2",
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Torch patches", '@register_patch("onnx", ...)', "stage_torch_patches"),
