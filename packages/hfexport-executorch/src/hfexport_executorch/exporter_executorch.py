@@ -39,7 +39,6 @@ import torch
 
 from hfexport.plugin import (
     Component,
-    ExportConfig,
     ExportContext,
     ExportedModel,
     Exporter,
@@ -126,23 +125,21 @@ class ExecutorchExporter(Exporter):
 
     name: ClassVar[str] = "executorch"
     variant: ClassVar[str | None] = None
-    config_class: ClassVar[type[ExportConfig]] = ExecutorchConfig
+    config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals")
     toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo", "executorch",
                                             "hfexport-executorch")
     tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0", "executorch": "1.5.1"}
-    stages: ClassVar[tuple[Stage, ...]] = (
+    stages: ClassVar[tuple[Stage, ...]] = (  # one stage a line, in the order of the banners below
         Stage(1, "Backend preparation", '@register_backend_prepare("<variant>")', "stage_backend_preparation"),
         Stage(2, "Torch patches", '@register_patch("executorch", ...)', "stage_torch_patches"),
         Stage(3, "ExecuTorch patches", '@register_patch("executorch.internals", ...)', "stage_executorch_patches"),
-        Stage(4, "FX program fixes", '@register_fx_program_fix("executorch")', "stage_fx_program_fixes",
-              runs="torch.export.export"),
-        Stage(5, "FX node fixes", '@register_fx_node_fix("executorch")', "stage_fx_node_fixes",
-              runs="to_edge_transform_and_lower, to_executorch"),
+        Stage(4, "FX program fixes", '@register_fx_program_fix("executorch")', "stage_fx_program_fixes", runs="torch.export.export"),
+        Stage(5, "FX node fixes", '@register_fx_node_fix("executorch")', "stage_fx_node_fixes", runs="to_edge_transform_and_lower, to_executorch"),
     )
 
-    def __init__(self, config: ExportConfig | None = None, **options: Any):
+    def __init__(self, config: ExecutorchConfig | None = None, **options: Any):
         require_executorch()
         if self.variant is not None:
             requested = options.get("backend", config.backend if isinstance(config, ExecutorchConfig) else None)
