@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,3 +120,77 @@ def test_tiny_config_is_small_and_consistent():
     assert config.hidden_size % config.num_attention_heads == 0
     assert config.num_attention_heads % config.num_key_value_heads == 0
     assert config.vocab_size <= 1000
+
+
+# sha256 (first 16 hex digits) of each case's inputs and alt_inputs: what the recorded sweep results under
+# reports/ were produced with (the zoo's own input builder, before the zoo used hfexport_dynamo.dummy_inputs,
+# gave these same bytes). A change here makes earlier results incomparable: rerun the sweeps.
+INPUT_DIGESTS = {
+    "bert/BertModel": "b079296bfb2b87bf",
+    "llama/LlamaForCausalLM": "9aa788c20c96aec6",
+    "vit/ViTForImageClassification": "5c40a554e262c6e9",
+    "t5/T5ForConditionalGeneration": "668a5fc026d1cf5d",
+    "whisper/WhisperForConditionalGeneration": "920b15d2154e711c",
+    "clip/CLIPModel": "8b66a42cfd1a57d0",
+    "qwen3_vl/Qwen3VLModel": "29a665fc233d84cb",
+    "wav2vec2/Wav2Vec2ForCTC": "5c852fdb89e23d61",
+    "bart/BartForSequenceClassification": "526c7de679d504d1",
+    "resnet/ResNetForImageClassification": "5c40a554e262c6e9",
+    "speech_to_text/Speech2TextForConditionalGeneration": "23666a4c9cf4a5d5",
+}
+
+
+def _digest(*dicts):
+    h = hashlib.sha256()
+    for d in dicts:
+        for key in sorted(d):
+            value = d[key]
+            h.update(key.encode())
+            if isinstance(value, torch.Tensor):
+                h.update(f"{value.dtype}{tuple(value.shape)}".encode())
+                h.update(value.contiguous().numpy().tobytes())
+            else:
+                h.update(repr(value).encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("case_id", sorted(INPUT_DIGESTS))
+def test_zoo_inputs_are_those_the_recorded_results_used(case_id):
+    _, inputs, alt_inputs = zoo.build_case(case_id)
+    assert _digest(inputs, alt_inputs) == INPUT_DIGESTS[case_id]
+
+
+def test_zoo_builds_inputs_with_dynamo_dummy_inputs(monkeypatch):
+    import hfexport_dynamo.inputs
+
+    calls = []
+    real = hfexport_dynamo.inputs.dummy_inputs
+
+    def spy(model, *args, **kwargs):
+        calls.append(kwargs["modality"])
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(hfexport_dynamo.inputs, "dummy_inputs", spy)
+    model, inputs, _ = zoo.build_case("qwen3_vl/Qwen3VLModel")
+    assert calls == ["multimodal", "multimodal"]  # the zoo's modality: a multimodal model gets text only
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    image_token = model.config.image_token_id
+    assert not (inputs["input_ids"] == image_token).any()  # special tokens are never drawn
+
+
+def test_dummy_inputs_defaults_for_an_export_without_inputs():
+    """The exporter's call, ``dummy_inputs(model)``: padded text, decoder ids for an encoder-decoder, Whisper
+    features; the zoo's options leave these defaults alone."""
+    from helpers import tiny_model
+    from hfexport_dynamo import dummy_inputs
+
+    shapes = {kind: {k: tuple(v.shape) for k, v in dummy_inputs(tiny_model(kind)).items()}
+              for kind in ("bert", "t5", "whisper")}
+    assert shapes == {
+        "bert": {"input_ids": (2, 8), "attention_mask": (2, 8), "token_type_ids": (2, 8)},
+        "t5": {"input_ids": (2, 8), "attention_mask": (2, 8), "decoder_input_ids": (2, 4)},
+        "whisper": {"input_features": (2, 16, 32), "decoder_input_ids": (2, 4)},
+    }
+    bert = dummy_inputs(tiny_model("bert"), batch=3, seq=13, seed=1)
+    assert bert["attention_mask"][-1].tolist() == [1] * 10 + [0] * 3  # the last row right-padded
+    assert bert["input_ids"].shape == (3, 13)

@@ -1,4 +1,5 @@
-"""Dummy inputs built from a Transformers model's config, for exports without user inputs."""
+"""Dummy inputs built from a Transformers model's config: the one builder, for exports without user inputs
+and for the tiny-model zoo of hfexport-sweep."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["dummy_inputs", "forward_parameters"]
+__all__ = ["MODALITIES", "dummy_inputs", "forward_parameters"]
+
+MODALITIES = ("text", "text2text", "multimodal", "dual-encoder", "vision", "audio", "speech")
+"""The kinds of inputs :func:`dummy_inputs` makes (its ``modality`` argument)."""
+
+_TEXT = ("text", "text2text", "multimodal", "dual-encoder")
+# Where a value may live in a composite config: the config itself first, then its sub-configs.
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder", "decoder", "speech_config")
 
 
 def forward_parameters(model: torch.nn.Module) -> tuple[list[str], bool]:
@@ -17,77 +25,167 @@ def forward_parameters(model: torch.nn.Module) -> tuple[list[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _sub(config: Any, *names: str) -> Any:
-    for name in names:
-        sub = getattr(config, name, None)
-        if sub is not None:
-            return sub
-    return config
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _first(config: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int | float | list | tuple) and not isinstance(value, bool):
-            return value[0] if isinstance(value, list | tuple) else value
+def _find(config: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` set (not None) on ``config`` or, failing that, on one of its sub-configs."""
+    subs = [config, *(s for n in _SUB_CONFIGS if (s := getattr(config, n, None)) is not None and hasattr(s, "to_dict"))]
+    for sub in subs:
+        for name in names:
+            value = getattr(sub, name, None)
+            if value is not None:
+                return value
     return default
 
 
-def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+def _special_token_ids(tree: Any, out: set[int]) -> set[int]:
+    """Every ``*_token_id(s)`` / ``*_token_index`` / ``*_token`` integer of a config dict, nested ones included."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if isinstance(value, dict) and key not in ("id2label", "label2id"):
+                _special_token_ids(value, out)
+            elif isinstance(key, str) and key.endswith(("_token_id", "_token_ids", "_token_index", "_token")):
+                if _is_int(value):
+                    out.add(value)
+                elif isinstance(value, list):
+                    out.update(v for v in value if _is_int(v))
+    return out
+
+
+def _vocab_size(config: Any) -> int | None:
+    try:
+        text = config.get_text_config(decoder=False)
+    except Exception:  # noqa: BLE001 - an older or custom config
+        text = config
+    vocab = _find(text, "vocab_size") or _find(config, "vocab_size")
+    return int(vocab[0] if isinstance(vocab, list | tuple) else vocab) if vocab else None
+
+
+def _token_pool(config: Any, max_vocab: int | None) -> torch.Tensor:
+    """The ids dummy text is drawn from: the vocabulary minus the special tokens (an image token id in the
+    text would make a multimodal model look for images, an eos would end an eos-pooled sequence early)."""
+    vocab = _vocab_size(config) or max_vocab or 100
+    if max_vocab is not None:
+        vocab = min(vocab, max_vocab)
+    special = _special_token_ids(config.to_dict(), set())
+    allowed = [i for i in range(vocab) if i not in special]
+    return torch.tensor(allowed or list(range(vocab)))
+
+
+def _infer_modality(model: torch.nn.Module, config: Any, names: list[str]) -> str:
+    main = getattr(model, "main_input_name", "input_ids")
+    if main == "input_ids" or ("input_ids" in names and main not in ("pixel_values", "input_features", "input_values")):
+        return "text"  # an encoder-decoder gets decoder_input_ids too
+    if main == "pixel_values":
+        return "vision"
+    if main in ("input_features", "input_values"):
+        return "speech" if getattr(config, "is_encoder_decoder", False) else "audio"
+    raise ValueError(f"cannot build dummy inputs for main input {main!r} of {type(model).__name__}: "
+                     "pass inputs explicitly")
+
+
+def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int = 0, *,
+                 generator: torch.Generator | None = None, modality: str | None = None, padding: bool = True,
+                 decoder_seq: int | None = None, max_vocab: int | None = None,
+                 default_image_size: int = 224) -> dict[str, Any]:
     """Forward keyword arguments that fit ``model``'s config, seeded.
 
-    Covers text encoders and decoders (``input_ids``, ``attention_mask`` with the last row right-padded,
-    ``token_type_ids`` where forward takes it), vision (``pixel_values``), encoder-decoders
-    (``decoder_input_ids``) and speech (``input_features`` / ``input_values``).
+    Covers text encoders and decoders (``input_ids`` drawn among the non-special tokens, ``attention_mask``,
+    ``token_type_ids`` where forward takes them), encoder-decoders (``decoder_input_ids``; the encoder text ends
+    with eos), vision (``pixel_values``), dual encoders (text and ``pixel_values``), and audio and speech
+    (``input_values`` of ``200 * seq`` samples, or ``input_features``: Whisper's ``[batch, mel_bins,
+    2 * max_source_positions]``, else ``[batch, 4 * seq frames, features]``).
 
     Args:
-        model: a ``PreTrainedModel`` (anything with ``.config`` and ``.main_input_name``).
+        model: a ``PreTrainedModel`` (anything with ``.config``, ``.forward`` and ``.main_input_name``).
         batch: batch size.
-        seq: text sequence length (tokens).
+        seq: text sequence length (tokens); audio and speech lengths scale with it.
         seed: seed of the generator used for ids and features.
+        generator: draw from this generator instead (``seed`` is then ignored): two calls sharing one
+            generator give different values, as the zoo's trace and verification inputs do.
+        modality: the kind of inputs, one of :data:`MODALITIES` (default: from ``model.main_input_name``).
+            ``"multimodal"`` gives a multimodal model text only; ``"text2text"`` adds ``decoder_attention_mask``.
+        padding: right-pad the last row of ``attention_mask`` (a quarter of ``seq``) when ``batch > 1``.
+        decoder_seq: length of ``decoder_input_ids`` (default ``max(2, seq // 2)``). None are made for an
+            eos-pooled sequence-classification head, which derives them from ``input_ids``.
+        max_vocab: draw token ids below this bound too.
+        default_image_size: image height and width when the config names none.
 
     Returns:
-        A dict of tensors: ids ``int64 [batch, seq]``, ``pixel_values`` ``float32 [batch, C, H, W]``,
-        ``input_features`` ``float32 [batch, mel_bins, frames]``.
+        A dict of tensors: ids ``int64 [batch, seq]``, ``pixel_values`` ``[batch, C, H, W]``, ``input_values``
+        ``[batch, samples]``, ``input_features`` (floats in the model's dtype).
 
     Raises:
-        ValueError: the model has no config, or its main input is not one of those above.
+        ValueError: the model has no config, its main input is none of those above, or its forward takes none
+            of the inputs of ``modality``.
     """
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError(f"{type(model).__name__} has no .config: pass inputs explicitly")
-    gen = torch.Generator().manual_seed(seed)
     names, _ = forward_parameters(model)
-    main = getattr(model, "main_input_name", "input_ids")
+    modality = modality or _infer_modality(model, config, names)
+    gen = generator if generator is not None else torch.Generator().manual_seed(seed)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    inputs: dict[str, torch.Tensor] = {}
-    if main == "input_ids" or ("input_ids" in names and main not in ("pixel_values", "input_features", "input_values")):
-        text = _sub(config, "text_config")
-        vocab = _first(text, "vocab_size", default=100)
-        inputs["input_ids"] = torch.randint(3, max(vocab, 4), (batch, seq), generator=gen)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    inputs: dict[str, Any] = {}
+
+    def ids(rows: int, length: int) -> torch.Tensor:
+        pool = _token_pool(config, max_vocab)
+        return pool[torch.randint(len(pool), (rows, length), generator=gen)]
+
+    def pixels() -> torch.Tensor:
+        vision = getattr(config, "vision_config", None) or config
+        size = getattr(vision, "image_size", None) or getattr(config, "image_size", None) or default_image_size
+        if isinstance(size, dict):
+            size = (size.get("height", default_image_size), size.get("width", default_image_size))
+        height, width = (size, size) if _is_int(size) else tuple(size)[:2]
+        channels = getattr(vision, "num_channels", None) or 3
+        return torch.randn(batch, channels, height, width, generator=gen).to(dtype)
+
+    def features() -> torch.Tensor:
+        mels, max_source = _find(config, "num_mel_bins"), _find(config, "max_source_positions")
+        if mels and max_source and "whisper" in str(getattr(config, "model_type", "")):
+            return torch.randn(batch, mels, 2 * max_source, generator=gen).to(dtype)  # Whisper's 30 s window
+        size = _find(config, "input_feat_per_channel") or mels or _find(config, "feature_size") or 80
+        size *= _find(config, "input_channels") or 1
+        return torch.randn(batch, 4 * seq, size, generator=gen).to(dtype)
+
+    if modality in _TEXT:
+        inputs["input_ids"] = ids(batch, seq)
         if "attention_mask" in names:
             mask = torch.ones(batch, seq, dtype=torch.long)
-            if batch > 1:
+            if padding and batch > 1:
                 mask[-1, seq - max(1, seq // 4):] = 0  # right padding on the last row
             inputs["attention_mask"] = mask
-        if "token_type_ids" in names and _first(text, "type_vocab_size", default=0):
+        if "token_type_ids" in names and (_find(config, "type_vocab_size", default=2) or 0) > 0:
             inputs["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
-    elif main == "pixel_values":
-        vision = _sub(config, "vision_config")
-        size = _first(vision, "image_size", default=224)
-        channels = _first(vision, "num_channels", default=3)
-        inputs["pixel_values"] = torch.randn(batch, channels, size, size, generator=gen).to(dtype)
-    elif main == "input_features":
-        audio = _sub(config, "audio_config", "encoder_config")
-        mel = _first(audio, "num_mel_bins", "feature_size", "input_feat_per_channel", default=80)
-        frames = 2 * _first(audio, "max_source_positions", default=seq * 2)
-        inputs["input_features"] = torch.randn(batch, mel, frames, generator=gen).to(dtype)
-    elif main == "input_values":
-        inputs["input_values"] = torch.randn(batch, 1600 + 160 * seq, generator=gen).to(dtype)
+        if modality == "dual-encoder" and "pixel_values" in names:
+            inputs["pixel_values"] = pixels()
+    elif modality == "vision":
+        inputs["pixel_values"] = pixels()
+    elif modality in ("audio", "speech"):
+        # a speech-to-text model reads features first, an audio encoder its raw waveform
+        order = ("input_features", "input_values") if modality == "speech" else ("input_values", "input_features")
+        name = next((n for n in order if n in names), None)
+        if name == "input_values":
+            inputs[name] = torch.randn(batch, 200 * seq, generator=gen).to(dtype)
+        elif name == "input_features":
+            inputs[name] = features()
     else:
-        raise ValueError(f"cannot build dummy inputs for main input {main!r} of {type(model).__name__}: "
-                         "pass inputs explicitly")
-    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
-        vocab = _first(_sub(config, "decoder", "text_config"), "vocab_size", default=100)
-        inputs["decoder_input_ids"] = torch.randint(3, max(vocab, 4), (batch, max(2, seq // 2)), generator=gen)
+        raise ValueError(f"unknown modality {modality!r}: expected one of {', '.join(MODALITIES)}")
+    if not inputs:
+        raise ValueError(f"forward takes none of the {modality} inputs dummy_inputs knows how to make")
+
+    if encoder_decoder and "input_ids" in inputs:
+        eos = getattr(config, "eos_token_id", None)
+        if _is_int(eos) and 0 <= eos < (_vocab_size(config) or 0):
+            inputs["input_ids"][:, -1] = eos  # eos-pooled heads (the BART family) need one eos per row
+    pooled_head = type(model).__name__.endswith("ForSequenceClassification")
+    if "decoder_input_ids" in names and not pooled_head and (encoder_decoder or modality in ("text2text", "speech")):
+        length = decoder_seq if decoder_seq is not None else max(2, seq // 2)
+        inputs["decoder_input_ids"] = ids(batch, length)
+        if "decoder_attention_mask" in names and modality == "text2text":
+            inputs["decoder_attention_mask"] = torch.ones(batch, length, dtype=torch.long)
     return inputs

@@ -33,10 +33,9 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import inspect
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +57,6 @@ SEED = 0
 BATCH, ALT_BATCH = 2, 3
 SEQ_LEN, ALT_SEQ_LEN = 8, 12
 DECODER_SEQ_LEN, ALT_DECODER_SEQ_LEN = 6, 5
-AUDIO_SAMPLES, ALT_AUDIO_SAMPLES = 1600, 2400
-SPEECH_FRAMES, ALT_SPEECH_FRAMES = 32, 48
 
 TINY_VOCAB = 512
 TINY_HIDDEN = 64
@@ -542,18 +539,6 @@ def _remap_token_ids(d: Any, vocab: int, mapping: dict[int, int]) -> None:
             d[key] = [remap(v) for v in value]
 
 
-def _collect_token_ids(d: Any, out: set[int]) -> set[int]:
-    if isinstance(d, dict):
-        for key, value in d.items():
-            if isinstance(value, dict) and key not in ("id2label", "label2id"):
-                _collect_token_ids(value, out)
-            elif _is_token_key(key) and _is_int(value):
-                out.add(value)
-            elif _is_token_key(key) and isinstance(value, list):
-                out.update(v for v in value if _is_int(v))
-    return out
-
-
 def tiny_config(model_type: str, task: str | None = None) -> Any:
     """Build the tiny config of a model type from its default config class.
 
@@ -603,130 +588,27 @@ def _fmt(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"
 
 
-def _sub_configs(config: Any) -> list[Any]:
-    subs = [config]
-    for name in ("text_config", "vision_config", "audio_config", "encoder", "decoder", "speech_config"):
-        sub = getattr(config, name, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            subs.append(sub)
-    return subs
+def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(inputs, alt_inputs)`` from hfexport-dynamo's dummy-input builder, both drawn from ``gen``.
 
+    The zoo's choices: the modality of the case (a multimodal model gets text only), no padding, a decoder
+    sequence shorter at the alt shape than at the traced one, ids below the tiny vocab, 64x64 images where the
+    config names no size, and ``use_cache=False`` (a decoder returns no cache to compare).
+    """
+    from hfexport_dynamo import dummy_inputs, forward_parameters
 
-def _attr(config: Any, *names: str, default: Any = None) -> Any:
-    for sub in _sub_configs(config):
-        for name in names:
-            value = getattr(sub, name, None)
-            if value is not None:
-                return value
-    return default
-
-
-def _text_config(config: Any) -> Any:
-    try:
-        return config.get_text_config(decoder=False)
-    except Exception:  # noqa: BLE001
-        return config
-
-
-def _safe_ids(config: Any) -> torch.Tensor:
-    vocab = _attr(_text_config(config), "vocab_size") or _attr(config, "vocab_size") or TINY_VOCAB
-    vocab = min(int(vocab), TINY_VOCAB)
-    special = _collect_token_ids(config.to_dict(), set())
-    allowed = [i for i in range(vocab) if i not in special]
-    return torch.tensor(allowed or list(range(vocab)))
-
-
-def _make_inputs(
-    case: ZooCase,
-    config: Any,
-    params: dict[str, inspect.Parameter],
-    batch: int,
-    alt: bool,
-    gen: torch.Generator,
-) -> dict[str, Any]:
-    inputs: dict[str, Any] = {}
-    modality = case.modality
-    seq = ALT_SEQ_LEN if alt else SEQ_LEN
-
-    def ids(b: int, s: int) -> torch.Tensor:
-        allowed = _safe_ids(config)
-        return allowed[torch.randint(len(allowed), (b, s), generator=gen)]
-
-    def pixels(b: int) -> torch.Tensor:
-        vision = getattr(config, "vision_config", None) or config
-        size = getattr(vision, "image_size", None) or getattr(config, "image_size", None) or TINY_IMAGE
-        if isinstance(size, dict):
-            size = (size.get("height", TINY_IMAGE), size.get("width", TINY_IMAGE))
-        h, w = (size, size) if _is_int(size) else tuple(size)[:2]
-        channels = getattr(vision, "num_channels", None) or 3
-        return torch.randn(b, channels, h, w, generator=gen)
-
-    if modality in ("text", "text2text", "multimodal", "dual-encoder"):
-        inputs["input_ids"] = ids(batch, seq)
-        if "attention_mask" in params:
-            inputs["attention_mask"] = torch.ones(batch, seq, dtype=torch.long)
-        if "token_type_ids" in params and (_attr(config, "type_vocab_size", default=2) or 0) > 0:
-            inputs["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
-        if modality == "dual-encoder" and "pixel_values" in params:
-            inputs["pixel_values"] = pixels(batch)
-    elif modality == "vision":
-        inputs["pixel_values"] = pixels(batch)
-    elif modality == "audio":
-        if "input_values" in params:
-            inputs["input_values"] = torch.randn(
-                batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen
-            )
-        elif (
-            "input_features" in params
-            and "whisper" in case.model_type
-            and _attr(config, "max_source_positions")
-        ):
-            mels = _attr(config, "num_mel_bins", default=80)
-            inputs["input_features"] = torch.randn(
-                batch, mels, 2 * _attr(config, "max_source_positions"), generator=gen
-            )
-        elif "input_features" in params:
-            feat = _attr(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=80)
-            frames = ALT_SPEECH_FRAMES if alt else SPEECH_FRAMES
-            inputs["input_features"] = torch.randn(batch, frames, feat, generator=gen)
-    elif modality == "speech":
-        if "input_features" in params:
-            mels = _attr(config, "num_mel_bins")
-            max_src = _attr(config, "max_source_positions")
-            if mels and max_src and "whisper" in case.model_type:
-                inputs["input_features"] = torch.randn(batch, mels, 2 * max_src, generator=gen)
-            else:
-                feat = (
-                    _attr(config, "input_feat_per_channel") or mels or _attr(config, "feature_size") or 80
-                ) * (_attr(config, "input_channels") or 1)
-                frames = ALT_SPEECH_FRAMES if alt else SPEECH_FRAMES
-                inputs["input_features"] = torch.randn(batch, frames, feat, generator=gen)
-        elif "input_values" in params:
-            inputs["input_values"] = torch.randn(
-                batch, ALT_AUDIO_SAMPLES if alt else AUDIO_SAMPLES, generator=gen
-            )
-    else:
-        raise NotInstantiable(f"no dummy-input recipe for modality {modality!r} (task {case.task})")
-    if not inputs:
-        raise NotInstantiable(f"forward takes none of the {modality} inputs the zoo knows how to make")
-
-    head_task = case.task == "sequence-classification"  # eos-pooled: decoder ids come from input_ids
-    if getattr(config, "is_encoder_decoder", False) and "input_ids" in inputs:
-        eos = getattr(config, "eos_token_id", None)
-        if _is_int(eos) and 0 <= eos < TINY_VOCAB:
-            inputs["input_ids"][:, -1] = eos  # eos-pooled heads (BART family) need exactly one eos per row
-    if (
-        "decoder_input_ids" in params
-        and not head_task
-        and (getattr(config, "is_encoder_decoder", False) or modality in ("text2text", "speech"))
-    ):
-        dec = ALT_DECODER_SEQ_LEN if alt else DECODER_SEQ_LEN
-        inputs["decoder_input_ids"] = ids(batch, dec)
-        if "decoder_attention_mask" in params and modality == "text2text":
-            inputs["decoder_attention_mask"] = torch.ones(batch, dec, dtype=torch.long)
-    if "use_cache" in params:
-        inputs["use_cache"] = False
-    return inputs
+    takes_use_cache = "use_cache" in forward_parameters(model)[0]
+    both = []
+    for batch, seq, decoder_seq in ((BATCH, SEQ_LEN, DECODER_SEQ_LEN), (ALT_BATCH, ALT_SEQ_LEN, ALT_DECODER_SEQ_LEN)):
+        try:
+            inputs = dummy_inputs(model, batch, seq, generator=gen, modality=case.modality, padding=False,
+                                  decoder_seq=decoder_seq, max_vocab=TINY_VOCAB, default_image_size=TINY_IMAGE)
+        except ValueError as exc:  # forward takes none of the inputs of the case's modality
+            raise NotInstantiable(str(exc)) from exc
+        if takes_use_cache:
+            inputs["use_cache"] = False
+        both.append(inputs)
+    return both[0], both[1]
 
 
 # --------------------------------------------------------------------------- building
@@ -746,13 +628,6 @@ def _model_class(case: ZooCase) -> type[torch.nn.Module]:
         return getattr(module, case.class_name)
     except Exception as exc:  # noqa: BLE001
         raise NotInstantiable(f"cannot import {case.class_name}: {_fmt(exc)}") from exc
-
-
-def _forward_params(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
-    try:
-        return dict(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return {}
 
 
 def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
@@ -789,21 +664,52 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
         except Exception as exc:  # noqa: BLE001
             raise NotInstantiable(f"model construction fails: {_fmt(exc)}") from exc
     model = model.float().eval()
-    params = _forward_params(model)
-    gen = torch.Generator().manual_seed(SEED)
-    inputs = _make_inputs(case, config, params, BATCH, False, gen)
-    alt_inputs = _make_inputs(case, config, params, ALT_BATCH, True, gen)
+    inputs, alt_inputs = _make_inputs(case, model, torch.Generator().manual_seed(SEED))
     return model, inputs, alt_inputs
 
 
 def _has_nan(output: Any) -> bool:
     if isinstance(output, torch.Tensor):
         return output.is_floating_point() and bool(torch.isnan(output).any())
-    if isinstance(output, dict):
+    if isinstance(output, Mapping):
         return any(_has_nan(v) for v in output.values())
     if isinstance(output, (list, tuple)):
         return any(_has_nan(v) for v in output)
     return False
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_eager(model: torch.nn.Module, inputs: dict[str, Any], alt_inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """Run a built case's eager forward at both input shapes (without gradients).
+
+    Args:
+        model: the case's model, from :func:`build_case`.
+        inputs: its forward kwargs at batch 2.
+        alt_inputs: its forward kwargs at the alt shape.
+
+    Returns:
+        ``(outputs, alt_outputs)``.
+
+    Raises:
+        NotInstantiable: either forward raises (the reason gives the first line of the error), or an output
+            holds NaNs.
+    """
+    outs = []
+    for name, kwargs in (("inputs", inputs), ("alt_inputs", alt_inputs)):
+        try:
+            with torch.no_grad():
+                out = model(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure is a reason
+            raise NotInstantiable(f"eager forward fails on {name}: {_first_line(exc)}") from exc
+        if _has_nan(out):
+            raise NotInstantiable(f"eager forward on {name} gives NaN outputs")
+        outs.append(out)
+    return outs[0], outs[1]
 
 
 def run_eager(case_id: str) -> tuple[Any, Any]:
@@ -819,18 +725,7 @@ def run_eager(case_id: str) -> tuple[Any, Any]:
         UnknownCaseError: If ``case_id`` is not listed.
         NotInstantiable: If building fails, either forward raises, or an output has NaNs.
     """
-    model, inputs, alt_inputs = build_case(case_id)
-    outs = []
-    for name, kwargs in (("inputs", inputs), ("alt_inputs", alt_inputs)):
-        try:
-            with torch.no_grad():
-                out = model(**kwargs)
-        except Exception as exc:  # noqa: BLE001
-            raise NotInstantiable(f"eager forward fails on {name}: {_fmt(exc)}") from exc
-        if _has_nan(out):
-            raise NotInstantiable(f"eager forward on {name} gives NaN outputs")
-        outs.append(out)
-    return outs[0], outs[1]
+    return check_eager(*build_case(case_id))
 
 
 def check_instantiable(case_id: str) -> str | None:
