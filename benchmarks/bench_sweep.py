@@ -66,8 +66,8 @@ def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[
     import torch
     import transformers.exporters as peer
 
-    from hfexport._artifact import compare_outputs, flatten_with_names
-    from hfexport_sweep.sweep import _failure
+    from hfexport.plugin import compare_outputs, flatten_with_names
+    from hfexport_sweep.sweep import failure_record
 
     exporter_name, config_name, options, _ = PEER_BACKENDS[backend]
     exporter, config = getattr(peer, exporter_name), getattr(peer, config_name)
@@ -75,7 +75,8 @@ def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[
     try:
         exported = exporter().export(model, dict(inputs), config(dynamic=True, **options))
     except Exception as exc:
-        return _failure("export_error", exc, stage="peer export", export_s=round(time.perf_counter() - start, 3))
+        return failure_record("export_error", exc, stage="peer export",
+                              export_s=round(time.perf_counter() - start, 3))
     export_s = round(time.perf_counter() - start, 3)
     start = time.perf_counter()
     note = ""
@@ -93,7 +94,7 @@ def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[
             expected, actual = dict(zip(names, leaves, strict=True)), {n: by_name[n] for n in names}
         report = compare_outputs(f"peer-{backend}", expected, actual, atol, rtol)
     except Exception as exc:
-        return _failure("runtime_error", exc, export_s=export_s)
+        return failure_record("runtime_error", exc, export_s=export_s)
     diff = report.max_abs_diff
     result = {"export_s": export_s, "verify_s": round(time.perf_counter() - start, 3),
               "max_abs_diff": diff if diff == diff and diff != float("inf") else None}
@@ -133,7 +134,8 @@ def main() -> int:
     if args.ours_from and len(backends) > 1:
         parser.error("--ours-from takes one --backend")
 
-    from hfexport_sweep.sweep import COMMON_ARCHITECTURES, RESULTS_FILE, SweepError, load_results, run_sweep
+    from hfexport_sweep.results import COMMON_ARCHITECTURES, RESULTS_FILE, load_results
+    from hfexport_sweep.sweep import SweepError, run_sweep
 
     command = shlex.join(["python", "benchmarks/bench_sweep.py", *sys.argv[1:]])
     preload = [PEER_BACKENDS[b][3] for b in backends] + ["bench_sweep"]

@@ -19,7 +19,15 @@ import pytest
 
 from hfexport import cli
 from hfexport_sweep import sweep
-from hfexport_sweep.sweep import RESULTS_FILE, SweepError, prepare_output, run_sweep, sweep_meta
+from hfexport_sweep.sweep import (
+    RESULTS_FILE,
+    KnownFailures,
+    SweepError,
+    prepare_output,
+    run_sweep,
+    stage_label,
+    sweep_meta,
+)
 from hfexport_sweep.sweep_report import cause_key, write_reports
 
 # ── the representative subset ───────────────────────────────────────────────────────────────────────────
@@ -73,8 +81,15 @@ TINY = "^bert/BertModel$"
 TWO = "^bert/Bert(Model|ForMaskedLM)$"
 
 
-def fake_ok(model, inputs, alt_inputs, backend, atol, rtol):
+def fake_ok(model, inputs, alt_inputs, backend, atol, rtol, options=None):
     """A sweep runner that exports nothing and reports ok (checks the sweep machinery, not an exporter)."""
+    return {"status": "ok", "export_s": 0.0, "verify_s": 0.0, "max_abs_diff": 0.0}
+
+
+def fake_needs_options(model, inputs, alt_inputs, backend, atol, rtol, options=None):
+    """A sweep runner that is ok only when given the recheck options of the test's known-failure list."""
+    if options != {"optimize": True, "optimize_fallback": False}:
+        return {"status": "export_error", "cause": f"options {options!r}", "stage": "test"}
     return {"status": "ok", "export_s": 0.0, "verify_s": 0.0, "max_abs_diff": 0.0}
 
 
@@ -203,9 +218,9 @@ def test_crash_or_hang_is_recorded_and_the_sweep_goes_on(tmp_path, runner, statu
 
 
 def test_skips_are_recorded_and_rechecked(tmp_path, monkeypatch, capsys):
-    from hfexport_dynamo import exporter_dynamo
+    import hfexport_dynamo
 
-    monkeypatch.setitem(exporter_dynamo.EXPORT_SKIPS, "BertModel", "loops over a data-dependent count (test)")
+    monkeypatch.setitem(hfexport_dynamo.EXPORT_SKIPS, "BertModel", "loops over a data-dependent count (test)")
     out = tmp_path / "res"
     summary = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False)
     records = _records(out)
@@ -221,38 +236,110 @@ def test_skips_are_recorded_and_rechecked(tmp_path, monkeypatch, capsys):
     assert data["entries"][0]["can_be_removed"] is True
     assert _records(out)["bert/BertModel"]["status"] == "skipped"  # a recheck does not touch the results
 
-    monkeypatch.delitem(exporter_dynamo.EXPORT_SKIPS, "BertModel")  # off the list: runs again on resume
+    monkeypatch.delitem(hfexport_dynamo.EXPORT_SKIPS, "BertModel")  # off the list: runs again on resume
     again = run_sweep("dynamo", filter=TWO, output=out, runner=FAKE, progress=False)
     assert again.ran == 1 and _records(out)["bert/BertModel"]["status"] == "ok"
 
 
-def test_recheck_skips_cli_without_onnx_list(tmp_path, monkeypatch, capsys):
-    from hfexport_dynamo import exporter_dynamo
+def test_recheck_skips_cli_reports_what_it_cannot_recheck(tmp_path, monkeypatch, capsys):
+    import hfexport_dynamo
     from hfexport_sweep.zoo import list_cases
 
     other = next((c for c in list_cases() if c.modality == "other"), None)
     if other is None:
         pytest.skip("every zoo case has an input recipe")
-    monkeypatch.setitem(exporter_dynamo.EXPORT_SKIPS, other.class_name, "test reason")
-    monkeypatch.setattr(sweep, "_onnx_disable_optimize", lambda: (None, "ImportError: no exporter_onnx yet"))
+    monkeypatch.setitem(hfexport_dynamo.EXPORT_SKIPS, other.class_name, "test reason")
+    monkeypatch.setattr(sweep, "known_failures", lambda backend: KnownFailures(
+        {"SOME_LIST": {"BertModel": "a bug"}}, None, ("SOME_LIST (1 entries) not rechecked: no recheck_options()",)))
     code = cli.main(["sweep", "--backend", "dynamo", "--filter", f"^{other.case_id}$", "--recheck-skips",
                      "--output", str(tmp_path / "res")])
     captured = capsys.readouterr()
     assert code == 0
-    assert "ONNX_DISABLE_OPTIMIZE not rechecked" in captured.err
+    assert "SOME_LIST (1 entries) not rechecked" in captured.err
     assert "EXPORT_SKIPS" in captured.out and "still not_instantiable" in captured.out
-    assert json.loads((tmp_path / "res" / "recheck.json").read_text())["entries"][0]["can_be_removed"] is False
+    data = json.loads((tmp_path / "res" / "recheck.json").read_text())
+    assert data["entries"][0]["can_be_removed"] is False and data["notes"]
 
 
-def test_recheck_onnx_disable_optimize_entries(tmp_path, monkeypatch):
-    try:
-        sweep.resolve_backend("onnx")
-    except SweepError as exc:
-        pytest.skip(f"onnx backend not loadable: {exc}")
-    monkeypatch.setattr(sweep, "_onnx_disable_optimize", lambda: ({"BertModel": "onnxscript bug (test)"}, ""))
-    summary = run_sweep("onnx", filter=TWO, output=tmp_path / "res", runner=FAKE, recheck_skips=True, progress=False)
+def test_recheck_runs_a_backend_list_with_its_recheck_options(tmp_path, monkeypatch):
+    asked = []
+
+    def recheck_options(name, model_class):
+        asked.append((name, model_class))
+        return {"optimize": True, "optimize_fallback": False}
+
+    monkeypatch.setattr(sweep, "known_failures", lambda backend: KnownFailures(
+        {"ONNX_DISABLE_OPTIMIZE": {"BertModel": "onnxscript bug (test)"}}, recheck_options))
+    summary = run_sweep("dynamo", filter=TWO, output=tmp_path / "res", runner="test_sweep:fake_needs_options",
+                        recheck_skips=True, progress=False)
+    assert asked == [("ONNX_DISABLE_OPTIMIZE", "BertModel")]
     assert summary.recheck == [("ONNX_DISABLE_OPTIMIZE", "BertModel", "ok", "")]
-    assert [r["case_id"] for r in summary.records] == ["bert/BertModel"]
+    (record,) = summary.records
+    assert record["case_id"] == "bert/BertModel" and record["options"] == {"optimize": True, "optimize_fallback": False}
+
+
+def test_known_failures_come_from_the_exporter_class(monkeypatch):
+    import hfexport
+
+    class Plain:
+        pass
+
+    class Declares:
+        @classmethod
+        def known_failures(cls):
+            return {"EXPORT_SKIPS": {"A": "dynamo's"}, "MY_LIST": {"BertModel": "a bug"}}
+
+        @classmethod
+        def recheck_options(cls, name, model_class):
+            return {"flag": True}
+
+    class NoRecheck:
+        @classmethod
+        def known_failures(cls):
+            return {"MY_LIST": {"BertModel": "a bug"}}
+
+    class Broken:
+        @classmethod
+        def known_failures(cls):
+            raise RuntimeError("oops")
+
+    class FakeBackend:
+        def __init__(self, exporter_class):
+            self.exporter_class = exporter_class
+
+        def load_exporter(self):
+            return self.exporter_class
+
+    classes = {"plain": Plain, "declares": Declares, "norecheck": NoRecheck, "broken": Broken}
+    monkeypatch.setattr(hfexport, "get_backend", lambda name: FakeBackend(classes[name]))
+    assert sweep.known_failures("plain") == KnownFailures()
+    declared = sweep.known_failures("declares")
+    assert declared.lists == {"MY_LIST": {"BertModel": "a bug"}}  # EXPORT_SKIPS is read from hfexport_dynamo
+    assert declared.recheck_options("MY_LIST", "BertModel") == {"flag": True} and not declared.notes
+    assert "MY_LIST (1 entries) not rechecked: NoRecheck has no recheck_options()" in sweep.known_failures(
+        "norecheck").notes
+    assert "Broken.known_failures() failed: RuntimeError: oops" in sweep.known_failures("broken").notes
+
+
+def test_onnx_declares_its_known_failures():
+    """What the sweep expects of a backend's exporter class, checked on ONNX (``ONNX_DISABLE_OPTIMIZE``)."""
+    import hfexport
+
+    try:
+        exporter_class = hfexport.get_backend("onnx").load_exporter()
+    except Exception as exc:  # noqa: BLE001 - not installed or not importable here
+        pytest.skip(f"onnx backend not loadable: {exc}")
+    if not hasattr(exporter_class, "known_failures"):
+        pytest.skip("the ONNX exporter does not declare known_failures() yet")
+    declared = sweep.known_failures("onnx")
+    assert not declared.notes
+    listed = declared.lists["ONNX_DISABLE_OPTIMIZE"]  # may be empty: every entry names an upstream bug
+    assert all(reason for reason in listed.values())
+    model_class = next(iter(listed), "BertModel")
+    options = declared.recheck_options("ONNX_DISABLE_OPTIMIZE", model_class)
+    assert options == {"optimize": True, "optimize_fallback": False}
+    exporter_class(None, **options)  # options the exporter's config takes
+    assert sweep.known_failures("onnx").lists == declared.lists  # read, never changed
 
 
 def test_not_instantiable_is_recorded_without_exporting(tmp_path):
@@ -344,6 +431,56 @@ def test_sweep_module_import_is_light():
             "cli.build_parser(); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_reports_do_not_import_the_sweep_and_no_backend_is_imported():
+    code = "import sys, hfexport_sweep.sweep_report; print('hfexport_sweep.sweep' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr  # no import cycle between the sweep and its reports
+    import hfexport_sweep
+
+    for path in Path(hfexport_sweep.__file__).parent.glob("*.py"):
+        code_lines = [ln for ln in path.read_text().splitlines() if ln.lstrip().startswith(("import ", "from "))]
+        assert not [ln for ln in code_lines if "hfexport_onnx" in ln or "hfexport_executorch" in ln], path
+        assert not [ln for ln in code_lines if "hfexport._" in ln or "hfexport_dynamo._" in ln], path
+
+
+class _Level:
+    def __init__(self, backend, number, total, title):
+        self.backend, self.number, self.total, self.title = backend, number, total, title
+
+
+class _Error(Exception):
+    pass
+
+
+def test_stage_label_reads_the_error_fields():
+    nested = _Error("message that is never parsed: stage 9/9 (Nope)")
+    nested.path = [("onnx", 3, 5, "FX node fixes"), _Level("dynamo", 5, 5, "State cleanup")]
+    nested.step = "torch.export.export"
+    assert stage_label(nested, "onnx") == "3/5 FX node fixes -> dynamo 5/5 State cleanup -> torch.export.export"
+    assert stage_label(nested, "testplugin").startswith("onnx 3/5 FX node fixes -> dynamo")
+    before = _Error("x")
+    before.path, before.where = [], "building inputs from the config"
+    assert stage_label(before, "dynamo") == "building inputs from the config"
+    old = _Error("dynamo export: stage 2/5 (Model patches) failed")  # an ExportError without path/step
+    old.backend, old.stage_number, old.stage_title = "dynamo", 2, "Model patches"
+    assert stage_label(old, "dynamo") == "2/? Model patches"
+    none = _Error("x")
+    none.backend, none.stage_number, none.stage_title = "dynamo", 0, ""
+    assert stage_label(none, "dynamo") == "before the first stage"
+
+
+def test_results_of_the_sweep_in_hfexport_dynamo_still_resume(tmp_path):
+    out = tmp_path / "res"
+    meta = sweep_meta("dynamo", "hfexport-dynamo 0.1.0")
+    legacy = {**meta, "runner": "hfexport_dynamo.sweep:export_and_verify",
+              "versions": {k: v for k, v in meta["versions"].items() if k != "hfexport-sweep"}}
+    out.mkdir()
+    (out / "meta.json").write_text(json.dumps(legacy))
+    (out / RESULTS_FILE).write_text(json.dumps({"case_id": "bert/BertModel", "status": "ok"}) + "\n")
+    assert set(prepare_output(out, meta, overwrite=False)) == {"bert/BertModel"}
+    assert json.loads((out / "meta.json").read_text())["runner"] == "hfexport_sweep.sweep:export_and_verify"
 
 
 def test_common_architectures_are_in_the_zoo():

@@ -10,11 +10,12 @@ Each case ends in one status:
 ``ok``                        exported with ``dynamic=True`` and verified at the alt input shape
                               (batch 3, other sequence length) with atol 1e-4, rtol 1e-3
 ``not_instantiable``          the tiny config, the model or its eager forward fails (not exported)
-``export_error``              ``hfexport.export`` raised (the failing stage is recorded)
+``export_error``              ``hfexport.export`` raised (the failing stage path is recorded, from the
+                              ``ExportError``'s fields: ``path``, ``step``, ``internal``)
 ``runtime_error``             the artifact raised when run at the alt input shape
 ``mismatch``                  the artifact ran, but differs from eager beyond the tolerances
 ``timeout``                   the case took more than ``--timeout`` seconds (the phase is recorded)
-``skipped``                   the model class is in ``EXPORT_SKIPS`` (the reason is recorded)
+``skipped``                   the model class is in ``hfexport_dynamo.EXPORT_SKIPS`` (the reason is recorded)
 ============================  ===================================================================
 
 Results are appended to ``<output>/results.jsonl`` as they come, so an interrupted sweep resumes where
@@ -22,6 +23,12 @@ it stopped: cases already recorded are not run again. ``<output>/meta.json`` rec
 versions (hfexport, backend distribution, torch, transformers); a directory written with other ones is
 refused rather than mixed (``--overwrite`` starts it afresh). When the sweep ends, ``report.md`` and
 ``index.html`` are written (see :mod:`hfexport_sweep.sweep_report`).
+
+``--recheck-skips`` runs the classes of the known-failure lists again: ``EXPORT_SKIPS`` as they are, and the
+lists the swept backend declares through its exporter class (``known_failures()``: list name -> {model class:
+reason}) with the config options its ``recheck_options(list name, model class)`` gives (for the ONNX
+``ONNX_DISABLE_OPTIMIZE``: the optimizer on, its crash an error). The sweep never imports a backend's module
+nor changes its tables: the backend is found by name like any other.
 
 Importing this module is light (no torch, no transformers): ``hfexport --help`` loads it to add the
 ``sweep`` subcommand.
@@ -53,31 +60,44 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .results import (
+    COMMON_ARCHITECTURES,
+    META_FILE,
+    META_KIND,
+    META_SCHEMA,
+    RESULTS_FILE,
+    STATUSES,
+    load_results,
+)
+from .sweep_report import write_reports
+
 __all__ = [
     "ATOL",
     "COMMON_ARCHITECTURES",
+    "KnownFailures",
     "RTOL",
+    "SKIP_LIST",
     "STATUSES",
     "SweepError",
     "SweepSummary",
     "export_and_verify",
+    "export_skips",
+    "failure_record",
+    "known_failures",
     "load_results",
     "register_cli",
     "run_case",
     "run_sweep",
+    "stage_label",
 ]
-
-STATUSES = ("ok", "not_instantiable", "export_error", "runtime_error", "mismatch", "timeout", "skipped")
-"""Every status a case can end in, best first."""
 
 ATOL, RTOL = 1e-4, 1e-3
 """Tolerances of the verification at the alt input shape."""
 
 DEFAULT_TIMEOUT_S = 180.0
-RESULTS_FILE, META_FILE = "results.jsonl", "meta.json"
-META_KIND = "hfexport-sweep"
-META_SCHEMA = 1
 DEFAULT_RUNNER = "hfexport_sweep.sweep:export_and_verify"
+# Results written while the zoo and the sweep lived in hfexport-dynamo (the same cases and inputs): still theirs.
+_LEGACY_RUNNERS = {"hfexport_dynamo.sweep:export_and_verify": DEFAULT_RUNNER}
 # Versions that make two sweeps comparable: a results directory written with other values is not mixed in.
 _META_KEYS = ("backend", "backend_distribution", "runner", "versions")
 # Imported once by the fork server so that every case process starts with them in memory.
@@ -85,27 +105,7 @@ _META_KEYS = ("backend", "backend_distribution", "runner", "versions")
 _PRELOAD = ("torch", "torch.export", "torch.export._trace", "torch._dynamo", "torch._functorch.aot_autograd",
             "torch._functorch.partitioners", "torch._export.passes", "torch._export.serde.serialize",
             "torch.fx.experimental.validator", "sympy", "networkx", "transformers", "transformers.modeling_utils",
-            "transformers.generation", "hfexport", "hfexport_sweep.zoo", "hfexport_dynamo.exporter_dynamo")
-
-COMMON_ARCHITECTURES: tuple[str, ...] = (
-    # text encoders
-    "bert", "roberta", "distilbert", "xlm-roberta", "albert", "electra", "deberta", "deberta-v2", "mpnet",
-    "camembert", "modernbert",
-    # decoders
-    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-    "gemma3_text", "phi", "phi3", "falcon", "gpt_neox", "gptj", "gpt_neo", "opt", "bloom", "starcoder2", "stablelm",
-    "olmo", "olmo2", "granite", "cohere", "smollm3",
-    # encoder-decoders
-    "t5", "mt5", "bart", "mbart", "marian", "pegasus", "m2m_100",
-    # vision
-    "vit", "deit", "convnext", "resnet", "swin", "beit", "dinov2", "mobilenet_v2", "efficientnet", "segformer",
-    # audio and speech
-    "wav2vec2", "hubert", "wavlm", "whisper",
-    # text and image
-    "clip", "siglip",
-)
-"""``--common``: 60 widely used architectures (model types) across modalities, for a stratified sweep of the
-backends whose exports are too slow to sweep the whole zoo on a CPU."""
+            "transformers.generation", "hfexport", "hfexport_dynamo", "hfexport_sweep.zoo")
 
 EXAMPLES = """\
 examples:
@@ -263,12 +263,28 @@ def sweep_meta(backend: str, distribution: str, runner: str = DEFAULT_RUNNER) ->
         "backend": backend,
         "backend_distribution": distribution,
         "runner": runner,
-        "versions": {d: _version(d) for d in ("hfexport-core", "hfexport-dynamo", "torch", "transformers")},
+        "versions": {d: _version(d) for d in ("hfexport-core", "hfexport-dynamo", "hfexport-sweep", "torch",
+                                              "transformers")},
         "python": sys.version.split()[0],
     }
 
 
+def _upgrade_meta(old: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``meta.json`` written while the zoo and the sweep were part of hfexport-dynamo, as written now.
+
+    The cases, their inputs and the runner are the same (the zoo's inputs are bit-for-bit those it built
+    then), so such results resume rather than being refused.
+    """
+    old = dict(old)
+    old["runner"] = _LEGACY_RUNNERS.get(old.get("runner"), old.get("runner"))
+    versions = old.get("versions")
+    if isinstance(versions, dict) and "hfexport-sweep" not in versions and "hfexport-dynamo" in versions:
+        old["versions"] = {**versions, "hfexport-sweep": versions["hfexport-dynamo"]}
+    return old
+
+
 def _describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    old = _upgrade_meta(old)
     diffs = []
     for key in _META_KEYS:
         a, b = old.get(key), new.get(key)
@@ -331,28 +347,6 @@ def prepare_output(output: Path, meta: dict[str, Any], overwrite: bool) -> dict[
     return {r["case_id"]: r for r in load_results(results_path)}
 
 
-def load_results(path: Path) -> list[dict[str, Any]]:
-    """Read a ``results.jsonl``; a line cut short by an interruption is ignored (its case runs again).
-
-    Args:
-        path: the ``results.jsonl`` file (missing: no records).
-
-    Returns:
-        The records in file order; a later record of the same case replaces the earlier one.
-    """
-    if not path.exists():
-        return []
-    records: dict[str, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "case_id" in record and record.get("status") in STATUSES:
-            records[record["case_id"]] = record
-    return list(records.values())
-
-
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
@@ -391,24 +385,6 @@ def _where(exc: BaseException) -> str | None:
     return None
 
 
-def _innermost(exc: BaseException) -> BaseException:
-    seen = set()
-    while exc.__cause__ is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc = exc.__cause__
-    return exc
-
-
-def _stage_label(exc: Any, backend: str) -> str:
-    """``"3/5 Pytree registration"`` (prefixed with the pipeline when a nested one failed: ``"dynamo 5/5 ..."``)."""
-    match = re.search(r"stage (\d+)/(\d+) \(([^()→]+?)(?: →[^()]*)?\)", str(exc))
-    number, total, title = (match.groups() if match else (exc.stage_number or "?", "?", exc.stage_title or "?"))
-    prefix = f"{exc.backend} " if getattr(exc, "backend", backend) != backend else ""
-    if not getattr(exc, "stage_number", 0) and not match:
-        return f"{prefix}before the first stage"
-    return f"{prefix}{number}/{total} {title.strip()}"
-
-
 def _chain(exc: BaseException) -> list[BaseException]:
     chain = [exc]
     while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
@@ -416,27 +392,65 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _failure(status: str, exc: BaseException, **fields: Any) -> dict[str, Any]:
-    root = _innermost(exc)
+def _level(entry: Any) -> tuple[str, int, int, str]:
+    """One level of an ``ExportError.path``: a ``(backend, number, total, title)`` tuple or an object with
+    those attributes."""
+    if hasattr(entry, "number"):
+        return entry.backend, entry.number, entry.total, entry.title
+    backend, number, total, title = tuple(entry)[:4]
+    return backend, number, total, title
+
+
+def stage_label(exc: Any, backend: str) -> str:
+    """Where an export failed, from the ``ExportError``'s fields (never from its message).
+
+    Args:
+        exc: a ``hfexport.ExportError``.
+        backend: the backend swept; the first level is named without it.
+
+    Returns:
+        ``"3/5 FX node fixes -> dynamo 5/5 State cleanup -> torch.export.export"``: the stage path outer to
+        inner (a level of another backend is prefixed with its name), then the toolchain step that raised;
+        ``"before the first stage"`` (or the error's ``where``) when no stage ran.
+    """
+    path = getattr(exc, "path", None)
+    if path is not None:
+        levels = [_level(entry) for entry in path]
+    elif getattr(exc, "stage_number", 0):  # an ExportError without a path: its one stage
+        levels = [(getattr(exc, "backend", backend), exc.stage_number, getattr(exc, "total", 0),
+                   getattr(exc, "stage_title", ""))]
+    else:
+        levels = []
+    parts = [f"{'' if i == 0 and name == backend else name + ' '}{number}/{total or '?'} {title}".rstrip()
+             for i, (name, number, total, title) in enumerate(levels)]
+    label = " -> ".join(parts) if parts else (getattr(exc, "where", "") or "before the first stage")
+    step = getattr(exc, "step", "")
+    return f"{label} -> {step}" if step else label
+
+
+def failure_record(status: str, exc: BaseException, **fields: Any) -> dict[str, Any]:
+    """The outcome fields of a failed case: ``status``, ``cause`` (the root exception's first line), ``where``
+    (the innermost Transformers model frame), ``error`` (the root exception, up to 800 characters) and
+    ``fields``.
+
+    Args:
+        status: the case's status (``export_error``, ``runtime_error`` ...).
+        exc: the exception raised (its ``__cause__`` chain is followed to the root).
+        **fields: more fields of the record (``stage``, ``export_s`` ...).
+
+    Returns:
+        A dict to merge into the case's record.
+    """
+    chain = _chain(exc)
+    root = chain[-1]
     text = " ".join(str(root).split())
-    where = next((w for e in reversed(_chain(exc)) if (w := _where(e))), None)
+    where = next((w for e in reversed(chain) if (w := _where(e))), None)
     return {"status": status, "cause": _one_line(root), "where": where, "error": text[:800], **fields}
 
 
-def _has_nan(output: Any) -> bool:
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output.is_floating_point() and bool(torch.isnan(output).any())
-    if isinstance(output, Mapping):
-        return any(_has_nan(v) for v in output.values())
-    if isinstance(output, list | tuple):
-        return any(_has_nan(v) for v in output)
-    return False
-
-
 def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, Any], backend: str,
-                      atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
+                      atol: float = ATOL, rtol: float = RTOL, options: Mapping[str, Any] | None = None
+                      ) -> dict[str, Any]:
     """The default case runner: ``hfexport.export(dynamic=True)``, then verify at the alt input shape.
 
     Args:
@@ -446,22 +460,26 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
         backend: the backend name.
         atol: absolute tolerance of the verification.
         rtol: relative tolerance of the verification.
+        options: more config options of the export (a known-failure recheck's ``recheck_options``).
 
     Returns:
         The case's outcome: ``status`` (``ok``, ``export_error``, ``runtime_error`` or ``mismatch``) and, as
-        they apply, ``export_s``, ``verify_s``, ``max_abs_diff``, ``stage``, ``cause``, ``where``, ``error``.
+        they apply, ``export_s``, ``verify_s``, ``max_abs_diff``, ``stage``, ``step``, ``internal``, ``cause``,
+        ``where``, ``error``.
     """
     import hfexport
 
     start = time.perf_counter()
     try:
-        exported = hfexport.export(model, inputs, backend=backend, dynamic=True)
+        exported = hfexport.export(model, inputs, backend=backend, dynamic=True, **dict(options or {}))
     except hfexport.ExportError as exc:
-        return _failure("export_error", exc, stage=_stage_label(exc, backend),
-                        export_s=round(time.perf_counter() - start, 3))
+        facts = {"step": getattr(exc, "step", "") or None, "internal": getattr(exc, "internal", None)}
+        return failure_record("export_error", exc, stage=stage_label(exc, backend),
+                              **{k: v for k, v in facts.items() if v is not None},
+                              export_s=round(time.perf_counter() - start, 3))
     except Exception as exc:  # input checks before the first stage (InvalidInputError, TypeError)
-        return _failure("export_error", exc, stage="before the first stage",
-                        export_s=round(time.perf_counter() - start, 3))
+        return failure_record("export_error", exc, stage="before the first stage",
+                              export_s=round(time.perf_counter() - start, 3))
     export_s = round(time.perf_counter() - start, 3)
     _phase("verify")
     # Python constants baked into the program (use_cache=False) are added to the eager call by the artifact.
@@ -471,7 +489,8 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
     try:
         report = exported.verify(alt, atol=atol, rtol=rtol)
     except Exception as exc:
-        return _failure("runtime_error", exc, export_s=export_s, verify_s=round(time.perf_counter() - start, 3))
+        return failure_record("runtime_error", exc, export_s=export_s,
+                              verify_s=round(time.perf_counter() - start, 3))
     verify_s = round(time.perf_counter() - start, 3)
     max_diff = report.max_abs_diff
     result: dict[str, Any] = {"export_s": export_s, "verify_s": verify_s,
@@ -507,17 +526,17 @@ def _load_runner(runner: str) -> Callable[..., dict[str, Any]]:
 
 
 def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: float = ATOL,
-             rtol: float = RTOL, enable_onnx_optimize: bool = False) -> dict[str, Any]:
+             rtol: float = RTOL, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Build one zoo case, run it eagerly, then export and verify it (in the calling process).
 
     Args:
         case_id: ``"<model_type>/<ClassName>"``.
         backend: the backend name.
-        runner: ``"module:function"`` called as ``runner(model, inputs, alt_inputs, backend, atol, rtol)``;
-            the default is :func:`export_and_verify`.
+        runner: ``"module:function"`` called as ``runner(model, inputs, alt_inputs, backend, atol, rtol)``
+            (plus ``options=`` when there are options); the default is :func:`export_and_verify`.
         atol: absolute tolerance of the verification.
         rtol: relative tolerance of the verification.
-        enable_onnx_optimize: drop the class from ``hfexport_onnx.ONNX_DISABLE_OPTIMIZE`` first (to recheck it).
+        options: config options of the export (a known-failure list's ``recheck_options``).
 
     Returns:
         The outcome fields of the case's record (``status`` and what applies of ``reason``, ``stage``,
@@ -526,35 +545,17 @@ def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: 
     Raises:
         hfexport_sweep.zoo.UnknownCaseError: the case is not in the zoo.
     """
-    import torch
-
     from . import zoo
 
     _phase("build")
     try:
         model, inputs, alt_inputs = zoo.build_case(case_id)
-        for name, kwargs in (("inputs", inputs), ("alt_inputs", alt_inputs)):
-            try:
-                with torch.no_grad():
-                    out = model(**kwargs)
-            except Exception as exc:
-                raise zoo.NotInstantiable(f"eager forward fails on {name}: {_one_line(exc, 200)}") from exc
-            if _has_nan(out):
-                raise zoo.NotInstantiable(f"eager forward on {name} gives NaN outputs")
+        zoo.check_eager(model, inputs, alt_inputs)
     except zoo.NotInstantiable as exc:
         return {"status": "not_instantiable", "reason": exc.reason, "cause": exc.reason, "where": _where(exc)}
-    if enable_onnx_optimize:  # recheck an ONNX_DISABLE_OPTIMIZE entry: optimizer on, and its fallback an error
-        import warnings
-
-        with contextlib.suppress(ImportError, AttributeError, KeyError):
-            from hfexport_onnx import exporter_onnx
-
-            fallback = getattr(exporter_onnx, "OptimizerFallbackWarning", None)
-            if isinstance(fallback, type) and issubclass(fallback, Warning):
-                warnings.filterwarnings("error", category=fallback)
-            exporter_onnx.ONNX_DISABLE_OPTIMIZE.pop(type(model).__name__)
     _phase("export")
-    return _load_runner(runner)(model, inputs, alt_inputs, backend, atol, rtol)
+    extra = {"options": dict(options)} if options else {}
+    return _load_runner(runner)(model, inputs, alt_inputs, backend, atol, rtol, **extra)
 
 
 def _case_process(job: dict[str, Any], result_path: str, log_path: str) -> None:
@@ -575,12 +576,12 @@ def _case_process(job: dict[str, Any], result_path: str, log_path: str) -> None:
     torch.set_num_threads(job["threads"])
     try:
         outcome = run_case(job["case_id"], job["backend"], runner=job["runner"], atol=job["atol"],
-                           rtol=job["rtol"], enable_onnx_optimize=job.get("enable_onnx_optimize", False))
+                           rtol=job["rtol"], options=job.get("options"))
     except BaseException as exc:  # the sweep records every failure as a status
         traceback.print_exc()
         phase = _PHASE_FILE.read_text() if _PHASE_FILE.exists() else "build"
         status = {"build": "not_instantiable", "export": "export_error"}.get(phase, "runtime_error")
-        outcome = _failure(status, exc, stage=f"sweep runner ({phase})")
+        outcome = failure_record(status, exc, stage=f"sweep runner ({phase})")
         if status == "not_instantiable":
             outcome["reason"] = outcome["cause"]
     tmp = result_path + ".tmp"
@@ -716,20 +717,58 @@ def _base_record(case: Any, backend: str) -> dict[str, Any]:
             "task": case.task, "modality": case.modality, "backend": backend}
 
 
-def _export_skips() -> dict[str, str]:
-    from hfexport_dynamo import EXPORT_SKIPS
-
-    return dict(EXPORT_SKIPS)
+SKIP_LIST = "EXPORT_SKIPS"
+"""The list of model classes every backend fails (the dynamo trace's): recorded ``skipped``, rechecked as is."""
 
 
-def _onnx_disable_optimize() -> tuple[dict[str, str] | None, str]:
-    """``hfexport_onnx.ONNX_DISABLE_OPTIMIZE``, or ``None`` and why it is not available."""
+def export_skips() -> dict[str, str]:
+    """``hfexport_dynamo.EXPORT_SKIPS``: model class -> the model-side change that would make it exportable."""
+    import hfexport_dynamo
+
+    return dict(hfexport_dynamo.EXPORT_SKIPS)
+
+
+@dataclass(frozen=True)
+class KnownFailures:
+    """The known-failure lists a backend declares through its exporter class.
+
+    Attributes:
+        lists: list name -> {model class: reason} (``{"ONNX_DISABLE_OPTIMIZE": {...}}``), from the exporter's
+            ``known_failures()``; ``EXPORT_SKIPS`` is not among them (see :func:`export_skips`).
+        recheck_options: the exporter's ``recheck_options(list name, model class)`` -> config options that
+            re-check one entry, or ``None`` when it has none (its lists cannot be rechecked then).
+        notes: why a list was not read or cannot be rechecked.
+    """
+
+    lists: dict[str, dict[str, str]] = field(default_factory=dict)
+    recheck_options: Callable[[str, str], Mapping[str, Any]] | None = None
+    notes: tuple[str, ...] = ()
+
+
+def known_failures(backend: str) -> KnownFailures:
+    """The known-failure lists of ``backend``, read from its exporter class (never from the backend's module).
+
+    Args:
+        backend: an installed backend name.
+
+    Returns:
+        Its :class:`KnownFailures` (empty, with a note, when the exporter declares none).
+    """
+    from hfexport import get_backend
+
+    exporter_class = get_backend(backend).load_exporter()
+    declared = getattr(exporter_class, "known_failures", None)
+    if declared is None:
+        return KnownFailures()
     try:
-        import hfexport_onnx
-
-        return dict(hfexport_onnx.ONNX_DISABLE_OPTIMIZE), ""
-    except (ImportError, AttributeError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+        lists = {str(name): {str(cls): str(why) for cls, why in dict(entries).items()}
+                 for name, entries in dict(declared()).items() if name != SKIP_LIST}
+    except Exception as exc:  # a plugin's bug must not stop the sweep
+        return KnownFailures(notes=(f"{exporter_class.__name__}.known_failures() failed: {_one_line(exc)}",))
+    recheck = getattr(exporter_class, "recheck_options", None)
+    notes = tuple(f"{name} ({len(entries)} entries) not rechecked: {exporter_class.__name__} has no "
+                  "recheck_options()" for name, entries in lists.items()) if recheck is None and lists else ()
+    return KnownFailures(lists, recheck, notes)
 
 
 def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: float, preload: Iterable[str],
@@ -792,9 +831,9 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
         timeout: seconds a case may take (build, eager run, export, verify) before it is killed.
         output: the results directory (default ``reports/<backend>``).
         overwrite: start afresh a directory holding another backend's or version's results.
-        recheck_skips: run only the classes listed in ``EXPORT_SKIPS`` (and, with the ``onnx`` backend and
-            hfexport-onnx installed, in ``ONNX_DISABLE_OPTIMIZE`` with the optimizer on) and report the entries
-            that now pass; results go to ``recheck.json``, not ``results.jsonl``.
+        recheck_skips: run only the classes of the known-failure lists — ``EXPORT_SKIPS``, and those the
+            backend's exporter declares (``known_failures()``), with its ``recheck_options()`` — and report the
+            entries that now pass; results go to ``recheck.json``, not ``results.jsonl``.
         limit: run only the first ``limit`` matching cases.
         common: run only the cases of the 60 :data:`COMMON_ARCHITECTURES` (a stratified sweep).
         rerun: statuses whose recorded cases run again (``("timeout",)`` with a longer ``timeout``); the new
@@ -837,7 +876,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     threads = max(1, (os.cpu_count() or 1) // jobs)
     job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
     preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]
-    skips = _export_skips() if apply_skips else {}
+    skips = export_skips() if apply_skips else {}
     summary = SweepSummary(backend, out)
 
     if recheck_skips:
@@ -884,8 +923,6 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
                          ran=summary.ran, interrupted=summary.interrupted)
         _record_run(out, run_entry)
         if report:
-            from .sweep_report import write_reports
-
             write_reports(out)
     return summary
 
@@ -893,26 +930,24 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
 def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: dict[str, Any], jobs: int,
              timeout: float, preload: list[str], out: Path, run_entry: dict[str, Any], summary: SweepSummary,
              progress: bool | None) -> SweepSummary:
-    """Run the classes of the skip lists and record which entries now pass."""
+    """Run the classes of the known-failure lists and record which entries now pass."""
     listed: list[tuple[str, Any, dict[str, Any]]] = []
     for case in cases:
         if case.class_name in skips:
-            listed.append(("EXPORT_SKIPS", case, {**job_base, "case_id": case.case_id}))
-    onnx_list, why = _onnx_disable_optimize()
-    notes = []
-    if onnx_list is None:
-        notes.append(f"ONNX_DISABLE_OPTIMIZE not rechecked: hfexport_onnx does not provide it ({why})")
-    elif backend != "onnx":
-        notes.append(f"ONNX_DISABLE_OPTIMIZE ({len(onnx_list)} entries) is rechecked with --backend onnx")
-    else:
-        for case in cases:
-            if case.class_name in onnx_list:
-                listed.append(("ONNX_DISABLE_OPTIMIZE", case,
-                               {**job_base, "case_id": case.case_id, "enable_onnx_optimize": True}))
+            listed.append((SKIP_LIST, case, {**job_base, "case_id": case.case_id}))
+    declared = known_failures(backend)
+    notes = list(declared.notes)
+    lists = {SKIP_LIST: skips, **declared.lists}
+    if declared.recheck_options is not None:
+        for name, entries in declared.lists.items():
+            for case in cases:
+                if case.class_name in entries:
+                    options = dict(declared.recheck_options(name, case.class_name))
+                    listed.append((name, case, {**job_base, "case_id": case.case_id, "options": options}))
     for note in notes:
         print(note, file=sys.stderr)
-    in_zoo = {c.class_name for c in cases}
-    missing = [("EXPORT_SKIPS", name) for name in skips if name not in in_zoo]
+    in_zoo = {c.class_name for c in _all_cases()}
+    missing = [(name, cls) for name, entries in lists.items() for cls in entries if cls not in in_zoo]
     display = _Display(len(listed), backend, progress)
     records: list[dict[str, Any]] = []
 
@@ -926,8 +961,11 @@ def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: di
         summary.interrupted = True
     finally:
         display.stop()
+    options_of = {(name, job["case_id"]): job.get("options") for name, _, job in listed}
     per_class: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
+        if options_of.get((record["list"], record["case_id"])):
+            record["options"] = options_of[(record["list"], record["case_id"])]
         per_class.setdefault((record["list"], record["class_name"]), []).append(record)
     for (name, cls), recs in sorted(per_class.items()):
         failed = [r for r in recs if r["status"] != "ok"]
@@ -969,8 +1007,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh a results directory of another backend or version (refused otherwise)")
     p.add_argument("--recheck-skips", action="store_true",
-                   help="run only the EXPORT_SKIPS classes (and ONNX_DISABLE_OPTIMIZE ones with --backend onnx) and "
-                        "report the entries that now pass")
+                   help="run only the classes of the known-failure lists (EXPORT_SKIPS, and the backend's own, such "
+                        "as ONNX_DISABLE_OPTIMIZE with --backend onnx) and report the entries that now pass")
     p.add_argument("--limit", type=int, help="only the first N matching cases")
     p.add_argument("--common", action="store_true",
                    help=f"only the cases of {len(COMMON_ARCHITECTURES)} widely used architectures (a stratified "
@@ -985,8 +1023,6 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     output = Path(args.output) if args.output else Path("reports") / args.backend
     if args.report_only:
-        from .sweep_report import write_reports
-
         if not (output / RESULTS_FILE).exists():
             print(f"error: no {RESULTS_FILE} in {output}", file=sys.stderr)
             return 2

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .sweep import META_FILE, META_KIND, RESULTS_FILE, STATUSES, load_results
+from .results import COMMON_ARCHITECTURES, META_FILE, META_KIND, RESULTS_FILE, STATUSES, load_results
 
 __all__ = ["PEER_FILE", "cause_key", "find_sweeps", "render_html", "render_markdown", "summarize", "write_reports"]
 
@@ -180,8 +180,6 @@ def _coverage(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
     filters = sorted({r.get("filter") or "" for r in runs if not r.get("recheck_skips")})
     what = f"{len(records)} of {total} zoo cases" if total else f"{len(records)} zoo cases"
     if any(r.get("common") for r in runs if not r.get("recheck_skips")):
-        from .sweep import COMMON_ARCHITECTURES
-
         what += (f": a stratified subset, every case of the {len(COMMON_ARCHITECTURES)} common architectures of "
                  f"`hfexport sweep --common` ({', '.join(COMMON_ARCHITECTURES)})")
     if filters and filters != [""]:
