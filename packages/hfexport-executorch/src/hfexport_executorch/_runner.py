@@ -11,6 +11,8 @@ import torch.utils._pytree as pytree
 
 from hfexport.plugin import FileRunner
 
+from ._quiet import without_cpuinfo_lines
+
 __all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "input_dtypes"]
 
 PROGRAM_FILE = "model.pte"
@@ -48,7 +50,8 @@ class ExecutorchRunner(FileRunner):
         from executorch.runtime import Runtime
 
         self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
-        self.method = self.program.load_method(self.method_name)
+        with without_cpuinfo_lines():  # the threadpool's /sys report, printed when the first method loads
+            self.method = self.program.load_method(self.method_name)
         if self.method is None:
             raise ValueError(f"{self.path} has no method {self.method_name!r}; it has "
                              f"{sorted(self.program.method_names)}")

@@ -60,6 +60,7 @@ from ._delegation import (
     report_planned_memory,
 )
 from ._graph import emit, is_symint_arg, replace_with_chain, shape_envs
+from ._quiet import quiet_torchao_pytree_warnings
 from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes
 from ._variants import (
     BackendPreparation,
@@ -73,6 +74,7 @@ from ._variants import (
 __all__ = ["CudaExporter", "ExecutorchConfig", "ExecutorchExporter", "XnnpackExporter"]
 
 aten = torch.ops.aten
+quiet_torchao_pytree_warnings()  # before executorch imports torchao (in the stages): one line per Enum, not ours
 
 
 # ── Config ─────────────────────────────────────────────────────────────────────────────────────────────
