@@ -124,9 +124,12 @@ MATRIX = {
 }
 # Also built by _tiny and exported by benchmarks/bench_executorch.py --matrix, not here (test time: Mistral covers it).
 MATRIX_EXTRA = {"phi": (3, 12)}
+# In the development loop (-m "not slow"): a decoder (rope, GQA), GPT-2 (SDPA reshape, split, pow) and a vision model;
+# the other nine (about two minutes of lowering on 2 cores) run with the full suite.
+MATRIX_FAST = ("llama", "gpt2", "vit")
 
 
-@pytest.mark.parametrize("kind", list(MATRIX))
+@pytest.mark.parametrize("kind", [k if k in MATRIX_FAST else pytest.param(k, marks=pytest.mark.slow) for k in MATRIX])
 def test_tiny_matrix_dynamic(kind):
     """Every architecture exports with dynamic=True and matches eager at the traced and at a second shape."""
     model = _tiny(kind)
