@@ -25,45 +25,11 @@ ATOL = 1e-4
 ONNX_FILE = Path(__file__).parents[2] / "packages/hfexport-onnx/src/hfexport_onnx/exporter_onnx.py"
 
 
-def tiny(kind: str) -> torch.nn.Module:
-    """Seeded tiny models of the families that tests/helpers.py does not build."""
-    import transformers as tf
-
-    torch.manual_seed(0)
-    enc = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=100,
-               max_position_embeddings=64)
-    dec = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=37, vocab_size=100, max_position_embeddings=64)
-    if kind == "roberta":
-        return tf.RobertaModel(tf.RobertaConfig(**enc, pad_token_id=1)).eval()
-    if kind == "distilbert":
-        return tf.DistilBertModel(tf.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, vocab_size=100,
-                                                      max_position_embeddings=64)).eval()
-    if kind == "qwen2":
-        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**dec)).eval()
-    if kind == "mistral":
-        return tf.MistralForCausalLM(tf.MistralConfig(**dec)).eval()
-    if kind == "phi":
-        return tf.PhiForCausalLM(tf.PhiConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                              intermediate_size=37, vocab_size=100, max_position_embeddings=64)).eval()
-    if kind == "gpt2":
-        return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=64,
-                                                bos_token_id=1, eos_token_id=2)).eval()
-    if kind == "bart":
-        return tf.BartForConditionalGeneration(tf.BartConfig(
-            d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-            encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=100, max_position_embeddings=64)).eval()
-    if kind == "convnext":
-        return tf.ConvNextModel(tf.ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_channels=3,
-                                                  image_size=32)).eval()
-    return tiny_model(kind)
-
-
 @functools.cache
 def onnx_export(kind: str) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
     """``(model, export)`` of a tiny model with dynamic=True and inputs from its config; cached for the session
     (test_onnx_workarounds.py reuses the T5 and Llama exports for the "with the workaround" half)."""
-    model = tiny(kind)
+    model = tiny_model(kind)
     return model, hfexport.export(model, backend="onnx", dynamic=True)
 
 

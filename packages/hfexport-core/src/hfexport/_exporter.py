@@ -126,8 +126,9 @@ class ExportContext:
         return workarounds_for(kind, scopes, self.config.disable)
 
     def install_patches(self, scopes: Sequence[str]) -> PatchReport:
-        """Install the patches of ``scopes`` until the export ends; record what was installed or skipped."""
-        report = self.stack.enter_context(patch_context(tuple(scopes), self.config.disable))
+        """Install the patches of ``scopes`` until the export ends (factories with a ``ctx`` parameter get this
+        context); record what was installed or skipped."""
+        report = self.stack.enter_context(patch_context(tuple(scopes), self.config.disable, ctx=self))
         self.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
         self.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why}
                                               for r, p, why in report.skipped)

@@ -115,15 +115,17 @@ def _raw_attribute(owner: Any, attr: str) -> Any:
     return getattr(owner, attr)
 
 
-def _install(owner: Any, attr: str, factory: Any) -> Any:
-    """Install ``factory(original)``; returns the raw attribute to restore, or _DECLINED.
+def _install(owner: Any, attr: str, registration: Registration, ctx: Any = None) -> Any:
+    """Install ``factory(original)`` (``factory(original, ctx=ctx)`` for a factory with a ``ctx`` parameter);
+    returns the raw attribute to restore, or _DECLINED.
 
     A factory declines a target by returning ``original`` unchanged (e.g. a wildcard patch that applies
     only to some of the classes it matches).
     """
     raw = _raw_attribute(owner, attr)
     original = getattr(owner, attr)
-    replacement = factory(original)
+    factory = registration.func
+    replacement = factory(original, ctx=ctx) if registration.takes_context else factory(original)
     if replacement is original:  # the factory declined: this target does not need the patch
         return _DECLINED
     if isinstance(raw, staticmethod):
@@ -142,7 +144,7 @@ def _restore(owner: Any, attr: str, raw: Any) -> None:
 
 
 @contextlib.contextmanager
-def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterator[PatchReport]:
+def patch_context(scopes: Iterable[str], disabled: Iterable[str] = (), ctx: Any = None) -> Iterator[PatchReport]:
     """Install every patch registered for ``scopes``; restore all originals on exit, in reverse order.
 
     Targets that do not resolve (a model class that the installed transformers lacks) are skipped, logged
@@ -153,6 +155,8 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterat
     Args:
         scopes: the scopes to install (``("dynamo", "onnx")``).
         disabled: function names of patches to leave out.
+        ctx: the export's ``ExportContext``, given to factories that declare a ``ctx`` parameter (a hook that
+            torch calls deep inside its own code reaches the export through it).
 
     Yields:
         A :class:`PatchReport`.
@@ -175,7 +179,7 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterat
                             report.skipped.append((registration, pattern, str(exc)))
                             continue
                     for owner, attr, path in targets:
-                        _install_one(owner, attr, path, registration, report, undo, owners, ours)
+                        _install_one(owner, attr, path, registration, report, undo, owners, ours, ctx)
             yield report
         finally:
             for owner, attr, raw in reversed(undo):
@@ -184,14 +188,14 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = ()) -> Iterat
 
 def _install_one(owner: Any, attr: str, path: str, registration: Registration, report: PatchReport,
                  undo: list[tuple[Any, str, Any]], owners: dict[tuple[int, str], str],
-                 ours: dict[int, Registration]) -> None:
+                 ours: dict[int, Registration], ctx: Any = None) -> None:
     current = getattr(owner, attr)
     if ours.get(id(current)) is registration and _raw_attribute(owner, attr) is _MISSING:
         # A subclass that inherits the method this factory already replaced on its base: wrapping it
         # again would apply the patch twice.
         report.installed.append((registration, path))
         return
-    raw = _install(owner, attr, registration.func)
+    raw = _install(owner, attr, registration, ctx)
     if raw is _DECLINED:
         return
     key = (id(owner), attr)

@@ -116,7 +116,7 @@ def _cmd_workarounds(args: argparse.Namespace) -> int:
     for r in list_workarounds(args.scope, args.kind):
         target = f" -> {', '.join(r.paths)}" if r.paths else ""
         target += "".join(f" ({k}={v})" for k, v in r.data.items())
-        print(f"{r.scope:<20} {r.kind:<18} {r.qualified_name}{target}\n{'':<40}{r.summary}")
+        print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
     return 0
 
 

@@ -148,8 +148,8 @@ class DynamoExporter(Exporter):
     config_class: ClassVar[type[ExportConfig]] = DynamoConfig
     scopes: ClassVar[tuple[str, ...]] = ("dynamo",)
     tracer = DYNAMO_TRACER
-    toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo")
-    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0"}
+    toolchain: ClassVar[tuple[str, ...]] = DYNAMO_TRACER.toolchain
+    tested_versions: ClassVar[dict[str, str]] = DYNAMO_TRACER.tested_versions
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Forward signature patch", "internal", "stage_forward_signature"),
         Stage(2, "Model patches", '@register_patch("dynamo", ...)', "stage_model_patches"),

@@ -27,7 +27,15 @@ logger = logging.getLogger("hfexport")
 
 
 class DynamoTracer:
-    """Transformers model support for exporters that trace with ``torch.export`` (see the module docstring)."""
+    """Transformers model support for exporters that trace with ``torch.export`` (see the module docstring).
+
+    Attributes:
+        toolchain: the distributions a trace depends on, for the manifest's ``versions`` (a backend adds its own).
+        tested_versions: the versions this package was tested with (a backend adds its own).
+    """
+
+    toolchain: tuple[str, ...] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo")
+    tested_versions: dict[str, str] = {"torch": "2.15.0", "transformers": "5.24.0"}
 
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """Dummy inputs from ``model.config`` when ``inputs`` is ``None`` and the model has a config."""

@@ -21,7 +21,6 @@ modules of the package.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +48,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoExporter, trace
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
 
 from ._errors import (
     OnnxConversionError,
@@ -124,9 +123,9 @@ class OnnxExporter(Exporter):
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "onnx", "onnx.decomposition")
     # The tracer's toolchain (torch, transformers, ...) as hfexport-dynamo declares and tested it, plus ONNX's.
-    toolchain: ClassVar[tuple[str, ...]] = (*DynamoExporter.toolchain, "onnx", "onnxscript", "onnx-ir", "onnxruntime",
+    toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "onnx", "onnxscript", "onnx-ir", "onnxruntime",
                                             "hfexport-onnx")
-    tested_versions: ClassVar[dict[str, str]] = {**DynamoExporter.tested_versions, "onnx": "1.23.2",
+    tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "onnx": "1.23.2",
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Torch patches", '@register_patch("onnx", ...)', "stage_torch_patches"),
@@ -146,8 +145,7 @@ class OnnxExporter(Exporter):
     # Stage 2: ONNX patches
     def stage_onnx_patches(self, ctx: ExportContext) -> None:
         ctx.install_patches(("onnx.decomposition",))
-        ctx.extras["onnx_decomposition_fixes"] = FixReport()
-        ctx.stack.callback(_DECOMPOSING.reset, _DECOMPOSING.set(ctx))
+        ctx.extras["onnx_decomposition_fixes"] = FixReport()  # what _patch_decompose_with_registry applies
 
     # Stage 3: FX node fixes
     def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
@@ -320,17 +318,8 @@ def _patch_torch_rsub(original: Any) -> Any:
 
 
 # ── Stage 2: ONNX patches ──
-# The export whose torch.onnx.export is running, for the decomposition hook below. torch.onnx calls
-# ``decompose_with_registry(program, registry)`` from deep inside ``torch.onnx.export``: no argument of that call
-# can carry the export's state, and a patch factory gets only the original function. So stage 2 sets this
-# context variable (reset when the export ends) and the hook reads the fixes, ``disable=`` and its report from
-# the context. It goes when patch factories receive the ExportContext.
-_DECOMPOSING: contextvars.ContextVar[ExportContext | None] = contextvars.ContextVar(
-    "hfexport_onnx_decomposing", default=None)
-
-
 @register_patch("onnx.decomposition", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry")
-def _patch_decompose_with_registry(original: Any) -> Any:
+def _patch_decompose_with_registry(original: Any, ctx: ExportContext | None = None) -> Any:
     """Re-run the ONNX FX node fixes on the program that ``run_decompositions`` returns inside torch.onnx.
 
     **Why**: ``torch.onnx.export`` decomposes the program again (``_core._prepare_exported_program_for_export``
@@ -339,7 +328,8 @@ def _patch_decompose_with_registry(original: Any) -> Any:
     ``aten.rsub.Scalar(int_tensor, 1.0)`` becomes ``aten.sub.Tensor(1.0, int_tensor)``, which fails with
     ``Cannot find a compatible OpOverload for aten.sub`` (c18 traced without ``_patch_tensor_rsub``). Running
     the FX node fixes between the two steps lets ``_fix_sub_scalar_int_tensor`` rewrite it. The fixes to run
-    come from the export (``disable`` respected) through the ``_DECOMPOSING`` context variable.
+    come from the export (``disable`` respected): the factory receives the export's context (torch.onnx calls the
+    hook with the program and registry only).
     **Upstream**: pytorch/pytorch#194381 (the pattern this hook exists for); the hook is a private torch.onnx
     function (``torch/onnx/_internal/exporter/_fx_passes.py``).
     **Remove when**: torch.onnx offers a post-decomposition hook, or no FX node fix needs the decomposed
@@ -348,7 +338,6 @@ def _patch_decompose_with_registry(original: Any) -> Any:
 
     def decompose_with_registry(exported_program: Any, registry: Any, *args: Any, **kwargs: Any) -> Any:
         program = original(exported_program, registry, *args, **kwargs)
-        ctx = _DECOMPOSING.get()
         if ctx is not None:
             apply_fx_node_fixes(program.graph_module, ctx.workarounds("fx_node_fix", ("onnx",)),
                                 ctx.extras["onnx_decomposition_fixes"], ctx=ctx)
