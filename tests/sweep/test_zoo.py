@@ -185,9 +185,10 @@ def test_dummy_inputs_defaults_for_an_export_without_inputs():
     from hfexport_dynamo import dummy_inputs
 
     shapes = {kind: {k: tuple(v.shape) for k, v in dummy_inputs(tiny_model(kind)).items()}
-              for kind in ("bert", "t5", "whisper")}
+              for kind in ("bert", "gpt2", "t5", "whisper")}
     assert shapes == {
         "bert": {"input_ids": (2, 8), "attention_mask": (2, 8), "token_type_ids": (2, 8)},
+        "gpt2": {"input_ids": (2, 8), "attention_mask": (2, 8)},  # no type vocabulary: no token types
         "t5": {"input_ids": (2, 8), "attention_mask": (2, 8), "decoder_input_ids": (2, 4)},
         "whisper": {"input_features": (2, 16, 32), "decoder_input_ids": (2, 4)},
     }

@@ -88,7 +88,7 @@ def _infer_modality(model: torch.nn.Module, config: Any, names: list[str]) -> st
 
 def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int = 0, *,
                  generator: torch.Generator | None = None, modality: str | None = None, padding: bool = True,
-                 decoder_seq: int | None = None, max_vocab: int | None = None,
+                 decoder_seq: int | None = None, token_type_ids: bool | None = None, max_vocab: int | None = None,
                  default_image_size: int = 224) -> dict[str, Any]:
     """Forward keyword arguments that fit ``model``'s config, seeded.
 
@@ -110,6 +110,8 @@ def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int
         padding: right-pad the last row of ``attention_mask`` (a quarter of ``seq``) when ``batch > 1``.
         decoder_seq: length of ``decoder_input_ids`` (default ``max(2, seq // 2)``). None are made for an
             eos-pooled sequence-classification head, which derives them from ``input_ids``.
+        token_type_ids: make ``token_type_ids`` (zeros) where forward takes them: if the config names a type
+            vocabulary larger than 0 (``None``, the default), also when it names none (``True``), never (``False``).
         max_vocab: draw token ids below this bound too.
         default_image_size: image height and width when the config names none.
 
@@ -159,7 +161,9 @@ def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int
             if padding and batch > 1:
                 mask[-1, seq - max(1, seq // 4):] = 0  # right padding on the last row
             inputs["attention_mask"] = mask
-        if "token_type_ids" in names and (_find(config, "type_vocab_size", default=2) or 0) > 0:
+        types = _find(config, "type_vocab_size")
+        if "token_type_ids" in names and token_type_ids is not False and (
+                (types or 0) > 0 if types is not None else token_type_ids):
             inputs["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
         if modality == "dual-encoder" and "pixel_values" in names:
             inputs["pixel_values"] = pixels()

@@ -592,8 +592,9 @@ def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) ->
     """``(inputs, alt_inputs)`` from hfexport-dynamo's dummy-input builder, both drawn from ``gen``.
 
     The zoo's choices: the modality of the case (a multimodal model gets text only), no padding, a decoder
-    sequence shorter at the alt shape than at the traced one, ids below the tiny vocab, 64x64 images where the
-    config names no size, and ``use_cache=False`` (a decoder returns no cache to compare).
+    sequence shorter at the alt shape than at the traced one, token types wherever forward takes them, ids
+    below the tiny vocab, 64x64 images where the config names no size, and ``use_cache=False`` (a decoder
+    returns no cache to compare).
     """
     from hfexport_dynamo import dummy_inputs, forward_parameters
 
@@ -602,7 +603,8 @@ def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) ->
     for batch, seq, decoder_seq in ((BATCH, SEQ_LEN, DECODER_SEQ_LEN), (ALT_BATCH, ALT_SEQ_LEN, ALT_DECODER_SEQ_LEN)):
         try:
             inputs = dummy_inputs(model, batch, seq, generator=gen, modality=case.modality, padding=False,
-                                  decoder_seq=decoder_seq, max_vocab=TINY_VOCAB, default_image_size=TINY_IMAGE)
+                                  decoder_seq=decoder_seq, token_type_ids=True, max_vocab=TINY_VOCAB,
+                                  default_image_size=TINY_IMAGE)
         except ValueError as exc:  # forward takes none of the inputs of the case's modality
             raise NotInstantiable(str(exc)) from exc
         if takes_use_cache:
