@@ -176,18 +176,12 @@ def register_fx_node_fix(scope: str) -> Callable[[Callable[..., Any]], Callable[
     """Register ``fix(graph_module, node) -> bool``, applied to every node after tracing.
 
     The fix returns ``True`` when it rewrote or consumed the node (no later fix sees it). Dead code left
-    behind is eliminated once all fixes have run.
+    behind is eliminated once all fixes have run. A fix with a ``ctx`` parameter also gets the ExportContext.
 
     Raises:
         ValueError: if the scope is not a dotted name.
     """
-    _check_scope(scope)
-
-    def decorator(fix: Callable[..., Any]) -> Callable[..., Any]:
-        _add("fx_node_fix", scope, fix)
-        return fix
-
-    return decorator
+    return register_workaround("fx_node_fix", scope)
 
 
 def register_fx_program_fix(scope: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -198,13 +192,7 @@ def register_fx_program_fix(scope: str) -> Callable[[Callable[..., Any]], Callab
     Raises:
         ValueError: if the scope is not a dotted name.
     """
-    _check_scope(scope)
-
-    def decorator(fix: Callable[..., Any]) -> Callable[..., Any]:
-        _add("fx_program_fix", scope, fix)
-        return fix
-
-    return decorator
+    return register_workaround("fx_program_fix", scope)
 
 
 def _listing(kind: Kind, scope: str | None) -> list[Registration]:
