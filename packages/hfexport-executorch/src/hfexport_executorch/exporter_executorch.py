@@ -130,9 +130,8 @@ class ExecutorchExporter(Exporter):
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals")
-    toolchain: ClassVar[tuple[str, ...]] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo", "executorch",
-                                            "hfexport-executorch")
-    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.15.0", "transformers": "5.24.0", "executorch": "1.5.1"}
+    toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "executorch", "hfexport-executorch")
+    tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "executorch": "1.5.1"}
     stages: ClassVar[tuple[Stage, ...]] = (  # one stage a line, in the order of the banners below
         Stage(1, "Backend preparation", '@register_backend_prepare("<variant>")', "stage_backend_preparation"),
         Stage(2, "Torch patches", '@register_patch("executorch", ...)', "stage_torch_patches"),
