@@ -37,7 +37,13 @@ ARCHITECTURES = ["bert", "roberta", "distilbert", "llama", "qwen2", "gpt2", "mis
                  "convnext", "whisper"]
 
 
-@pytest.mark.parametrize("kind", ARCHITECTURES)
+# In the development loop (-m "not slow"): an encoder, a decoder (rope, GQA), an encoder-decoder and a vision model;
+# the other nine run with the full suite.
+ARCHITECTURES_FAST = ("bert", "llama", "t5", "vit")
+
+
+@pytest.mark.parametrize("kind", [k if k in ARCHITECTURES_FAST else pytest.param(k, marks=pytest.mark.slow)
+                                  for k in ARCHITECTURES])
 def test_tiny_architecture_exports_dynamic_and_matches_on_ort_at_two_shapes(kind):
     model, exported = onnx_export(kind)
     assert exported.manifest["onnx"]["optimized"], exported.manifest["onnx"]

@@ -113,6 +113,7 @@ def _records(path: Path) -> dict[str, dict]:
 
 
 @pytest.mark.sweep
+@pytest.mark.slow  # about a minute on 2 cores: in the full run, not in the -m "not slow" loop
 def test_representative_subset_exports_on_dynamo(tmp_path, capsys):
     pattern = "^(?:" + "|".join(c.replace(".", r"\.") for c in REPRESENTATIVE) + ")$"
     start = time.perf_counter()

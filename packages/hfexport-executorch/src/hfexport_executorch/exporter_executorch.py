@@ -26,7 +26,6 @@ backends and ``hfexport --help`` stay fast, and a missing install is reported by
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import operator
 import sys
@@ -178,8 +177,7 @@ class ExecutorchExporter(Exporter):
 
     def stage_executorch_patches(self, ctx: ExportContext) -> None:
         """Stage 3: the patches of ExecuTorch internals (``executorch.internals``, ``executorch.<variant>.internals``)."""
-        ctx.extras["executorch_admitted_ops"] = admitted = []
-        ctx.stack.callback(_ADMITTED_OPS.reset, _ADMITTED_OPS.set(admitted))
+        ctx.extras["executorch_admitted_ops"] = []  # what _patch_aten_dialect_verifier admits
         ctx.install_patches(("executorch.internals", f"executorch.{ctx.config.backend}.internals"))  # type: ignore[attr-defined]
 
     def stage_fx_program_fixes(self, ctx: ExportContext) -> None:
@@ -485,22 +483,17 @@ def _patch_default_decomposition_table(original: Any) -> Any:
     return _default_decomposition_table
 
 
-# The edge verifier runs deep inside ``to_edge``, where no ExportContext reaches: the one piece of per-export
-# state a workaround keeps outside ``ctx``. Stage 3 points it at ``ctx.extras["executorch_admitted_ops"]``.
-_ADMITTED_OPS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfexport_executorch_admitted_ops",
-                                                                                default=None)
-
-
 @register_patch("executorch.internals",
                 "executorch.exir.verification.verifier.EXIRATenDialectVerifier",
                 "executorch.exir.program._program.EXIRATenDialectVerifier")
-def _patch_aten_dialect_verifier(original: Any) -> Any:
+def _patch_aten_dialect_verifier(original: Any, ctx: ExportContext | None = None) -> Any:
     """Lets the edge verifiers accept a non-Core-ATen aten op when the portable library has its out-variant kernel.
 
     Wraps the ``check_valid_op`` of the verifier class that ``EXIRATenDialectVerifier(...)`` builds (the edge
     verifier checks aten ops through it too): when the original raises ``SpecViolationError`` for an aten op whose
     out variant (``executorch.exir.operator.convert.to_out_variant``) is a kernel linked into the runtime, the op is
-    accepted and recorded (``manifest["executorch"]["non_core_aten_on_portable_kernels"]``). This is what
+    accepted and recorded in the export's context (``manifest["executorch"]["non_core_aten_on_portable_kernels"]``;
+    the verifier runs deep inside ``to_edge``, so the factory takes the context). This is what
     ``EdgeCompileConfig(_core_aten_ops_exception_list=[op])`` does, for the ops that only appear *inside*
     ``to_edge``'s own decompositions and so cannot be listed beforehand.
 
@@ -531,9 +524,8 @@ def _patch_aten_dialect_verifier(original: Any) -> Any:
                               and not op._schema.is_mutable and not getattr(STRICT, "on", False))
                 if not admissible or portable_kernel_for(op) is None:
                     raise
-                admitted = _ADMITTED_OPS.get()
-                if admitted is not None:
-                    admitted.append(str(op))
+                if ctx is not None:
+                    ctx.extras.setdefault("executorch_admitted_ops", []).append(str(op))
                 return None
 
         cls.check_valid_op = check_valid_op  # a fresh class per call: nothing else sees this
