@@ -55,3 +55,9 @@ def test_demo_export_end_to_end(tmp_path, capsys):
     assert code == 0, out
     assert "last_hidden_state" in out and "PASSED" in out
     assert (tmp_path / "demo" / "model.pt2").exists()
+    # export.json keeps the report of the verification of the saved files (written after it, atomically)
+    report = json.loads((tmp_path / "demo" / "export.json").read_text())["verification"]
+    assert report["passed"] is True and report["inputs"]["input_ids"] and report["atol"] == 1e-4
+    assert report["outputs"][0]["name"] == "last_hidden_state" and isinstance(report["outputs"][0]["max_abs_diff"],
+                                                                              float)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # no lock, staging or temporary manifest

@@ -77,9 +77,14 @@ def test_save_refuses_non_empty_directory_and_keeps_it(bert, tmp_path):
     with pytest.raises(FileExistsError, match="not empty"):
         exported.save_pretrained(target)
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
-    exported.save_pretrained(target, overwrite=True)
-    assert not (target / "keep.txt").exists() and (target / "export.json").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging or retired directory left
+    with pytest.raises(FileExistsError, match="not an hfexport artifact"):  # overwrite replaces only an artifact
+        exported.save_pretrained(target, overwrite=True)
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    (target / "keep.txt").unlink()
+    exported.save_pretrained(target)  # an empty directory takes an artifact
+    exported.save_pretrained(target, overwrite=True)  # and an artifact is replaced
+    assert (target / "export.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging, retired directory or lock file left
 
 
 def test_not_a_module_is_rejected():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -19,6 +20,18 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
+
+from ._saving import (
+    check_free_space,
+    check_target,
+    disk_full_error,
+    is_disk_full,
+    make_staging,
+    recover_retired,
+    replace_directory,
+    save_lock,
+    tree_size,
+)
 
 __all__ = ["Component", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
            "Runner", "SCHEMA_VERSION", "VerificationReport", "compare_outputs", "flatten_with_names",
@@ -176,13 +189,36 @@ def versions_of(distributions: tuple[str, ...] | list[str]) -> dict[str, str]:
 
 @dataclass
 class OutputDiff:
-    """Comparison of one output tensor against eager PyTorch."""
+    """Comparison of one output tensor against eager PyTorch.
+
+    A NaN or Inf of the export where eager has none (or the reverse) makes ``max_abs_diff`` NaN or Inf (never
+    0.0), fails the output and is counted in ``note``; NaN and Inf at the same places on both sides are equal.
+
+    Attributes:
+        max_rel_diff: the largest ``|exported - eager| / |eager|`` (Inf where eager is 0 and the export not).
+        tolerance: the largest difference the tolerances allowed for this output (``atol + rtol * max|eager|``).
+        note: what else failed (non-finite values on one side only).
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     max_abs_diff: float
     ok: bool
+    max_rel_diff: float = 0.0
+    tolerance: float = 0.0
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: NaN and Inf become the strings ``"nan"``, ``"inf"``, ``"-inf"``."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "ok": self.ok,
+                "max_abs_diff": _json_float(self.max_abs_diff), "max_rel_diff": _json_float(self.max_rel_diff),
+                "tolerance": _json_float(self.tolerance), **({"note": self.note} if self.note else {})}
+
+
+def _json_float(value: float) -> float | str:
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
 
 
 @dataclass
@@ -191,12 +227,16 @@ class VerificationReport:
 
     ``passed`` is True when every output satisfies ``|exported - eager| <= atol + rtol * |eager|``
     (integer and boolean outputs must be equal).
+
+    Attributes:
+        inputs: input name -> shape (a list of shapes for a pytree input) the comparison ran at.
     """
 
     backend: str
     atol: float
     rtol: float
     outputs: list[OutputDiff] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -204,7 +244,18 @@ class VerificationReport:
 
     @property
     def max_abs_diff(self) -> float:
-        return max((o.max_abs_diff for o in self.outputs), default=float("nan"))
+        diffs = [o.max_abs_diff for o in self.outputs]
+        if any(math.isnan(d) for d in diffs):
+            return float("nan")
+        return max(diffs, default=float("nan"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as stored in the manifest (``manifest["verification"]``)."""
+        return {"backend": self.backend, "passed": self.passed, "atol": self.atol, "rtol": self.rtol,
+                "rule": "|exported - eager| <= atol + rtol * |eager| elementwise; integer and boolean outputs "
+                        "equal; NaN/Inf only where eager has the same",
+                "max_abs_diff": _json_float(self.max_abs_diff), "inputs": self.inputs,
+                "outputs": [o.as_dict() for o in self.outputs]}
 
     def __getitem__(self, name: str) -> OutputDiff:
         for o in self.outputs:
@@ -217,12 +268,48 @@ class VerificationReport:
                  f"{'PASSED' if self.passed else 'FAILED'}"]
         for o in self.outputs:
             lines.append(f"  {'✅' if o.ok else '❌'} {o.name:<28} {str(list(o.shape)):<18} {o.dtype:<10} "
-                         f"max abs diff {o.max_abs_diff:.3e}")
+                         f"max abs diff {o.max_abs_diff:.3e}  rel {o.max_rel_diff:.3e}"
+                         + (f"  ({o.note})" if o.note else ""))
         return "\n".join(lines)
+
+
+def _compare_tensors(e: Any, a: Any, atol: float, rtol: float) -> tuple[float, float, float, bool, str]:
+    """``(max abs diff, max rel diff, tolerance, ok, note)`` of two tensors of one shape."""
+    import torch
+
+    if not (e.is_floating_point() or e.is_complex()):
+        diff = (a.long() - e.long()).abs()
+        equal = bool(torch.equal(a.to(e.dtype), e))
+        top = float(diff.max()) if diff.numel() else 0.0
+        return top, 0.0 if equal else float("inf"), 0.0, equal, ""
+    ad, ed = (a.cdouble(), e.cdouble()) if e.is_complex() or a.is_complex() else (a.double(), e.double())
+    a_nan, e_nan = torch.isnan(ad), torch.isnan(ed)
+    same = (ad == ed) | (a_nan & e_nan)  # equal values, equal infinities, NaN on both sides
+    diff = torch.where(same, torch.zeros((), dtype=torch.float64), (ad - ed).abs())  # NaN/Inf stay
+    scale = torch.where(torch.isfinite(ed), ed.abs(), torch.zeros((), dtype=torch.float64))
+    ok = bool(torch.all(diff <= atol + rtol * scale))  # a NaN difference is never within tolerance
+    rel = torch.where(diff == 0, torch.zeros((), dtype=torch.float64), diff / scale)
+
+    def top(t: Any) -> float:
+        if not t.numel():
+            return 0.0
+        return float("nan") if bool(torch.isnan(t).any()) else float(t.max())
+
+    notes = []
+    for count, what in ((int((a_nan & ~e_nan).sum()), "NaN in the export where eager has none"),
+                        (int((e_nan & ~a_nan).sum()), "NaN in eager where the export has none"),
+                        (int((torch.isinf(ad) & ~same).sum()), "Inf in the export where eager differs"),
+                        (int((torch.isinf(ed) & ~same).sum()), "Inf in eager where the export differs")):
+        if count:
+            notes.append(f"{count} {what}")
+    tolerance = atol + rtol * (float(scale.max()) if scale.numel() else 0.0)
+    return top(diff), top(rel), tolerance, ok, "; ".join(notes)
 
 
 def compare_outputs(backend: str, expected: Any, actual: Any, atol: float, rtol: float) -> VerificationReport:
     """Compare two output pytrees leaf by leaf.
+
+    NaN or Inf on one side only fails the output and is reported as NaN/Inf (never as a difference of 0.0).
 
     Raises:
         ValueError: the structures differ (names the leaves on each side).
@@ -239,20 +326,28 @@ def compare_outputs(backend: str, expected: Any, actual: Any, atol: float, rtol:
             report.outputs.append(OutputDiff(name, (), type(e).__name__, 0.0 if e == a else float("inf"), e == a))
             continue
         a = torch.as_tensor(a).to(e.device)
+        dtype = str(e.dtype).replace("torch.", "")
         if a.shape != e.shape:
-            report.outputs.append(OutputDiff(name, tuple(a.shape), str(e.dtype).replace("torch.", ""),
-                                             float("inf"), False))
+            report.outputs.append(OutputDiff(name, tuple(a.shape), dtype, float("inf"), False, float("inf"),
+                                             note=f"shape {list(a.shape)} where eager has {list(e.shape)}"))
             continue
-        if e.is_floating_point() or e.is_complex():
-            diff = (a.double() - e.double()).abs()
-            ok = bool(torch.all(diff <= atol + rtol * e.double().abs())) and not bool(torch.isnan(a).any() ^ torch.isnan(e).any())
-            diff = diff.nan_to_num(0.0)
-        else:
-            diff = (a.long() - e.long()).abs()
-            ok = bool(torch.equal(a.to(e.dtype), e))
-        report.outputs.append(OutputDiff(name, tuple(e.shape), str(e.dtype).replace("torch.", ""),
-                                         float(diff.max()) if diff.numel() else 0.0, ok))
+        abs_diff, rel_diff, tolerance, ok, note = _compare_tensors(e, a, atol, rtol)
+        report.outputs.append(OutputDiff(name, tuple(e.shape), dtype, abs_diff, ok, rel_diff, tolerance, note))
     return report
+
+
+def _shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Input name -> shape (a list of leaf shapes for a pytree input; the value for a scalar)."""
+    import torch.utils._pytree as pytree
+
+    out: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if hasattr(value, "shape"):
+            out[name] = list(value.shape)
+        else:
+            leaves = pytree.tree_leaves(value)
+            out[name] = [list(leaf.shape) if hasattr(leaf, "shape") else repr(leaf) for leaf in leaves]
+    return out
 
 
 class ExportedModel:
@@ -363,6 +458,9 @@ class ExportedModel:
             reference: the eager model; defaults to the one exported in this process. The export's fixed
                 keyword arguments (``manifest["fixed_kwargs"]``, e.g. ``use_cache=False``) are added.
 
+        The report (per output: max abs and rel diff, tolerance; the input shapes) is stored in
+        ``manifest["verification"]``, so that a save after verifying keeps it in ``export.json``.
+
         Raises:
             ValueError: no eager reference is available (after :func:`load`, pass ``reference=model``).
         """
@@ -378,53 +476,101 @@ class ExportedModel:
         with torch.no_grad():
             expected = reference(**copy.deepcopy(dict(inputs)))
             actual = self(**copy.deepcopy(dict(inputs)))
-        return compare_outputs(self.backend, expected, actual, atol, rtol)
+        report = compare_outputs(self.backend, expected, actual, atol, rtol)
+        report.inputs = _shapes(inputs)
+        self.manifest["verification"] = report.as_dict()
+        return report
 
     # ── saving ────────────────────────────────────────────────────────────────────────────────────────
     def save_pretrained(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Write the program file(s), ``export.json`` and the model config into directory ``path``.
 
-        Atomic: everything is written into a temporary directory beside ``path`` and moved into place;
-        a failure leaves no artifact (and an existing directory untouched).
+        Atomic: everything is written into a temporary directory beside ``path`` and moved into place in one
+        step; a failure leaves no artifact, and an earlier artifact at ``path`` as it was. Saves to one path
+        are serialized (a lock file ``.<name>.lock`` beside it, removed afterwards), so of two concurrent
+        saves without ``overwrite`` one succeeds and the other raises ``FileExistsError``.
+
+        Args:
+            path: the artifact directory.
+            overwrite: replace an earlier hfexport artifact (a directory holding ``export.json``) at ``path``.
+                A directory that is not an artifact is never replaced.
 
         Raises:
-            FileExistsError: ``path`` exists and is not empty, and ``overwrite`` is False.
+            FileExistsError: ``path`` is a file; or a non-empty directory and ``overwrite`` is False; or a
+                non-empty directory that is not an hfexport artifact.
+            OSError: the disk filled (``errno.ENOSPC``; names the path and the bytes needed, where known).
+            TimeoutError: another save to ``path`` did not finish within ``hfexport._saving.LOCK_TIMEOUT_S``.
         """
         target = Path(path).absolute()
         if target.exists() and not target.is_dir():
             raise FileExistsError(f"{target} exists and is not a directory")
-        if target.exists() and any(target.iterdir()) and not overwrite:
-            raise FileExistsError(f"{target} exists and is not empty: choose another directory or pass "
-                                  "overwrite=True (CLI: --overwrite)")
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the artifact gets the usual permissions
-        try:
-            files: list[str] = []
-            for component in self.components.values():
-                written = component.write(staging) if component.write else None
-                files.extend(written if isinstance(written, list | tuple) else [])
-            for name, write in self.extra_files.items():
-                written = write(staging)
-                files.extend(written if isinstance(written, list | tuple) else [name])
-            manifest = dict(self.manifest, files=sorted(set(files) | {MANIFEST_NAME}))
-            (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-            if target.exists():
-                retired = target.with_name(f".{target.name}.{os.getpid()}.old")
-                target.rename(retired)
-                staging.rename(target)
-                shutil.rmtree(retired, ignore_errors=True)
-            else:
-                staging.rename(target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        with save_lock(target):
+            recover_retired(target, MANIFEST_NAME)
+            check_target(target, overwrite, MANIFEST_NAME)
+            needed = self._size_hint()
+            check_free_space(target, needed)
+            staging = make_staging(target)
+            try:
+                manifest = self._write_into(staging)
+                replace_directory(staging, target)
+            except BaseException as exc:
+                written = tree_size(staging)
+                shutil.rmtree(staging, ignore_errors=True)
+                if is_disk_full(exc):
+                    raise disk_full_error(target, needed, written) from exc
+                raise
         self.manifest = manifest
         return target
 
+    def _write_into(self, staging: Path) -> dict[str, Any]:
+        """Write every component's files, the extra files and the manifest into ``staging``; the manifest."""
+        files: list[str] = []
+        for component in self.components.values():
+            written = component.write(staging) if component.write else None
+            files.extend(written if isinstance(written, list | tuple) else [])
+        for name, write in self.extra_files.items():
+            written = write(staging)
+            files.extend(written if isinstance(written, list | tuple) else [name])
+        manifest = dict(self.manifest, files=sorted(set(files) | {MANIFEST_NAME}))
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        return manifest
+
+    def _size_hint(self) -> int | None:
+        """A lower bound of the bytes a save writes, where it is known: the files of file-backed runners,
+        the weights of in-memory programs, the ``nbytes`` of extra-file writers that give one."""
+        total = 0
+        for component in self.components.values():
+            try:
+                files = getattr(component.runner, "files", None)
+                program = component.program if component.program is not None else \
+                    getattr(component.runner, "program", None)
+                if files:
+                    total += sum(Path(f).stat().st_size for f in files)
+                elif program is not None:
+                    total += _tensor_bytes(program)
+            except Exception:  # a hint only
+                continue
+        total += sum(int(getattr(w, "nbytes", 0) or 0) for w in self.extra_files.values())
+        return total or None
+
     save = save_pretrained
+
+
+def _tensor_bytes(program: Any) -> int:
+    """Bytes of the distinct tensor storages of a program's ``state_dict`` and ``constants``."""
+    seen, total = set(), 0
+    for mapping in (getattr(program, "state_dict", None) or {}, getattr(program, "constants", None) or {}):
+        for value in mapping.values():
+            storage = getattr(value, "untyped_storage", None)
+            if storage is None:
+                continue
+            storage = storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+    return total
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -124,6 +124,11 @@ def _check_output(path: Path, overwrite: bool) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise SystemExit(f"error: output directory {path} exists and is not empty; pass --overwrite to replace "
                          "it, or choose another --output")
+    from ._artifact import MANIFEST_NAME
+
+    if overwrite and path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_NAME).is_file():
+        raise SystemExit(f"error: --overwrite replaces only an earlier export, and {path} is not one (it has no "
+                         f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -187,6 +192,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in check_inputs.items() if hasattr(v, "shape"))
     console.print(f"verifying the artifact loaded back from disk at {shapes}")
     report = reloaded.verify(check_inputs, atol=args.atol, rtol=args.rtol, reference=model)
+    from ._artifact import MANIFEST_NAME
+    from ._saving import update_manifest
+
+    # The saved export.json keeps the report of the check of the files on disk (written atomically).
+    exported.manifest = update_manifest(path, MANIFEST_NAME, {"verification": reloaded.manifest["verification"]})
     print(report)
     if args.report:
         _write_report(Path(args.report), args, exported, progress.lines, report, shapes)
