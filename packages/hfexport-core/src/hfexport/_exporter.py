@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +212,45 @@ def _snapshot_modes(model: Any) -> list[tuple[Any, bool]]:
     return [(m, m.training) for m in model.modules()]
 
 
+# One lock per model instance: an export switches the model to eval mode and restores its training flags at
+# the end, so a second export of the same instance in another thread would snapshot (and restore) the first
+# one's eval mode, or trace after the first restored train() and bake dropout in. Different instances export
+# concurrently (their traces still take turns on the patch context's lock).
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_BY_ID: dict[int, threading.RLock] = {}  # models that cannot be weak keys (unhashable)
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _model_lock(model: Any) -> Any:
+    """Hold ``model``'s export lock; wait while another thread exports the same instance.
+
+    Raises:
+        RuntimeError: the instance is being exported by another thread and this thread holds the patch
+            context that export waits for (waiting would deadlock).
+    """
+    from ._patching import _PATCH_LOCK
+
+    with _MODEL_LOCKS_GUARD:
+        try:
+            lock = _MODEL_LOCKS.get(model)
+            if lock is None:
+                lock = _MODEL_LOCKS[model] = threading.RLock()
+        except TypeError:
+            lock = _MODEL_LOCKS_BY_ID.setdefault(id(model), threading.RLock())
+    if not lock.acquire(blocking=False):
+        owns_patches = getattr(_PATCH_LOCK, "_is_owned", lambda: False)()
+        if owns_patches:
+            raise RuntimeError(f"this {type(model).__name__} instance is being exported by another thread, which "
+                               "waits for the patch context this thread holds: exporting it here would deadlock; "
+                               "export it outside the patch context, or after the other export")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class Exporter:
     """Base class of every backend's exporter.
 
@@ -265,23 +306,25 @@ class Exporter:
                               hints=["pass inputs explicitly: a mapping of forward keyword arguments"]) from exc
         self.check_inputs(inputs)
         warn_version_drift(type(self))
-        modes = _snapshot_modes(model)
-        start = time.perf_counter()
-        try:
-            with contextlib.ExitStack() as stack:
-                ctx = ExportContext(self, model, inputs, self.config, stack, progress)
-                model.eval()
-                ctx.report["timings"].update(run_stages(self.name, self.stages, self, ctx, model_class, progress))
-            ctx.report["timings"].update(ctx.steps.timings)
-            ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
+        with _model_lock(model):  # a second export of this instance in another thread waits for this one
+            modes = _snapshot_modes(model)
+            start = time.perf_counter()
             try:
-                return self.package(ctx)
-            except Exception as exc:
-                raise ExportError(self.name, model_class, exc, where="packaging (after the last stage)",
-                                  internal=True) from exc
-        finally:
-            for module, training in modes:
-                module.training = training
+                with contextlib.ExitStack() as stack:
+                    ctx = ExportContext(self, model, inputs, self.config, stack, progress)
+                    model.eval()
+                    ctx.report["timings"].update(run_stages(self.name, self.stages, self, ctx, model_class,
+                                                            progress))
+                ctx.report["timings"].update(ctx.steps.timings)
+                ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
+                try:
+                    return self.package(ctx)
+                except Exception as exc:
+                    raise ExportError(self.name, model_class, exc, where="packaging (after the last stage)",
+                                      internal=True) from exc
+            finally:
+                for module, training in modes:
+                    module.training = training
 
     def check_inputs(self, inputs: Any) -> None:
         """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors or pytrees of tensors.

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from hfexport.plugin import (
 from ._pytree import register_transformers_pytrees
 from .inputs import forward_parameters
 from .skips import EXPORT_SKIPS
-from .tracer import DYNAMO_TRACER
+from .tracer import DYNAMO_TRACER, SpecializedDimWarning, specialized_dims, specialized_message
 
 __all__ = ["DynamoConfig", "DynamoExporter", "DynamoRunner", "PROGRAM_FILE", "trace"]
 
@@ -220,6 +221,7 @@ class DynamoExporter(Exporter):
                 ctx.program = torch.export.export(ctx.extras["wrapper"], args,
                                                   dynamic_shapes=ctx.extras["dynamic_shapes"],
                                                   strict=ctx.config.strict)  # type: ignore[attr-defined]
+        _warn_specialized(ctx)
 
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
@@ -246,6 +248,23 @@ class DynamoExporter(Exporter):
         if "not a known type" in text or "register a pytree" in text.lower():
             return ["register the input/output type: hfexport_dynamo.register_cache_type(cls)"]
         return []
+
+
+def _warn_specialized(ctx: ExportContext) -> None:
+    """Warn about each dim asked to be dynamic that the trace fixed; record them for the manifest (notes and
+    ``specialized_dims``). Never fails the export: the description is best effort."""
+    if not ctx.extras.get("dynamic_shapes"):
+        return
+    try:
+        fixed = specialized_dims(ctx.program, ctx.inputs, ctx.extras["dynamic_shapes"])
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("could not compare the requested dynamic dims with the program's: %s", exc)
+        return
+    ctx.extras["specialized_dims"] = fixed
+    for entry in fixed:
+        message = specialized_message(entry)
+        ctx.note(message)
+        warnings.warn(f"{ctx.model_class}: {message}", SpecializedDimWarning, stacklevel=2)
 
 
 # ── The public tracing step ─────────────────────────────────────────────────────────────────────────────

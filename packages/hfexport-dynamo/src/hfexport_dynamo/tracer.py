@@ -21,7 +21,8 @@ from hfexport.plugin import ExportContext, flatten_with_names
 from ._pytree import register_transformers_pytrees
 from .inputs import dummy_inputs
 
-__all__ = ["DYNAMO_TRACER", "DynamoTracer", "describe_inputs", "describe_outputs"]
+__all__ = ["DYNAMO_TRACER", "DynamoTracer", "SpecializedDimWarning", "describe_inputs", "describe_outputs",
+           "specialized_dims", "specialized_message"]
 
 logger = logging.getLogger("hfexport")
 
@@ -57,6 +58,9 @@ class DynamoTracer:
             "output_spec": pytree.treespec_dumps(program.call_spec.out_spec),
             "output_modules": sorted(_spec_modules(program.call_spec.out_spec)),
             "fixed_kwargs": ctx.extras.get("fixed_kwargs", {}),
+            # dims asked to be dynamic that the trace fixed (stage 5 warns about each)
+            **({"specialized_dims": ctx.extras["specialized_dims"]}
+               if "specialized_dims" in ctx.extras and program is ctx.program else {}),
         }
 
     def extra_files(self, ctx: ExportContext) -> dict[str, Any]:
@@ -107,10 +111,15 @@ def _spec_modules(spec: Any) -> set[str]:
     return out
 
 
+def _is_dynamic(size: Any) -> bool:
+    """Whether a traced size is symbolic (a SymInt whose symbol was replaced by a constant is not)."""
+    return isinstance(size, torch.SymInt) and not getattr(size.node.expr, "is_number", False)
+
+
 def _dims(value: Any, program: torch.export.ExportedProgram) -> tuple[list[Any], dict[str, Any]]:
     shape, dynamic = [], {}
     for i, size in enumerate(value.shape):
-        if isinstance(size, torch.SymInt):
+        if _is_dynamic(size):
             symbol = size.node.expr
             rng = program.range_constraints.get(symbol)
             try:
@@ -169,3 +178,110 @@ def describe_outputs(program: torch.export.ExportedProgram) -> list[dict[str, An
             entry["shape"], _ = _dims(val, program)
         out.append(entry)
     return out
+
+
+class SpecializedDimWarning(UserWarning):
+    """A dimension asked to be dynamic (``dynamic=True``, ``Dim.AUTO``) that torch.export fixed to its traced size."""
+
+
+def _requested_dynamic(spec: Any) -> list[int]:
+    """The dims a tensor's dynamic-shapes spec asks to be dynamic (anything but ``None``, ints, ``Dim.STATIC``)."""
+    from torch.export import Dim
+
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+    elif isinstance(spec, list | tuple):
+        items = list(enumerate(spec))
+    else:
+        return []
+    return [d for d, s in items if isinstance(d, int) and s is not None and not isinstance(s, int)
+            and s is not Dim.STATIC]
+
+
+def _leaf_specs(value: Any, spec: Any) -> list[tuple[int | None, Any, Any]]:
+    """``(leaf index or None for a tensor input, leaf, its spec)`` for the tensor leaves ``spec`` covers."""
+    if isinstance(value, torch.Tensor):
+        return [(None, value, spec)]
+    leaves = pytree.tree_leaves(value)
+    if isinstance(spec, list | tuple) and len(spec) == len(leaves):  # _auto_spec's shape: one spec per leaf
+        return [(i, leaf, s) for i, (leaf, s) in enumerate(zip(leaves, spec, strict=True))
+                if isinstance(leaf, torch.Tensor)]
+    return []  # another structure: not checked
+
+
+def _why_fixed(shape_env: Any, name: str, dim: int, size: int) -> dict[str, str]:
+    """The guard that fixed ``name``'s ``dim`` (best effort: torch's shape environment is not public API)."""
+    if size in (0, 1):
+        return {"reason": f"the traced size is {size}, and torch.export always specializes sizes 0 and 1: trace "
+                          "with a size of at least 2 along this dim"}
+    out = {"reason": "the model's code fixes it (a shape check, a reshape to a constant size, or a branch on "
+                     "the size)"}
+    try:
+        source = f"L['{name}'].size()[{dim}]"
+        symbol = next(s for s, sources in shape_env.var_to_sources.items() if any(x.name == source for x in sources))
+        guards = [g for g in shape_env.guards if symbol in g.expr.free_symbols]
+        # The guard that fixed it: an equality on this size alone; else where the symbol was replaced by a
+        # constant; else the first guard on it.
+        fixing = next((g for g in guards if type(g.expr).__name__ == "Equality" and len(g.expr.free_symbols) == 1),
+                      None)
+        slocs = getattr(shape_env, "replacements_slocs", {})
+        if fixing is not None:
+            out["guard"], sloc = str(fixing.expr).replace(str(symbol), f"{name}.size({dim})"), fixing.sloc
+        elif symbol in slocs:
+            out["guard"], sloc = f"{name}.size({dim}) == {size}", slocs[symbol]
+        elif guards:
+            out["guard"], sloc = str(guards[0].expr).replace(str(symbol), f"{name}.size({dim})"), guards[0].sloc
+        else:
+            sloc = None
+        if sloc is not None:
+            loc = sloc.maybe_user_loc or sloc.framework_loc
+            if loc is not None:
+                out["where"] = f"{'/'.join(Path(loc.filename).parts[-3:])}:{loc.lineno} in {loc.name}" \
+                    if hasattr(loc, "lineno") else str(loc)
+    except Exception:  # noqa: BLE001 - a hint only
+        pass
+    return out
+
+
+def specialized_dims(program: torch.export.ExportedProgram, inputs: Mapping[str, Any],
+                     dynamic_shapes: Any) -> list[dict[str, Any]]:
+    """The dims asked to be dynamic (by ``dynamic=True`` or ``dynamic_shapes``) that ``program`` fixed.
+
+    Returns:
+        One entry per fixed dim: ``input`` (with ``[i]`` for a leaf of a cache or nested input), ``dim``,
+        ``size`` (the traced size it was fixed to), ``reason``, and where torch recorded it, the ``guard`` and
+        ``where`` it was added.
+    """
+    if not dynamic_shapes:
+        return []
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    vals = [placeholders[s.arg.name].meta.get("val") if hasattr(s.arg, "name") else None for s in specs]
+    shape_env = next((getattr(getattr(v, "fake_mode", None), "shape_env", None) for v in vals
+                      if isinstance(v, torch.Tensor)), None)
+    out, offset = [], 0
+    for (name, value), spec in zip(inputs.items(), dynamic_shapes, strict=True):
+        n_leaves = len(pytree.tree_leaves(value))
+        leaf_vals = vals[offset:offset + n_leaves]
+        offset += n_leaves
+        for index, _leaf, leaf_spec in _leaf_specs(value, spec):
+            traced = leaf_vals[index or 0] if len(leaf_vals) > (index or 0) else None
+            if not isinstance(traced, torch.Tensor):
+                continue
+            for dim in _requested_dynamic(leaf_spec):
+                if dim >= traced.dim() or _is_dynamic(traced.shape[dim]):
+                    continue
+                label = name if index is None else f"{name}[{index}]"
+                entry: dict[str, Any] = {"input": label, "dim": dim, "size": int(traced.shape[dim])}
+                entry.update(_why_fixed(shape_env, name, dim, entry["size"]) if index is None else
+                             _why_fixed(None, name, dim, entry["size"]))
+                out.append(entry)
+    return out
+
+
+def specialized_message(entry: Mapping[str, Any]) -> str:
+    """One line for a :func:`specialized_dims` entry (the warning and the manifest note)."""
+    guard = f" (guard {entry['guard']}" + (f" at {entry['where']}" if entry.get("where") else "") + ")" \
+        if entry.get("guard") else ""
+    return (f"input {entry['input']!r} dim {entry['dim']} was asked to be dynamic but torch.export fixed it to "
+            f"{entry['size']}: {entry['reason']}{guard}; the program accepts only size {entry['size']} there")
