@@ -146,7 +146,7 @@ class ExportError(RuntimeError):
         return self
 
 
-def _default_hints(stage: Stage, cause: BaseException) -> list[str]:
+def _default_hints(stage: Stage, cause: BaseException, step: str = "") -> list[str]:
     text = f"{type(cause).__name__}: {cause}"
     hints = []
     if "data-dependent" in text.lower() or "guard" in text.lower():
@@ -155,8 +155,12 @@ def _default_hints(stage: Stage, cause: BaseException) -> list[str]:
     if "Constraints violated" in text or "specialized" in text:
         hints.append("a dimension you marked dynamic was specialized to a constant: drop it from "
                      "dynamic_shapes, or use Dim.AUTO (dynamic=True) and let torch.export decide")
-    hints.append(f"see the full traceback above (the original {type(cause).__name__} is chained); "
-                 f"the stage's extension point is {stage.extension_point}")
+    if step:  # raised while the toolchain ran: by the model's own code, or by the toolchain on it
+        hints.append(f"the {type(cause).__name__} was raised inside {step}, while it ran the model: the innermost "
+                     "frames of the chained traceback show whether the model's forward or the toolchain raised it")
+    else:
+        hints.append(f"see the full traceback above (the original {type(cause).__name__} is chained); "
+                     f"the stage's extension point is {stage.extension_point}")
     return hints
 
 
@@ -235,8 +239,8 @@ def run_stages(backend: str, stages: Sequence[Stage], target: Any, ctx: Any, mod
             seconds = time.perf_counter() - start
             if progress:
                 progress(StageEvent(backend, stage, total, "failed", seconds, depth))
-            hints = list(getattr(target, "hints_for", lambda s, e: [])(stage, exc)) or _default_hints(stage, exc)
             step = steps.failed_step if steps else ""
+            hints = list(getattr(target, "hints_for", lambda s, e: [])(stage, exc)) or _default_hints(stage, exc, step)
             raise ExportError(backend, model_class, exc, stage, total, hints, step=step) from exc
         finally:
             if steps:
