@@ -37,11 +37,16 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         An :class:`ExportedModel`: call it with the same keyword inputs, ``verify`` it, ``save_pretrained`` it.
 
     Raises:
-        hfexport.UnknownBackendError: the backend is not installed (says which distribution to install).
-        TypeError: an option the backend does not take (lists the ones it does).
+        hfexport.UnknownBackendError: the backend is not installed (lists the installed ones, the close matches,
+            and the distribution to install when the name belongs to a known family).
+        TypeError: an option the backend does not take (lists the ones it does), an option of the wrong type
+            (``dynamic="no"``), or a ``config`` of another backend (names both).
+        ValueError: ``disable`` names no workaround of the backend (lists close matches).
         hfexport.InvalidInputError: model or inputs of the wrong kind.
         hfexport.ExportError: a stage failed (names backend, stage and model class; cause chained).
     """
+    if not isinstance(dynamic, bool):  # "no" is truthy: refuse it rather than turn dynamic shapes on
+        raise TypeError(f"dynamic must be True or False, got {dynamic!r} ({type(dynamic).__name__})")
     exporter_class = get_backend(backend).load_exporter()
     if dynamic:
         options["dynamic"] = True

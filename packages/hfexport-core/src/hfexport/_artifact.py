@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from ._input_check import check_call_inputs
 from ._saving import (
     check_free_space,
     check_target,
@@ -423,9 +424,13 @@ class ExportedModel:
     def run(self, component: str, /, **inputs: Any) -> Any:
         """Run the named component with keyword ``inputs``; returns its output structure.
 
+        Inputs are checked against the manifest before the runtime is called: dtype (a floating input is cast
+        to the program's floating dtype), rank, static sizes, dynamic ranges, and dims that share a symbol.
+
         Raises:
             KeyError: no such component (the message lists them).
-            TypeError: an input is missing or unknown.
+            TypeError: an input is missing or unknown, not a tensor, or of another dtype (names what it takes).
+            ValueError: an input's shape is outside what the program takes (names the dim and the range).
         """
         if component not in self.components:
             raise KeyError(f"no component {component!r}; this artifact has {list(self.components)}")
@@ -442,6 +447,8 @@ class ExportedModel:
         unknown = [n for n in inputs if n not in names]
         if missing or unknown:
             raise TypeError(f"this {self.backend} export takes inputs {names}; missing {missing}, unknown {unknown}")
+        inputs = check_call_inputs(section["inputs"], inputs, f"this {self.backend} export"
+                                   + (f" ({component})" if len(self.components) > 1 else ""))
         import torch.utils._pytree as pytree
 
         flat = part.runner.run(tuple(inputs[n] for n in names))

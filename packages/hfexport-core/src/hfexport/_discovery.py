@@ -16,6 +16,7 @@ Environment:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import os
 from dataclasses import dataclass
@@ -166,6 +167,8 @@ def get_backend(name: str) -> Backend:
         UnknownBackendError: the name is not installed (the message lists the installed backends, read
             from metadata), or its plugin failed to load (the message says why and what to install).
     """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"backend must be a backend name such as 'dynamo' or 'onnx', got {name!r}")
     for ep in metadata.entry_points(group=GROUP, name=name):
         info = _info(ep, load=True)
         if info.backend is not None and info.status == "ok":
@@ -173,8 +176,32 @@ def get_backend(name: str) -> Backend:
         hint = f" ({info.backend.install})" if info.backend is not None and info.backend.install else ""
         raise UnknownBackendError(f"backend {name!r} from {info.distribution} {info.version} is not usable "
                                   f"({info.status}): {info.error}{hint}")
-    installed = sorted({ep.name for ep in metadata.entry_points(group=GROUP)}) or ["none"]
-    raise UnknownBackendError(
-        f"unknown backend {name!r}. Installed backends: {', '.join(installed)} (`hfexport backends` shows their "
-        f"status). A backend is installed as its own distribution: pip install hfexport-{name.split('-')[0]} "
-        "for the ones hfexport publishes, or the vendor's package.")
+    raise UnknownBackendError(_unknown_backend_message(name))
+
+
+def _unknown_backend_message(name: str) -> str:
+    """Did-you-mean among the installed names, the listing, and install advice only for a family that exists.
+
+    A name whose prefix is the family of an installed backend (``executorch-foo``: the ``executorch-*``
+    backends of ``hfexport-executorch``) is pointed at that family's distribution; any other name gets no
+    ``pip install`` line, since a distribution made up from a typo may not exist (or be someone else's).
+    """
+    eps = list(metadata.entry_points(group=GROUP))
+    installed = sorted({ep.name for ep in eps})
+    close = difflib.get_close_matches(name, installed, n=3, cutoff=0.6)
+    message = f"unknown backend {name!r}."
+    if close:
+        message += f" Did you mean {' or '.join(map(repr, close))}?"
+    message += (f" Installed backends: {', '.join(installed) or 'none'} (`hfexport backends` shows their "
+                "status).")
+    family = name.split("-")[0]
+    members = [ep for ep in eps if ep.name.split("-")[0] == family and getattr(ep, "dist", None) is not None]
+    # The family's own distribution (the one that ships the backend named like the family) when there is one.
+    members = [ep for ep in members if ep.name == family] or members
+    dists = sorted({ep.dist.metadata["Name"] for ep in members})
+    if dists:
+        message += (f" Backends named {family}-* come from {', '.join(dists)}: pip install --upgrade "
+                    f"{' '.join(dists)} if a newer release adds {name!r}.")
+    else:
+        message += " A vendor's backend is installed as its own distribution (its documentation names it)."
+    return message

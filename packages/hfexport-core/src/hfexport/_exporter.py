@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import difflib
 import threading
 import time
 import weakref
@@ -16,8 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ._artifact import DEFAULT_COMPONENT, SCHEMA_VERSION, Component, ExportedModel, versions_of
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes
-from ._patching import PatchReport, patch_context
-from ._registry import Registration, workarounds_for
+from ._patching import PatchReport, UnresolvedPatchWarning, is_user_registration, patch_context
+from ._registry import Registration, list_workarounds, workarounds_for
 from ._stages import ExportError, ProgressCallback, Stage, StepRecorder, run_stages
 
 if TYPE_CHECKING:
@@ -49,13 +50,21 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dynamic, bool):
-            raise TypeError(f"dynamic must be True or False, got {self.dynamic!r}")
+            raise TypeError(f"dynamic must be True or False, got {self.dynamic!r} ({type(self.dynamic).__name__})")
         if self.dynamic_shapes is not None and not isinstance(self.dynamic_shapes, Mapping):
-            raise TypeError("dynamic_shapes must map input names to per-dimension specs, e.g. "
-                            "{'input_ids': {0: Dim('batch'), 1: Dim('seq')}}")
+            raise TypeError(f"dynamic_shapes must map input names to per-dimension specs, e.g. "
+                            f"{{'input_ids': {{0: Dim('batch'), 1: Dim('seq')}}}}; got {type(self.dynamic_shapes).__name__}")
+        bad_keys = [k for k in self.dynamic_shapes or {} if not isinstance(k, str)]
+        if bad_keys:
+            raise TypeError(f"dynamic_shapes is keyed by input name (a str), got keys {bad_keys!r}")
         if isinstance(self.disable, str):
             self.disable = (self.disable,)
+        if self.disable is None or not isinstance(self.disable, Iterable):
+            raise TypeError(f"disable must be a tuple of workaround names, got {self.disable!r}")
         self.disable = tuple(self.disable)
+        bad = [d for d in self.disable if not isinstance(d, str)]
+        if bad:
+            raise TypeError(f"disable holds workaround names (str), e.g. ('_fix_ir_topk_sorted',); got {bad!r}")
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -161,12 +170,15 @@ class ExportContext:
 class Tracer(Protocol):
     """What a backend gets from the package that traces models (hfexport-dynamo's ``DYNAMO_TRACER``).
 
-    The kernel names no tracer: an exporter sets ``tracer`` and the base class delegates to it.
+    The kernel names no tracer: an exporter sets ``tracer`` and the base class delegates to it. A tracer may
+    declare ``scopes``, the workaround scopes its trace installs (``("dynamo",)``): an exporter's
+    :meth:`Exporter.active_scopes` (what ``disable=`` is checked against) includes them.
     """
 
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
-    def check_inputs(self, inputs: Mapping[str, Any]) -> None: ...
+    def check_inputs(self, inputs: Mapping[str, Any], model: Any = None) -> None:
+        """Raise ``InvalidInputError`` for inputs ``model`` cannot take (before any stage runs)."""
 
     def program_manifest(self, ctx: ExportContext, program: Any) -> dict[str, Any]: ...
 
@@ -205,6 +217,96 @@ def warn_version_drift(exporter_class: type[Exporter]) -> list[str]:
             if dist not in _WARNED_DRIFT and not os.environ.get("HFEXPORT_IGNORE_VERSION_DRIFT"):
                 _WARNED_DRIFT.add(dist)
                 warnings.warn(messages[-1] + " (set HFEXPORT_IGNORE_VERSION_DRIFT=1 to silence)", stacklevel=3)
+    return messages
+
+
+def _exporter_classes() -> list[type[Exporter]]:
+    """Every imported :class:`Exporter` subclass (a backend's config class is known once its module is imported)."""
+    out, todo = [], list(Exporter.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def _backends_of(config_class: type) -> list[str]:
+    return sorted({c.name for c in _exporter_classes() if c.config_class is config_class and c.name != "base"})
+
+
+def _check_config_class(exporter_class: type[Exporter], config: Any) -> None:
+    """Refuse a config object that is not this backend's: an ``OnnxConfig`` given to the dynamo backend (a
+    subclass of its config whose extra options it would silently ignore), or a config of another family."""
+    if config is None:
+        return
+    expected = exporter_class.config_class
+    if type(config) is expected:
+        return
+    if isinstance(config, expected) and {f.name for f in dataclasses.fields(config)} == set(expected.option_names()):
+        return  # a subclass that adds no option (other defaults): nothing would be ignored
+    owners = _backends_of(type(config))
+    of = f" (the config of backend {', '.join(map(repr, owners))})" if owners else ""
+    if isinstance(config, expected):
+        extra = [n for n in type(config).option_names() if n not in expected.option_names()]
+        why = f"; backend {exporter_class.name!r} would ignore its options {', '.join(extra)}"
+    else:
+        why = ""
+    use = f", or export with backend={owners[0]!r}" if owners else ""
+    raise TypeError(f"backend {exporter_class.name!r} takes a config of type {expected.__name__}, got "
+                    f"{type(config).__name__}{of}{why}: pass {expected.__name__}(...){use}")
+
+
+def _known_scopes() -> set[str]:
+    """The scopes the imported exporters install (their own and their tracers')."""
+    scopes: set[str] = set()
+    for cls in _exporter_classes():
+        scopes.update(getattr(cls.tracer, "scopes", ()), cls.scopes)
+    return scopes
+
+
+def unresolved_scope(scope: str) -> str | None:
+    """Why no installed backend installs workarounds of ``scope``, or ``None`` when one does (or may).
+
+    A scope resolves when an imported exporter installs it. When no imported exporter belongs to the scope's
+    family (its first dotted part), an installed backend of that family (``onnx``, ``executorch-*``) is
+    given the benefit of the doubt: its scopes are known only once it is imported.
+    """
+    from importlib import metadata
+
+    known = _known_scopes()
+    if scope in known:
+        return None
+    family = scope.split(".")[0]
+    installed = {ep.name.split("-")[0] for ep in metadata.entry_points(group="hfexport.backends")}
+    if family in installed and family not in {s.split(".")[0] for s in known}:
+        return None
+    close = difflib.get_close_matches(scope, sorted(known), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    return (f"no installed backend installs scope {scope!r} ({hint}scopes: {', '.join(sorted(known))})")
+
+
+_CHECKED_SCOPES: set[tuple[str, str, str]] = set()
+
+
+def warn_unresolved_scopes() -> list[str]:
+    """Warn (:class:`UnresolvedPatchWarning`, once per registration) about workarounds registered outside
+    hfexport whose scope no installed backend installs: they would never be applied.
+
+    Returns:
+        The messages of this call's warnings.
+    """
+    import warnings
+
+    messages = []
+    for r in list_workarounds():
+        key = (r.kind, r.qualified_name, r.scope)
+        if key in _CHECKED_SCOPES or not is_user_registration(r):
+            continue
+        _CHECKED_SCOPES.add(key)
+        why = unresolved_scope(r.scope)
+        if why:
+            messages.append(f"{r.kind} {r.qualified_name} is never applied: {why}")
+            warnings.warn(messages[-1], UnresolvedPatchWarning, stacklevel=3)
     return messages
 
 
@@ -273,7 +375,51 @@ class Exporter:
     tracer: ClassVar[Tracer | None] = None
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
+        """Raises:
+            TypeError: ``config`` is the config of another backend (the message names both), an option this
+                backend does not take, or an option of the wrong type.
+        """
+        _check_config_class(type(self), config)
         self.config = self.config_class.from_options(config, **options)
+
+    @classmethod
+    def nested(cls, config: ExportConfig) -> Exporter:
+        """An exporter that runs this backend's stages inside another backend's export, with that export's
+        ``config`` (an instance of this backend's ``config_class`` or of a subclass, e.g. an ``OnnxConfig``
+        for the dynamo stages that ``hfexport_dynamo.trace`` runs)."""
+        if not isinstance(config, cls.config_class):
+            raise TypeError(f"{cls.__name__} runs nested with a {cls.config_class.__name__} (or a subclass), "
+                            f"got {type(config).__name__}")
+        exporter = cls.__new__(cls)
+        exporter.config = config
+        return exporter
+
+    def active_scopes(self) -> tuple[str, ...]:
+        """The workaround scopes an export of this backend may install: its own and its tracer's."""
+        return tuple(dict.fromkeys((*getattr(self.tracer, "scopes", ()), *self.scopes)))
+
+    def check_disable(self) -> None:
+        """Raise ``ValueError`` when ``config.disable`` names no workaround of this backend's scopes.
+
+        Every kind counts (patches, fixes, translations, variants); a scope covers its sub-scopes
+        (``"executorch"`` covers ``"executorch.cuda"``). The message lists close matches.
+        """
+        if not self.config.disable:
+            return
+        scopes = self.active_scopes()
+        known = [r for r in list_workarounds()
+                 if any(r.scope == s or r.scope.startswith(s + ".") for s in scopes)]
+        short, qualified = sorted({r.name for r in known}), sorted({r.qualified_name for r in known})
+        unknown = [d for d in self.config.disable if d not in short and d not in qualified]
+        if not unknown:
+            return
+        parts = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, qualified if "." in name else short, n=3, cutoff=0.6)
+            parts.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+        raise ValueError(f"disable names no workaround of backend {self.name!r}: {', '.join(parts)}; its "
+                         f"{len(short)} workarounds are listed by `hfexport workarounds --scope SCOPE` for "
+                         f"the scopes {', '.join(scopes)}")
 
     # ── public ────────────────────────────────────────────────────────────────────────────────────────
     @classmethod
@@ -288,7 +434,8 @@ class Exporter:
 
         Raises:
             InvalidInputError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping of tensors
-                and caches.
+                and caches (or holds one the model cannot take: see :meth:`check_inputs`).
+            ValueError: ``disable`` names a workaround this backend does not have (close matches listed).
             ExportError: a stage failed (the original exception is chained).
         """
         import torch
@@ -296,6 +443,8 @@ class Exporter:
         if not isinstance(model, torch.nn.Module):
             raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
                                     "load it first, e.g. AutoModel.from_pretrained(path)")
+        self.check_disable()
+        warn_unresolved_scopes()
         model_class = type(model).__name__
         try:
             inputs = self.prepare_inputs(model, inputs)
@@ -304,7 +453,7 @@ class Exporter:
         except Exception as exc:
             raise ExportError(self.name, model_class, exc, where="building inputs from the config",
                               hints=["pass inputs explicitly: a mapping of forward keyword arguments"]) from exc
-        self.check_inputs(inputs)
+        self.check_inputs(inputs, model)
         warn_version_drift(type(self))
         with _model_lock(model):  # a second export of this instance in another thread waits for this one
             modes = _snapshot_modes(model)
@@ -326,8 +475,10 @@ class Exporter:
                 for module, training in modes:
                     module.training = training
 
-    def check_inputs(self, inputs: Any) -> None:
-        """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors or pytrees of tensors.
+    def check_inputs(self, inputs: Any, model: Any = None) -> None:
+        """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors or pytrees of tensors, none
+        with a zero-size batch, and the tracer accepts them for ``model`` (the dynamo tracer: names forward
+        takes, integer token ids).
 
         Runs before the first stage, so that bad input costs no work. Backends that accept more container
         types register them as pytree nodes first (the dynamo backend registers transformers' caches).
@@ -336,7 +487,7 @@ class Exporter:
         import torch.utils._pytree as pytree
 
         if self.tracer is not None:
-            self.tracer.check_inputs(inputs)
+            self.tracer.check_inputs(inputs, model)
         if not isinstance(inputs, Mapping):
             raise InvalidInputError(f"inputs must be a mapping of forward keyword arguments to tensors, e.g. "
                                     f"{{'input_ids': tensor}}; got {type(inputs).__name__}")
@@ -351,6 +502,11 @@ class Exporter:
                     f"input {name!r} is a {type(value).__name__} holding {', '.join(bad) or 'nothing'}; inputs "
                     "must be tensors, Cache objects or nested lists/tuples/dicts of tensors (register other "
                     "containers as pytree nodes, e.g. hfexport_dynamo.register_cache_type)")
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == 0:
+                raise InvalidInputError(
+                    f"input {name!r} has batch size 0 (shape {list(value.shape)}): export with a non-empty "
+                    "example; batch 2 or more keeps the batch dim dynamic with dynamic=True (torch.export "
+                    "specializes sizes 0 and 1)")
 
     # ── for subclasses (the tracer's answers unless overridden) ───────────────────────────────────────
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -7,14 +7,17 @@ import importlib
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from ._registry import Registration, workarounds_for
 
-__all__ = ["PatchReport", "UnresolvedTarget", "patch_context", "resolve_path", "resolve_pattern"]
+__all__ = ["PatchReport", "UnresolvedPatchWarning", "UnresolvedTarget", "check_patch_target", "is_user_registration",
+           "patch_context", "resolve_path", "resolve_pattern"]
 
 logger = logging.getLogger("hfexport")
 
@@ -27,6 +30,21 @@ _DECLINED = object()
 
 class UnresolvedTarget(LookupError):
     """A dotted path that does not name an attribute in the installed packages."""
+
+
+class UnresolvedPatchWarning(UserWarning):
+    """A workaround registered outside hfexport that is never applied: its target, wildcard or scope resolves
+    to nothing (a typo, or a model or backend that is not installed)."""
+
+
+def is_user_registration(registration: Registration) -> bool:
+    """Whether ``registration`` comes from outside hfexport's own packages (``hfexport``, ``hfexport_*``).
+
+    hfexport's own patches may target models the installed transformers lacks (skipped, reported in the
+    manifest); a user's patch that resolves to nothing is almost always a mistake and gets a warning.
+    """
+    top = registration.module.split(".")[0]
+    return not (top == "hfexport" or top.startswith("hfexport_"))
 
 
 def resolve_path(path: str) -> tuple[Any, str]:
@@ -168,15 +186,18 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = (), ctx: Any 
     with _PATCH_LOCK:
         try:
             for registration in workarounds_for("patch", scopes, disabled):
+                user = is_user_registration(registration)
                 for pattern in registration.paths:
                     if "*" in pattern:
                         targets = resolve_pattern(pattern)
+                        if not targets and user:
+                            _skip(report, registration, pattern, "the wildcard matches no class of a loaded "
+                                  "module (is the model's module imported, and the pattern spelled right?)", user)
                     else:
                         try:
                             targets = [(*resolve_path(pattern), pattern)]
                         except UnresolvedTarget as exc:
-                            logger.info("patch %s skipped: %s", registration.qualified_name, exc)
-                            report.skipped.append((registration, pattern, str(exc)))
+                            _skip(report, registration, pattern, str(exc), user)
                             continue
                     for owner, attr, path in targets:
                         _install_one(owner, attr, path, registration, report, undo, owners, ours, ctx)
@@ -184,6 +205,84 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = (), ctx: Any 
         finally:
             for owner, attr, raw in reversed(undo):
                 _restore(owner, attr, raw)
+
+
+def _skip(report: PatchReport, registration: Registration, path: str, reason: str, user: bool) -> None:
+    """Record a target that resolved to nothing: a warning for a user's patch, an INFO line for hfexport's own
+    (which may target models the installed transformers lacks)."""
+    report.skipped.append((registration, path, reason))
+    if user:
+        warnings.warn(f"patch {registration.qualified_name} is not applied to {path!r}: {reason}",
+                      UnresolvedPatchWarning, stacklevel=4)
+    else:
+        logger.info("patch %s skipped: %s", registration.qualified_name, reason)
+
+
+def check_patch_target(path: str, import_limit: int = 20) -> tuple[bool, str]:
+    """Whether a patch path resolves, without installing anything: ``(ok, detail)``.
+
+    A dotted path is resolved as :func:`patch_context` would (importing modules on the way). A wildcard is
+    matched against loaded modules first; failing that, the module names its pattern can match are listed
+    from the packages on disk (nothing imported), and up to ``import_limit`` of them are imported to look for
+    the class and attribute.
+    """
+    if "*" not in path:
+        try:
+            resolve_path(path)
+        except UnresolvedTarget as exc:
+            return False, str(exc)
+        return True, "resolves"
+    matches = resolve_pattern(path)
+    if matches:
+        return True, f"matches {len(matches)} loaded class(es)"
+    module_pattern = path.rsplit(".", 2)[0]
+    modules = _modules_matching(module_pattern)
+    if not modules:
+        return False, f"no installed module matches {module_pattern!r}"
+    if len(modules) > import_limit:
+        return True, (f"{len(modules)} modules match {module_pattern!r}; classes are matched when a model's "
+                      "module is loaded")
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an unimportable module has no class to patch
+            continue
+    matches = resolve_pattern(path)
+    if matches:
+        return True, f"matches {len(matches)} class(es)"
+    return False, f"no class in the {len(modules)} module(s) matching {module_pattern!r} defines the attribute"
+
+
+def _modules_matching(pattern: str) -> list[str]:
+    """Names of modules on disk that ``pattern`` (``fnmatch`` per dotted part) matches; imports only the
+    packages of the pattern's literal prefix."""
+    import pkgutil
+
+    parts = pattern.split(".")
+    literal = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))
+    if literal == 0:
+        return []
+    prefix = ".".join(parts[:literal])
+    try:
+        module = importlib.import_module(prefix)
+    except Exception:  # noqa: BLE001 - not installed or broken: nothing matches
+        return []
+    if literal == len(parts):
+        return [prefix]
+    level = [(prefix, getattr(module, "__path__", None))]
+    for i, part in enumerate(parts[literal:], start=literal):
+        last = i == len(parts) - 1
+        found = []
+        for name, paths in level:
+            if paths is None:
+                continue
+            for info in pkgutil.iter_modules(paths):
+                if fnmatchcase(info.name, part) and (last or info.ispkg):
+                    child = f"{name}.{info.name}"
+                    sub = [str(Path(p) / info.name) for p in paths] if info.ispkg else None
+                    found.append((child, sub))
+        level = found
+    return sorted(name for name, _ in level)
 
 
 def _install_one(owner: Any, attr: str, path: str, registration: Registration, report: PatchReport,

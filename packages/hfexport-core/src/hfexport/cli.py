@@ -23,11 +23,21 @@ examples:
   hfexport backends                                       what is installed (name, distribution, version, status)
   hfexport stages onnx                                    the stages of a backend and their extension points
   hfexport workarounds --scope onnx                       the registered patches and fixes
+  hfexport workarounds --check --import my_patches        ... and which targets resolve to nothing
 
 Every export is saved atomically (export.json manifest + program files), loaded back from disk, and run on
 the backend's runtime against eager PyTorch; the max abs difference of every output is printed.
-Exit status: 0 ok, 1 verification failed, 2 bad usage or export error.
+Errors print one line (--debug shows the traceback).
+Exit status: 0 ok, 1 export error (or any other failure), 2 bad usage (unknown backend or option, a
+missing model directory, an output directory that is not empty), 3 verification mismatch (the artifact's
+outputs differ from eager PyTorch beyond --atol/--rtol).
 """
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A command was called wrongly (exit status 2); the message says what to pass instead."""
 
 
 def _console() -> Any:
@@ -104,25 +114,56 @@ def _cmd_stages(args: argparse.Namespace) -> int:
 
 
 def _cmd_workarounds(args: argparse.Namespace) -> int:
+    import importlib
+
     from ._discovery import list_backends
     from ._registry import list_workarounds
 
+    for module in args.imports or ():  # the user's own registrations
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(f"--import {module}: {exc} (give an importable module name, e.g. my_patches)") from exc
     for info in list_backends():  # import every backend's exporter so that its registrations exist
         if info.status == "ok" and info.backend is not None:
             try:
                 info.backend.load_exporter()
             except Exception as exc:  # listed, not fatal
                 print(f"# {info.name}: {exc}", file=sys.stderr)
+    unresolved = 0
     for r in list_workarounds(args.scope, args.kind):
         target = f" -> {', '.join(r.paths)}" if r.paths else ""
         target += "".join(f" ({k}={v})" for k, v in r.data.items())
         print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
-    return 0
+        if args.check:
+            for problem in _unresolved(r):
+                unresolved += 1
+                print(f"{'':<37}UNRESOLVED {problem}")
+    if args.check:
+        print(f"{unresolved} unresolved target(s) or scope(s)" if unresolved else "every target and scope resolves",
+              file=sys.stderr)
+    return EXIT_ERROR if unresolved else EXIT_OK
+
+
+def _unresolved(registration: Any) -> list[str]:
+    """What of ``registration`` resolves to nothing: its scope, each patch path (resolved, not installed)."""
+    from ._exporter import unresolved_scope
+    from ._patching import check_patch_target
+
+    problems = []
+    why = unresolved_scope(registration.scope)
+    if why:
+        problems.append(f"scope: {why}")
+    for path in registration.paths:
+        ok, detail = check_patch_target(path)
+        if not ok:
+            problems.append(f"{path}: {detail}")
+    return problems
 
 
 def _check_output(path: Path, overwrite: bool) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
-        raise SystemExit(f"error: output directory {path} exists and is not empty; pass --overwrite to replace "
+        raise UsageError(f"output directory {path} exists and is not empty; pass --overwrite to replace "
                          "it, or choose another --output")
     from ._artifact import MANIFEST_NAME
 
@@ -135,9 +176,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
     console = _console()
     demo = getattr(args, "demo", None)  # a loader, when a command plugin contributes --demo
     if not demo and not args.model:
-        console.print("error: give a model directory (or --demo where a plugin provides one, e.g. hfexport-dynamo; "
-                      "see `hfexport export --help`)")
-        return 2
+        raise UsageError("give a model directory (or --demo where a plugin provides one, e.g. hfexport-dynamo; "
+                         "see `hfexport export --help`)")
+    if not demo and not Path(args.model).is_dir():
+        raise UsageError(f"model directory {args.model} does not exist (a local Transformers model directory: "
+                         "config.json + weights)")
+    if not demo and not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"{args.model} has no config.json: give a Transformers model directory (config.json + "
+                         "weights), e.g. one written by model.save_pretrained(path)")
     from ._discovery import UnknownBackendError, get_backend
 
     # torchao (imported by transformers when installed, e.g. as an executorch dependency) registers Enum
@@ -147,8 +193,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         exporter_class = get_backend(args.backend).load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
-        console.print(f"error: {exc}")
-        return 2
+        raise UsageError(str(exc)) from exc
     output = Path(args.output or f"out/{args.backend}")
     _check_output(output, args.overwrite)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -168,13 +213,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     progress = _Progress(console)
     try:
         exported = exporter_class(dynamic=dynamic).export(model, inputs, progress=progress)
-    except ExportError as exc:
+    except ExportError:
         progress.stop()
-        console.print(f"[red]error:[/red] {exc}")
-        if args.traceback:
-            raise
-        console.print("(run again with --traceback for the full chained traceback)")
-        return 2
+        raise  # main() prints it on one line (the traceback with --debug) and exits 1
     finally:
         progress.stop()
     path = exported.save_pretrained(output, overwrite=args.overwrite)
@@ -200,7 +241,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     print(report)
     if args.report:
         _write_report(Path(args.report), args, exported, progress.lines, report, shapes)
-    return 0 if report.passed else 1
+    return EXIT_OK if report.passed else EXIT_MISMATCH
 
 
 def _write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,
@@ -228,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export Hugging Face Transformers models through torch.export to .pt2, ONNX or ExecuTorch, "
                     "and verify every export on its runtime against eager PyTorch.")
     parser.add_argument("--version", action="version", version=f"hfexport {version}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full traceback (every command; errors are one line without it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("export", help="export a model directory (or the demo model), save it and verify it",
@@ -240,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the verification (default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the verification (default 1e-4)")
-    p.add_argument("--traceback", action="store_true", help="show the full traceback of a failed export")
+    p.add_argument("--debug", "--traceback", dest="debug", action="store_true", default=argparse.SUPPRESS,
+                   help="on an error, show the full (chained) traceback, not only the one-line message")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
     p.set_defaults(func=_cmd_export, demo=None)
 
@@ -256,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("workarounds", help="list registered patches and FX fixes (with where they come from)")
     p.add_argument("--scope", help="only this scope (dynamo, onnx, executorch, executorch.cuda, ...)")
     p.add_argument("--kind", help="only this kind (patch, fx_node_fix, fx_program_fix, onnx_translation, ...)")
+    p.add_argument("--check", action="store_true",
+                   help="resolve every patch target and scope (nothing installed) and mark those that resolve to "
+                        "nothing as UNRESOLVED; exit status 1 if any")
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="import MODULE first, so that the workarounds it registers are listed (repeatable)")
     p.set_defaults(func=_cmd_workarounds)
 
     # Commands contributed by plugins: ``register(subparsers)`` adds a subcommand, or options to one
@@ -265,16 +314,51 @@ def build_parser() -> argparse.ArgumentParser:
             ep.load()(sub)
         except Exception as exc:
             print(f"warning: command plugin {ep.name} ({ep.value}) failed to load: {exc}", file=sys.stderr)
+    for command in {id(c): c for c in sub.choices.values()}.values():  # --debug after the command's name too
+        if "--debug" not in command._option_string_actions:
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                 help="on an error, show the full traceback")
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    """The error as one line: the message's lines joined (an ExportError's next steps included)."""
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    return text or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 error, 2 bad usage, 3 verification mismatch).
+
+    An error prints one line on stderr (``error: ...``); ``--debug`` prints the traceback before it.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    return args.func(args)
+        return EXIT_USAGE
+    from ._discovery import UnknownBackendError
+
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        print(exc.code if exc.code.startswith("error:") else f"error: {exc.code}", file=sys.stderr)
+        return EXIT_USAGE  # a command that refuses its arguments with a message
+    except Exception as exc:  # noqa: BLE001 - every error becomes one line and an exit status
+        usage = isinstance(exc, UsageError | UnknownBackendError)
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        hint = "" if args.debug or usage else " (--debug shows the traceback)"
+        kind = "" if usage or type(exc).__module__.startswith("hfexport") else f"{type(exc).__name__}: "
+        print(f"error: {kind}{_one_line(exc)}{hint}", file=sys.stderr)
+        return EXIT_USAGE if usage else EXIT_ERROR
 
 
 if __name__ == "__main__":

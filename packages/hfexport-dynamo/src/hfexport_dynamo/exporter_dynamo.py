@@ -77,6 +77,56 @@ class DynamoConfig(ExportConfig):
     strict: bool = False
     fixed_kwargs: Mapping[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.strict, bool):
+            raise TypeError(f"strict must be True or False, got {self.strict!r} ({type(self.strict).__name__})")
+        if self.fixed_kwargs is not None:
+            if not isinstance(self.fixed_kwargs, Mapping):
+                raise TypeError(f"fixed_kwargs must map forward keyword names to constants, e.g. "
+                                f"{{'output_hidden_states': True}}; got {type(self.fixed_kwargs).__name__}")
+            bad = [k for k in self.fixed_kwargs if not isinstance(k, str)]
+            if bad:
+                raise TypeError(f"fixed_kwargs is keyed by forward keyword names (str), got keys {bad!r}")
+        for name, spec in (self.dynamic_shapes or {}).items():
+            _check_dynamic_shape_spec(spec, f"dynamic_shapes[{name!r}]")
+
+
+_DIM_SPEC_HELP = ("a dim is given a torch.export.Dim('name', min=..., max=...), Dim.AUTO, Dim.DYNAMIC, Dim.STATIC, "
+                  "None or an int; a tensor's spec maps dim indices to those ({0: Dim('batch')}) or lists one per "
+                  "dim, and a cache or nested input nests such specs")
+
+
+def _check_dynamic_shape_spec(spec: Any, where: str) -> None:
+    """Raise a TypeError naming ``where`` when ``spec`` is not a dynamic-shapes spec torch.export takes."""
+    import torch.export.dynamic_shapes as ds
+
+    dim_types = tuple(t for t in (getattr(ds, n, None) for n in ("Dim", "_Dim", "_DerivedDim", "_StaticDim", "_DimHint"))
+                      if isinstance(t, type))
+
+    def is_dim(value: Any) -> bool:
+        return value is None or isinstance(value, dim_types) or (isinstance(value, int) and not isinstance(value, bool))
+
+    if is_dim(spec):
+        return
+    if isinstance(spec, Mapping):
+        for key, value in spec.items():
+            if isinstance(key, int) and not isinstance(key, bool):
+                if key < 0:
+                    raise TypeError(f"{where} has dim index {key}: use non-negative dim indices ({_DIM_SPEC_HELP})")
+                if not is_dim(value):
+                    raise TypeError(f"{where}[{key}] is {value!r} ({type(value).__name__}); {_DIM_SPEC_HELP}")
+            elif isinstance(key, str):  # a dict-like input (a mapping pytree): nested specs by key
+                _check_dynamic_shape_spec(value, f"{where}[{key!r}]")
+            else:
+                raise TypeError(f"{where} has key {key!r} ({type(key).__name__}); {_DIM_SPEC_HELP}")
+        return
+    if isinstance(spec, list | tuple):
+        for i, value in enumerate(spec):
+            _check_dynamic_shape_spec(value, f"{where}[{i}]")
+        return
+    raise TypeError(f"{where} is {spec!r} ({type(spec).__name__}); {_DIM_SPEC_HELP}")
+
 
 class _ExportSignature(torch.nn.Module):
     """Calls ``model(**dict(zip(names, args)), **fixed_kwargs)``; forward gets an explicit signature."""
@@ -198,6 +248,18 @@ class DynamoExporter(Exporter):
         unknown = sorted(set(overrides) - set(ctx.inputs))
         if unknown:
             raise KeyError(f"dynamic_shapes names {unknown}, which are not inputs; inputs: {list(ctx.inputs)}")
+        for name, spec in overrides.items():
+            value = ctx.inputs[name]
+            if not isinstance(value, torch.Tensor):
+                continue
+            dims = [k for k in spec if isinstance(k, int)] if isinstance(spec, Mapping) else None
+            if dims is not None and any(d >= value.dim() for d in dims):
+                raise ValueError(f"dynamic_shapes[{name!r}] names dims {sorted(dims)}, but input {name!r} has "
+                                 f"{value.dim()} dims (shape {list(value.shape)}): use indices 0 to {value.dim() - 1}")
+            if isinstance(spec, list | tuple) and len(spec) != value.dim():
+                raise ValueError(f"dynamic_shapes[{name!r}] gives {len(spec)} dim specs, but input {name!r} has "
+                                 f"{value.dim()} dims (shape {list(value.shape)}): give one per dim, or a "
+                                 "mapping {dim index: Dim}")
         if not ctx.config.dynamic and not overrides:
             ctx.extras["dynamic_shapes"] = None
             return
@@ -276,7 +338,7 @@ def trace(ctx: ExportContext) -> torch.export.ExportedProgram:
         hfexport.ExportError: a dynamo stage failed; its path names the caller's stage too.
     """
     if ctx.program is None:
-        exporter = DynamoExporter(ctx.config)
+        exporter = DynamoExporter.nested(ctx.config)  # the calling backend's config (an OnnxConfig, ...)
         depth = 0 if type(ctx.exporter).stages is DynamoExporter.stages else 1  # nested under another backend
         ctx.report["timings"].update(run_stages("dynamo", DynamoExporter.stages, exporter, ctx, ctx.model_class,
                                                 ctx.progress, depth=depth))

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import ExportContext, flatten_with_names
+from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 
 from ._pytree import register_transformers_pytrees
-from .inputs import dummy_inputs
+from .inputs import dummy_inputs, forward_parameters
 
 __all__ = ["DYNAMO_TRACER", "DynamoTracer", "SpecializedDimWarning", "describe_inputs", "describe_outputs",
            "specialized_dims", "specialized_message"]
@@ -36,6 +36,7 @@ class DynamoTracer:
     """
 
     toolchain: tuple[str, ...] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo")
+    scopes: tuple[str, ...] = ("dynamo",)  # the workaround scope every trace installs (stage 2)
     tested_versions: dict[str, str] = {"torch": "2.15.0", "transformers": "5.24.0"}
 
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -44,8 +45,43 @@ class DynamoTracer:
             return dummy_inputs(model)
         return None
 
-    def check_inputs(self, inputs: Mapping[str, Any]) -> None:
+    def check_inputs(self, inputs: Mapping[str, Any], model: Any = None) -> None:
+        """Refuse, before any stage runs, inputs ``model`` cannot take as program inputs.
+
+        * a name ``forward`` does not take (listing those it takes);
+        * a tensor (or a pytree of tensors) whose name ``forward`` takes only through ``**kwargs``: it would
+          become a program input that the model may never read, which every caller must then pass. Constants
+          (``output_hidden_states=True``) may still go through ``**kwargs``: they are baked in, not inputs;
+        * token ids (``input_ids``, ``decoder_input_ids``, ``token_type_ids``, ``position_ids``, any ``*_ids``)
+          that are not an integer tensor.
+
+        Raises:
+            hfexport.InvalidInputError: naming the input and what to pass instead.
+        """
         register_transformers_pytrees()  # so that Cache inputs flatten to tensors
+        if not isinstance(inputs, Mapping):
+            return  # the kernel's check names the problem
+        for name, value in inputs.items():
+            if isinstance(name, str) and name.endswith("_ids") and isinstance(value, torch.Tensor) and (
+                    value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+                raise InvalidInputError(
+                    f"input {name!r} is a {str(value.dtype).replace('torch.', '')} tensor; token ids must be "
+                    f"integers (torch.long): pass {name}.long(), or float embeddings as inputs_embeds")
+        if model is None or not hasattr(model, "forward"):
+            return
+        names, takes_kwargs = forward_parameters(model)
+        constant = (bool, int, float, str, type(None))
+        model_class = type(model).__name__
+        unknown = [n for n in inputs if n not in names and not takes_kwargs]
+        if unknown:
+            raise InvalidInputError(f"{model_class}.forward takes no {', '.join(map(repr, unknown))}; it takes "
+                                    f"{', '.join(names)}")
+        through_kwargs = [n for n, v in inputs.items() if n not in names and not isinstance(v, constant)]
+        if through_kwargs:
+            raise InvalidInputError(
+                f"input {', '.join(map(repr, through_kwargs))} is not a parameter of {model_class}.forward: it "
+                f"would reach forward only through **kwargs and become a program input the model may never "
+                f"read. Drop it, or pass a model whose forward names it; forward's parameters: {', '.join(names)}")
 
     def prepare_load(self, manifest: dict[str, Any]) -> None:
         register_transformers_pytrees()  # so that saved outputs holding caches rebuild
