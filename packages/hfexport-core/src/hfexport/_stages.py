@@ -111,7 +111,7 @@ class ExportError(RuntimeError):
         self.hints = list(hints)
         if self.internal:
             self.hints.append("this looks like a bug in hfexport, not in your model: please report it with the "
-                              "full traceback (--traceback)")
+                              "full traceback (CLI: --debug)")
         super().__init__(self._message())
 
     @property
@@ -159,7 +159,7 @@ def _default_hints(stage: Stage, cause: BaseException, step: str = "") -> list[s
         hints.append(f"the {type(cause).__name__} was raised inside {step}, while it ran the model: the innermost "
                      "frames of the chained traceback show whether the model's forward or the toolchain raised it")
     else:
-        hints.append(f"see the full traceback above (the original {type(cause).__name__} is chained); "
+        hints.append(f"see the full traceback (the original {type(cause).__name__} is chained; CLI: --debug); "
                      f"the stage's extension point is {stage.extension_point}")
     return hints
 
