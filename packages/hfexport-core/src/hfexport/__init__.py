@@ -30,13 +30,14 @@ from ._registry import (
     workarounds_for,
 )
 from ._stages import ExportError, Stage, StageEvent, run_stages
+from ._trust import IntegrityError, ManifestError, UntrustedArtifactError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendInfo", "ExportConfig", "ExportContext", "ExportError", "ExportedModel", "Exporter",
-    "FixReport", "InvalidInputError", "OutputDiff", "PatchReport", "Registration", "Stage", "StageEvent",
-    "UnknownBackendError", "UnresolvedPatchWarning", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
+    "FixReport", "IntegrityError", "InvalidInputError", "ManifestError", "OutputDiff", "PatchReport", "Registration", "Stage", "StageEvent",
+    "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
     "apply_fx_program_fixes", "export", "get_backend", "iter_graph_modules", "list_backends",
     "list_fx_node_fixes", "list_fx_program_fixes", "list_patches", "list_workarounds", "load", "patch_context",
     "register_fx_node_fix", "register_fx_program_fix", "register_patch", "resolve_path", "resolve_pattern",

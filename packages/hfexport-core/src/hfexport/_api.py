@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._artifact import Component, ExportedModel, read_manifest
+from ._artifact import DEFAULT_COMPONENT, Component, ExportedModel, read_manifest
 from ._discovery import get_backend
 from ._exporter import ExportConfig
 from ._stages import ProgressCallback
+from ._trust import check_integrity, check_treespec, import_type_modules, treespec_names, unregistered
 
 __all__ = ["export", "load"]
 
@@ -54,26 +55,83 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
     return exporter.export(model, inputs, progress=progress)
 
 
-def load(path: str | os.PathLike[str]) -> ExportedModel:
+def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> ExportedModel:
     """Load a saved artifact and open every component on its backend's runtime.
 
+    An artifact is untrusted input: before any runtime opens a file, the manifest is validated (schema, every
+    file it names inside ``path``) and every file's size and SHA-256 are checked against it. No code runs from
+    it: the output types must be registered pytree nodes (Transformers' are registered for you; hfexport
+    imports no module an artifact names) and a program whose loading would unpickle objects other than
+    tensors, or load native code, is refused.
+
+    Args:
+        path: the artifact directory.
+        trust_remote_code: allow what the default refuses (unpickling arbitrary objects from a ``.pt2``,
+            importing the modules the output spec names). Only for an artifact from a source you trust.
+
     Raises:
-        FileNotFoundError: ``path`` has no ``export.json``, or lacks a file the manifest lists.
-        ValueError: the manifest's schema is another version, or names a file outside ``path``.
+        FileNotFoundError: ``path`` has no ``export.json``, or lacks a file the manifest names.
+        hfexport.ManifestError: the manifest is not JSON, not an object, lacks keys or has values of the wrong
+            type, or is of another schema version (one line per problem).
+        ValueError: the manifest names a file outside ``path`` (absolute, ``..``, a symlink that leads out).
+        hfexport.IntegrityError: a file's size or SHA-256 differs from the manifest's (names the file).
+        hfexport.UntrustedArtifactError: loading would run code from the artifact (says what, and how to
+            opt in).
         hfexport.UnknownBackendError: the backend that wrote it is not installed (says what to install).
     """
     path = Path(path)
     manifest = read_manifest(path)
+    check_integrity(path, manifest)
+    return open_artifact(path, manifest, trust_remote_code=trust_remote_code)
+
+
+def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> ExportedModel:
+    """Open every component of an artifact whose manifest :func:`read_manifest` read and
+    :func:`~hfexport._trust.check_integrity` checked (what :func:`load` does after those two)."""
     exporter_class = get_backend(manifest["backend"]).load_exporter()
     if exporter_class.tracer is not None:
-        exporter_class.tracer.prepare_load(manifest)
-    sections = manifest.get("components") or {"model": manifest}
-    components = [Component(name, exporter_class.load_runner(path, manifest, name), manifest=section)
-                  for name, section in sections.items()]
+        _call_trusting(exporter_class.tracer.prepare_load, trust_remote_code, manifest)
+    sections = manifest.get("components") or {DEFAULT_COMPONENT: manifest}
+    components = []
+    for name, section in sections.items():
+        runner = _call_trusting(exporter_class.load_runner, trust_remote_code, path, manifest, name)
+        components.append(Component(name, runner, _out_spec(name, section, trust_remote_code), manifest=section))
     files = [f for f in manifest.get("files", []) if f != "export.json"]
     # Saving a loaded artifact again copies its files (they are the artifact).
     copy = {f: (lambda d, f=f: _copy_file(path / f, d / f)) for f in files}
     return ExportedModel(manifest["backend"], components, manifest, extra_files=copy)
+
+
+def _call_trusting(function: Any, trust_remote_code: bool, *args: Any) -> Any:
+    """``function(*args, trust_remote_code=...)`` where it takes the keyword (a backend's ``load_runner``, a
+    tracer's ``prepare_load``); without it otherwise (that backend reads nothing that could run code)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    if "trust_remote_code" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return function(*args, trust_remote_code=trust_remote_code)
+    return function(*args)
+
+
+def _out_spec(name: str, section: Mapping[str, Any], trust_remote_code: bool) -> Any:
+    """The component's output ``TreeSpec`` from its manifest section (``None`` without an ``output_spec``).
+
+    Its types must be registered pytree nodes; with ``trust_remote_code`` the modules of those that are not
+    are imported first (as their serialized names give them)."""
+    spec = section.get("output_spec")
+    if spec is None:
+        return None
+    import torch.utils._pytree as pytree
+
+    where = f"component {name!r}'s output_spec"
+    if trust_remote_code:
+        types, _ = treespec_names(spec)
+        import_type_modules(unregistered(types))
+    check_treespec(spec, where)
+    return pytree.treespec_loads(spec)
 
 
 def _copy_file(source: Path, target: Path) -> None:

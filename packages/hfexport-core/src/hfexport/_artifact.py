@@ -8,7 +8,6 @@ finds the backend through discovery.
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import math
 import os
@@ -33,13 +32,22 @@ from ._saving import (
     save_lock,
     tree_size,
 )
+from ._trust import (
+    HASHES_KEY,
+    ManifestError,
+    check_file_paths,
+    check_treespec,
+    file_digests,
+    manifest_file_refs,
+    validate_manifest,
+)
 
 __all__ = ["Component", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
            "Runner", "SCHEMA_VERSION", "VerificationReport", "compare_outputs", "flatten_with_names",
            "read_manifest", "versions_of"]
 
 MANIFEST_NAME = "export.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 DEFAULT_COMPONENT = "model"  # the component ``ExportedModel.__call__`` runs
 
 
@@ -407,8 +415,9 @@ class ExportedModel:
             import torch.utils._pytree as pytree
 
             section = self._section(component)
-            for module in section.get("output_modules", []):
-                importlib.import_module(module)
+            # No import by a name the artifact gives (``output_modules`` is informational): the types must be
+            # registered pytree nodes already (the tracer's ``prepare_load`` registers those it admits).
+            check_treespec(section["output_spec"], f"component {component.name!r}'s output_spec")
             component.out_spec = pytree.treespec_loads(section["output_spec"])
         return component.out_spec
 
@@ -539,7 +548,9 @@ class ExportedModel:
         for name, write in self.extra_files.items():
             written = write(staging)
             files.extend(written if isinstance(written, list | tuple) else [name])
-        manifest = dict(self.manifest, files=sorted(set(files) | {MANIFEST_NAME}))
+        names = sorted(set(files) | {MANIFEST_NAME})
+        hashes = file_digests(staging, [f for f in names if f != MANIFEST_NAME])  # checked on load
+        manifest = dict(self.manifest, schema_version=SCHEMA_VERSION, files=names, **{HASHES_KEY: hashes})
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         return manifest
 
@@ -581,24 +592,28 @@ def _tensor_bytes(program: Any) -> int:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """Read ``path/export.json`` and check it: schema version, and every listed file present inside ``path``.
+    """Read ``path/export.json`` and check it as untrusted input (see :mod:`hfexport._trust`): valid JSON, the
+    schema (one line per problem), every file it names (``files``, ``files_sha256``, each component's
+    ``*_file`` keys) a plain relative path that resolves inside ``path`` (symlinks included), and present.
+
+    File contents are not read here: :func:`hfexport._trust.check_integrity` checks sizes and SHA-256.
 
     Raises:
-        FileNotFoundError: no manifest, or a listed file is missing.
-        ValueError: another schema version, or a listed file that resolves outside ``path``.
+        FileNotFoundError: no manifest, or a file it names is missing.
+        hfexport.ManifestError: not JSON, not an object, a missing key, a wrong type, another schema version.
+        ValueError: a file named outside ``path`` (absolute, ``..``, or a symlink that leads out).
     """
+    path = Path(path)
     manifest_path = path / MANIFEST_NAME
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{path} is not an hfexport artifact: it has no {MANIFEST_NAME}")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{manifest_path} has schema_version {manifest.get('schema_version')!r}; this hfexport "
-                         f"reads version {SCHEMA_VERSION}: re-export, or install the hfexport that wrote it")
-    root = path.resolve()
-    outside = [f for f in manifest.get("files", []) if not (root / f).resolve().is_relative_to(root)]
-    if outside:
-        raise ValueError(f"{manifest_path} names files outside the artifact directory: {outside}")
-    missing = [f for f in manifest.get("files", []) if not (path / f).exists()]
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ManifestError(manifest_path, [f"not valid JSON: {exc}"]) from None
+    validate_manifest(manifest, manifest_path, supported=range(1, SCHEMA_VERSION + 1))
+    check_file_paths(path, manifest)
+    missing = sorted({name for _, name in manifest_file_refs(manifest) if not (path / name).is_file()})
     if missing:
-        raise FileNotFoundError(f"{path} lacks files its manifest lists: {missing}")
+        raise FileNotFoundError(f"{path} lacks files its manifest names: {missing}")
     return manifest

@@ -190,7 +190,9 @@ class Tracer(Protocol):
 
     def load_model(self, path: str | Path) -> Any: ...
 
-    def prepare_load(self, manifest: dict[str, Any]) -> None: ...
+    def prepare_load(self, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> None:
+        """Before a saved artifact is opened: register the pytree types its output specs name that the
+        tracer's allow-list admits (never an import by a name from the manifest, unless ``trust_remote_code``)."""
 
 
 _WARNED_DRIFT: set[str] = set()
@@ -572,10 +574,15 @@ class Exporter:
         return self.tracer.reference(ctx) if self.tracer else ctx.model
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = DEFAULT_COMPONENT) -> Any:
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = DEFAULT_COMPONENT, *,
+                    trust_remote_code: bool = False) -> Any:
         """Reopen one saved component's program on its runtime; returns a runner (``run(args) -> list``).
 
-        ``manifest["components"][component]`` is that component's section.
+        ``manifest["components"][component]`` is that component's section. The kernel has validated the manifest,
+        checked that every file it names lies inside ``path`` and matches its SHA-256; the program file is still
+        untrusted input: a format whose loading can run code (unpickling, native libraries) must be inspected
+        first and refused unless ``trust_remote_code`` (``hfexport.load(path, trust_remote_code=True)``), which the
+        kernel passes when this method takes the keyword.
         """
         raise NotImplementedError(f"{cls.__name__} must implement load_runner()")
 

@@ -50,6 +50,19 @@ from ._registry import (
     workarounds_for,
 )
 from ._stages import ExportError, Stage, StageEvent, StagePath, run_stages
+from ._trust import (
+    SAFE_PICKLE_GLOBALS,
+    IntegrityError,
+    ManifestError,
+    UntrustedArtifactError,
+    check_treespec,
+    import_type_modules,
+    importable_prefixes,
+    pickle_globals,
+    treespec_names,
+    unregistered,
+    unsafe_pickle_globals,
+)
 
 __all__ = [
     "Backend", "Component", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError", "ExportedModel",
@@ -60,4 +73,8 @@ __all__ = [
     "iter_graph_modules", "list_workarounds", "patch_context", "read_manifest", "register_fx_node_fix",
     "register_fx_program_fix", "register_patch", "register_workaround", "resolve_path", "resolve_pattern",
     "run_stages", "versions_of", "workarounds_for",
+    # loading untrusted artifacts (hfexport._trust)
+    "IntegrityError", "ManifestError", "SAFE_PICKLE_GLOBALS", "UntrustedArtifactError", "check_treespec",
+    "import_type_modules", "importable_prefixes", "pickle_globals", "treespec_names", "unregistered",
+    "unsafe_pickle_globals",
 ]

@@ -1,0 +1,524 @@
+"""An artifact is untrusted input when loaded: the checks ``hfexport.load`` makes before any runtime opens it.
+
+- The manifest is validated against its schema: one line per problem (not an object, a missing key, a wrong type).
+- Every file it names (``files``, ``files_sha256``, and every ``*_file`` key of a component, at any depth)
+  resolves inside the artifact directory: no absolute paths, no ``..``, and symlinks only to files within the
+  directory (or, for an artifact in a Hugging Face cache snapshot, into that repository's ``blobs/``).
+- Every file's size and SHA-256 match the manifest's ``files_sha256``, checked before any runtime opens it.
+- No code runs from it: the types its output specs name must already be registered pytree nodes (a tracer's
+  ``prepare_load`` registers the ones its allow-list admits; no module is imported by a name the artifact
+  gives), and pickled bytes are admitted only when every global they load is in :data:`SAFE_PICKLE_GLOBALS`
+  (:func:`pickle_globals` reads them with ``pickletools``, without unpickling), unless the caller passes
+  ``trust_remote_code=True``.
+
+Nothing here imports torch at import time (``hfexport --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+__all__ = ["HASHES_KEY", "IntegrityError", "ManifestError", "SAFE_PICKLE_GLOBALS", "UntrustedArtifactError",
+           "check_file_paths", "check_integrity", "check_treespec", "file_digests", "import_type_modules",
+           "importable_prefixes", "manifest_file_refs", "pickle_globals", "treespec_names", "unregistered",
+           "unsafe_pickle_globals", "validate_manifest"]
+
+HASHES_KEY = "files_sha256"
+TRUST_HINT = ("hfexport.load runs no code from an artifact; pass trust_remote_code=True (CLI: --trust-remote-code) "
+              "only for an artifact from a source you trust")
+
+
+class ManifestError(ValueError):
+    """``export.json`` is not a manifest this hfexport reads; the message has one line per problem."""
+
+    def __init__(self, path: Any, problems: list[str]):
+        self.path = path
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{path} is not a valid hfexport manifest ({len(self.problems)} "
+                         f"problem{'s' if len(self.problems) != 1 else ''}):\n{lines}")
+
+
+class IntegrityError(ValueError):
+    """A file of an artifact differs from what its manifest recorded (size or SHA-256)."""
+
+    def __init__(self, message: str, files: list[str] | None = None):
+        super().__init__(message)
+        self.files = list(files or [])
+
+
+class UntrustedArtifactError(ValueError):
+    """Loading the artifact would run code from it (unpickle an object, import a module it names, load native
+    code); refused unless the caller passes ``trust_remote_code=True``."""
+
+
+# ── the manifest's schema ─────────────────────────────────────────────────────────────────────────────────
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# key -> (types, required from schema version)
+_TOP_KEYS: dict[str, tuple[tuple[type, ...], int | None]] = {
+    "schema_version": ((int,), 1),
+    "backend": ((str,), 1),
+    "files": ((list,), 1),
+    HASHES_KEY: ((dict,), 2),
+    "components": ((dict,), 2),
+    "model_class": ((str,), None),
+    "model_module": ((str,), None),
+    "created": ((str,), None),
+    "dynamic": ((bool,), None),
+    "config": ((dict,), None),
+    "versions": ((dict,), None),
+    "tested_versions": ((dict,), None),
+    "workarounds": ((dict,), None),
+    "timings_s": ((dict,), None),
+    "notes": ((list,), None),
+    "verification": ((dict,), None),
+}
+_SECTION_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "inputs": ((list,), True),
+    "outputs": ((list,), True),
+    "output_spec": ((str,), False),
+    "output_modules": ((list,), False),
+    "fixed_kwargs": ((dict,), False),
+}
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {list: "a list", dict: "an object", str: "a string", int: "an integer", bool: "true or false"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _check_type(problems: list[str], where: str, value: Any, types: tuple[type, ...]) -> bool:
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        problems.append(f"{where} must be {_type_names(types)}, got {_json_type(value)}")
+    return ok
+
+
+def _check_entries(problems: list[str], where: str, entries: list[Any]) -> None:
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            problems.append(f"{where}[{i}] must be an object with a 'name', got {_json_type(entry)}")
+        elif not isinstance(entry.get("name"), str):
+            problems.append(f"{where}[{i}].name must be a string, got {_json_type(entry.get('name'))}")
+
+
+def _check_section(problems: list[str], where: str, section: Any, required: bool) -> None:
+    if not isinstance(section, dict):
+        problems.append(f"{where} must be an object, got {_json_type(section)}")
+        return
+    for key, (types, needed) in _SECTION_KEYS.items():
+        if key not in section:
+            if needed and required:
+                problems.append(f"{where} lacks required key {key!r}")
+            continue
+        if _check_type(problems, f"{where}.{key}", section[key], types) and key in ("inputs", "outputs"):
+            _check_entries(problems, f"{where}.{key}", section[key])
+
+
+def _file_keys(node: Any, where: str) -> Iterator[tuple[str, Any, str]]:
+    """``(key, value, dotted location)`` of every ``*_file`` key in ``node``, at any depth."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            at = f"{where}.{key}"
+            if isinstance(key, str) and key.endswith("_file") and not isinstance(value, dict | list):
+                if value is not None:
+                    yield key, value, at
+            else:
+                yield from _file_keys(value, at)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _file_keys(value, f"{where}[{i}]")
+
+
+def validate_manifest(manifest: Any, where: Any = "export.json", *, supported: Iterable[int] = (1, 2)) -> None:
+    """Check ``manifest`` against the schema; raise one :class:`ManifestError` listing every problem.
+
+    Schema version 2 (this hfexport writes it) requires ``components`` and ``files_sha256``; version 1
+    manifests (written before file hashes) are read without them.
+
+    Raises:
+        ManifestError: not an object, a missing key, a value of the wrong type, an unsupported schema version.
+    """
+    if not isinstance(manifest, dict):
+        raise ManifestError(where, [f"the manifest must be a JSON object, got {_json_type(manifest)}"])
+    problems: list[str] = []
+    version = manifest.get("schema_version")
+    supported = tuple(supported)
+    if "schema_version" in manifest and (not isinstance(version, int) or isinstance(version, bool)
+                                         or version not in supported):
+        problems.append(f"schema_version is {version!r}; this hfexport reads versions "
+                        f"{', '.join(map(str, supported))}: re-export, or install the hfexport that wrote it")
+        version = max(supported)
+    for key, (types, required_from) in _TOP_KEYS.items():
+        if key not in manifest:
+            if required_from is not None and isinstance(version, int) and version >= required_from:
+                problems.append(f"lacks required key {key!r}")
+            continue
+        if key != "schema_version":
+            _check_type(problems, key, manifest[key], types)
+    files = manifest.get("files")
+    if isinstance(files, list):
+        for i, name in enumerate(files):
+            if not isinstance(name, str):
+                problems.append(f"files[{i}] must be a file name (a string), got {_json_type(name)}")
+    hashes = manifest.get(HASHES_KEY)
+    if isinstance(hashes, dict):
+        for name, entry in hashes.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                    or not _HEX64.fullmatch(entry["sha256"]) or not isinstance(entry.get("size"), int) \
+                    or isinstance(entry.get("size"), bool) or entry["size"] < 0:
+                problems.append(f"{HASHES_KEY}[{name!r}] must be {{'sha256': 64 hex digits, 'size': bytes}}, "
+                                f"got {entry!r:.80}")
+        if isinstance(files, list):
+            unhashed = [f for f in files if isinstance(f, str) and f != "export.json" and f not in hashes]
+            if unhashed:
+                problems.append(f"{HASHES_KEY} has no entry for {unhashed}")
+    components = manifest.get("components")
+    if isinstance(components, dict):
+        if not components:
+            problems.append("components must name at least one component")
+        for name, section in components.items():
+            _check_section(problems, f"components[{name!r}]", section, required=True)
+    elif "components" not in manifest:  # version 1 without components: the top level is the one component
+        _check_section(problems, "the manifest", manifest, required=False)
+    for _, value, at in _file_keys({k: v for k, v in manifest.items() if k not in _RECORD_KEYS}, ""):
+        if not isinstance(value, str):
+            problems.append(f"{at.removeprefix('.')} must be a file name (a string), got {_json_type(value)}")
+    if problems:
+        raise ManifestError(where, problems)
+
+
+# ── paths ─────────────────────────────────────────────────────────────────────────────────────────────────
+def manifest_file_refs(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(where, file name)`` of every file the manifest names: ``files``, ``files_sha256`` and every ``*_file``
+    key of every component (at any depth)."""
+    refs = [(f"files[{i}]", f) for i, f in enumerate(manifest.get("files") or []) if isinstance(f, str)]
+    refs += [(f"{HASHES_KEY}[{f!r}]", f) for f in manifest.get(HASHES_KEY) or {}]
+    # Every other key, at any depth (the top level repeats the default component's keys), but the records
+    # that describe the export (the config's reprs, versions, workarounds, the verification report).
+    sections = {k: v for k, v in manifest.items() if k not in _RECORD_KEYS}
+    refs += [(at.removeprefix("."), value) for _, value, at in _file_keys(sections, "") if isinstance(value, str)]
+    return refs
+
+
+_RECORD_KEYS = frozenset({"files", HASHES_KEY, "config", "versions", "tested_versions", "workarounds", "timings_s",
+                          "notes", "verification"})
+
+
+def _allowed_roots(root: Path) -> list[Path]:
+    roots = [root]
+    # A Hugging Face cache snapshot (models--org--name/snapshots/<rev>/) links its files into ../../blobs/.
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        roots.append((root.parent.parent / "blobs").resolve())
+    return roots
+
+
+def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
+    """Refuse a manifest that names a file outside ``path``: an absolute path, a ``..`` component, a name that
+    is not a plain relative path, or a symlink (anywhere on the way) that leads outside.
+
+    Raises:
+        ValueError: the offending names, each with where the manifest gives it.
+    """
+    root = Path(path).resolve()
+    roots = _allowed_roots(root)
+    bad = []
+    for where, name in manifest_file_refs(manifest):
+        pure = PurePosixPath(name)
+        if not name or "\\" in name or "\x00" in name or pure.is_absolute() or os.path.isabs(name) \
+                or ".." in pure.parts or re.match(r"^[A-Za-z]:", name):
+            bad.append(f"{where} = {name!r} (absolute, '..' or not a plain relative path)")
+            continue
+        resolved = (root / name).resolve()
+        if not any(resolved.is_relative_to(r) for r in roots):
+            bad.append(f"{where} = {name!r} (a symlink to {resolved}, outside the artifact)")
+    if bad:
+        raise ValueError(f"{Path(path) / 'export.json'} names files outside the artifact directory {root}: "
+                         + "; ".join(bad))
+
+
+# ── integrity ─────────────────────────────────────────────────────────────────────────────────────────────
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digests(directory: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"sha256": hex, "size": bytes}}`` of files in ``directory`` (the manifest's ``files_sha256``)."""
+    return {name: {"sha256": _sha256(Path(directory) / name), "size": (Path(directory) / name).stat().st_size}
+            for name in sorted(set(names))}
+
+
+def check_integrity(path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Check every file's size and SHA-256 against ``manifest["files_sha256"]`` (sizes first: a truncated file
+    costs no hashing).
+
+    Returns:
+        ``{"files": n, "bytes": total}`` of what was checked (``{"files": 0, ...}`` for a version-1 manifest,
+        which records no hashes).
+
+    Raises:
+        IntegrityError: the files that differ, each with expected and actual size or SHA-256.
+    """
+    hashes = manifest.get(HASHES_KEY) or {}
+    problems, bad = [], []
+    for name, entry in sorted(hashes.items()):
+        try:
+            size = (Path(path) / name).stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{name}: missing")
+            bad.append(name)
+            continue
+        if size != entry["size"]:
+            problems.append(f"{name}: {size:,} bytes where the manifest recorded {entry['size']:,}")
+            bad.append(name)
+    for name, entry in sorted(hashes.items()):
+        if name in bad:
+            continue
+        actual = _sha256(Path(path) / name)
+        if actual != entry["sha256"]:
+            problems.append(f"{name}: SHA-256 {actual[:16]}… where the manifest recorded {entry['sha256'][:16]}…")
+            bad.append(name)
+    if problems:
+        raise IntegrityError(f"{path} is corrupt or was modified after it was saved: {'; '.join(problems)} "
+                             "(re-export it, or copy it again from its source)", bad)
+    return {"files": len(hashes), "bytes": sum(e["size"] for e in hashes.values())}
+
+
+# ── output specs: only registered pytree types, no import by name ───────────────────────────────────────
+def treespec_names(spec: str) -> tuple[set[str], set[str]]:
+    """The serialized type names and the enum modules (``"__enum__"`` contexts) of a ``treespec_dumps`` string.
+
+    Raises:
+        ValueError: not a treespec string.
+    """
+    try:
+        protocol, schema = json.loads(spec)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a serialized pytree spec: {spec!r:.80}") from exc
+    types: set[str] = set()
+    enums: set[str] = set()
+
+    def context_enums(value: Any) -> None:
+        if isinstance(value, dict):
+            if "__enum__" in value:
+                enums.add(str(value.get("fqn", "")).partition(":")[0])
+            for v in value.values():
+                context_enums(v)
+        elif isinstance(value, list):
+            for v in value:
+                context_enums(v)
+
+    def walk(node: Any) -> None:
+        if not isinstance(node, dict):
+            raise ValueError(f"not a serialized pytree spec: {spec!r:.80}")
+        if node.get("type") is not None:
+            types.add(str(node["type"]))
+        context = node.get("context")
+        if isinstance(context, str):
+            try:
+                context_enums(json.loads(context))
+            except ValueError:
+                pass
+        for child in node.get("children_spec") or []:
+            walk(child)
+
+    walk(schema)
+    return types, enums
+
+
+def unregistered(types: Iterable[str]) -> list[str]:
+    """The serialized type names that are not registered pytree nodes in this process."""
+    import torch.utils._pytree as pytree
+
+    return sorted(t for t in types if t not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)
+
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def importable_prefixes(type_name: str) -> list[str]:
+    """The module names a serialized type name may live in, longest first (``a.b.C.D`` -> ``a.b.C``, ``a.b``,
+    ``a``); empty for a name that is not a dotted identifier."""
+    if not _DOTTED.fullmatch(type_name):
+        return []
+    parts = type_name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def import_type_modules(type_names: Iterable[str], allowed: Any = None) -> list[str]:
+    """Import the module each serialized type name lives in (its pytree registration runs on import).
+
+    Args:
+        type_names: serialized type names (``transformers.modeling_outputs.BaseModelOutput``).
+        allowed: ``allowed(module) -> bool``: only such modules are imported (default: any; callers without
+            the user's ``trust_remote_code`` pass an allow-list).
+
+    Returns:
+        The modules imported.
+    """
+    import importlib
+    import importlib.util
+
+    imported = []
+    for name in type_names:
+        for module in importable_prefixes(name):
+            if allowed is not None and not allowed(module):
+                continue
+            try:
+                if module not in sys.modules and importlib.util.find_spec(module) is None:
+                    continue
+                importlib.import_module(module)
+            except (ImportError, ValueError):
+                continue
+            imported.append(module)
+            break
+    return imported
+
+
+def check_treespec(spec: str, where: str) -> None:
+    """Refuse an output spec that names a type that is not a registered pytree node, or an enum of a module that
+    is not imported: reading it would need an import by a name the artifact gives.
+
+    Raises:
+        UntrustedArtifactError: the names, and how to make them loadable.
+    """
+    types, enums = treespec_names(spec)
+    missing = unregistered(types)
+    modules = sorted(m for m in enums if m not in sys.modules)
+    if missing or modules:
+        names = ", ".join(missing + [f"enum module {m}" for m in modules])
+        raise UntrustedArtifactError(
+            f"{where} names types that are not registered pytree nodes in this process: {names}. hfexport "
+            "imports no module an artifact names: import the package that defines them (it registers them) "
+            "before hfexport.load, or pass trust_remote_code=True to let hfexport import them")
+
+
+# ── pickles, read without unpickling ──────────────────────────────────────────────────────────────────────
+_STORAGES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool", "ComplexFloat",
+             "ComplexDouble", "QUInt8", "QInt8", "QInt32", "QUInt4x2", "QUInt2x4")
+_DTYPES = ("float32", "float", "float64", "double", "float16", "half", "bfloat16", "complex32", "chalf", "complex64",
+           "cfloat", "complex128", "cdouble", "uint8", "int8", "int16", "short", "int32", "int", "int64", "long",
+           "bool", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+           "float8_e5m2fnuz", "float8_e8m0fnu", "qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+# What ``torch.save`` writes for tensors, parameters and containers of them (measured): tensor rebuilders, typed
+# storages (loaded through torch's persistent ids), dtypes, devices, sizes, and a few plain containers.
+SAFE_PICKLE_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    [("collections", "OrderedDict"),
+     ("torch._utils", "_rebuild_tensor"), ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
+     ("torch", "Size"), ("torch", "device")]
+    + [("torch", f"{s}Storage") for s in _STORAGES] + [("torch", d) for d in _DTYPES]
+    + [(m, n) for m in ("builtins", "__builtin__") for n in ("set", "frozenset", "slice")])
+
+_STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+_UNKNOWN = object()
+
+
+def _stream_globals(data: bytes, start: int) -> tuple[list[tuple[str, str]], int]:
+    """The globals one pickle (starting at ``start``) loads, and where it ends. Raises ValueError if malformed
+    or if a global's name cannot be read statically (``STACK_GLOBAL`` of computed strings, extension codes)."""
+    import io
+    import pickletools
+
+    found: list[tuple[str, str]] = []
+    stack: list[Any] = []
+    marks: list[int] = []
+    memo: dict[Any, Any] = {}
+    stream = io.BytesIO(data)
+    stream.seek(start)
+    end = start
+    try:
+        for op, arg, pos in pickletools.genops(stream):
+            name = op.name
+            if name in ("EXT1", "EXT2", "EXT4"):
+                raise ValueError(f"opcode {name} at byte {pos} loads a global through the copyreg extension registry")
+            if name in ("GLOBAL", "INST"):
+                module, _, qualname = str(arg).partition(" ")
+                found.append((module, qualname))
+            if name in _STRING_OPS:
+                stack.append(arg.decode("latin-1") if isinstance(arg, bytes) else arg)
+            elif name == "MARK":
+                marks.append(len(stack))
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo.get(arg, _UNKNOWN))
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name == "STACK_GLOBAL":
+                qualname, module = stack.pop(), stack.pop()
+                if not isinstance(module, str) or not isinstance(qualname, str):
+                    raise ValueError(f"STACK_GLOBAL at byte {pos} loads a global whose name is computed")
+                found.append((module, qualname))
+                stack.append(_UNKNOWN)
+            else:
+                before = op.stack_before
+                if pickletools.markobject in before:
+                    if not marks:
+                        raise ValueError(f"{name} at byte {pos} without a MARK")
+                    del stack[marks.pop():]
+                    count = before.index(pickletools.markobject)
+                else:
+                    count = len(before)
+                if count > len(stack):
+                    raise ValueError(f"{name} at byte {pos} pops more than the stack holds")
+                if count:
+                    del stack[-count:]
+                stack.extend(_UNKNOWN for _ in op.stack_after)
+            end = pos
+            if name == "STOP":
+                return found, stream.tell()
+    except (IndexError, KeyError) as exc:
+        raise ValueError(f"malformed pickle near byte {end}: {exc!r}") from exc
+    raise ValueError("pickle without STOP")
+
+
+def pickle_globals(data: bytes) -> list[tuple[str, str]]:
+    """Every ``(module, name)`` global that unpickling ``data`` would import, read with ``pickletools`` (nothing
+    is unpickled). ``data`` may hold several pickles back to back.
+
+    Raises:
+        ValueError: malformed, trailing bytes that are not a pickle, or a global whose name only unpickling
+            could tell (``STACK_GLOBAL`` of computed strings, copyreg extension codes).
+    """
+    found: list[tuple[str, str]] = []
+    position = 0
+    while position < len(data):
+        try:
+            more, position = _stream_globals(data, position)
+        except ValueError:
+            raise
+        except Exception as exc:  # pickletools raises ValueError mostly, but also others on garbage
+            raise ValueError(f"not a pickle at byte {position}: {exc}") from exc
+        found += more
+    if not data:
+        raise ValueError("empty pickle")
+    return found
+
+
+def unsafe_pickle_globals(data: bytes, allowed: frozenset[tuple[str, str]] = SAFE_PICKLE_GLOBALS) -> list[str]:
+    """The globals of ``data`` outside ``allowed`` (``"module.name"``), or the reason it cannot be read."""
+    try:
+        found = pickle_globals(data)
+    except ValueError as exc:
+        return [f"(unreadable pickle: {exc})"]
+    return sorted({f"{m}.{n}" for m, n in found if (m, n) not in allowed})
