@@ -28,6 +28,7 @@ _LAZY = {
     "EXPORT_SKIPS": "skips",
     "dummy_inputs": "inputs", "forward_parameters": "inputs",
     "register_cache_type": "_pytree", "register_transformers_pytrees": "_pytree",
+    "inspect_pt2": "_pt2", "load_program": "_pt2",
 }
 
 __all__ = ["DYNAMO_BACKEND", *_LAZY]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -72,19 +73,40 @@ def _decode(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if "dtype" in value:
-        return getattr(torch, value["dtype"].removeprefix("torch."))
+        dtype = getattr(torch, str(value["dtype"]).removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a cache's saved context names dtype {value['dtype']!r}, which is not a torch dtype")
+        return dtype
     if "device" in value:
         return torch.device(value["device"])
     if "type" in value:
-        module, _, name = value["type"].partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return _decode_type(str(value["type"]))
     if "seq" in value:
         items = [_decode(v) for v in value["seq"]]
         return tuple(items) if value["tuple"] else items
     return None  # a repr: not restorable, and not needed to run the artifact
+
+
+def _decode_type(name: str) -> type:
+    """A class a saved cache context names (``module:qualname``): a registered cache type, or a class of a module
+    that is already imported or belongs to transformers or torch. No other module is imported by a name an
+    artifact gives (see ``hfexport._trust``)."""
+    from hfexport.plugin import UntrustedArtifactError
+
+    for cls in _REGISTERED:
+        if f"{cls.__module__}:{cls.__qualname__}" == name:
+            return cls
+    module, _, qualname = name.partition(":")
+    if module not in sys.modules and not (module in ("transformers", "torch")
+                                          or module.startswith(("transformers.", "torch."))):
+        raise UntrustedArtifactError(f"a saved cache context names class {name!r}, whose module is neither imported "
+                                     "nor part of transformers or torch: import it before hfexport.load")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise ValueError(f"a saved cache context names {name!r}, which is not a class")
+    return obj
 
 
 def _to_json(context: Any) -> str:
@@ -98,7 +120,10 @@ def _from_json(text: str) -> Any:
     import json
 
     data = json.loads(text)
-    return _decode(data["cls"]), tuple(data["names"]), tuple((k, _decode(v)) for k, v in data["static"])
+    cls = _decode(data["cls"])
+    if cls not in _REGISTERED:  # the class the context rebuilds must be one registered here
+        raise ValueError(f"a saved cache context rebuilds {cls!r}, which is not a registered cache type")
+    return cls, tuple(data["names"]), tuple((k, _decode(v)) for k, v in data["static"])
 
 
 def register_cache_type(cls: type, child_attrs: tuple[str, ...] | None = None) -> bool:

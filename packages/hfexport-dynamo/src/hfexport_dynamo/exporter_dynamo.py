@@ -40,6 +40,7 @@ from hfexport.plugin import (
     run_stages,
 )
 
+from ._pt2 import load_program
 from ._pytree import register_transformers_pytrees
 from .inputs import forward_parameters
 from .skips import EXPORT_SKIPS
@@ -297,9 +298,14 @@ class DynamoExporter(Exporter):
                                              write, {"program_file": PROGRAM_FILE})])
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = DEFAULT_COMPONENT) -> DynamoRunner:
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = DEFAULT_COMPONENT, *,
+                    trust_remote_code: bool = False) -> DynamoRunner:
+        """Open a saved component's ``.pt2`` after checking that loading and running it executes nothing from
+        the file (pickles beyond tensors, shape expressions and guards beyond sizes, non-operator targets; see
+        :func:`hfexport_dynamo.load_program`), unless ``trust_remote_code``."""
         section = manifest.get("components", {}).get(component, manifest)
-        return DynamoRunner(torch.export.load(path / section.get("program_file", PROGRAM_FILE)))
+        return DynamoRunner(load_program(Path(path) / section.get("program_file", PROGRAM_FILE),
+                                         trust_remote_code=trust_remote_code))
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:

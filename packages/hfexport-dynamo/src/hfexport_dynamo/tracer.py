@@ -83,8 +83,26 @@ class DynamoTracer:
                 f"would reach forward only through **kwargs and become a program input the model may never "
                 f"read. Drop it, or pass a model whose forward names it; forward's parameters: {', '.join(names)}")
 
-    def prepare_load(self, manifest: dict[str, Any]) -> None:
+    def prepare_load(self, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> None:
+        """Register the pytree types the manifest's output specs name, as far as the allow-list admits them
+        (transformers' caches and ``ModelOutput`` types; any module with ``trust_remote_code``). Nothing is
+        imported by the names in ``output_modules``; the kernel refuses a spec whose types stay unregistered."""
+        from hfexport.plugin import treespec_names
+
+        from ._pt2 import admit_types
+
         register_transformers_pytrees()  # so that saved outputs holding caches rebuild
+        types: set[str] = set()
+        enums: set[str] = set()
+        for section in (manifest.get("components") or {"model": manifest}).values():
+            spec = section.get("output_spec") if isinstance(section, dict) else None
+            try:
+                found_types, found_enums = treespec_names(spec) if isinstance(spec, str) else (set(), set())
+            except ValueError:
+                continue  # the kernel reports it
+            types |= found_types
+            enums |= found_enums
+        admit_types(types, enums, trust_remote_code=trust_remote_code)
 
     def program_manifest(self, ctx: ExportContext, program: torch.export.ExportedProgram) -> dict[str, Any]:
         """A component's manifest keys: inputs, outputs, output spec (and the modules of its types)."""

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.plugin import Component, ExportContext, ExportedModel, Exporter, Stage
-from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoRunner, trace
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoRunner, load_program, trace
 
 
 class CoreAtenExporter(Exporter):
@@ -38,5 +38,8 @@ class CoreAtenExporter(Exporter):
                                              {"program_file": "model.pt2"})])
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model") -> DynamoRunner:
-        return DynamoRunner(torch.export.load(path / manifest["components"][component]["program_file"]))
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
+                    trust_remote_code: bool = False) -> DynamoRunner:
+        # load_program, not torch.export.load: a .pt2 is untrusted input (pickles, eval-ed expressions)
+        return DynamoRunner(load_program(path / manifest["components"][component]["program_file"],
+                                         trust_remote_code=trust_remote_code))
