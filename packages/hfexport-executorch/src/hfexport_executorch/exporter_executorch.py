@@ -231,8 +231,13 @@ class ExecutorchExporter(Exporter):
             manifest={"program_file": PROGRAM_FILE, "executorch": ctx.extras["executorch_manifest"]})])
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model") -> ExecutorchRunner:
-        """Open a saved component's ``model.pte`` (and its ``.ptd`` data file, if any) on the ExecuTorch runtime."""
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
+                    trust_remote_code: bool = False) -> ExecutorchRunner:
+        """Open a saved component's ``model.pte`` (and its ``.ptd`` data file, if any) on the ExecuTorch runtime.
+
+        A ``.pte`` is a flatbuffer of operator calls and weights: the runtime runs no code from it, so
+        ``trust_remote_code`` changes nothing here (the kernel checked both files' paths and SHA-256).
+        """
         require_executorch()
         section = manifest.get("components", {}).get(component, manifest)
         executorch = section.get("executorch", {})

@@ -60,7 +60,14 @@ from ._errors import (
 )
 from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count, stamp_metadata
 from ._naming import io_names, name_graph_io
-from ._runner import DATA_FILE, MODEL_FILE, OnnxRunner, available_providers, providers_for
+from ._runner import (
+    DATA_FILE,
+    MODEL_FILE,
+    OnnxRunner,
+    available_providers,
+    check_external_data,
+    providers_for,
+)
 
 __all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "OnnxConfig", "OnnxConversionError", "OnnxExporter", "OnnxRunner",
            "OnnxSessionError", "OptimizerFallbackWarning", "UnsupportedOpsetError", "translation_table"]
@@ -248,10 +255,18 @@ class OnnxExporter(Exporter):
                                              section, ctx.program)])
 
     @classmethod
-    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model") -> OnnxRunner:
-        """Open ``model.onnx`` on ONNX Runtime with the providers it was exported for (those installed)."""
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
+                    trust_remote_code: bool = False) -> OnnxRunner:
+        """Open ``model.onnx`` on ONNX Runtime with the providers it was exported for (those installed).
+
+        The ONNX file is read as untrusted input: every external-data file it names must be one the manifest
+        lists (so its path and SHA-256 were checked). ONNX Runtime runs no code from a model file, so
+        ``trust_remote_code`` changes nothing here.
+        """
         section = manifest.get("components", {}).get(component, manifest).get("onnx", {})
-        return OnnxRunner(Path(path) / section.get("model_file", MODEL_FILE), providers_for(section), section)
+        model_path = Path(path) / section.get("model_file", MODEL_FILE)
+        check_external_data(model_path, path, manifest.get("files") or [])
+        return OnnxRunner(model_path, providers_for(section), section)
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:
