@@ -1,4 +1,4 @@
-"""The ``hfexport`` command line: export, list backends, stages and workarounds.
+"""The ``hfexport`` command line: export, verify a saved artifact, list backends, stages and workarounds.
 
 Kept light: ``hfexport --help`` and ``hfexport backends`` import neither torch nor any toolchain.
 """
@@ -24,6 +24,7 @@ examples:
   hfexport stages onnx                                    the stages of a backend and their extension points
   hfexport workarounds --scope onnx                       the registered patches and fixes
   hfexport workarounds --check --import my_patches        ... and which targets resolve to nothing
+  hfexport verify out/dynamo --model ./my-model           check a saved artifact (hashes, paths) and re-run it
 
 Every export is saved atomically (export.json manifest + program files), loaded back from disk, and run on
 the backend's runtime against eager PyTorch; the max abs difference of every output is printed.
@@ -111,6 +112,20 @@ def _cmd_stages(args: argparse.Namespace) -> int:
         runs = f"  (runs {stage['runs']})" if stage["runs"] else ""
         print(f"{stage['number']}. {stage['title']:<26} extension point: {stage['extension_point']}{runs}")
     return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from ._verify import verify_artifact
+
+    if not Path(args.artifact).is_dir():
+        raise UsageError(f"{args.artifact} is not a directory: give the directory of a saved export (it holds "
+                         "export.json)")
+    if args.model is not None and not Path(args.model).is_dir():
+        raise UsageError(f"--model {args.model} is not a directory: give the exported model's directory")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    return verify_artifact(args.artifact, model=args.model, atol=args.atol, rtol=args.rtol,
+                           trust_remote_code=args.trust_remote_code, run=not args.no_run)
 
 
 def _cmd_workarounds(args: argparse.Namespace) -> int:
@@ -306,6 +321,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
                    help="import MODULE first, so that the workarounds it registers are listed (repeatable)")
     p.set_defaults(func=_cmd_workarounds)
+
+    p = sub.add_parser("verify", help="check a saved artifact: manifest, paths, SHA-256 of every file, loading "
+                                      "(no code from it), a run; against eager with --model",
+                       description="Check a saved artifact as hfexport.load does and say what was checked: the "
+                                   "manifest's schema, that every file it names lies inside the directory, every "
+                                   "file's size and SHA-256, that every component opens with no code run from the "
+                                   "artifact; then run the default component on inputs of the recorded shapes "
+                                   "and, with --model, compare with eager PyTorch. Exit status: 0 ok, 1 a check "
+                                   "failed, 3 outputs differ from eager.")
+    p.add_argument("artifact", help="the artifact directory (holds export.json)")
+    p.add_argument("--model", help="the exported model's directory: compare the artifact with it on eager PyTorch")
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the comparison (default 1e-4)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the comparison (default 1e-4)")
+    p.add_argument("--no-run", action="store_true", help="check files and loading only; run nothing")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow what loading refuses by default (unpickling objects from a .pt2, importing the "
+                        "modules its output types name): only for an artifact from a source you trust")
+    p.set_defaults(func=_cmd_verify)
 
     # Commands contributed by plugins: ``register(subparsers)`` adds a subcommand, or options to one
     # (hfexport-dynamo adds ``export --demo``).

@@ -1,0 +1,144 @@
+"""``hfexport verify DIR``: check a saved artifact as :func:`hfexport.load` does, say what was checked, re-run it.
+
+1. the manifest against its schema, and every file it names inside the directory;
+2. every file's size and SHA-256 against the manifest;
+3. every component opened on its runtime with no code run from the artifact;
+4. the default component run on inputs built from the manifest's input descriptions (vocabulary from the saved
+   ``config.json``): outputs finite and of the recorded shapes;
+5. with ``--model DIR`` (the exported model), the backend's sample inputs compared with eager PyTorch.
+
+A check that fails raises (the CLI prints one line and exits 1); an eager mismatch exits 3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["inputs_from_manifest", "verify_artifact"]
+
+
+def _shape_text(inputs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={list(v.shape)}" for k, v in inputs.items() if hasattr(v, "shape"))
+
+
+def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Inputs of the traced shapes and dtypes a component's manifest section describes: token ids below the
+    config's ``vocab_size``, masks of ones, floats from a seeded normal. ``None`` when an input is a pytree (a
+    cache) or its shape is not known."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = int((config or {}).get("vocab_size") or 2)
+    inputs: dict[str, Any] = {}
+    for entry in section.get("inputs", []):
+        shape = entry.get("example_shape") or entry.get("shape")
+        dtype = getattr(torch, str(entry.get("dtype", "")), None)
+        if entry.get("leaves", 1) != 1 or not isinstance(dtype, torch.dtype) or not isinstance(shape, list) \
+                or not all(isinstance(d, int) for d in shape):
+            return None
+        name = entry["name"]
+        if dtype == torch.bool:
+            value = torch.ones(shape, dtype=dtype)
+        elif dtype.is_floating_point:
+            value = torch.randn(shape, generator=generator).to(dtype)
+        elif "mask" in name:
+            value = torch.ones(shape, dtype=dtype)
+        else:
+            value = torch.randint(0, max(1, min(vocab, 1000)), shape, generator=generator, dtype=dtype)
+        inputs[name] = value
+    return inputs
+
+
+def _run_check(loaded: Any, config: Mapping[str, Any] | None) -> str:
+    """Run the default component on inputs from its manifest; what it found (raises on a bad output)."""
+    import torch
+
+    component = loaded.default_component
+    section = loaded._section(component)
+    inputs = inputs_from_manifest(section, config)
+    if inputs is None:
+        return f"skipped: component {component.name!r} takes inputs whose shapes the manifest does not fix"
+    with torch.no_grad():
+        outputs = loaded.run(component.name, **inputs)
+    from ._artifact import flatten_with_names
+
+    names, leaves, _ = flatten_with_names(outputs)
+    recorded = {o["name"]: o.get("shape") for o in section.get("outputs", [])}
+    problems = []
+    for name, leaf in zip(names, leaves, strict=True):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if (leaf.is_floating_point() or leaf.is_complex()) and not bool(torch.isfinite(leaf).all()):
+            problems.append(f"{name} holds NaN or Inf")
+        shape = recorded.get(name)
+        if isinstance(shape, list) and all(isinstance(d, int) for d in shape) and list(leaf.shape) != shape:
+            problems.append(f"{name} has shape {list(leaf.shape)} where the manifest records {shape}")
+    if problems:
+        raise ValueError(f"component {component.name!r} ran at {_shape_text(inputs)} but: {'; '.join(problems)}")
+    return (f"component {component.name!r} at {_shape_text(inputs)}: {len(leaves)} outputs, finite, "
+            "shapes as recorded")
+
+
+def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: float = 1e-4, rtol: float = 1e-4,
+                    trust_remote_code: bool = False, run: bool = True,
+                    out: Callable[[str], None] = print) -> int:
+    """Check the artifact at ``path`` and print one line per check; return the exit status (0, or 3 when the
+    eager comparison fails).
+
+    Raises:
+        hfexport.ManifestError, ValueError, FileNotFoundError, hfexport.IntegrityError,
+        hfexport.UntrustedArtifactError: a check failed (the lines before say what passed).
+    """
+    from ._api import open_artifact
+    from ._artifact import read_manifest
+    from ._trust import check_integrity, manifest_file_refs
+
+    path = Path(path)
+    manifest = read_manifest(path)
+    components = list(manifest.get("components") or {"model": manifest})
+    out(f"✅ manifest  schema {manifest['schema_version']}, backend {manifest['backend']}, "
+        f"{manifest.get('model_class', '?')}, components: {', '.join(components)}")
+    out(f"✅ paths     {len({n for _, n in manifest_file_refs(manifest)})} files named, all inside {path}")
+    checked = check_integrity(path, manifest)
+    if checked["files"]:
+        out(f"✅ hashes    {checked['files']} files, {checked['bytes']:,} bytes: sizes and SHA-256 match the manifest")
+    else:
+        out(f"·  hashes    none recorded (schema {manifest['schema_version']}): contents not checked")
+    loaded = open_artifact(path, manifest, trust_remote_code=trust_remote_code)
+    out(f"✅ loading   {len(loaded.components)} component(s) opened on {loaded.backend}"
+        + (" with trust_remote_code" if trust_remote_code else ", no code run from the artifact"))
+    config = None
+    if (path / "config.json").is_file() and "config.json" in manifest.get("files", []):
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except ValueError:
+            config = None
+    if run:
+        out(f"✅ run       {_run_check(loaded, config)}")
+    stored = manifest.get("verification")
+    if isinstance(stored, dict):
+        verdict = "PASSED" if stored.get("passed") else "FAILED"
+        shapes = ", ".join(f"{k}={v}" for k, v in (stored.get("inputs") or {}).items())
+        out(f"·  stored    export-time verification {verdict}, max abs diff {stored.get('max_abs_diff')}"
+            + (f" at {shapes}" if shapes else ""))
+    if model is None:
+        out("·  eager     not compared: pass --model DIR (the exported model) to compare with eager PyTorch")
+        return 0
+    from ._discovery import get_backend
+
+    exporter_class = get_backend(manifest["backend"]).load_exporter()
+    reference = exporter_class.load_model(model)
+    inputs = exporter_class.sample_inputs(reference, loaded.manifest)
+    if inputs is not None:  # the sample inputs of a full export; this one may take fewer (only input_ids)
+        inputs = {k: v for k, v in inputs.items() if k in loaded.input_names}
+    if inputs is None or set(inputs) != set(loaded.input_names):
+        out(f"·  eager     not compared: backend {manifest['backend']!r} gives no sample inputs for this model's "
+            f"program inputs {loaded.input_names}")
+        return 0
+    report = loaded.verify(inputs, atol=atol, rtol=rtol, reference=reference)
+    out(f"{'✅' if report.passed else '❌'} eager     at {_shape_text(inputs)}:")
+    out(str(report))
+    return 0 if report.passed else 3
