@@ -68,3 +68,66 @@ def tiny_model(kind: str, *, layers: int | None = None, seed: int = 0, **overrid
     kwargs.update(overrides)
     torch.manual_seed(seed)
     return getattr(tf, model_name)(getattr(tf, config_name)(**kwargs)).eval()
+
+
+class TinyMLP(torch.nn.Module):
+    """A plain ``nn.Module`` (no Transformers): two linear layers, a tuple output."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(width, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = torch.relu(self.fc1(x))
+        return self.fc2(hidden), hidden
+
+
+_FRESH_PROCESS_SCRIPT = """
+import sys
+import torch
+import torch.utils._pytree as pytree
+import hfexport
+
+families = ("transformers", "hfexport_dynamo", "hfexport_onnx", "hfexport_executorch")
+preloaded = sorted(m for m in sys.modules if m.split(".")[0] in families)
+assert not preloaded, f"imported before hfexport.load: {preloaded}"
+inputs = torch.load(sys.argv[1], weights_only=True)
+results = {}
+for name, directory in zip(sys.argv[3::2], sys.argv[4::2]):
+    with torch.no_grad():
+        out = hfexport.load(directory)(**inputs[name])
+    results[name] = (f"{type(out).__module__}.{type(out).__qualname__}", list(pytree.tree_leaves(out)))
+torch.save(results, sys.argv[2])
+"""
+
+
+def load_in_fresh_process(artifacts: dict[str, tuple[Any, dict[str, torch.Tensor]]], workdir: Any,
+                          timeout: float = 600) -> dict[str, tuple[str, list[torch.Tensor]]]:
+    """Load and run saved artifacts the way a user's new script would: a new Python process that imports only
+    ``hfexport`` and torch (no transformers, no backend) and calls ``hfexport.load(directory)(**inputs)``.
+
+    Args:
+        artifacts: name -> (artifact directory, inputs).
+        workdir: a directory for the inputs and outputs files.
+
+    Returns:
+        name -> (the output's type as ``module.qualname``, its flat tensors).
+
+    Raises:
+        AssertionError: the process failed (its stderr's tail in the message).
+    """
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    workdir = Path(workdir)
+    torch.save({name: dict(inputs) for name, (_, inputs) in artifacts.items()}, workdir / "fresh_inputs.pt")
+    pairs = [str(x) for name, (directory, _) in artifacts.items() for x in (name, directory)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS_SCRIPT, str(workdir / "fresh_inputs.pt"),
+                           str(workdir / "fresh_outputs.pt"), *pairs], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=workdir)
+    assert proc.returncode == 0, f"loading in a fresh process failed:\n{proc.stderr[-3000:]}"
+    return torch.load(workdir / "fresh_outputs.pt", weights_only=True)

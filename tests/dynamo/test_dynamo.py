@@ -33,7 +33,7 @@ def test_tiny_model_exports_dynamic_and_matches_at_two_shapes(kind, tmp_path):
 def test_manifest_describes_inputs_outputs_versions(bert, tmp_path):
     exported = hfexport.export(bert, dynamic=True)
     m = exported.manifest
-    assert m["schema_version"] == 1 and m["backend"] == "dynamo" and m["model_class"] == "BertModel"
+    assert m["schema_version"] == 2 and m["backend"] == "dynamo" and m["model_class"] == "BertModel"
     assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
     assert m["inputs"][0]["dtype"] == "int64" and set(m["inputs"][0]["dynamic_dims"]) == {"0", "1"}
     assert [o["name"] for o in m["outputs"]] == ["last_hidden_state", "pooler_output"]

@@ -1,0 +1,302 @@
+"""Loading an artifact as untrusted input (kernel behaviour, on dynamo artifacts): a fresh process loads it with
+nothing imported first; no code runs from it (crafted pickles, shape expressions, guards, output modules); every
+file it names lies inside it; every file's SHA-256 is checked; the manifest's schema is validated; ``hfexport
+verify`` says what it checked."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import hfexport
+from helpers import TinyMLP, load_in_fresh_process, tiny_model
+from hfexport import IntegrityError, ManifestError, UntrustedArtifactError, cli
+from hfexport._trust import pickle_globals, unsafe_pickle_globals
+
+# ── fixtures: one tiny BERT and one plain module, exported once ─────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("artifacts")
+    bert, mlp = tiny_model("bert", layers=1), TinyMLP().eval()
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    out: dict[str, Any] = {"bert_inputs": {"input_ids": ids}, "mlp_inputs": {"x": x}, "bert": bert, "mlp": mlp}
+    out["bert_dir"] = hfexport.export(bert, out["bert_inputs"]).save_pretrained(base / "bert")
+    out["mlp_dir"] = hfexport.export(mlp, out["mlp_inputs"]).save_pretrained(base / "mlp")
+    # dynamic: its program holds shape expressions and guards
+    out["dyn_dir"] = hfexport.export(mlp, {"x": torch.randn(3, 8)}, dynamic_shapes={"x": {0: torch.export.Dim("batch")}}
+                                     ).save_pretrained(base / "dyn")
+    return out
+
+
+def _copy(source: Path, tmp_path: Path, name: str = "artifact") -> Path:
+    target = tmp_path / name
+    shutil.copytree(source, target)
+    return target
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "export.json").read_text())
+
+
+def _write_manifest(directory: Path, manifest: Any) -> None:
+    (directory / "export.json").write_text(json.dumps(manifest))
+
+
+def _rehash(directory: Path) -> None:
+    """Record the current files' hashes, as an attacker who rewrites the files would."""
+    manifest = _manifest(directory)
+    manifest["files_sha256"] = {name: {"sha256": hashlib.sha256((directory / name).read_bytes()).hexdigest(),
+                                       "size": (directory / name).stat().st_size}
+                                for name in manifest.get("files_sha256", {})}
+    _write_manifest(directory, manifest)
+
+
+def _rewrite_pt2(file: Path, replace: dict[str, bytes] | None = None, edit_json: Any = None) -> None:
+    """Rewrite members of a .pt2 (record name below the archive root -> bytes; a function of the program JSON)."""
+    source = zipfile.ZipFile(file)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as target:
+        for info in source.infolist():
+            data = source.read(info)
+            record = info.filename.split("/", 1)[1]
+            if replace and record in replace:
+                data = replace[record]
+            if edit_json and record.startswith("models/") and record.endswith(".json"):
+                data = json.dumps(edit_json(json.loads(data))).encode()
+            target.writestr(info.filename, data)
+    source.close()
+    file.write_bytes(buffer.getvalue())
+
+
+class _WritesMarker:
+    """Unpickling it runs ``exec``: it writes the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self) -> Any:
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+# ── every artifact loads in a fresh process ─────────────────────────────────────────────────────────────────
+def test_fresh_process_loads_transformers_and_plain_module(saved: dict[str, Any], tmp_path: Path) -> None:
+    results = load_in_fresh_process({"bert": (saved["bert_dir"], saved["bert_inputs"]),
+                                     "mlp": (saved["mlp_dir"], saved["mlp_inputs"])}, tmp_path)
+    for name in ("bert", "mlp"):
+        with torch.no_grad():
+            expected = pytree.tree_leaves(saved[name](**saved[f"{name}_inputs"]))
+        kind, leaves = results[name]
+        assert len(leaves) == len(expected)
+        for got, want in zip(leaves, expected, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert results["bert"][0] == "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
+    assert results["mlp"][0] == "builtins.tuple"
+
+
+# ── no code runs from the artifact ─────────────────────────────────────────────────────────────────────────
+def test_crafted_pickle_in_pt2_is_refused_and_never_runs(saved: dict[str, Any], tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    buffer = io.BytesIO()
+    torch.save(((_WritesMarker(marker),), {}), buffer)  # the sample inputs torch.export.load unpickles
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    _rewrite_pt2(artifact / "model.pt2", replace={"data/sample_inputs/model.pt": buffer.getvalue()})
+    _rehash(artifact)
+    with pytest.raises(UntrustedArtifactError, match=r"data/sample_inputs/model.pt.*exec.*trust_remote_code"):
+        hfexport.load(artifact)
+    assert not marker.exists()
+    # the opt-in lets torch unpickle it: the check above is what stood between the file and the code
+    with contextlib.suppress(Exception):  # whatever torch makes of the rest
+        hfexport.load(artifact, trust_remote_code=True)(**saved["mlp_inputs"])
+    assert marker.read_text() == "ran"
+
+
+@pytest.mark.parametrize("where", ["expr_str", "guards_code", "target"])
+def test_code_in_program_json_is_refused(saved: dict[str, Any], tmp_path: Path, where: str) -> None:
+    marker = tmp_path / "marker"
+    code = f"__import__('pathlib').Path({str(marker)!r}).write_text('ran')"
+
+    def edit(program: dict[str, Any]) -> dict[str, Any]:
+        if where == "guards_code":  # exec-ed by program.module()
+            program["guards_code"] = [*program["guards_code"], f"{code} is None"]
+            return program
+        text = json.dumps(program)
+        if where == "expr_str":  # sympy.sympify-ed (eval) on load
+            start = text.index('"expr_str": "') + len('"expr_str": "')
+            text = text[:start] + json.dumps(f"{code} and ")[1:-1] + text[start:]
+        else:  # a node target resolved by attribute lookup and called on run
+            text = text.replace('"torch.ops.aten.relu.default"', '"torch.os.system"', 1)
+        return json.loads(text)
+
+    artifact = _copy(saved["dyn_dir"], tmp_path)
+    _rewrite_pt2(artifact / "model.pt2", edit_json=edit)
+    _rehash(artifact)
+    with pytest.raises(UntrustedArtifactError, match="would run code"):
+        hfexport.load(artifact)(x=torch.randn(3, 8))
+    assert not marker.exists()
+
+
+def test_output_modules_are_never_imported(saved: dict[str, Any], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "marker"
+    (tmp_path / "hfexport_test_evil_outputs.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    for section in (manifest, manifest["components"]["model"]):
+        section["output_modules"] = ["hfexport_test_evil_outputs"]
+    _write_manifest(artifact, manifest)
+    hfexport.load(artifact)(**saved["mlp_inputs"])  # the outputs are a tuple: nothing to import
+    assert not marker.exists()
+
+    # an output type that is neither registered nor transformers': refused, its module not imported
+    spec = json.loads(manifest["components"]["model"]["output_spec"])
+    spec[1]["type"] = "hfexport_test_evil_outputs.Output"
+    manifest["components"]["model"]["output_spec"] = json.dumps(spec)
+    _write_manifest(artifact, manifest)
+    with pytest.raises(UntrustedArtifactError, match="not registered pytree nodes.*hfexport_test_evil_outputs.Output"):
+        hfexport.load(artifact)
+    assert not marker.exists()
+
+
+def test_pickle_globals_are_read_without_unpickling() -> None:
+    assert pickle_globals(pickle.dumps(os.system, protocol=0)) == [(os.system.__module__, "system")]
+    assert (os.system.__module__, "system") in pickle_globals(pickle.dumps(os.system, protocol=4))  # STACK_GLOBAL
+    # names pushed once and fetched from the memo (BINGET) are still read
+    memo = (b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94h\x00h\x01\x93\x94.")
+    assert pickle_globals(memo) == [("os", "system"), ("os", "system")]
+    assert unsafe_pickle_globals(b"\x80\x02\x82\x01.")[0].startswith("(unreadable pickle: opcode EXT1")
+    buffer = io.BytesIO()
+    torch.save({"w": torch.zeros(2), "p": torch.nn.Parameter(torch.ones(1)), "i": torch.arange(3)}, buffer)
+    data = zipfile.ZipFile(io.BytesIO(buffer.getvalue()))
+    pickled = data.read(next(n for n in data.namelist() if n.endswith("data.pkl")))
+    assert unsafe_pickle_globals(pickled) == []
+
+
+# ── every file the manifest names lies inside the artifact ─────────────────────────────────────────────────
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink", "files"])
+def test_manifest_pointing_outside_is_refused(saved: dict[str, Any], tmp_path: Path, how: str) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    outside = tmp_path / "outside.pt2"
+    shutil.copyfile(artifact / "model.pt2", outside)  # a loadable program outside the artifact
+    manifest = _manifest(artifact)
+    if how == "symlink":
+        (artifact / "model.pt2").unlink()
+        (artifact / "model.pt2").symlink_to(outside)
+    elif how == "files":
+        manifest["files"].append("../outside.pt2")
+        manifest["files_sha256"]["../outside.pt2"] = manifest["files_sha256"]["model.pt2"]
+    else:
+        name = "../outside.pt2" if how == "dotdot" else str(outside)
+        for section in (manifest, manifest["components"]["model"]):
+            section["program_file"] = name
+    _write_manifest(artifact, manifest)
+    with pytest.raises(ValueError, match="outside the artifact directory"):
+        hfexport.load(artifact)
+
+
+# ── integrity ─────────────────────────────────────────────────────────────────────────────────────────────
+def test_save_records_size_and_sha256_of_every_file(saved: dict[str, Any]) -> None:
+    directory = saved["bert_dir"]
+    manifest = _manifest(directory)
+    assert manifest["schema_version"] == 2
+    assert sorted(manifest["files_sha256"]) == sorted(set(manifest["files"]) - {"export.json"})
+    for name, entry in manifest["files_sha256"].items():
+        data = (directory / name).read_bytes()
+        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+@pytest.mark.parametrize("name", ["model.pt2", "config.json"])
+def test_flipped_byte_is_detected_before_loading(saved: dict[str, Any], tmp_path: Path, name: str) -> None:
+    artifact = _copy(saved["bert_dir"], tmp_path)
+    data = bytearray((artifact / name).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (artifact / name).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=rf"{name}: SHA-256 [0-9a-f]+… where the manifest recorded") as info:
+        hfexport.load(artifact)
+    assert info.value.files == [name]
+
+
+def test_truncated_file_is_named_with_its_sizes(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    size = (artifact / "model.pt2").stat().st_size
+    with open(artifact / "model.pt2", "r+b") as f:
+        f.truncate(size - 10)
+    with pytest.raises(IntegrityError, match=rf"model.pt2: {size - 10:,} bytes where the manifest recorded {size:,}"):
+        hfexport.load(artifact)
+
+
+# ── the manifest's schema ─────────────────────────────────────────────────────────────────────────────────
+@pytest.mark.parametrize(("edit", "problems"), [
+    (lambda m: [], ["the manifest must be a JSON object, got a list"]),
+    (lambda m: {k: v for k, v in m.items() if k not in ("backend", "files_sha256")},
+     ["lacks required key 'backend'", "lacks required key 'files_sha256'"]),
+    (lambda m: {**m, "schema_version": "2", "files": "model.pt2", "dynamic": "no"},
+     ["schema_version is '2'", "files must be a list, got a string", "dynamic must be true or false, got a string"]),
+    (lambda m: {**m, "components": {"model": {**m["components"]["model"], "inputs": {"x": 1},
+                                              "program_file": 3}}},
+     ["components['model'].inputs must be a list, got an object",
+      "components.model.program_file must be a file name (a string), got an integer"]),
+])
+def test_manifest_schema_problems_are_listed_one_per_line(saved: dict[str, Any], tmp_path: Path, edit: Any,
+                                                          problems: list[str]) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    _write_manifest(artifact, edit(_manifest(artifact)))
+    with pytest.raises(ManifestError) as info:
+        hfexport.load(artifact)
+    assert len(info.value.problems) == len(problems), info.value.problems
+    for problem, expected in zip(info.value.problems, problems, strict=True):
+        assert problem.startswith(expected), (problem, expected)
+        assert f"  - {problem}" in str(info.value)
+
+
+def test_manifest_that_is_not_json(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    (artifact / "export.json").write_text('{"schema_version": 2,')
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        hfexport.load(artifact)
+
+
+# ── hfexport verify ───────────────────────────────────────────────────────────────────────────────────────
+def test_verify_says_what_it_checked(saved: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["verify", str(saved["bert_dir"])]) == 0
+    out = capsys.readouterr().out
+    for check in ("✅ manifest  schema 2, backend dynamo, BertModel", "✅ hashes    2 files",
+                  "✅ loading   1 component(s) opened on dynamo, no code run from the artifact",
+                  "✅ run       component 'model' at input_ids=[1, 8]: 2 outputs, finite, shapes as recorded",
+                  "eager     not compared: pass --model DIR"):
+        assert check in out, out
+
+
+def test_verify_compares_with_the_model(saved: dict[str, Any], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    saved["bert"].save_pretrained(tmp_path / "bert-model")
+    assert cli.main(["verify", str(saved["bert_dir"]), "--model", str(tmp_path / "bert-model")]) == 0
+    out = capsys.readouterr().out
+    assert "✅ eager     at input_ids=[1, 8]:" in out and "PASSED" in out
+
+
+def test_verify_names_a_corrupt_file(saved: dict[str, Any], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    data = bytearray((artifact / "model.pt2").read_bytes())
+    data[-100] ^= 0xFF
+    (artifact / "model.pt2").write_bytes(bytes(data))
+    assert cli.main(["verify", str(artifact)]) == 1
+    captured = capsys.readouterr()
+    assert "✅ manifest" in captured.out and "✅ hashes" not in captured.out
+    assert captured.err.startswith("error: ") and "model.pt2: SHA-256" in captured.err

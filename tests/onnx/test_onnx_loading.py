@@ -1,0 +1,60 @@
+"""An ONNX artifact loads in a fresh process with nothing imported first, and reads no file its manifest does
+not list."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import hfexport
+from helpers import TinyMLP, load_in_fresh_process, tiny_model
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("onnx-artifacts")
+    bert, mlp = tiny_model("bert", layers=1), TinyMLP().eval()
+    inputs = {"bert": {"input_ids": torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))},
+              "mlp": {"x": torch.randn(2, 8, generator=torch.Generator().manual_seed(0))}}
+    dirs = {name: hfexport.export(model, inputs[name], backend="onnx").save_pretrained(base / name)
+            for name, model in (("bert", bert), ("mlp", mlp))}
+    return {"inputs": inputs, "dirs": dirs, "models": {"bert": bert, "mlp": mlp}}
+
+
+def test_fresh_process_loads_transformers_and_plain_module(saved: dict[str, Any], tmp_path: Path) -> None:
+    results = load_in_fresh_process({name: (saved["dirs"][name], saved["inputs"][name]) for name in ("bert", "mlp")},
+                                    tmp_path)
+    for name in ("bert", "mlp"):
+        with torch.no_grad():
+            expected = pytree.tree_leaves(saved["models"][name](**saved["inputs"][name]))
+        for got, want in zip(results[name][1], expected, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert results["bert"][0] == "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
+
+
+def test_external_data_the_manifest_does_not_list_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    model = onnx.load(str(artifact / "model.onnx"), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "unlisted.data"  # ONNX Runtime would read it: it lies inside the directory
+    onnx.save(model, str(artifact / "model.onnx"))
+    (artifact / "model.onnx.data").rename(artifact / "unlisted.data")
+    (artifact / "model.onnx.data").write_bytes(b"")
+    manifest = json.loads((artifact / "export.json").read_text())
+    for name in manifest["files_sha256"]:  # as an attacker who rewrites the files would
+        data = (artifact / name).read_bytes()
+        manifest["files_sha256"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (artifact / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"model.onnx reads external data from \['unlisted.data'\]"):
+        hfexport.load(artifact)
