@@ -54,6 +54,16 @@ def test_an_extra_tensor_for_kwargs_is_refused_not_made_a_program_input():
     assert exported.input_names == ["x"] and torch.equal(exported(x=torch.ones(2)), -torch.ones(2))
 
 
+def test_transformers_deprecated_cache_names_may_go_through_kwargs():
+    from hfexport_dynamo.tracer import DYNAMO_TRACER
+
+    llama = tiny_model("llama", layers=1)
+    inputs = {"input_ids": torch.tensor([[7]]), "past_key_values": torch.ones(1)}
+    DYNAMO_TRACER.check_inputs(inputs, llama)  # transformers renames it to `cache` inside forward
+    with pytest.raises(InvalidInputError, match="input 'past_key_valuez' is not a parameter of LlamaForCausalLM"):
+        DYNAMO_TRACER.check_inputs({"input_ids": torch.tensor([[7]]), "past_key_valuez": torch.ones(1)}, llama)
+
+
 def test_a_name_forward_does_not_take_is_refused_before_any_stage():
     with pytest.raises(InvalidInputError, match=r"Linear.forward takes no 'x'; it takes input"):
         hfexport.export(torch.nn.Linear(3, 2), {"x": torch.ones(2, 3)}, progress=_NoStage())

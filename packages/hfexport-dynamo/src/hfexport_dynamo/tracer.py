@@ -21,10 +21,14 @@ from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 from ._pytree import register_transformers_pytrees
 from .inputs import dummy_inputs, forward_parameters
 
-__all__ = ["DYNAMO_TRACER", "DynamoTracer", "SpecializedDimWarning", "describe_inputs", "describe_outputs",
-           "specialized_dims", "specialized_message"]
+__all__ = ["DYNAMO_TRACER", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning", "describe_inputs",
+           "describe_outputs", "specialized_dims", "specialized_message"]
 
 logger = logging.getLogger("hfexport")
+
+# Deprecated names transformers still accepts through **kwargs and renames inside forward (its
+# ``_rename_kwargs_for_bc``): an input under such a name reaches the parameter it stands for.
+KWARG_ALIASES: dict[str, str] = {"past_key_values": "cache", "cache_params": "cache"}
 
 
 class DynamoTracer:
@@ -51,7 +55,9 @@ class DynamoTracer:
         * a name ``forward`` does not take (listing those it takes);
         * a tensor (or a pytree of tensors) whose name ``forward`` takes only through ``**kwargs``: it would
           become a program input that the model may never read, which every caller must then pass. Constants
-          (``output_hidden_states=True``) may still go through ``**kwargs``: they are baked in, not inputs;
+          (``output_hidden_states=True``) may still go through ``**kwargs``: they are baked in, not inputs, and
+          so may transformers' deprecated names of a parameter forward names (``past_key_values`` for ``cache``,
+          :data:`KWARG_ALIASES`), which transformers renames inside forward;
         * token ids (``input_ids``, ``decoder_input_ids``, ``token_type_ids``, ``position_ids``, any ``*_ids``)
           that are not an integer tensor.
 
@@ -76,7 +82,8 @@ class DynamoTracer:
         if unknown:
             raise InvalidInputError(f"{model_class}.forward takes no {', '.join(map(repr, unknown))}; it takes "
                                     f"{', '.join(names)}")
-        through_kwargs = [n for n, v in inputs.items() if n not in names and not isinstance(v, constant)]
+        through_kwargs = [n for n, v in inputs.items() if n not in names and not isinstance(v, constant)
+                          and KWARG_ALIASES.get(n) not in names]
         if through_kwargs:
             raise InvalidInputError(
                 f"input {', '.join(map(repr, through_kwargs))} is not a parameter of {model_class}.forward: it "
