@@ -126,7 +126,7 @@ def _out_spec(name: str, section: Mapping[str, Any], trust_remote_code: bool) ->
         return None
     import torch.utils._pytree as pytree
 
-    where = f"component {name!r}'s output_spec"
+    where = f"the output_spec of component {name!r}"
     if trust_remote_code:
         types, _ = treespec_names(spec)
         import_type_modules(unregistered(types))

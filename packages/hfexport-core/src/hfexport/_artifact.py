@@ -417,7 +417,7 @@ class ExportedModel:
             section = self._section(component)
             # No import by a name the artifact gives (``output_modules`` is informational): the types must be
             # registered pytree nodes already (the tracer's ``prepare_load`` registers those it admits).
-            check_treespec(section["output_spec"], f"component {component.name!r}'s output_spec")
+            check_treespec(section["output_spec"], f"the output_spec of component {component.name!r}")
             component.out_spec = pytree.treespec_loads(section["output_spec"])
         return component.out_spec
 

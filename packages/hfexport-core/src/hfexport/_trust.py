@@ -236,16 +236,21 @@ def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
     """
     root = Path(path).resolve()
     roots = _allowed_roots(root)
-    bad = []
+    named: dict[str, list[str]] = {}
     for where, name in manifest_file_refs(manifest):
+        named.setdefault(name, []).append(where)
+    bad = []
+    for name, wheres in named.items():
         pure = PurePosixPath(name)
         if not name or "\\" in name or "\x00" in name or pure.is_absolute() or os.path.isabs(name) \
                 or ".." in pure.parts or re.match(r"^[A-Za-z]:", name):
-            bad.append(f"{where} = {name!r} (absolute, '..' or not a plain relative path)")
-            continue
-        resolved = (root / name).resolve()
-        if not any(resolved.is_relative_to(r) for r in roots):
-            bad.append(f"{where} = {name!r} (a symlink to {resolved}, outside the artifact)")
+            why = "absolute, '..' or not a plain relative path"
+        else:
+            resolved = (root / name).resolve()
+            if any(resolved.is_relative_to(r) for r in roots):
+                continue
+            why = f"a symlink to {resolved}"
+        bad.append(f"{name!r} ({why}; named by {', '.join(wheres)})")
     if bad:
         raise ValueError(f"{Path(path) / 'export.json'} names files outside the artifact directory {root}: "
                          + "; ".join(bad))
