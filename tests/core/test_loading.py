@@ -209,6 +209,22 @@ def test_manifest_pointing_outside_is_refused(saved: dict[str, Any], tmp_path: P
         hfexport.load(artifact)
 
 
+def test_hugging_face_cache_layout_symlinks_into_blobs_load(saved: dict[str, Any], tmp_path: Path) -> None:
+    repo = tmp_path / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for file in saved["mlp_dir"].iterdir():  # how huggingface_hub lays out a download
+        blob = blobs / hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, blob)
+        (snapshot / file.name).symlink_to(Path("../../blobs") / blob.name)
+    hfexport.load(snapshot)(**saved["mlp_inputs"])
+    (snapshot / "model.pt2").unlink()
+    (snapshot / "model.pt2").symlink_to(saved["mlp_dir"] / "model.pt2")  # out of the repository: refused
+    with pytest.raises(ValueError, match="outside the artifact directory"):
+        hfexport.load(snapshot)
+
+
 # ── integrity ─────────────────────────────────────────────────────────────────────────────────────────────
 def test_save_records_size_and_sha256_of_every_file(saved: dict[str, Any]) -> None:
     directory = saved["bert_dir"]
