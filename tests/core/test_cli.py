@@ -59,3 +59,9 @@ def test_demo_export_end_to_end(tmp_path, capsys):
     assert report["outputs"][0]["name"] == "last_hidden_state" and isinstance(report["outputs"][0]["max_abs_diff"],
                                                                               float)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # no lock, staging or temporary manifest
+
+
+def test_demo_and_a_model_directory_together_are_a_usage_error(tmp_path, capsys):
+    assert cli.main(["export", str(tmp_path), "--demo", "--output", str(tmp_path / "o")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -107,11 +107,12 @@ def test_a_fresh_environment_lists_the_product_backends_only():
                     "executorch-xnnpack": "hfexport-executorch", "executorch-cuda": "hfexport-executorch"}
 
 
-def test_third_party_plugins_can_be_disabled(monkeypatch):
+def test_plugin_autoload_can_be_disabled_with_an_allow_list(monkeypatch):
     monkeypatch.setenv("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("HFEXPORT_PLUGINS", "dynamo,onnx")
     infos = _by_name()
-    assert infos["testplugin"].status == "disabled"
-    assert infos["dynamo"].status == "ok"
+    assert infos["testplugin"].status == "disabled" and infos["executorch-xnnpack"].status == "disabled"
+    assert infos["dynamo"].status == "ok" and infos["onnx"].status == "ok"
 
 
 def test_export_with_unknown_backend_changes_nothing(bert):
@@ -119,3 +120,25 @@ def test_export_with_unknown_backend_changes_nothing(bert):
     with pytest.raises(UnknownBackendError):
         hfexport.export(bert, backend="nope")
     assert all(torch.equal(before[k], v) for k, v in bert.state_dict().items())
+
+
+def test_an_exporter_without_name_stages_or_package_is_refused_when_it_loads(monkeypatch):
+    import types
+
+    from hfexport.plugin import Backend, Exporter, Stage
+
+    module = types.ModuleType("vendor_half_done")
+
+    class NoName(Exporter):
+        stages = (Stage(1, "Trace", "internal", "stage_trace"),)
+
+    class NoPackage(Exporter):
+        name = "half"
+        stages = (Stage(1, "Trace", "internal", "stage_trace"),)
+
+    module.NoName, module.NoPackage = NoName, NoPackage
+    monkeypatch.setitem(sys.modules, "vendor_half_done", module)
+    with pytest.raises(TypeError, match="must set `name`"):
+        Backend("half", "vendor_half_done:NoName").load_exporter()
+    with pytest.raises(TypeError, match="must implement package"):
+        Backend("half", "vendor_half_done:NoPackage").load_exporter()

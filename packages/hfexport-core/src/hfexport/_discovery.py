@@ -8,8 +8,9 @@ The kernel names no backend: each :class:`Backend` says which distribution bring
 it, and an unknown name gets the installed backends listed.
 
 Environment:
-    HFEXPORT_DISABLE_PLUGIN_AUTOLOAD=1: load only the bundled backends (distributions named ``hfexport-*``
-        released together with hfexport-core, i.e. at its version); other plugins are listed as ``disabled``.
+    HFEXPORT_DISABLE_PLUGIN_AUTOLOAD=1: load no backend entry point except those named in ``HFEXPORT_PLUGINS``
+        (as pytest's ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` with ``-p``); the others are listed as ``disabled``.
+    HFEXPORT_PLUGINS=name1,name2: the backends to load when autoload is disabled (e.g. ``dynamo,onnx``).
     HFEXPORT_BLOCK_PLUGINS=name1,name2: never load these entry points (a broken plugin you cannot uninstall).
 """
 
@@ -78,6 +79,18 @@ class Backend:
         cls = getattr(importlib.import_module(module_name), attr)
         if not (isinstance(cls, type) and issubclass(cls, Exporter)):
             raise TypeError(f"backend {self.name!r}: {self.exporter} is not an hfexport.Exporter subclass")
+        # Validated when it loads, not halfway through an export (or, for `name`, in every manifest it writes).
+        problems = []
+        if cls.name == Exporter.name:
+            problems.append("must set `name` (the backend name written into every manifest)")
+        if not cls.stages:
+            problems.append("must declare `stages`")
+        if cls.package is Exporter.package:
+            problems.append("must implement package()")
+        if cls.load_runner.__func__ is Exporter.load_runner.__func__:  # type: ignore[attr-defined]
+            problems.append("must implement load_runner()")
+        if problems:
+            raise TypeError(f"backend {self.name!r}: {self.exporter} " + "; ".join(problems))
         return cls
 
 
@@ -111,20 +124,15 @@ def _blocked() -> set[str]:
     return {n.strip() for n in os.environ.get("HFEXPORT_BLOCK_PLUGINS", "").split(",") if n.strip()}
 
 
-def _bundled(dist_name: str, version: str) -> bool:
-    """Released together with hfexport-core: named ``hfexport-*`` at hfexport-core's own version."""
-    try:
-        core_version = metadata.version("hfexport-core")
-    except metadata.PackageNotFoundError:  # pragma: no cover - this module is hfexport-core
-        return False
-    return dist_name.startswith("hfexport-") and version == core_version
+def _allowed() -> set[str]:
+    return {n.strip() for n in os.environ.get("HFEXPORT_PLUGINS", "").split(",") if n.strip()}
 
 
 def _load_entry_point(ep: metadata.EntryPoint, dist_name: str, version: str) -> tuple[str, str, Backend | None]:
     if ep.name in _blocked():
         return "disabled", "blocked by HFEXPORT_BLOCK_PLUGINS", None
-    if os.environ.get("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD") and not _bundled(dist_name, version):
-        return "disabled", "HFEXPORT_DISABLE_PLUGIN_AUTOLOAD is set", None
+    if os.environ.get("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD") and ep.name not in _allowed():
+        return "disabled", "HFEXPORT_DISABLE_PLUGIN_AUTOLOAD is set and HFEXPORT_PLUGINS does not name it", None
     try:
         obj = ep.load()
     except Exception as exc:  # a broken plugin must not break the listing: report it

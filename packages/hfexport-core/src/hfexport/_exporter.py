@@ -167,6 +167,17 @@ class ExportContext:
         fixes[name] = fixes.get(name, 0) + count
 
 
+def _as_json(value: Any) -> Any:
+    """``value`` as JSON where it is plain data (bools, numbers, strings, lists, dicts); its repr otherwise."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_as_json(v) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: _as_json(v) for k, v in value.items()}
+    return repr(value)
+
+
 class Tracer(Protocol):
     """What a backend gets from the package that traces models (hfexport-dynamo's ``DYNAMO_TRACER``).
 
@@ -560,7 +571,7 @@ class Exporter:
             "model_module": type(ctx.model).__module__,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "dynamic": ctx.config.dynamic,
-            "config": {k: repr(v) for k, v in vars(ctx.config).items()},
+            "config": {k: _as_json(v) for k, v in vars(ctx.config).items()},
             "versions": versions_of(self.toolchain),
             "tested_versions": dict(self.tested_versions),
             "workarounds": {"patches": ctx.report["patches"], "skipped_patches": ctx.report["skipped_patches"],

@@ -57,10 +57,12 @@ class _Progress:
         self.lines: list[str] = []
 
     def __call__(self, event: Any) -> None:
+        from rich.markup import escape  # "[dynamo 1/5]" is not rich markup
+
         if event.step:  # a toolchain call inside a stage: one indented line when it ends
             if event.status != "start" and self.enabled:
                 mark = "✅" if event.status == "done" else "❌"
-                self.console.print(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s")
+                self.console.print(escape(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s"))
             return
         if event.status != "start":
             mark = "✅" if event.status == "done" else "❌"
@@ -72,6 +74,7 @@ class _Progress:
         label = f"{indent}[{event.backend} {event.stage.number}/{event.total}] {event.stage.title}"
         if event.stage.runs:
             label += f" → {event.stage.runs}"
+        label = escape(label)
         if event.status == "start":
             if self._status is None:
                 self._status = self.console.status(label)
@@ -183,13 +186,15 @@ def _check_output(path: Path, overwrite: bool) -> None:
     from ._artifact import MANIFEST_NAME
 
     if overwrite and path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_NAME).is_file():
-        raise SystemExit(f"error: --overwrite replaces only an earlier export, and {path} is not one (it has no "
+        raise UsageError(f"--overwrite replaces only an earlier export, and {path} is not one (it has no "
                          f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     console = _console()
     demo = getattr(args, "demo", None)  # a loader, when a command plugin contributes --demo
+    if demo and args.model:
+        raise UsageError(f"give a model directory or --demo, not both (got {args.model!r} and --demo)")
     if not demo and not args.model:
         raise UsageError("give a model directory (or --demo where a plugin provides one, e.g. hfexport-dynamo; "
                          "see `hfexport export --help`)")
