@@ -55,8 +55,11 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
     return exporter.export(model, inputs, progress=progress)
 
 
-def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> ExportedModel:
-    """Load a saved artifact and open every component on its backend's runtime.
+def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder: str | None = None,
+         trust_remote_code: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+         token: str | bool | None = None) -> ExportedModel:
+    """Load a saved artifact (a directory, or a Hub repository ``"org/name"``) and open every component on its
+    backend's runtime.
 
     An artifact is untrusted input: before any runtime opens a file, the manifest is validated (schema, every
     file it names inside ``path``) and every file's size and SHA-256 are checked against it. No code runs from
@@ -64,13 +67,24 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Ex
     imports no module an artifact names) and a program whose loading would unpickle objects other than
     tensors, or load native code, is refused.
 
+    A Hub repository id (a string that is not an existing local path and looks like ``org/name``) is fetched
+    through ``huggingface_hub``: ``export.json`` first, checked as above, then only the files it names, from the
+    same commit, into the Hugging Face cache; the snapshot directory is then loaded like any other. With
+    ``HF_HUB_OFFLINE=1`` it is read from the cache.
+
     Args:
-        path: the artifact directory.
+        path: the artifact directory, or a Hub repository id.
+        revision: for a repository id: a branch, tag or commit (default ``main``).
+        subfolder: the artifact's folder inside the repository or directory (``push_to_hub`` uses
+            ``"hfexport/<backend>"`` by default).
+        cache_dir: for a repository id: the Hugging Face cache (default ``HF_HUB_CACHE``).
+        token: for a repository id: a Hub token (default: the one ``hf auth login`` saved).
         trust_remote_code: allow what the default refuses (unpickling arbitrary objects from a ``.pt2``,
             importing the modules the output spec names). Only for an artifact from a source you trust.
 
     Raises:
-        FileNotFoundError: ``path`` has no ``export.json``, or lacks a file the manifest names.
+        FileNotFoundError: ``path`` has no ``export.json``, or lacks a file the manifest names; a repository or
+            revision that does not exist; offline, an artifact the cache does not hold (says which files).
         hfexport.ManifestError: the manifest is not JSON, not an object, lacks keys or has values of the wrong
             type, or is of another schema version (one line per problem).
         ValueError: the manifest names a file outside ``path`` (absolute, ``..``, a symlink that leads out).
@@ -79,7 +93,16 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Ex
             opt in).
         hfexport.UnknownBackendError: the backend that wrote it is not installed (says what to install).
     """
-    path = Path(path)
+    from ._hub import is_hub_reference
+
+    if is_hub_reference(path):
+        from ._hub import download_artifact
+
+        path = download_artifact(str(path), revision=revision, subfolder=subfolder, cache_dir=cache_dir, token=token)
+    elif revision is not None:
+        raise ValueError(f"revision={revision!r} is for a Hub repository id; {str(path)!r} is a local path")
+    else:
+        path = Path(path) / subfolder if subfolder else Path(path)
     manifest = read_manifest(path)
     check_integrity(path, manifest)
     return open_artifact(path, manifest, trust_remote_code=trust_remote_code)

@@ -574,6 +574,44 @@ class ExportedModel:
 
     save = save_pretrained
 
+    def push_to_hub(self, repo_id: str, *, revision: str | None = None, path_in_repo: str | None = None,
+                    commit_message: str | None = None, token: str | bool | None = None, create_repo: bool = True,
+                    private: bool | None = None, endpoint: str | None = None, api: Any = None) -> Any:
+        """Upload the artifact to Hub repository ``repo_id`` in one commit, beside the files already there.
+
+        The artifact is saved into a temporary directory (as :meth:`save_pretrained` writes it, hashes
+        included) and each of its files is added under ``path_in_repo``. Nothing in the repository is deleted;
+        a file of the same name that differs is refused unless an earlier hfexport artifact at that path wrote
+        it (its ``export.json`` names it). Load it back with
+        ``hfexport.load(repo_id, subfolder=path_in_repo)``.
+
+        Args:
+            repo_id: ``"org/name"``; created (``exist_ok``) when ``create_repo``.
+            revision: the branch to commit to (default ``main``; created when ``create_repo``).
+            path_in_repo: the folder to upload into. Default ``"hfexport/<backend>"``, a folder of its own, so
+                that it never meets the model's own ``config.json`` or weights; ``""`` uploads to the root.
+            commit_message: default ``"hfexport: <backend> artifact of <model class> ..."``.
+            token: a Hub token (default: the one ``hf auth login`` saved).
+            create_repo: create the repository (and ``revision``'s branch) if it does not exist.
+            private: visibility of a repository this call creates.
+            endpoint: another Hub endpoint (default ``HF_ENDPOINT`` or huggingface.co).
+            api: an ``huggingface_hub.HfApi`` to use instead of a new one.
+
+        Returns:
+            The ``huggingface_hub.CommitInfo`` of the commit.
+
+        Raises:
+            FileExistsError: a file of the artifact would replace a different file that is not an hfexport
+                artifact's (names them; nothing is uploaded).
+            ValueError: ``path_in_repo`` is not a relative folder.
+            huggingface_hub.errors.HfHubHTTPError: the Hub refused (authentication, permissions).
+        """
+        from ._hub import push_artifact
+
+        return push_artifact(self, repo_id, revision=revision, path_in_repo=path_in_repo,
+                             commit_message=commit_message, token=token, create_repo=create_repo, private=private,
+                             endpoint=endpoint, api=api)
+
 
 def _tensor_bytes(program: Any) -> int:
     """Bytes of the distinct tensor storages of a program's ``state_dict`` and ``constants``."""
@@ -591,12 +629,13 @@ def _tensor_bytes(program: Any) -> int:
     return total
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path, *, check_present: bool = True) -> dict[str, Any]:
     """Read ``path/export.json`` and check it as untrusted input (see :mod:`hfexport._trust`): valid JSON, the
     schema (one line per problem), every file it names (``files``, ``files_sha256``, each component's
     ``*_file`` keys) a plain relative path that resolves inside ``path`` (symlinks included), and present.
 
-    File contents are not read here: :func:`hfexport._trust.check_integrity` checks sizes and SHA-256.
+    File contents are not read here: :func:`hfexport._trust.check_integrity` checks sizes and SHA-256. With
+    ``check_present=False`` the files need not exist yet (a Hub download checks the manifest before fetching them).
 
     Raises:
         FileNotFoundError: no manifest, or a file it names is missing.
@@ -614,6 +653,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     validate_manifest(manifest, manifest_path, supported=range(1, SCHEMA_VERSION + 1))
     check_file_paths(path, manifest)
     missing = sorted({name for _, name in manifest_file_refs(manifest) if not (path / name).is_file()})
-    if missing:
+    if missing and check_present:
         raise FileNotFoundError(f"{path} lacks files its manifest names: {missing}")
     return manifest

@@ -221,9 +221,13 @@ _RECORD_KEYS = frozenset({"files", HASHES_KEY, "config", "versions", "tested_ver
 
 def _allowed_roots(root: Path) -> list[Path]:
     roots = [root]
-    # A Hugging Face cache snapshot (models--org--name/snapshots/<rev>/) links its files into ../../blobs/.
-    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-        roots.append((root.parent.parent / "blobs").resolve())
+    # A Hugging Face cache snapshot (models--org--name/snapshots/<rev>/[subfolder/]) links its files into the
+    # repository's blobs/.
+    for snapshot in [root, *root.parents]:
+        if snapshot.parent.name == "snapshots":
+            if (snapshot.parent.parent / "blobs").is_dir():
+                roots.append((snapshot.parent.parent / "blobs").resolve())
+            break
     return roots
 
 

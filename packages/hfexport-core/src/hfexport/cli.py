@@ -25,6 +25,7 @@ examples:
   hfexport workarounds --scope onnx                       the registered patches and fixes
   hfexport workarounds --check --import my_patches        ... and which targets resolve to nothing
   hfexport verify out/dynamo --model ./my-model           check a saved artifact (hashes, paths) and re-run it
+  hfexport verify org/name --subfolder hfexport/dynamo    ... one on the Hub (fetches only the files it names)
 
 Every export is saved atomically (export.json manifest + program files), loaded back from disk, and run on
 the backend's runtime against eager PyTorch; the max abs difference of every output is printed.
@@ -118,16 +119,27 @@ def _cmd_stages(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from ._hub import is_hub_reference
     from ._verify import verify_artifact
 
-    if not Path(args.artifact).is_dir():
-        raise UsageError(f"{args.artifact} is not a directory: give the directory of a saved export (it holds "
-                         "export.json)")
+    artifact = args.artifact
+    if is_hub_reference(artifact):  # org/name: export.json, then only the files it names, into the HF cache
+        from ._hub import download_artifact
+
+        artifact = download_artifact(artifact, revision=args.revision, subfolder=args.subfolder)
+        print(f"·  hub       {args.artifact}: export.json and the files it names, in {artifact}")
+    elif args.revision is not None:
+        raise UsageError(f"--revision is for a Hub repository id (org/name); {artifact} is a local path")
+    elif args.subfolder:
+        artifact = str(Path(artifact) / args.subfolder)
+    if not Path(artifact).is_dir():
+        raise UsageError(f"{artifact} is not a directory: give the directory of a saved export (it holds "
+                         "export.json), or a Hub repository id (org/name)")
     if args.model is not None and not Path(args.model).is_dir():
         raise UsageError(f"--model {args.model} is not a directory: give the exported model's directory")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-    return verify_artifact(args.artifact, model=args.model, atol=args.atol, rtol=args.rtol,
+    return verify_artifact(artifact, model=args.model, atol=args.atol, rtol=args.rtol,
                            trust_remote_code=args.trust_remote_code, run=not args.no_run)
 
 
@@ -335,7 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "artifact; then run the default component on inputs of the recorded shapes "
                                    "and, with --model, compare with eager PyTorch. Exit status: 0 ok, 1 a check "
                                    "failed, 3 outputs differ from eager.")
-    p.add_argument("artifact", help="the artifact directory (holds export.json)")
+    p.add_argument("artifact", help="the artifact directory (holds export.json), or a Hub repository id org/name "
+                                    "(downloads export.json, then only the files it names)")
+    p.add_argument("--revision", help="with a Hub repository id: the branch, tag or commit (default main)")
+    p.add_argument("--subfolder", help="the artifact's folder in the repository or directory (push_to_hub's "
+                                       "default is hfexport/<backend>)")
     p.add_argument("--model", help="the exported model's directory: compare the artifact with it on eager PyTorch")
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the comparison (default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the comparison (default 1e-4)")
