@@ -132,7 +132,7 @@ class ArgsortOnly(torch.nn.Module):
 
 def test_patch_default_decomposition_table():
     inputs = {"scores": torch.tensor([[0.3, 0.9, 0.3, float("nan"), -1.0], [0.2, 0.2, 0.8, 0.4, 0.2]])}
-    with pytest.raises(hfexport.ExportError, match="sort.stable is not in Core ATen opset"):
+    with pytest.raises(hfexport.ExportError, match="sort.stable is not in Core ATen"):
         export(Rank(), inputs, disable=("_patch_default_decomposition_table",))
     # sort.default is Core ATen but has no portable kernel: caught before the runtime says "Missing operator".
     with pytest.raises(hfexport.ExportError, match="no kernel in the ExecuTorch portable library: aten::sort"):
@@ -155,6 +155,54 @@ def test_patch_aten_dialect_verifier():
     assert with_it.manifest["executorch"]["non_core_aten_on_portable_kernels"] == ["aten.repeat_interleave.Tensor"]
     assert_matches(with_it, RepeatRows(), inputs)
     assert_matches(with_it, RepeatRows(), dict(inputs, counts=torch.tensor([5, 0, 7])))  # 12 rows, unbacked
+
+
+class Positions(torch.nn.Module):
+    def forward(self, x, boundaries, sequence):
+        return (torch.bucketize(x, boundaries, right=True), torch.searchsorted(sequence, x, side="right"),
+                torch.searchsorted(sequence, x, out_int32=True))
+
+
+class RunningMax(torch.nn.Module):
+    def forward(self, x):
+        return torch.cummax(x, dim=-1).values  # not Core ATen, no decomposition, no portable kernel
+
+
+def test_non_core_aten_policy_decomposes_or_names_the_op():
+    """d04's kind: bucketize and searchsorted lower through our comparison-and-sum decompositions; an op with
+    neither a decomposition nor a kernel fails with an error that names it and says what to do."""
+    x = torch.tensor([[-1.0, 0.0, 0.5, 1.0], [1.5, 2.0, 3.0, float("nan")]])
+    inputs = {"x": x, "boundaries": torch.tensor([0.0, 1.0, 1.0, 2.0]), "sequence": torch.tensor([0.0, 0.5, 2.0])}
+    assert_matches(export(Positions(), inputs), Positions(), inputs)  # NaN in the last bucket, as eager
+    with pytest.raises(hfexport.ExportError, match=r"aten.cummax.default is not in Core ATen, has no decomposition"
+                                                   r".*no kernel in the ExecuTorch portable library") as info:
+        export(RunningMax(), {"x": x})
+    assert "Rewrite that step of the model" in str(info.value) and "ET_DECOMPOSITIONS" in str(info.value)
+
+
+class PrefilledCache(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k_cache", torch.ones(1, 6, 4), persistent=False)
+        self.register_buffer("steps", torch.zeros(1))  # mutated, all zeros: not serialized
+
+    def forward(self, k_val, cache_position):
+        self.k_cache.index_copy_(1, cache_position, k_val)
+        self.steps.add_(1.0)
+        return self.k_cache * 2.0 + self.steps
+
+
+def test_patch_mutable_buffer_initial_state():
+    inputs = {"k_val": torch.full((1, 2, 4), -3.0), "cache_position": torch.tensor([2, 3])}
+    expected = PrefilledCache()(**copy.deepcopy(inputs))
+    without = export(PrefilledCache(), inputs, disable=("_patch_mutable_buffer_initial_state",))
+    wrong = without(**copy.deepcopy(inputs))
+    assert torch.equal(wrong[0, 0], torch.full((4,), 1.0))  # untouched rows read 0 (0 * 2 + 1), not 1 * 2 + 1
+    with_it = export(PrefilledCache(), inputs)
+    assert [n.rsplit(".", 1)[-1] for n in with_it.manifest["executorch"]["initialized_mutable_buffers"]] == ["k_cache"]
+    torch.testing.assert_close(with_it(**copy.deepcopy(inputs)), expected, atol=ATOL, rtol=0)
+    with pytest.raises(hfexport.ExportError, match="k_cache' is mutated by the program and has a non-zero initial"):
+        export(PrefilledCache(), inputs, alloc_mutable_buffers=False)
 
 
 class SplitPacked(torch.nn.Module):
@@ -295,7 +343,7 @@ def test_every_workaround_has_a_test_here():
 
     tested = {"prepare_for_xnnpack", "_patch_nonzero", "_patch_dim_order_from_stride",
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
-              "_patch_arg_validator_list_return", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
+              "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one

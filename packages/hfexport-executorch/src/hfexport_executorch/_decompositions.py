@@ -14,7 +14,8 @@ import torch
 
 from ._delegation import rejected_by_edge
 
-__all__ = ["ET_DECOMPOSITIONS", "nonzero_row_major", "rejected_ops_with_decomposition", "sort_pairwise"]
+__all__ = ["ET_DECOMPOSITIONS", "count_below", "nonzero_row_major",
+           "rejected_ops_with_decomposition", "sort_pairwise", "unsupported_op_message"]
 
 aten = torch.ops.aten
 
@@ -67,17 +68,73 @@ def _decompose_sort(x: torch.Tensor, dim: int = -1, descending: bool = False) ->
     return sort_pairwise(x, dim, descending)
 
 
+def count_below(sorted_sequence: torch.Tensor, values: torch.Tensor, right: bool = False,
+                out_int32: bool = False) -> torch.Tensor:
+    """``searchsorted``/``bucketize`` as a comparison and a sum: ``#{j: not (s_j >= v)}`` (``>`` when ``right``).
+
+    ``sorted_sequence`` is 1-D or has the leading dims of ``values``; the last dim is searched. Counting the
+    boundaries that do *not* reach ``v`` gives eager's answer for NaN too (``len(sequence)``). Uses only
+    comparisons, ``logical_not`` and ``sum`` (portable kernels; no data-dependent loop, so the boundary count may
+    be dynamic). Memory is O(len(values) * len(sequence)).
+    """
+    if sorted_sequence.dim() == 1:
+        seq = sorted_sequence.reshape((1,) * values.dim() + sorted_sequence.shape)  # [1.., M]
+        vals = values.unsqueeze(-1)  # [..., 1]
+    else:
+        seq, vals = sorted_sequence.unsqueeze(-2), values.unsqueeze(-1)  # [..., 1, M], [..., K, 1]
+    reached = (seq > vals) if right else (seq >= vals)
+    return torch.logical_not(reached).sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
+
+def _decompose_bucketize(input: Any, boundaries: torch.Tensor, *, out_int32: bool = False,
+                         right: bool = False) -> torch.Tensor:
+    values = input if isinstance(input, torch.Tensor) else torch.scalar_tensor(input, dtype=boundaries.dtype)
+    return count_below(boundaries, values, right, out_int32)
+
+
+def _decompose_searchsorted(sorted_sequence: torch.Tensor, input: Any, *, out_int32: bool = False,
+                            right: bool = False, side: str | None = None,
+                            sorter: torch.Tensor | None = None) -> torch.Tensor:
+    if sorter is not None:
+        sorted_sequence = torch.gather(sorted_sequence, -1, sorter)
+    values = input if isinstance(input, torch.Tensor) else torch.scalar_tensor(input, dtype=sorted_sequence.dtype)
+    return count_below(sorted_sequence, values, right or side == "right", out_int32)
+
+
 # Decompositions we own, for ops that neither Core ATen decompositions nor portable kernels cover.
 ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.sort.stable: _decompose_sort_stable,  # not Core ATen, no portable kernel
     aten.sort.default: _decompose_sort,  # Core ATen, but no portable kernel in executorch 1.5.1
+    # not Core ATen, no portable kernel; torch._decomp's bucketize guards on log2(len(boundaries)) and has no
+    # searchsorted at all
+    aten.bucketize.Tensor: _decompose_bucketize,
+    aten.bucketize.Scalar: _decompose_bucketize,
+    aten.searchsorted.Tensor: _decompose_searchsorted,
+    aten.searchsorted.Scalar: _decompose_searchsorted,
 }
+
+
+def unsupported_op_message(op: Any) -> str:
+    """The error for a non-Core-ATen op with neither a decomposition nor a portable kernel: the op, and what to do."""
+    return (f"{op} is not in Core ATen, has no decomposition into Core ATen (torch._decomp, or hfexport's "
+            "ET_DECOMPOSITIONS in hfexport_executorch/_decompositions.py) and no kernel in the ExecuTorch portable "
+            "library, so no ExecuTorch program can run it. Rewrite that step of the model with Core ATen ops "
+            "(comparisons, sum, gather, where, ...), add a decomposition of the op to ET_DECOMPOSITIONS, or "
+            "register an @register_patch('executorch', ...) that traces something else; or export it with "
+            "backend='onnx' or 'dynamo'")
 
 
 @functools.cache
 def rejected_ops_with_decomposition() -> dict[Any, Callable[..., Any]]:
-    """``torch._decomp.decomposition_table`` entries for the aten ops the edge verifier rejects."""
+    """``torch._decomp.decomposition_table`` entries for the aten ops the edge verifier rejects.
+
+    Only the aten-level ones (``torch._decomp.decompositions``): the ``torch._refs`` entries (``copysign``,
+    ``cumprod``, ...) emit ``prims.*`` ops that neither the edge dialect nor XNNPACK take (``prims.abs.default is
+    not supported in XNNPACK Delegate``); ops we need from there get a decomposition of our own in
+    ``ET_DECOMPOSITIONS`` (``bucketize``).
+    """
     from torch._decomp import decomposition_table
 
     return {op: fn for op, fn in decomposition_table.items()
-            if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and rejected_by_edge(op)}
+            if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and rejected_by_edge(op)
+            and not getattr(fn, "__module__", "").startswith("torch._refs")}

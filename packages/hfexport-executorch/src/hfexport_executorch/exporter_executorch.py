@@ -49,7 +49,13 @@ from hfexport.plugin import (
 )
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
 
-from ._decompositions import ET_DECOMPOSITIONS, nonzero_row_major, rejected_ops_with_decomposition
+from ._buffers import mutated_buffer_initial_value
+from ._decompositions import (
+    ET_DECOMPOSITIONS,
+    nonzero_row_major,
+    rejected_ops_with_decomposition,
+    unsupported_op_message,
+)
 from ._delegation import (
     DEFAULT_DIM_UPPER_BOUND,
     STRICT,
@@ -214,6 +220,7 @@ class ExecutorchExporter(Exporter):
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
             "non_core_aten_on_portable_kernels": sorted(set(ctx.extras["executorch_admitted_ops"])),
+            "initialized_mutable_buffers": sorted(set(ctx.extras.get("executorch_initialized_buffers", []))),
             "memory_planning": planning, "planned_memory_bytes": planned,
             "dim_upper_bound": config.dim_upper_bound,
             "bounded_dims": {sym: list(rng) for sym, rng in sorted(bounded.items())},
@@ -481,7 +488,8 @@ def _patch_default_decomposition_table(original: Any) -> Any:
     def _default_decomposition_table(*args: Any, **kwargs: Any) -> Any:
         table = original(*args, **kwargs)
         for op, fn in rejected_ops_with_decomposition().items():
-            table.setdefault(op, fn)
+            if op not in table:  # not setdefault: torch's CustomDecompTable overrides __setitem__, not setdefault
+                table[op] = fn
         table.update(ET_DECOMPOSITIONS)
         return table
 
@@ -527,8 +535,10 @@ def _patch_aten_dialect_verifier(original: Any, ctx: ExportContext | None = None
             except SpecViolationError:
                 admissible = (isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
                               and not op._schema.is_mutable and not getattr(STRICT, "on", False))
-                if not admissible or portable_kernel_for(op) is None:
+                if not admissible:
                     raise
+                if portable_kernel_for(op) is None:  # no decomposition reached it and no kernel: say so, and what to do
+                    raise SpecViolationError(unsupported_op_message(op)) from None
                 if ctx is not None:
                     ctx.extras.setdefault("executorch_admitted_ops", []).append(str(op))
                 return None
@@ -537,6 +547,46 @@ def _patch_aten_dialect_verifier(original: Any, ctx: ExportContext | None = None
         return verifier
 
     return EXIRATenDialectVerifier
+
+
+@register_patch("executorch.internals", "executorch.exir.emit._emitter._TopLevelEmitter.placeholder")
+def _patch_mutable_buffer_initial_state(original: Any, ctx: ExportContext | None = None) -> Any:
+    """Serializes the initial value of every mutated buffer whose content is not all zeros.
+
+    Sets ``meta["et_init_buffer"]`` on such a buffer's placeholder as the emitter reaches it (what
+    ``executorch.exir.passes.init_mutable_pass.InitializedMutableBufferPass`` does for names given by hand): the
+    emitter then writes the buffer's bytes into the program, and the runtime copies them into the planned memory
+    when it loads the method. All-zero buffers are left as they are (planned memory starts zeroed in the runtime's
+    allocator, and a KV cache of zeros would only grow the ``.pte``). The buffers initialized are recorded in
+    ``manifest["executorch"]["initialized_mutable_buffers"]``. A non-zero mutated buffer that is not memory
+    planned (``alloc_mutable_buffers=False``: the caller binds it) raises, since its initial value would be lost.
+
+    **Why**: the emitter warns "ExecuTorch assumes buffers that are mutated in the graph have a meaningless initial
+    state, only the shape and dtype will be serialized": a cache pre-filled with a prefix (d12, updated with
+    ``index_copy_``), running statistics or a pre-filled KV cache updated by slice assignment export and run, but
+    every row the first call does not write reads 0 instead of the initial value (silently wrong output).
+    **Upstream**: pytorch/executorch#5068 ("Exporting a model that modifies buffer fails"), pytorch/executorch#11309
+    (the question about a cache pre-filled with ones; ``InitializedMutableBufferPass`` needs the names by hand).
+    **Remove when**: ExecuTorch serializes the initial value of mutated buffers by default (d12 matches eager with
+    ``disable=("_patch_mutable_buffer_initial_state",)``).
+    """
+
+    @functools.wraps(original)
+    def placeholder(self: Any, target: Any, args: Any, kwargs: Any) -> Any:
+        initial = mutated_buffer_initial_value(self.exported_program, target)
+        if initial is not None and bool(torch.any(initial != 0)):
+            spec = self.node.meta.get("spec")
+            name = self.exported_program.graph_signature.inputs_to_buffers[target]
+            if getattr(spec, "mem_id", None) is None or getattr(spec, "mem_offset", None) is None:
+                raise RuntimeError(f"buffer {name!r} is mutated by the program and has a non-zero initial value, "
+                                   "which ExecuTorch keeps only for memory-planned buffers: export with "
+                                   "alloc_mutable_buffers=True, or zero the buffer and fill it in forward")
+            self.node.meta["et_init_buffer"] = True
+            if ctx is not None:
+                ctx.extras.setdefault("executorch_initialized_buffers", []).append(name)
+        return original(self, target, args, kwargs)
+
+    return placeholder
 
 
 # ── Stage 4: FX program fixes ──
