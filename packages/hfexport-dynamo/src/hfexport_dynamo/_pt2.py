@@ -52,7 +52,8 @@ from hfexport.plugin import (
 
 from ._pytree import register_transformers_pytrees
 
-__all__ = ["Pt2Findings", "admit_types", "allowed_type_module", "inspect_pt2", "load_program"]
+__all__ = ["Pt2Findings", "admit_types", "allowed_type_module", "inspect_pt2", "load_program", "mutated_buffer_names",
+           "own_mutated_buffers", "runnable_module"]
 
 logger = logging.getLogger("hfexport")
 
@@ -406,3 +407,44 @@ def load_program(file: str | Path, *, trust_remote_code: bool = False) -> torch.
     except Exception as exc:
         raise ValueError(f"torch.export.load cannot read {file} ({type(exc).__name__}: {exc}); it was written by "
                          "another torch version, or is damaged") from exc
+
+
+# ── mutated buffers ──────────────────────────────────────────────────────────────────────────────────
+# Buffers a program mutates: the program owns their export-time value, and a runner runs on copies of it.
+#
+# ``torch.export`` keeps the model's own buffer tensors in ``ExportedProgram.state_dict`` / ``constants``, and
+# ``program.module()`` registers those same tensors. For a buffer that ``forward`` mutates in place (a pre-filled
+# cache, running statistics) that means three silent losses of its initial value: running the export mutates the
+# user's model, running the model eagerly after export changes what the export starts from, and saving after a run
+# writes the mutated state as the initial value. ExecuTorch serializes the initial value and each loaded program
+# starts from it; these helpers give the ``dynamo`` backend the same contract.
+
+
+def mutated_buffer_names(program: torch.export.ExportedProgram) -> list[str]:
+    """The fully qualified names of the buffers ``program`` may mutate: every buffer. ``torch.export.export``'s
+    training IR keeps in-place ops in the graph (``buffers_to_mutate`` is then empty), and a mutation may reach a
+    buffer through views, so every buffer counts (parameters and lifted constants do not)."""
+    return sorted(set(program.graph_signature.inputs_to_buffers.values())
+                  | set(program.graph_signature.buffers_to_mutate.values()))
+
+
+def own_mutated_buffers(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Replace, in place, each mutated buffer of ``program`` by a copy: later changes of the model's tensor (an
+    eager call) no longer change the program's initial value, and the program's runs no longer change the model."""
+    for name in mutated_buffer_names(program):
+        for table in (program.state_dict, program.constants):
+            if isinstance(table.get(name), torch.Tensor):
+                table[name] = table[name].detach().clone()
+    return program
+
+
+def runnable_module(program: torch.export.ExportedProgram) -> Any:
+    """``program.module()`` whose buffers are copies: its calls carry the state from call to call without touching
+    the program, so a save after a run still writes the initial value."""
+    module = program.module()
+    for name in mutated_buffer_names(program):
+        owner_path, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        if isinstance(getattr(owner, leaf, None), torch.Tensor):
+            setattr(owner, leaf, getattr(owner, leaf).detach().clone())
+    return module

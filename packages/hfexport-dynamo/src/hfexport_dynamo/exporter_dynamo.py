@@ -41,7 +41,7 @@ from hfexport.plugin import (
     run_stages,
 )
 
-from ._pt2 import load_program
+from ._pt2 import load_program, own_mutated_buffers, runnable_module
 from ._pytree import register_transformers_pytrees
 from .inputs import forward_parameters
 from .skips import EXPORT_SKIPS
@@ -187,7 +187,7 @@ class DynamoRunner:
 
     def __init__(self, program: torch.export.ExportedProgram):
         self.program = program
-        self._module = program.module()
+        self._module = runnable_module(program)  # buffers: copies, so the program keeps their initial value
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         with torch.no_grad():
@@ -289,7 +289,7 @@ class DynamoExporter(Exporter):
 
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
-        program = ctx.program
+        program = own_mutated_buffers(ctx.program)  # not the model's tensors: later eager calls change nothing here
 
         def write(directory: Path) -> list[str]:
             torch.export.save(program, directory / PROGRAM_FILE)
