@@ -338,13 +338,65 @@ def test_fix_sdpa_contiguous_output():
     assert_matches(with_it, model, inputs)
 
 
+# ── _fix_complex_to_real_pairs (d14) ───────────────────────────────────────────────────────────────────
+class ComplexRope(torch.nn.Module):
+    """Llama4 / DeepSeek-V2's complex RoPE: ``polar`` in forward, ``unsqueeze`` of the complex ``freqs_cis``."""
+
+    def forward(self, x, positions):
+        angles = positions[..., None] * torch.arange(1, 5, dtype=torch.float32)
+        freqs_cis = torch.polar(torch.ones_like(angles), angles)
+        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(z * freqs_cis.unsqueeze(1)).flatten(-2)
+
+
+class ComplexBufferRope(torch.nn.Module):
+    """Meta's reference Llama: ``freqs_cis`` precomputed as a complex buffer, sliced to the sequence."""
+
+    def __init__(self):
+        super().__init__()
+        t = torch.outer(torch.arange(16.0), torch.arange(1, 5, dtype=torch.float32) / 4)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(t), t), persistent=False)
+
+    def forward(self, x):
+        z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(z * self.freqs_cis[: x.shape[1]].view(1, x.shape[1], 1, -1)).flatten(-2)
+
+
+class ComplexOutput(torch.nn.Module):
+    def forward(self, x):
+        return torch.view_as_complex(x) * 2
+
+
+@pytest.mark.parametrize("model,inputs,error", [
+    (ComplexRope(), {"x": torch.randn(2, 3, 5, 8), "positions": torch.arange(5.0).repeat(2, 1)},
+     "aten.polar.default is not in Core ATen"),
+    (ComplexBufferRope(), {"x": torch.randn(2, 5, 3, 8)},
+     "SpecViolationError: These operators are taking Tensor inputs with mismatched dtypes"),
+])
+def test_fix_complex_to_real_pairs(model, inputs, error):
+    with pytest.raises(hfexport.ExportError, match=error):
+        export(model, inputs, disable=("_fix_complex_to_real_pairs",))
+    with_it = export(model, inputs)
+    assert "_fix_complex_to_real_pairs" in fixes(with_it)
+    assert_matches(with_it, model, inputs)
+
+
+def test_fix_complex_to_real_pairs_refuses_a_complex_output():
+    """The runtime has no complex kernels: a program that returns a complex tensor fails, saying what to return."""
+    with pytest.raises(hfexport.ExportError, match=r"ComplexRewriteError: the program returns a complex tensor "
+                                                   r"\(return torch.view_as_real\(z\) instead\): the executorch "
+                                                   r"backend has no complex dtype"):
+        export(ComplexOutput(), {"x": torch.randn(3, 2)})
+
+
 def test_every_workaround_has_a_test_here():
     from hfexport_executorch import exporter_executorch as module
 
     tested = {"prepare_for_xnnpack", "_patch_nonzero", "_patch_dim_order_from_stride",
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
-              "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output"}
+              "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output",
+              "_fix_complex_to_real_pairs"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here

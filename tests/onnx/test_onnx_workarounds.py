@@ -205,3 +205,40 @@ def test_gelu_translation_is_fused_by_onnxruntime(tmp_path):
     from hfexport_onnx.exporter_onnx import translation_table
 
     assert torch.ops.aten.gelu.default not in translation_table((), opset_version=20)
+
+
+# ── _fix_complex_to_real_pairs (d14) ───────────────────────────────────────────────────────────────────
+class ComplexRope(torch.nn.Module):
+    """Llama4 / DeepSeek-V2's complex RoPE: ``polar`` in forward, ``unsqueeze`` of the complex ``freqs_cis``."""
+
+    def forward(self, x, positions):
+        angles = positions[..., None] * torch.arange(1, 5, dtype=torch.float32)
+        freqs_cis = torch.polar(torch.ones_like(angles), angles)
+        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(z * freqs_cis.unsqueeze(1)).flatten(-2)
+
+
+class ComplexOutput(torch.nn.Module):
+    def forward(self, x):
+        return torch.view_as_complex(x) * 2
+
+
+def test_complex_fix_rewrites_complex_rope_into_real_pairs():
+    inputs = {"x": torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0)),
+              "positions": torch.arange(5.0).repeat(2, 1)}
+    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*No ONNX function found for "
+                                          r"<OpOverload\(op='aten.unsqueeze'.*complex-valued input"):
+        hfexport.export(ComplexRope(), inputs, backend="onnx", disable=("_fix_complex_to_real_pairs",))
+    exported = hfexport.export(ComplexRope(), inputs, backend="onnx")
+    assert PREFIX + "_fix_complex_to_real_pairs" in exported.manifest["workarounds"]["fixes"]
+    report = exported.verify(inputs, atol=ATOL)
+    assert report.passed, report
+
+
+def test_complex_output_fails_with_a_clear_error():
+    """ONNX Runtime runs (almost) no complex kernels: a program that returns a complex tensor is refused, saying
+    what to return instead."""
+    with pytest.raises(ExportError, match=r"stage 3/5 \(FX node fixes.*ComplexRewriteError: the program returns "
+                                          r"a complex tensor \(return torch.view_as_real\(z\) instead\): the onnx "
+                                          r"backend has no complex dtype"):
+        hfexport.export(ComplexOutput(), {"x": torch.randn(3, 2)}, backend="onnx")

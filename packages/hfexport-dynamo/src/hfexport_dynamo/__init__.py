@@ -3,7 +3,8 @@
 The public tracing API other backends compose: :func:`trace` (the five dynamo stages, nested under the
 caller's stage), ``DYNAMO_TRACER`` (inputs from the config, pytrees, manifest descriptions, the eager
 reference), :class:`DynamoConfig` (backend configs extend it), :func:`dummy_inputs`,
-:func:`register_cache_type` / :func:`register_transformers_pytrees`, and ``EXPORT_SKIPS``.
+:func:`register_cache_type` / :func:`register_transformers_pytrees`, ``EXPORT_SKIPS``, and graph rewrites that
+several backends apply (:func:`complex_to_real_pairs`).
 
 Importing this package is light: it declares the backend for discovery; torch is imported when one of the
 names above is used.
@@ -29,6 +30,7 @@ _LAZY = {
     "dummy_inputs": "inputs", "forward_parameters": "inputs",
     "register_cache_type": "_pytree", "register_transformers_pytrees": "_pytree",
     "inspect_pt2": "_pt2", "load_program": "_pt2",
+    "ComplexRewriteError": "rewrites", "complex_to_real_pairs": "rewrites", "involves_complex": "rewrites",
 }
 
 __all__ = ["DYNAMO_BACKEND", *_LAZY]

@@ -48,7 +48,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, trace
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
 
 from ._errors import (
     OnnxConversionError,
@@ -418,6 +418,34 @@ def _fix_sub_scalar_int_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         cast.meta["val"] = val.to(dtype)
     node.replace_input_with(x, cast)
+    return True
+
+
+@register_fx_node_fix("onnx")
+def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: ExportContext | None = None) -> bool:
+    """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
+    complex node (``hfexport_dynamo.complex_to_real_pairs``, shared with ExecuTorch's fix of the same name).
+
+    ``view_as_complex(x)`` becomes ``x``, ``view_as_real(z)`` becomes ``z``'s pair, ``polar(r, t)`` becomes
+    ``stack([r*cos(t), r*sin(t)], -1)`` and a complex product ``a*c - b*d, a*d + b*c``; a complex buffer or lifted
+    constant (a precomputed ``freqs_cis``) is stored as ``view_as_real`` of it. Complex graph inputs and outputs,
+    and complex ops without a real-pair form, fail with an error that names them.
+    **Why**: complex rotary embeddings (Llama4's ``apply_rotary_emb``, DeepSeek-V2, Meta's reference Llama:
+    ``view_as_real(view_as_complex(q) * freqs_cis)``) fail in torch.onnx: ``DispatchError: No ONNX function
+    found for <OpOverload(op='aten.unsqueeze', overload='default')>. Failure message: No decompositions
+    registered for the complex-valued input`` (d14). torchlib lowers a few complex ops itself (as real pairs:
+    ``view_as_complex``, ``mul``, a complex buffer), not the layout ops around them; rewriting the whole graph
+    here leaves nothing to that partial support, and it is the same rewrite ExecuTorch needs. The real pairs
+    are plain float arithmetic (same values within float rounding).
+    **Upstream**: pytorch/pytorch#126972 (ONNX exporter fails on complex tensors); pytorch/executorch#11404 (the
+    same model class on ExecuTorch).
+    **Remove when**: torchlib translates complex ``unsqueeze``/``mul``/``view_as_real`` and ONNX Runtime runs
+    them (d14 exports with ``disable=("_fix_complex_to_real_pairs",)``).
+    """
+    if getattr(node, "_erased", False) or not involves_complex(node):  # erased: an earlier call rewrote it
+        return False
+    program = ctx.program if ctx is not None and getattr(ctx.program, "graph_module", None) is gm else None
+    complex_to_real_pairs(gm, program, backend="onnx")
     return True
 
 
