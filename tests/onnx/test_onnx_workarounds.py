@@ -114,6 +114,25 @@ def test_stable_sort_translation(module):
         assert report.passed, report  # values and indices exactly
 
 
+# ── _aten_searchsorted (s30) ───────────────────────────────────────────────────────────────────────────
+class SearchSorted(torch.nn.Module):
+    def forward(self, sequence, values, sorter):
+        return (torch.searchsorted(sequence, values, right=True), torch.searchsorted(sequence, values, out_int32=True),
+                torch.searchsorted(sequence[0, sorter], values[0], sorter=torch.argsort(sorter)))
+
+
+def test_searchsorted_translation():
+    sequence = torch.tensor([[0.0, 1.0, 1.0, 2.0], [-1.0, 0.5, 3.0, 4.0]])
+    inputs = {"sequence": sequence, "values": torch.tensor([[-2.0, 1.0, 1.5, float("nan")], [0.5, 3.5, 9.0, -1.0]]),
+              "sorter": torch.tensor([2, 0, 3, 1])}
+    with pytest.raises(ExportError, match=r"No ONNX function found for <OpOverload\(op='aten.searchsorted'"):
+        hfexport.export(SearchSorted(), inputs, backend="onnx", disable=("_aten_searchsorted",))
+    exported = hfexport.export(SearchSorted(), inputs, backend="onnx")
+    assert "_aten_searchsorted" in exported.manifest["onnx"]["translations"]
+    report = exported.verify(inputs, atol=0, rtol=0)
+    assert report.passed, report  # exact indices, NaN past the end as in eager
+
+
 # ── _aten_scaled_dot_product_attention (c03, left padding) ─────────────────────────────────────────────
 class BoolMaskAttention(torch.nn.Module):
     def forward(self, q, k, v, mask):

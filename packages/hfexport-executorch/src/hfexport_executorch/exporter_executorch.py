@@ -465,8 +465,11 @@ def _patch_default_decomposition_table(original: Any) -> Any:
     """Adds every available decomposition of a non-Core-ATen op to the table ``to_edge`` decomposes with.
 
     ``original()`` (Core ATen decompositions + ``linalg_vector_norm``) is extended with the
-    ``torch._decomp.decomposition_table`` entries of the ops the edge verifier rejects, and with our own
-    comparison-based stable sort for ``sort.stable``/``sort.default`` (so ``argsort`` too). Partitioners still
+    aten-level ``torch._decomp.decomposition_table`` entries of the ops the edge verifier rejects, and with our own
+    ``ET_DECOMPOSITIONS``: a comparison-based stable sort for ``sort.stable``/``sort.default`` (so ``argsort``
+    too), ``bucketize``/``searchsorted`` as a comparison and a sum (d04). This is the first step of the policy for
+    non-Core-ATen ops: a decomposition where one exists, else a portable kernel (``_patch_aten_dialect_verifier``),
+    else an error naming the op and what to do. Partitioners still
     pop the ops they keep whole (``linear`` for XNNPACK): ``to_edge_transform_and_lower`` removes its
     ``ops_to_not_decompose`` from the table this returns.
 
@@ -477,7 +480,11 @@ def _patch_default_decomposition_table(original: Any) -> Any:
     ``run_decompositions(...)`` is wrong: it also decomposes ``linear`` and XNNPACK's ``ConvertToLinearPass``
     fails (``t() expects a tensor with <= 2 dimensions, but self is 3D``). The table must be the one ``to_edge``
     uses.
-    **Upstream**: apple/coremltools#2782 (``sort.stable`` rejected by ``to_edge``); pytorch/executorch#11320
+    The table is torch's ``CustomDecompTable``: entries go in with ``table[op] = fn`` (its ``setdefault`` is the
+    plain dict's, which the table ignores: no ``torch._decomp`` entry reached ``to_edge`` that way).
+    **Upstream**: pytorch/executorch#20270 (``bucketize`` listed as an exception, then "kernel
+    'aten::bucketize.Tensor_out' not found"); apple/coremltools#2782 (``sort.stable`` rejected by ``to_edge``);
+    pytorch/executorch#11320
     (portable library Core ATen coverage: no ``sort`` kernel); pytorch/executorch#4742 (exception list, then
     kernel not found).
     **Remove when**: ``to_edge_transform_and_lower`` takes a user decomposition table and the portable library
@@ -514,8 +521,10 @@ def _patch_aten_dialect_verifier(original: Any, ctx: ExportContext | None = None
     ``aten.repeat_interleave.self_Tensor``, whose decomposition inside ``to_edge`` emits
     ``aten.repeat_interleave.Tensor``: not Core ATen, no decomposition in ``torch._decomp``, so ``to_edge`` raises
     ``SpecViolationError: Operator torch._ops.aten.repeat_interleave.Tensor is not in Core ATen opset``, although
-    the runtime has ``aten::repeat_interleave.Tensor_out``. Ops without a kernel (``sort.stable``) are still
-    rejected here, and are decomposed by ``_patch_default_decomposition_table`` instead.
+    the runtime has ``aten::repeat_interleave.Tensor_out``. Ops without a kernel that no decomposition removed
+    (``cummax``) are still rejected here, with an error that names the op and what to do (no decomposition in
+    ``torch._decomp`` or ``ET_DECOMPOSITIONS``, no portable kernel) instead of the exception-list advice, which
+    only moves the failure to load time.
     **Upstream**: pytorch/executorch#4742 (non-Core-ATen ops with kernels need the exception list, then fail at
     load if no kernel); pytorch/pytorch#156873 (c01's op).
     **Remove when**: ``repeat_interleave.Tensor`` is Core ATen, or ``to_edge`` checks kernels instead of the

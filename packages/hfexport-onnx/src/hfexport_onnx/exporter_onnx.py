@@ -481,6 +481,32 @@ def _aten_sort_stable(self: Any, stable: bool | None = None, dim: int = -1, desc
     return values, indices
 
 
+@register_workaround("onnx_translation", "onnx", target=aten.searchsorted.Tensor)
+def _aten_searchsorted(sorted_sequence: Any, self: Any, *, out_int32: bool = False, right: bool = False,
+                       side: str | None = None, sorter: Any = None) -> Any:
+    """``aten.searchsorted.Tensor`` → ``ReduceSum(Not(GreaterOrEqual(seq, v)))`` over the searched axis.
+
+    The index is the number of boundaries that do not reach the value (``Greater`` when ``right``/``side="right"``):
+    eager's answer for sorted boundaries, NaN included (``len(seq)``); ``sorter`` gathers the sequence first. The
+    same comparison-and-sum as ExecuTorch's decomposition (hfexport_executorch/_decompositions.py), so the number
+    of boundaries may be dynamic.
+
+    **Why**: torchlib has no function for it: ``DispatchError: No ONNX function found for
+    <OpOverload(op='aten.searchsorted', overload='Tensor')>`` (packed-sequence ids from cumulative lengths, s30).
+    **Upstream**: none found for ``searchsorted`` (its sibling ``bucketize`` was microsoft/onnxscript#1659, now
+    implemented by a decomposition whose loop needs a static boundary count); ONNX has no SearchSorted op.
+    **Remove when**: torchlib translates ``aten.searchsorted.Tensor`` (s30 exports with
+    ``disable=("_aten_searchsorted",)``).
+    """
+    seq = sorted_sequence if sorter is None else op.GatherElements(sorted_sequence, sorter, axis=-1)
+    if len(sorted_sequence.shape) > 1:  # the gathered value has no shape yet
+        seq = op.Unsqueeze(seq, op.Constant(value_ints=[-2]))  # [..., 1, M] against [..., K, 1]
+    values = op.Unsqueeze(op.CastLike(self, seq), op.Constant(value_ints=[-1]))
+    reached = op.Greater(seq, values) if (right or side == "right") else op.GreaterOrEqual(seq, values)
+    count = op.ReduceSum(op.Cast(op.Not(reached), to=ir.DataType.INT64), op.Constant(value_ints=[-1]), keepdims=0)
+    return op.Cast(count, to=ir.DataType.INT32) if out_int32 else count
+
+
 @register_workaround("onnx_translation", "onnx", target=aten.scaled_dot_product_attention.default)
 def _aten_scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                        dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
