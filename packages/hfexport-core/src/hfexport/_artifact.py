@@ -32,22 +32,19 @@ from ._saving import (
     save_lock,
     tree_size,
 )
-from ._trust import (
+from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION, read_manifest: re-exported here, the artifact's names
     HASHES_KEY,
-    ManifestError,
-    check_file_paths,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
     check_treespec,
     file_digests,
-    manifest_file_refs,
-    validate_manifest,
+    read_manifest,
 )
 
 __all__ = ["Component", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
            "Runner", "SCHEMA_VERSION", "VerificationReport", "compare_outputs", "flatten_with_names",
            "read_manifest", "versions_of"]
 
-MANIFEST_NAME = "export.json"
-SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 DEFAULT_COMPONENT = "model"  # the component ``ExportedModel.__call__`` runs
 
 
@@ -627,32 +624,3 @@ def _tensor_bytes(program: Any) -> int:
                 seen.add(key)
                 total += storage.nbytes()
     return total
-
-
-def read_manifest(path: Path, *, check_present: bool = True) -> dict[str, Any]:
-    """Read ``path/export.json`` and check it as untrusted input (see :mod:`hfexport._trust`): valid JSON, the
-    schema (one line per problem), every file it names (``files``, ``files_sha256``, each component's
-    ``*_file`` keys) a plain relative path that resolves inside ``path`` (symlinks included), and present.
-
-    File contents are not read here: :func:`hfexport._trust.check_integrity` checks sizes and SHA-256. With
-    ``check_present=False`` the files need not exist yet (a Hub download checks the manifest before fetching them).
-
-    Raises:
-        FileNotFoundError: no manifest, or a file it names is missing.
-        hfexport.ManifestError: not JSON, not an object, a missing key, a wrong type, another schema version.
-        ValueError: a file named outside ``path`` (absolute, ``..``, or a symlink that leads out).
-    """
-    path = Path(path)
-    manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise FileNotFoundError(f"{path} is not an hfexport artifact: it has no {MANIFEST_NAME}")
-    try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ManifestError(manifest_path, [f"not valid JSON: {exc}"]) from None
-    validate_manifest(manifest, manifest_path, supported=range(1, SCHEMA_VERSION + 1))
-    check_file_paths(path, manifest)
-    missing = sorted({name for _, name in manifest_file_refs(manifest) if not (path / name).is_file()})
-    if missing and check_present:
-        raise FileNotFoundError(f"{path} lacks files its manifest names: {missing}")
-    return manifest

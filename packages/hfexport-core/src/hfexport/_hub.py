@@ -21,10 +21,7 @@ import os
 import re
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ._artifact import ExportedModel
+from typing import Any
 
 __all__ = ["default_path_in_repo", "download_artifact", "is_hub_reference", "push_artifact"]
 
@@ -111,8 +108,7 @@ def download_artifact(repo_id: str, *, revision: str | None = None, subfolder: s
     """
     from huggingface_hub import hf_hub_download
 
-    from ._artifact import MANIFEST_NAME, read_manifest
-    from ._trust import manifest_file_refs
+    from ._trust import MANIFEST_NAME, manifest_file_refs, read_manifest
 
     sub = str(PurePosixPath(subfolder.strip("/"))) if subfolder and subfolder.strip("/") else None
     if sub is not None and (".." in PurePosixPath(sub).parts or "\\" in sub):
@@ -174,7 +170,7 @@ def _remote_manifest_files(api: Any, repo_id: str, path: str, revision: str | No
     return {f for f in files if isinstance(f, str)} | {PurePosixPath(path).name}
 
 
-def push_artifact(model: ExportedModel, repo_id: str, *, revision: str | None = None,
+def push_artifact(model: Any, repo_id: str, *, revision: str | None = None,
                   path_in_repo: str | None = None, commit_message: str | None = None,
                   token: str | bool | None = None, create_repo: bool = True, private: bool | None = None,
                   endpoint: str | None = None, api: Any = None) -> Any:
@@ -182,7 +178,7 @@ def push_artifact(model: ExportedModel, repo_id: str, *, revision: str | None = 
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    from ._artifact import MANIFEST_NAME
+    from ._trust import MANIFEST_NAME
 
     if api is None:
         api = HfApi(endpoint=endpoint, token=token, library_name="hfexport")

@@ -25,10 +25,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["HASHES_KEY", "IntegrityError", "ManifestError", "SAFE_PICKLE_GLOBALS", "UntrustedArtifactError",
-           "check_file_paths", "check_integrity", "check_treespec", "file_digests", "import_type_modules",
-           "importable_prefixes", "manifest_file_refs", "pickle_globals", "treespec_names", "unregistered",
-           "unsafe_pickle_globals", "validate_manifest"]
+MANIFEST_NAME = "export.json"
+SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
+
+__all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
+           "UntrustedArtifactError", "check_file_paths", "check_integrity", "check_treespec", "file_digests",
+           "import_type_modules", "importable_prefixes", "manifest_file_refs", "pickle_globals", "read_manifest",
+           "treespec_names", "unregistered", "unsafe_pickle_globals", "validate_manifest"]
 
 HASHES_KEY = "files_sha256"
 TRUST_HINT = ("hfexport.load runs no code from an artifact; pass trust_remote_code=True (CLI: --trust-remote-code) "
@@ -531,3 +534,32 @@ def unsafe_pickle_globals(data: bytes, allowed: frozenset[tuple[str, str]] = SAF
     except ValueError as exc:
         return [f"(unreadable pickle: {exc})"]
     return sorted({f"{m}.{n}" for m, n in found if (m, n) not in allowed})
+
+
+def read_manifest(path: Path, *, check_present: bool = True) -> dict[str, Any]:
+    """Read ``path/export.json`` and check it as untrusted input (see :mod:`hfexport._trust`): valid JSON, the
+    schema (one line per problem), every file it names (``files``, ``files_sha256``, each component's
+    ``*_file`` keys) a plain relative path that resolves inside ``path`` (symlinks included), and present.
+
+    File contents are not read here: :func:`hfexport._trust.check_integrity` checks sizes and SHA-256. With
+    ``check_present=False`` the files need not exist yet (a Hub download checks the manifest before fetching them).
+
+    Raises:
+        FileNotFoundError: no manifest, or a file it names is missing.
+        hfexport.ManifestError: not JSON, not an object, a missing key, a wrong type, another schema version.
+        ValueError: a file named outside ``path`` (absolute, ``..``, or a symlink that leads out).
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{path} is not an hfexport artifact: it has no {MANIFEST_NAME}")
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ManifestError(manifest_path, [f"not valid JSON: {exc}"]) from None
+    validate_manifest(manifest, manifest_path, supported=range(1, SCHEMA_VERSION + 1))
+    check_file_paths(path, manifest)
+    missing = sorted({name for _, name in manifest_file_refs(manifest) if not (path / name).is_file()})
+    if missing and check_present:
+        raise FileNotFoundError(f"{path} lacks files its manifest names: {missing}")
+    return manifest
