@@ -243,10 +243,10 @@ def test_fix_unbounded_range_constraints():
     dims = with_it.manifest["inputs"][0]["dynamic_dims"]
     assert {d["max"] for d in dims.values()} == {64}  # ExecutorchConfig.dim_upper_bound's default
     assert all(v == [2, 64] for v in with_it.manifest["executorch"]["bounded_dims"].values())
-    # the bound is the user's setting: past it the runtime refuses the input
+    # the bound is the user's setting: past it the input is refused, by name, before the runtime
     small = export(AddPositions(), inputs, dynamic=True, dim_upper_bound=8)
     assert_matches(small, AddPositions(), {"x": torch.randn(2, 8)})
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"size 9 in dim 1 .*outside the program's range.*in \[1, 8\]"):
         small(**longer)
 
 
