@@ -185,6 +185,7 @@ def test_hfexports_own_patches_do_not_warn():
     assert not ours
 
 
+@pytest.mark.slow  # a CLI subprocess that imports torch and the backends: 10-25 s on 2 cores
 def test_workarounds_check_shows_unresolved_targets_without_installing(tmp_path):
     (tmp_path / "my_patches.py").write_text(textwrap.dedent("""
         from hfexport import register_patch
@@ -313,6 +314,7 @@ FAILING_STAGE = ("from hfexport_dynamo import DynamoExporter\n"
                  "DynamoExporter.stage_dynamic_shapes = boom\n")
 
 
+@pytest.mark.slow  # a CLI subprocess that imports torch and the backends: 10-25 s on 2 cores
 def test_an_export_error_exits_1_on_one_line_and_debug_shows_the_traceback(model_dir, tmp_path):
     out = _cli("export", model_dir, "--output", tmp_path / "a", patch=FAILING_STAGE)
     assert out.returncode == 1, out.stderr
@@ -335,6 +337,7 @@ def test_debug_shows_the_traceback_of_any_command_and_keeps_the_exit_code(args):
     assert _error_lines(out.stderr)[-1].startswith("error: unknown backend 'onnxx'")
 
 
+@pytest.mark.slow  # a CLI subprocess that imports torch and the backends: 10-25 s on 2 cores
 def test_a_verification_mismatch_exits_3(model_dir, tmp_path):
     patch = ("from hfexport._artifact import VerificationReport\n"
              "VerificationReport.passed = property(lambda self: False)\n")

@@ -15,6 +15,7 @@ pytest.importorskip("executorch")
 from helpers import TinyMLP, load_in_fresh_process, tiny_model  # noqa: E402
 
 
+@pytest.mark.slow  # two ExecuTorch lowerings and a subprocess: about 20 s on 2 cores
 def test_fresh_process_loads_transformers_and_plain_module(tmp_path: Path) -> None:
     models = {"bert": tiny_model("bert", layers=1), "mlp": TinyMLP().eval()}
     inputs = {"bert": {"input_ids": torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))},

@@ -50,8 +50,14 @@ def assert_matches(actual, expected, where):
             assert torch.equal(a.to(e.dtype), e), f"{where} output {i}: {a} != {e}"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", CASES)
+def _params() -> list:
+    """Every case on every backend; in the -m "not slow" loop, the reported cases (c*, d*) on every backend and our
+    siblings (s*) on dynamo only (their ONNX and ExecuTorch runs are in the full suite)."""
+    return [pytest.param(case, backend, marks=pytest.mark.slow) if case.startswith("s") and backend != "dynamo"
+            else pytest.param(case, backend) for case in CASES for backend in BACKENDS]
+
+
+@pytest.mark.parametrize("case,backend", _params())
 def test_field_case(case, backend):
     module = load_case(case)
     model, inputs, expected = module.build()
