@@ -206,7 +206,8 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path):
 
 @pytest.mark.parametrize(("runner", "status", "cause"), [
     ("test_sweep:fake_crash", "export_error", "case process died (signal SIGSEGV) during export"),
-    ("test_sweep:fake_hang", "timeout", "timed out after 12 s during export"),
+    pytest.param("test_sweep:fake_hang", "timeout", "timed out after 12 s during export",
+                 marks=pytest.mark.slow),  # waits out its 12 s timeout
     ("test_sweep:fake_raise", "export_error", "RuntimeError: runner blew up"),
 ])
 def test_crash_or_hang_is_recorded_and_the_sweep_goes_on(tmp_path, runner, status, cause):
