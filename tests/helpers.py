@@ -70,6 +70,18 @@ def tiny_model(kind: str, *, layers: int | None = None, seed: int = 0, **overrid
     return getattr(tf, model_name)(getattr(tf, config_name)(**kwargs)).eval()
 
 
+class ComplexRope(torch.nn.Module):
+    """Llama4 / DeepSeek-V2's complex RoPE: ``polar`` in forward, ``unsqueeze`` of the complex ``freqs_cis``.
+
+    The model of the ONNX and ExecuTorch tests of ``_fix_complex_to_real_pairs``."""
+
+    def forward(self, x, positions):
+        angles = positions[..., None] * torch.arange(1, 5, dtype=torch.float32)
+        freqs_cis = torch.polar(torch.ones_like(angles), angles)
+        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(z * freqs_cis.unsqueeze(1)).flatten(-2)
+
+
 class TinyMLP(torch.nn.Module):
     """A plain ``nn.Module`` (no Transformers): two linear layers, a tuple output."""
 

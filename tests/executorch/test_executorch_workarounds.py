@@ -14,6 +14,8 @@ import hfexport
 
 pytest.importorskip("executorch")
 
+from helpers import ComplexRope  # noqa: E402
+
 ATOL = 1e-4
 
 
@@ -343,16 +345,6 @@ def test_fix_sdpa_contiguous_output():
 
 
 # ── _fix_complex_to_real_pairs (d14) ───────────────────────────────────────────────────────────────────
-class ComplexRope(torch.nn.Module):
-    """Llama4 / DeepSeek-V2's complex RoPE: ``polar`` in forward, ``unsqueeze`` of the complex ``freqs_cis``."""
-
-    def forward(self, x, positions):
-        angles = positions[..., None] * torch.arange(1, 5, dtype=torch.float32)
-        freqs_cis = torch.polar(torch.ones_like(angles), angles)
-        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        return torch.view_as_real(z * freqs_cis.unsqueeze(1)).flatten(-2)
-
-
 class ComplexBufferRope(torch.nn.Module):
     """Meta's reference Llama: ``freqs_cis`` precomputed as a complex buffer, sliced to the sequence."""
 

@@ -7,6 +7,7 @@ import torch
 from test_onnx import onnx_export
 
 import hfexport
+from helpers import ComplexRope
 from hfexport import ExportError
 from hfexport_dynamo.inputs import dummy_inputs
 
@@ -227,16 +228,6 @@ def test_gelu_translation_is_fused_by_onnxruntime(tmp_path):
 
 
 # ── _fix_complex_to_real_pairs (d14) ───────────────────────────────────────────────────────────────────
-class ComplexRope(torch.nn.Module):
-    """Llama4 / DeepSeek-V2's complex RoPE: ``polar`` in forward, ``unsqueeze`` of the complex ``freqs_cis``."""
-
-    def forward(self, x, positions):
-        angles = positions[..., None] * torch.arange(1, 5, dtype=torch.float32)
-        freqs_cis = torch.polar(torch.ones_like(angles), angles)
-        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        return torch.view_as_real(z * freqs_cis.unsqueeze(1)).flatten(-2)
-
-
 class ComplexOutput(torch.nn.Module):
     def forward(self, x):
         return torch.view_as_complex(x) * 2

@@ -65,7 +65,7 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
     for module in iter_graph_modules(gm):
         changed = False
         for node in list(module.graph.nodes):
-            if node.graph is not module.graph:  # erased by an earlier fix
+            if getattr(node, "_erased", False):  # erased by an earlier fix (FX keeps node.graph after erase_node)
                 continue
             for fix in fixes:
                 if _call(fix, ctx, module, node):

@@ -442,7 +442,7 @@ def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ct
     **Remove when**: torchlib translates complex ``unsqueeze``/``mul``/``view_as_real`` and ONNX Runtime runs
     them (d14 exports with ``disable=("_fix_complex_to_real_pairs",)``).
     """
-    if getattr(node, "_erased", False) or not involves_complex(node):  # erased: an earlier call rewrote it
+    if not involves_complex(node):
         return False
     program = ctx.program if ctx is not None and getattr(ctx.program, "graph_module", None) is gm else None
     complex_to_real_pairs(gm, program, backend="onnx")
