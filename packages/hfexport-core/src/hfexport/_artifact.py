@@ -41,7 +41,7 @@ from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION, read_manifest: re-export
     read_manifest,
 )
 
-__all__ = ["Component", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
+__all__ = ["Component", "component_manifest", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
            "Runner", "SCHEMA_VERSION", "VerificationReport", "compare_outputs", "flatten_with_names",
            "read_manifest", "versions_of"]
 
@@ -354,6 +354,12 @@ def _shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
             leaves = pytree.tree_leaves(value)
             out[name] = [list(leaf.shape) if hasattr(leaf, "shape") else repr(leaf) for leaf in leaves]
     return out
+
+
+def component_manifest(manifest: Mapping[str, Any], component: str = DEFAULT_COMPONENT) -> dict[str, Any]:
+    """The manifest section of ``component`` (``manifest["components"][component]``); the whole manifest for a
+    schema-1 artifact, whose one component's keys stand at the top level."""
+    return manifest.get("components", {}).get(component, manifest)
 
 
 class ExportedModel:

@@ -37,6 +37,7 @@ from hfexport.plugin import (
     ExportedModel,
     Exporter,
     Stage,
+    component_manifest,
     register_patch,
     run_stages,
 )
@@ -305,7 +306,7 @@ class DynamoExporter(Exporter):
         """Open a saved component's ``.pt2`` after checking that loading and running it executes nothing from
         the file (pickles beyond tensors, shape expressions and guards beyond sizes, non-operator targets; see
         :func:`hfexport_dynamo.load_program`), unless ``trust_remote_code``."""
-        section = manifest.get("components", {}).get(component, manifest)
+        section = component_manifest(manifest, component)
         return DynamoRunner(load_program(Path(path) / section.get("program_file", PROGRAM_FILE),
                                          trust_remote_code=trust_remote_code))
 

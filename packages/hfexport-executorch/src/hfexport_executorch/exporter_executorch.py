@@ -42,6 +42,7 @@ from hfexport.plugin import (
     ExportedModel,
     Exporter,
     Stage,
+    component_manifest,
     is_disabled,
     register_fx_node_fix,
     register_fx_program_fix,
@@ -246,7 +247,7 @@ class ExecutorchExporter(Exporter):
         ``trust_remote_code`` changes nothing here (the kernel checked both files' paths and SHA-256).
         """
         require_executorch()
-        section = manifest.get("components", {}).get(component, manifest)
+        section = component_manifest(manifest, component)
         executorch = section.get("executorch", {})
         data = executorch.get("data_file")
         return ExecutorchRunner(Path(path) / executorch.get("program_file", section.get("program_file", PROGRAM_FILE)),

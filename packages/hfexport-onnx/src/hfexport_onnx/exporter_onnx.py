@@ -43,6 +43,7 @@ from hfexport.plugin import (
     Registration,
     Stage,
     apply_fx_node_fixes,
+    component_manifest,
     register_fx_node_fix,
     register_patch,
     register_workaround,
@@ -263,7 +264,7 @@ class OnnxExporter(Exporter):
         lists (so its path and SHA-256 were checked). ONNX Runtime runs no code from a model file, so
         ``trust_remote_code`` changes nothing here.
         """
-        section = manifest.get("components", {}).get(component, manifest).get("onnx", {})
+        section = component_manifest(manifest, component).get("onnx", {})
         model_path = Path(path) / section.get("model_file", MODEL_FILE)
         check_external_data(model_path, path, manifest.get("files") or [])
         return OnnxRunner(model_path, providers_for(section), section)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.plugin import Component, ExportContext, ExportedModel, Exporter, Stage
+from hfexport.plugin import Component, ExportContext, ExportedModel, Exporter, Stage, component_manifest
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoRunner, load_program, trace
 
 
@@ -41,5 +41,5 @@ class CoreAtenExporter(Exporter):
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
                     trust_remote_code: bool = False) -> DynamoRunner:
         # load_program, not torch.export.load: a .pt2 is untrusted input (pickles, eval-ed expressions)
-        return DynamoRunner(load_program(path / manifest["components"][component]["program_file"],
+        return DynamoRunner(load_program(path / component_manifest(manifest, component)["program_file"],
                                          trust_remote_code=trust_remote_code))
