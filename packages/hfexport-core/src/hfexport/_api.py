@@ -18,7 +18,7 @@ __all__ = ["export", "load"]
 
 def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str = "dynamo",
            dynamic: bool = False, config: ExportConfig | None = None, progress: ProgressCallback | None = None,
-           **options: Any) -> ExportedModel:
+           task: str | None = None, **options: Any) -> ExportedModel:
     """Export ``model`` with ``backend`` and return the artifact, runnable on the backend's runtime.
 
     Args:
@@ -32,7 +32,13 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         dynamic: make every input dimension dynamic (``Dim.AUTO``); torch.export specializes those it must.
         config: the backend's config object (``OnnxConfig(...)``); ``options`` override its fields.
         progress: called with a ``StageEvent`` at the start and end of every stage.
-        **options: fields of the backend's config (``opset_version=18``, ``dynamic_shapes={...}``).
+        task: export the programs a task runs instead of one forward pass: ``"text-generation"`` (a prefill
+            and a decode program with the KV cache as inputs and outputs), ``"text2text-generation"`` and
+            ``"automatic-speech-recognition"`` (an encoder, a first decoder step and a decode step); the
+            artifact then has :meth:`ExportedModel.generate`. ``inputs`` (optional) are the prompt's.
+        **options: fields of the backend's config (``opset_version=18``, ``dynamic_shapes={...}``), and with a
+            ``task`` the task's options: ``max_cache_len`` (the most tokens a sequence may hold, prompt and new
+            ones; default ``min(max_position_embeddings, 256)``), ``max_batch`` (default 4).
 
     Returns:
         An :class:`ExportedModel`: call it with the same keyword inputs, ``verify`` it, ``save_pretrained`` it.
@@ -51,8 +57,22 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
     exporter_class = get_backend(backend).load_exporter()
     if dynamic:
         options["dynamic"] = True
+    task_options = {}
+    if task is not None:
+        names = _keyword_names(getattr(exporter_class.tracer, "plan_task", None))
+        task_options = {name: options.pop(name) for name in list(options) if name in names}
     exporter = exporter_class(config, **options)
-    return exporter.export(model, inputs, progress=progress)
+    if task is None:
+        return exporter.export(model, inputs, progress=progress)
+    return exporter.export(model, inputs, progress=progress, task=task, **task_options)
+
+
+def _keyword_names(function: Any) -> set[str]:
+    import inspect
+
+    if function is None:
+        return set()
+    return {p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY}
 
 
 def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder: str | None = None,
@@ -122,7 +142,8 @@ def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bo
     files = [f for f in manifest.get("files", []) if f != "export.json"]
     # Saving a loaded artifact again copies its files (they are the artifact).
     copy = {f: (lambda d, f=f: _copy_file(path / f, d / f)) for f in files}
-    return ExportedModel(manifest["backend"], components, manifest, extra_files=copy)
+    generator = getattr(exporter_class.tracer, "generate", None) if manifest.get("task") else None
+    return ExportedModel(manifest["backend"], components, manifest, extra_files=copy, generator=generator)
 
 
 def _call_trusting(function: Any, trust_remote_code: bool, *args: Any) -> Any:

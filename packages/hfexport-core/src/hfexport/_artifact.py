@@ -372,11 +372,13 @@ class ExportedModel:
         extra_files: file name -> writer of the files saved besides the programs (``config.json``).
         reference: the eager callable to verify against (the model with the export's fixed keyword
             arguments); ``None`` after :func:`hfexport.load` unless passed to :meth:`verify`.
+        generator: runs :meth:`generate` over the components (the tracer's ``generate``; set for an artifact
+            exported with a generative ``task``).
     """
 
     def __init__(self, backend: str, components: Sequence[Component] | Mapping[str, Component],
                  manifest: dict[str, Any], *, extra_files: Mapping[str, Callable[[Path], Any]] | None = None,
-                 reference: Callable[..., Any] | None = None):
+                 reference: Callable[..., Any] | None = None, generator: Callable[..., Any] | None = None):
         self.backend = backend
         items = list(components.values()) if isinstance(components, Mapping) else list(components)
         if not items:
@@ -385,6 +387,7 @@ class ExportedModel:
         self.manifest = manifest
         self.extra_files = dict(extra_files or {})
         self.reference = reference
+        self.generator = generator
 
     def __repr__(self) -> str:
         inputs = ", ".join(i["name"] for i in self.manifest.get("inputs", []))
@@ -499,6 +502,34 @@ class ExportedModel:
         report.inputs = _shapes(inputs)
         self.manifest["verification"] = report.as_dict()
         return report
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
+        """Greedy decoding over the exported programs, on the backend's runtime (token ids in, token ids out).
+
+        Needs an artifact exported with a generative task (``hfexport.export(model, task="text-generation")``;
+        ``"text2text-generation"``, ``"automatic-speech-recognition"``). The loop is the tracer's
+        (``hfexport_dynamo.generation.generate``, which documents the options: ``max_new_tokens``,
+        ``eos_token_id``, ``pad_token_id``, ...).
+
+        Args:
+            input_ids: ``LongTensor[batch, prompt]``, left-padded for prompts of different lengths (the encoder
+                input of an encoder-decoder; ``input_features`` ``FloatTensor[batch, mels, frames]`` for speech).
+            attention_mask: ``LongTensor[batch, prompt]``, 0 at padding (default: all ones).
+
+        Returns:
+            ``LongTensor[batch, prompt + new]`` for a decoder (``[batch, 1 + new]`` decoder ids for an
+            encoder-decoder), as transformers' ``generate`` returns them.
+
+        Raises:
+            ValueError: the artifact was exported for one forward pass (says which task to export with).
+        """
+        task = self.manifest.get("task")
+        if self.generator is None:
+            raise ValueError(f"this {self.backend} artifact of {self.manifest.get('model_class')} was exported for "
+                             f"{f'task {task!r}' if task else 'one forward pass'} and cannot generate: export it "
+                             "with task='text-generation' (decoders), 'text2text-generation' (encoder-decoders) or "
+                             "'automatic-speech-recognition' (Whisper), or `hfexport export MODEL --task ...`")
+        return self.generator(self, input_ids, attention_mask, **options)
 
     # ── saving ────────────────────────────────────────────────────────────────────────────────────────
     def save_pretrained(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:

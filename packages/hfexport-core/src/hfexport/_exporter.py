@@ -442,8 +442,12 @@ class Exporter:
                 for s in cls.stages]
 
     def export(self, model: Any, inputs: Mapping[str, Any] | None = None, *,
-               progress: ProgressCallback | None = None) -> ExportedModel:
+               progress: ProgressCallback | None = None, task: str | None = None,
+               **task_options: Any) -> ExportedModel:
         """Run the stages on ``model`` and package the result.
+
+        With a ``task``, the tracer plans the programs the task runs and each is exported in turn (see
+        :func:`hfexport._tasks.export_task`); ``task_options`` are the tracer's (``max_cache_len``).
 
         Raises:
             InvalidInputError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping of tensors
@@ -456,6 +460,13 @@ class Exporter:
         if not isinstance(model, torch.nn.Module):
             raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
                                     "load it first, e.g. AutoModel.from_pretrained(path)")
+        if task is not None:
+            from ._tasks import export_task
+
+            with _model_lock(model):
+                return export_task(self, model, task, inputs, progress=progress, **task_options)
+        if task_options:
+            raise TypeError(f"{', '.join(sorted(task_options))} are options of a task export: pass task=...")
         self.check_disable()
         warn_unresolved_scopes()
         model_class = type(model).__name__

@@ -82,6 +82,8 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], int | None]] = {
     "timings_s": ((dict,), None),
     "notes": ((list,), None),
     "verification": ((dict,), None),
+    "task": ((str,), None),
+    "generation": ((dict,), None),
 }
 _SECTION_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "inputs": ((list,), True),

@@ -51,6 +51,7 @@ from ._registry import (
     workarounds_for,
 )
 from ._stages import ExportError, Stage, StageEvent, StagePath, run_stages
+from ._tasks import ComponentPlan, TaskPlan
 from ._trust import (
     SAFE_PICKLE_GLOBALS,
     IntegrityError,
@@ -66,9 +67,9 @@ from ._trust import (
 )
 
 __all__ = [
-    "Backend", "Component", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError", "ExportedModel",
+    "Backend", "Component", "ComponentPlan", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError", "ExportedModel",
     "Exporter", "FileRunner", "FixReport", "InvalidInputError", "MANIFEST_NAME", "OutputDiff", "PatchReport",
-    "Registration", "Runner", "SCHEMA_VERSION", "Stage", "StageEvent", "StagePath", "Tracer",
+    "Registration", "Runner", "SCHEMA_VERSION", "Stage", "StageEvent", "StagePath", "TaskPlan", "Tracer",
     "UnknownBackendError", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
     "apply_fx_program_fixes", "compare_outputs", "component_manifest", "flatten_with_names", "get_backend", "is_disabled",
     "iter_graph_modules", "list_workarounds", "patch_context", "read_manifest", "register_fx_node_fix",

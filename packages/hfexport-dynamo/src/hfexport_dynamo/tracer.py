@@ -131,6 +131,19 @@ class DynamoTracer:
             return {}
         return {"config.json": lambda d: config.to_json_file(d / "config.json")}
 
+    def plan_task(self, model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
+                  max_cache_len: int | None = None, max_batch: int | None = None) -> Any:
+        """The components a generative ``task`` exports (see :func:`hfexport_dynamo.generation.plan_task`)."""
+        from .generation import plan_task
+
+        return plan_task(model, task, inputs, max_cache_len=max_cache_len, max_batch=max_batch)
+
+    def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
+        """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.generation.generate`)."""
+        from .generation import generate
+
+        return generate(exported, input_ids, attention_mask, **options)
+
     def reference(self, ctx: ExportContext) -> Any:
         model, fixed = ctx.model, dict(ctx.extras.get("fixed_kwargs", {}))
         return lambda **kw: model(**kw, **fixed)

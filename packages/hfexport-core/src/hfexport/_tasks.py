@@ -1,0 +1,148 @@
+"""Task exports: several programs from one model (a prefill and a decode step; an encoder and a decoder), run
+through the same backend one by one and packaged as one artifact of named components.
+
+The kernel knows no task: the exporter's tracer plans one (:meth:`Tracer.plan_task` returns a :class:`TaskPlan`
+of modules, example inputs and dynamic shapes) and runs it (:meth:`Tracer.generate`). The kernel exports each
+planned component with the backend's own stages and merges the results; each component's files go into a
+folder of its own name, so that backends keep their fixed file names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._artifact import Component, ExportedModel
+from ._stages import ProgressCallback
+
+if TYPE_CHECKING:
+    from ._exporter import Exporter
+
+__all__ = ["ComponentPlan", "TaskPlan", "export_task", "prefix_files"]
+
+
+@dataclass
+class ComponentPlan:
+    """One program of a task export.
+
+    Attributes:
+        name: the component name (``"prefill"``, ``"decode"``, ``"encoder"``); also its folder in the artifact.
+        module: the ``nn.Module`` to export (a wrapper that calls the model and flattens its cache).
+        inputs: example forward keyword arguments to trace with.
+        dynamic_shapes: ``torch.export`` dynamic shapes keyed by input name (``Dim`` objects with bounds).
+    """
+
+    name: str
+    module: Any
+    inputs: dict[str, Any]
+    dynamic_shapes: Mapping[str, Any] | None = None
+
+
+@dataclass
+class TaskPlan:
+    """What a tracer plans for a task: the components in export order, and what the manifest records.
+
+    Attributes:
+        task: the task name (``"text-generation"``).
+        components: the programs to export, in order.
+        manifest: top-level manifest keys (``{"generation": {...}}``: token ids, cache layout, bounds).
+        model: the model the components wrap (its class goes into the manifest; its config beside it).
+    """
+
+    task: str
+    components: list[ComponentPlan]
+    manifest: dict[str, Any] = field(default_factory=dict)
+    model: Any = None
+
+
+def prefix_files(section: Mapping[str, Any], folder: str) -> dict[str, Any]:
+    """``section`` with every ``*_file`` value (at any depth) prefixed by ``folder/``: the component's files
+    lie in a folder of the artifact, and backends open ``path / section["program_file"]``."""
+    def walk(value: Any, key: str = "") -> Any:
+        if isinstance(value, Mapping):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if key.endswith("_file") and isinstance(value, str):
+            return f"{folder}/{value}"
+        return value
+
+    return walk(section)
+
+
+def _in_folder(component: Component, folder: str) -> Callable[[Path], list[str]] | None:
+    """The component's writer, writing into ``directory / folder``; returns names relative to ``directory``."""
+    write = component.write
+    if write is None:
+        return None
+
+    def write_in_folder(directory: Path) -> list[str]:
+        (directory / folder).mkdir(parents=True, exist_ok=True)
+        written = write(directory / folder)
+        return [f"{folder}/{name}" for name in (written if isinstance(written, list | tuple) else [])]
+
+    return write_in_folder
+
+
+def export_task(exporter: Exporter, model: Any, task: str, inputs: Mapping[str, Any] | None, *,
+                progress: ProgressCallback | None = None, **task_options: Any) -> ExportedModel:
+    """Export the components ``exporter.tracer`` plans for ``task`` and merge them into one artifact.
+
+    Each component runs through the backend's stages with the exporter's config, its ``dynamic_shapes``
+    replaced by the plan's. The manifest gets ``task``, the plan's keys, one section per component (its
+    ``*_file`` names under the component's folder) and the timings of each.
+
+    Raises:
+        ValueError: the backend's tracer plans no tasks, or not this one, or the model cannot run it (the
+            tracer's message says why and what to load instead).
+        hfexport.ExportError: a component's export failed (names the component's stage).
+    """
+    plan_task = getattr(exporter.tracer, "plan_task", None)
+    if plan_task is None:
+        raise ValueError(f"backend {exporter.name!r} exports single programs only (its tracer plans no tasks); "
+                         f"export without task={task!r}")
+    start = time.perf_counter()
+    plan: TaskPlan = plan_task(model, task, inputs, **task_options)
+    exported: list[tuple[str, ExportedModel]] = []
+    for part in plan.components:
+        config = dataclasses.replace(exporter.config, dynamic=False, dynamic_shapes=part.dynamic_shapes)
+        exported.append((part.name, type(exporter)(config).export(part.module, part.inputs, progress=progress)))
+
+    components, sections, timings = [], {}, {}
+    for name, artifact in exported:
+        component = artifact.default_component
+        section = prefix_files(artifact.manifest["components"][component.name], name)
+        components.append(Component(name, component.runner, component.out_spec, _in_folder(component, name),
+                                    section, component.program))
+        sections[name] = section
+        timings[name] = artifact.manifest.get("timings_s", {})
+    first = exported[0][1].manifest
+    model = plan.model if plan.model is not None else model
+    workarounds = {"patches": [], "skipped_patches": [], "fixes": {}}
+    for _, artifact in exported:
+        for key in ("patches", "skipped_patches"):
+            workarounds[key].extend(p for p in artifact.manifest["workarounds"][key] if p not in workarounds[key])
+        for fix, count in artifact.manifest["workarounds"]["fixes"].items():
+            workarounds["fixes"][fix] = workarounds["fixes"].get(fix, 0) + count
+    manifest = {
+        **{k: v for k, v in first.items() if k not in ("components", "verification")},
+        **sections[exported[0][0]],  # the first component's keys at the top level, as for one program
+        "model_class": type(model).__name__,
+        "model_module": type(model).__module__,
+        "task": task,
+        "components": sections,
+        "workarounds": workarounds,
+        "notes": [f"{name}: {note}" for name, artifact in exported for note in artifact.manifest.get("notes", [])],
+        "timings_s": {**timings, "total": round(time.perf_counter() - start, 4)},
+        **plan.manifest,
+    }
+    config = getattr(model, "config", None)
+    extra_files = {}
+    if config is not None and hasattr(config, "to_json_file"):
+        extra_files["config.json"] = lambda d: config.to_json_file(d / "config.json")
+    return ExportedModel(exporter.name, components, manifest, extra_files=extra_files,
+                         generator=getattr(exporter.tracer, "generate", None))

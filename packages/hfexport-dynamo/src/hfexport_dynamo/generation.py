@@ -1,0 +1,371 @@
+"""Generation: the programs a generative model runs (a prefill and a decode step, with the KV cache as program
+inputs and outputs) and greedy decoding over them on any backend's runtime.
+
+A decoder (``task="text-generation"``) is exported as two components of one :class:`CausalLMStep` wrapper:
+
+* ``prefill``: ``input_ids``, ``attention_mask``, ``position_ids`` ``int64 [batch, prompt]`` -> ``logits``
+  ``float32 [batch, vocab]`` (the last position's) and ``cache``, one ``(key, value)`` pair per layer, each
+  ``[batch, kv_heads, prompt, head_dim]``;
+* ``decode``: one new token (``input_ids``, ``position_ids`` ``[batch, 1]``), ``attention_mask`` ``[batch, past + 1]``
+  and the ``cache`` of ``past`` positions -> ``logits`` and the cache of ``past + 1`` positions.
+
+The cache crosses the program boundary as tensors and is a transformers ``DynamicCache`` inside (built from the
+config, so sliding-window layers keep their type); the batch, prompt and past lengths are dynamic ``Dim`` s
+bounded by ``max_batch`` and ``max_cache_len`` (ExecuTorch plans its memory for those bounds).
+
+:func:`generate` is the greedy loop; transformers supplies its logits processors (``_get_logits_processor``
+from the stored generation config: repetition penalty, suppressed tokens, minimum length ...) and its stopping
+criteria (``MaxLengthCriteria``, ``EosTokenCriteria``), and rows that reached EOS are padded exactly as
+``model.generate(do_sample=False)`` pads them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.plugin import InvalidInputError
+
+__all__ = ["TASKS", "CausalLMStep", "GenerationStats", "generate", "plan_task"]
+
+TEXT_GENERATION = "text-generation"
+TEXT2TEXT_GENERATION = "text2text-generation"
+SPEECH_RECOGNITION = "automatic-speech-recognition"
+TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
+
+DEFAULT_MAX_CACHE_LEN = 256
+DEFAULT_MAX_BATCH = 4
+_TRACE_BATCH, _TRACE_PROMPT = 2, 6  # not 0 or 1: torch.export specializes those sizes
+
+
+class CausalLMStep(torch.nn.Module):
+    """One forward of a decoder with its KV cache as tensors: the module ``prefill`` and ``decode`` export.
+
+    Args:
+        model: a ``PreTrainedModel`` with a language-modeling head (``...ForCausalLM``).
+
+    Forward:
+        input_ids: ``int64 [batch, seq]``.
+        attention_mask: ``int64 [batch, past + seq]``, 0 at left padding.
+        position_ids: ``int64 [batch, seq]`` (only when the model's forward takes them).
+        cache: ``((key, value), ...)`` per layer, ``[batch, kv_heads, past, head_dim]``; ``None`` for a prefill.
+
+    Returns:
+        ``{"logits": float [batch, vocab] (last position), "cache": ((key, value), ...) with past + seq}``.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.config = model.config  # the tracer writes config.json and reads the model's facts from it
+        self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None) -> dict[str, Any]:
+        from transformers import DynamicCache
+
+        kv = DynamicCache(cache, config=self.model.config)
+        extra = {"position_ids": position_ids} if self.takes_position_ids else {}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
+                         logits_to_keep=1, **extra)
+        return {"logits": out.logits[:, -1, :],
+                "cache": tuple((layer.keys, layer.values) for layer in out.cache.layers)}
+
+
+# ── planning ────────────────────────────────────────────────────────────────────────────────────────────
+def _refuse(model: Any, task: str, why: str, instead: str) -> InvalidInputError:
+    return InvalidInputError(f"{type(model).__name__} cannot be exported for task {task!r}: {why}; {instead}")
+
+
+def _check_generative(model: Any, task: str) -> None:
+    from transformers import GenerationMixin
+
+    config = getattr(model, "config", None)
+    if config is None:
+        raise _refuse(model, task, "it has no Transformers config", "export a PreTrainedModel")
+    is_seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    if not isinstance(model, GenerationMixin):
+        raise _refuse(model, task, "it has no language-modeling head (it is not a GenerationMixin)",
+                      "load it with AutoModelForCausalLM (decoders) or AutoModelForSeq2SeqLM (encoder-decoders)")
+    if task == TEXT_GENERATION and is_seq2seq:
+        raise _refuse(model, task, "it is an encoder-decoder", "export it with task='text2text-generation' "
+                      "(or 'automatic-speech-recognition' for speech)")
+    if task != TEXT_GENERATION and not is_seq2seq:
+        raise _refuse(model, task, "it is a decoder without an encoder", "export it with task='text-generation'")
+
+
+def _bounds(model: Any, max_cache_len: int | None, max_batch: int | None) -> tuple[int, int]:
+    config = model.config.get_text_config(decoder=True)
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_cache_len is None:
+        max_cache_len = min(positions or DEFAULT_MAX_CACHE_LEN, DEFAULT_MAX_CACHE_LEN)
+    max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+    for name, value, least in (("max_cache_len", max_cache_len, _TRACE_PROMPT + 2), ("max_batch", max_batch, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    if positions and max_cache_len > positions:
+        raise ValueError(f"max_cache_len={max_cache_len} exceeds the model's {positions} positions "
+                         "(max_position_embeddings): lower it")
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    if window and ("sliding_attention" in layer_types or getattr(config, "use_sliding_window", True)) \
+            and window < max_cache_len:
+        raise ValueError(f"max_cache_len={max_cache_len} exceeds the sliding window ({window} tokens), past "
+                         "which the cache rolls over: export with max_cache_len <= sliding_window")
+    return max_cache_len, max_batch
+
+
+def _prompt(model: Any, inputs: Mapping[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill's example ``input_ids`` and ``attention_mask`` (the user's, or seeded ones from the config)."""
+    if inputs is not None:
+        if not isinstance(inputs, Mapping) or not isinstance(inputs.get("input_ids"), torch.Tensor):
+            raise InvalidInputError("a text-generation export takes inputs={'input_ids': LongTensor[batch, prompt], "
+                                    "'attention_mask': ...} (the prompt to trace with), or none")
+        ids = inputs["input_ids"]
+        return ids, inputs.get("attention_mask", torch.ones_like(ids))
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3 if vocab > 3 else 0, vocab, (_TRACE_BATCH, _TRACE_PROMPT), generator=generator)
+    return ids, torch.ones_like(ids)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded prompt, as transformers' generate makes them (0 at padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
+
+def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
+              max_batch: int | None = None) -> Any:
+    """The components to export for ``task``: for ``"text-generation"``, ``prefill`` and ``decode`` of a
+    :class:`CausalLMStep` (see the module docstring for their inputs, outputs and dynamic dims).
+
+    Args:
+        model: a Transformers model with a generation head.
+        task: one of :data:`TASKS`.
+        inputs: an example prompt (``input_ids``, ``attention_mask``); default: 2 x 6 seeded tokens.
+        max_cache_len: the most positions a sequence may hold, prompt and new tokens (default:
+            ``min(max_position_embeddings, 256)``); the upper bound of the prompt and past ``Dim`` s.
+        max_batch: the largest batch (default 4).
+
+    Raises:
+        ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
+        hfexport.InvalidInputError: the model cannot generate (says why and what to load instead).
+    """
+    from hfexport.plugin import ComponentPlan, TaskPlan
+
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+    _check_generative(model, task)
+    if task != TEXT_GENERATION:
+        from ._seq2seq import plan_seq2seq
+
+        return plan_seq2seq(model, task, inputs, *_bounds(model, max_cache_len, max_batch))
+    max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
+    step = CausalLMStep(model)
+    ids, mask = _prompt(model, inputs)
+    prefill_inputs = {"input_ids": ids, "attention_mask": mask}
+    if step.takes_position_ids:
+        prefill_inputs["position_ids"] = positions_from_mask(mask)
+    with torch.no_grad():
+        cache = step(**prefill_inputs)["cache"]
+    from torch.export import Dim
+
+    batch = Dim("batch", min=1, max=max_batch)
+    prompt = Dim("prompt", min=1, max=max_cache_len)
+    past = Dim("past", min=1, max=max_cache_len - 1)
+    decode_inputs = {"input_ids": ids[:, -1:], "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], -1)}
+    if step.takes_position_ids:
+        decode_inputs["position_ids"] = prefill_inputs["position_ids"][:, -1:] + 1
+    decode_inputs["cache"] = cache
+    prefill_shapes = {name: {0: batch, 1: prompt} for name in prefill_inputs}
+    decode_shapes = {"input_ids": {0: batch}, "attention_mask": {0: batch, 1: past + 1},
+                     "cache": tuple(({0: batch, 2: past}, {0: batch, 2: past}) for _ in cache)}
+    if step.takes_position_ids:
+        decode_shapes["position_ids"] = {0: batch}
+    return TaskPlan(task, [ComponentPlan("prefill", step, prefill_inputs, prefill_shapes),
+                           ComponentPlan("decode", step, decode_inputs, decode_shapes)],
+                    manifest={"generation": generation_manifest(model, max_cache_len, max_batch, len(cache))},
+                    model=model)
+
+
+def generation_manifest(model: Any, max_cache_len: int, max_batch: int, cache_layers: int) -> dict[str, Any]:
+    """The manifest's ``generation`` section: bounds, the cache layout, the generation config and the model
+    facts transformers' logits processors read (so that a loaded artifact generates without the model)."""
+    config = model.config
+    text = config.get_text_config(decoder=True)
+    return {
+        "max_cache_len": max_cache_len,
+        "max_batch": max_batch,
+        "cache_layers": cache_layers,
+        "vocab_size": text.vocab_size,
+        "is_encoder_decoder": bool(getattr(config, "is_encoder_decoder", False)),
+        "max_position_embeddings": getattr(text, "max_position_embeddings", None),
+        "generation_config": model.generation_config.to_diff_dict() if getattr(model, "generation_config", None)
+        else {},
+    }
+
+
+# ── greedy decoding ─────────────────────────────────────────────────────────────────────────────────────
+class GenerationStats(dict):
+    """Timings of the last :func:`generate` call: ``prefill_s``, ``decode_s``, ``new_tokens`` (per row),
+    ``decode_steps``, ``decode_tokens_per_s`` (new tokens of the whole batch per second of decode)."""
+
+
+def _generation_config(section: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig.from_dict(dict(section.get("generation_config") or {}))
+    config.update(**{k: v for k, v in options.items() if v is not None or k in ("eos_token_id",)})
+    if config.do_sample or (config.num_beams or 1) > 1:
+        raise ValueError("hfexport generates greedily: pass do_sample=False and num_beams=1 (sampling and beam "
+                         "search are not implemented over exported programs)")
+    if config.max_new_tokens is None:
+        raise ValueError("pass max_new_tokens (the number of tokens to generate)")
+    return config
+
+
+def _token_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, list | tuple) else [value])]
+
+
+def _logits_processors(config: Any, section: Mapping[str, Any], prompt_len: int, encoder_ids: Any) -> Any:
+    """transformers' own processors for ``config`` (``GenerationMixin._get_logits_processor``, which reads only
+    these facts of the model)."""
+    from transformers import GenerationMixin
+
+    model_config = types.SimpleNamespace(
+        is_encoder_decoder=section["is_encoder_decoder"], vocab_size=section["vocab_size"],
+        max_position_embeddings=section.get("max_position_embeddings"),
+        get_text_config=lambda *a, **k: model_config)
+    facts = types.SimpleNamespace(config=model_config, _merge_criteria_processor_list=lambda a, b: a)
+    return GenerationMixin._get_logits_processor(facts, config, input_ids_seq_length=prompt_len,
+                                                 encoder_input_ids=encoder_ids, device="cpu", model_kwargs={})
+
+
+def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_new_tokens: int | None = None,
+             eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+             **generation_options: Any) -> torch.Tensor:
+    """Greedy decoding over an artifact's exported programs, on its backend's runtime.
+
+    Matches ``model.generate(input_ids, attention_mask=..., do_sample=False, max_new_tokens=...)`` token for
+    token: the stored generation config with these arguments applied, transformers' logits processors, a row
+    that produced EOS continues with ``pad_token_id`` and generation stops when every row has.
+
+    Args:
+        exported: an :class:`~hfexport.ExportedModel` exported with a generative task.
+        input_ids: ``int64 [batch, prompt]``, left-padded (decoders); the encoder's input for an encoder-decoder
+            (``input_features`` ``float [batch, mels, frames]`` for speech).
+        attention_mask: ``int64 [batch, prompt]``, 0 at padding (default: ones).
+        max_new_tokens: the number of tokens to generate (required).
+        eos_token_id: the id(s) that end a row (default: the generation config's; ``None`` never stops early).
+        pad_token_id: the id written after a row's EOS (default: the generation config's, else the first EOS).
+        **generation_options: other ``GenerationConfig`` fields (``min_new_tokens``, ``repetition_penalty``).
+
+    Returns:
+        ``int64 [batch, prompt + new]`` (decoders) or ``[batch, 1 + new]`` decoder ids (encoder-decoders). The
+        timings are in ``exported.generation_stats`` (:class:`GenerationStats`).
+
+    Raises:
+        ValueError: no ``max_new_tokens``, sampling or beams asked for, prompt plus new tokens beyond
+            ``max_cache_len``, a batch beyond ``max_batch``, or an EOS or pad id outside the vocabulary (each
+            names the bound), before any program runs.
+        TypeError: ``input_ids`` is not an integer tensor of rank 2.
+    """
+    section = exported.manifest["generation"]
+    options = dict(generation_options, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id)
+    if "eos_token_id" in generation_options or eos_token_id is not None:
+        options["eos_token_id"] = eos_token_id
+    config = _generation_config(section, options)
+    if exported.manifest.get("task") != TEXT_GENERATION:
+        from ._seq2seq import generate_seq2seq
+
+        return generate_seq2seq(exported, input_ids, attention_mask, config, section)
+    input_ids, attention_mask = _check_prompt(input_ids, attention_mask, config, section)
+    eos = _token_ids(config.eos_token_id)
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
+    processors = _logits_processors(config, section, input_ids.shape[1], None)
+    criteria = _stopping_criteria(input_ids.shape[1] + config.max_new_tokens, eos)
+
+    prefill_names = _input_names(exported, "prefill")
+    positions = positions_from_mask(attention_mask)
+    start = time.perf_counter()
+    feed = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
+    out = exported.run("prefill", **{k: v for k, v in feed.items() if k in prefill_names})
+    prefill_s = time.perf_counter() - start
+    decode_names = _input_names(exported, "decode")
+    sequences, unfinished, steps = input_ids, torch.ones(input_ids.shape[0], dtype=torch.bool), 0
+    start = time.perf_counter()
+    while True:
+        scores = processors(sequences, out["logits"].float())
+        next_tokens = scores.argmax(-1)
+        if pad is not None:
+            next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
+        sequences = torch.cat([sequences, next_tokens[:, None]], -1)
+        unfinished &= ~criteria(sequences, scores)
+        if not bool(unfinished.any()):
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], -1)
+        positions = positions[:, -1:] + 1
+        feed = {"input_ids": next_tokens[:, None], "attention_mask": attention_mask, "position_ids": positions,
+                "cache": out["cache"]}
+        out = exported.run("decode", **{k: v for k, v in feed.items() if k in decode_names})
+        steps += 1
+    decode_s = time.perf_counter() - start
+    exported.generation_stats = GenerationStats(
+        prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
+        decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"))
+    return sequences
+
+
+def _stopping_criteria(max_length: int, eos: list[int]) -> Any:
+    from transformers.generation.stopping_criteria import (
+        EosTokenCriteria,
+        MaxLengthCriteria,
+        StoppingCriteriaList,
+    )
+
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=max_length)])
+    if eos:
+        criteria.append(EosTokenCriteria(eos_token_id=torch.tensor(eos)))
+    return criteria
+
+
+def _input_names(exported: Any, component: str) -> set[str]:
+    return {i["name"] for i in exported.manifest["components"][component]["inputs"]}
+
+
+def _check_prompt(input_ids: Any, attention_mask: Any, config: Any, section: Mapping[str, Any],
+                  what: str = "input_ids") -> tuple[torch.Tensor, torch.Tensor]:
+    """Refuse, before any program runs, a prompt the programs cannot take or the config cannot stop on."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+        raise TypeError(f"{what} must be an integer tensor [batch, prompt], got "
+                        f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
+                        f"{list(getattr(input_ids, 'shape', []))}")
+    input_ids = input_ids.long()
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask).long()
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {list(attention_mask.shape)}, input_ids {list(input_ids.shape)}")
+    batch, prompt = input_ids.shape
+    if batch > section["max_batch"]:
+        raise ValueError(f"a batch of {batch} exceeds this export's max_batch={section['max_batch']}: split the "
+                         "batch or re-export with a larger max_batch")
+    if prompt + config.max_new_tokens > section["max_cache_len"]:
+        raise ValueError(f"a prompt of {prompt} tokens plus max_new_tokens={config.max_new_tokens} exceeds this "
+                         f"export's max_cache_len={section['max_cache_len']}: shorten them, or re-export with "
+                         f"max_cache_len >= {prompt + config.max_new_tokens}")
+    vocab = section["vocab_size"]
+    for name, ids in (("eos_token_id", _token_ids(config.eos_token_id)), ("pad_token_id", _token_ids(config.pad_token_id))):
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"{name}={bad if len(bad) > 1 else bad[0]} is outside the vocabulary [0, {vocab})")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise ValueError(f"{what} holds ids outside the vocabulary [0, {vocab}): "
+                         f"min {int(input_ids.min())}, max {int(input_ids.max())}")
+    return input_ids, attention_mask
