@@ -143,3 +143,48 @@ def load_in_fresh_process(artifacts: dict[str, tuple[Any, dict[str, torch.Tensor
                           timeout=timeout, cwd=workdir)
     assert proc.returncode == 0, f"loading in a fresh process failed:\n{proc.stderr[-3000:]}"
     return torch.load(workdir / "fresh_outputs.pt", weights_only=True)
+
+
+_FRESH_GENERATE_SCRIPT = """
+import sys
+import torch
+import hfexport
+
+runs = torch.load(sys.argv[1], weights_only=True)
+results = {}
+for name, (directory, prompts, options) in runs.items():
+    exported = hfexport.load(directory)
+    results[name] = [exported.generate(ids, mask, **options) for ids, mask in prompts]
+torch.save(results, sys.argv[2])
+"""
+
+
+def generate_in_fresh_process(runs: dict[str, tuple[Any, list[tuple[torch.Tensor, Any]], dict[str, Any]]],
+                              workdir: Any, timeout: float = 900) -> dict[str, list[torch.Tensor]]:
+    """Load saved task artifacts in a new Python process (only ``hfexport`` and torch imported first) and run
+    ``generate`` on each prompt, as a user's new script would.
+
+    Args:
+        runs: name -> (artifact directory, [(input_ids, attention_mask or None), ...], generate keyword options).
+        workdir: a directory for the inputs and outputs files.
+
+    Returns:
+        name -> the token ids ``generate`` returned for each prompt.
+
+    Raises:
+        AssertionError: the process failed (its stderr's tail in the message).
+    """
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    workdir = Path(workdir)
+    torch.save({name: (str(d), prompts, options) for name, (d, prompts, options) in runs.items()},
+               workdir / "generate_inputs.pt")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _FRESH_GENERATE_SCRIPT, str(workdir / "generate_inputs.pt"),
+                           str(workdir / "generate_outputs.pt")], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=workdir)
+    assert proc.returncode == 0, f"generating in a fresh process failed:\n{proc.stderr[-3000:]}"
+    return torch.load(workdir / "generate_outputs.pt", weights_only=True)

@@ -1,0 +1,137 @@
+"""Decoders exported for ``task="text-generation"``: greedy ``generate`` over the exported prefill and decode
+programs returns exactly eager ``model.generate(do_sample=False)``'s token ids, on every backend, after
+``save_pretrained`` and ``hfexport.load`` in a new process; and bad input is refused before any program runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hfexport
+from helpers import generate_in_fresh_process, tiny_model
+
+NEW_TOKENS = 20
+KINDS = ["llama", "qwen2", "gpt2", "mistral", "phi"]
+# (backend, kind) pairs of the development loop; the rest run with -m slow.
+QUICK = {("dynamo", kind) for kind in KINDS} | {("onnx", "llama")}
+CASES = [pytest.param(backend, kind, marks=() if (backend, kind) in QUICK else pytest.mark.slow,
+                      id=f"{backend}-{kind}")
+         for backend in ("dynamo", "onnx", "executorch-xnnpack") for kind in KINDS]
+
+
+def prompts() -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Two prompt lengths at batch 1, and a batch of two whose second row is left-padded by 3."""
+    def ids(batch: int, length: int, seed: int) -> torch.Tensor:
+        return torch.randint(3, 100, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+    padded, mask = ids(2, 7, 2), torch.ones(2, 7, dtype=torch.long)
+    padded[1, :3], mask[1, :3] = 0, 0
+    return [(ids(1, 5, 0), None), (ids(1, 9, 1), None), (padded, mask)]
+
+
+def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | None, **options) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                              **{"max_new_tokens": NEW_TOKENS, **options})
+
+
+@pytest.mark.parametrize("backend,kind", CASES)
+def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path):
+    model = tiny_model(kind)
+    exported = hfexport.export(model, backend=backend, task="text-generation")
+    exported.save_pretrained(tmp_path / "artifact")
+    cases = prompts()
+    got = generate_in_fresh_process({"run": (tmp_path / "artifact", cases, {"max_new_tokens": NEW_TOKENS})},
+                                    tmp_path)["run"]
+    for (ids, mask), ids_out in zip(cases, got, strict=True):
+        expected = eager_generate(model, ids, mask)
+        assert ids_out.shape == expected.shape, (ids.shape, ids_out.shape, expected.shape)
+        first = (ids_out != expected).nonzero()
+        assert torch.equal(ids_out, expected), f"prompt {list(ids.shape)}: first difference at {first[:1].tolist()}"
+
+
+@pytest.fixture(scope="module")
+def llama_generation():
+    model = tiny_model("llama")
+    return model, hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=40, max_batch=2)
+
+
+def test_a_row_that_reaches_eos_is_padded_as_eager_pads_it(llama_generation):
+    model, exported = llama_generation
+    ids, mask = prompts()[2]
+    free = eager_generate(model, ids, mask, eos_token_id=None)
+    eos = int(free[1, ids.shape[1] + 4])  # the second row's 5th new token ends that row
+    expected = eager_generate(model, ids, mask, eos_token_id=eos, pad_token_id=0)
+    got = exported.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(got, expected)
+    assert (got[1, ids.shape[1] + 5:] == 0).all() or got.shape[1] < free.shape[1]  # padded (or all stopped)
+
+
+def test_generation_options_go_through_transformers_logits_processors(llama_generation):
+    model, exported = llama_generation
+    ids, _ = prompts()[1]
+    options = {"repetition_penalty": 1.5, "min_new_tokens": 4, "no_repeat_ngram_size": 2}
+    expected = eager_generate(model, ids, None, eos_token_id=None, **options)
+    assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS, eos_token_id=None, **options), expected)
+
+
+def test_the_manifest_records_the_task_components_and_bounds(llama_generation, tmp_path):
+    _, exported = llama_generation
+    exported.save_pretrained(tmp_path / "a")
+    manifest = json.loads((tmp_path / "a" / "export.json").read_text())
+    assert manifest["task"] == "text-generation"
+    assert list(manifest["components"]) == ["prefill", "decode"]
+    assert manifest["components"]["decode"]["program_file"] == "decode/model.pt2"
+    assert {"prefill/model.pt2", "decode/model.pt2", "config.json"} <= set(manifest["files"])
+    generation = manifest["generation"]
+    assert (generation["max_cache_len"], generation["max_batch"], generation["cache_layers"]) == (40, 2, 2)
+    decode_inputs = {i["name"]: i for i in manifest["components"]["decode"]["inputs"]}
+    assert list(decode_inputs) == ["input_ids", "attention_mask", "position_ids", "cache"]
+    assert decode_inputs["attention_mask"]["dynamic_dims"]["1"]["max"] == 40
+
+
+# ── bad input ───────────────────────────────────────────────────────────────────────────────────────────
+def test_generate_on_a_single_program_export_names_the_task_to_export_with():
+    model = tiny_model("llama")
+    exported = hfexport.export(model, backend="dynamo")
+    with pytest.raises(ValueError, match="task='text-generation'"):
+        exported.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"max_new_tokens": 40}, r"9 tokens plus max_new_tokens=40 exceeds this export's max_cache_len=40"),
+    ({"max_new_tokens": 5, "eos_token_id": 100}, r"eos_token_id=100 is outside the vocabulary \[0, 100\)"),
+    ({"max_new_tokens": 5, "do_sample": True}, "generates greedily"),
+    ({}, "pass max_new_tokens"),
+])
+def test_bad_generation_options_are_refused_before_any_program_runs(llama_generation, options, message):
+    _, exported = llama_generation
+    ids, _ = prompts()[1]
+    with pytest.raises(ValueError, match=message):
+        exported.generate(ids, **options)
+
+
+def test_a_batch_beyond_max_batch_names_the_bound(llama_generation):
+    _, exported = llama_generation
+    with pytest.raises(ValueError, match="batch of 3 exceeds this export's max_batch=2"):
+        exported.generate(torch.ones(3, 4, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(TypeError, match="integer tensor"):
+        exported.generate(torch.ones(1, 4), max_new_tokens=2)
+
+
+@pytest.mark.parametrize("kind,why", [("bert", "no language-modeling head"), ("t5", "encoder-decoder")])
+def test_a_model_that_cannot_run_the_task_says_why(kind, why):
+    with pytest.raises(hfexport.InvalidInputError, match=why):
+        hfexport.export(tiny_model(kind), backend="dynamo", task="text-generation")
+
+
+def test_an_unknown_task_lists_the_tasks_and_a_task_option_needs_a_task():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="unknown task 'text-generaton'; tasks: text-generation"):
+        hfexport.export(model, backend="dynamo", task="text-generaton")
+    with pytest.raises(TypeError, match="max_cache_len"):
+        hfexport.export(model, backend="dynamo", max_cache_len=32)
+    with pytest.raises(ValueError, match="max_cache_len=100 exceeds the model's 64 positions"):
+        hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=100)
