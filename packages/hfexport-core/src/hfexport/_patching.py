@@ -193,6 +193,11 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = (), ctx: Any 
                         if not targets and user:
                             _skip(report, registration, pattern, "the wildcard matches no class of a loaded "
                                   "module (is the model's module imported, and the pattern spelled right?)", user)
+                    elif not user and _model_module_unloaded(pattern):
+                        # No model of a module that was never imported is being exported: importing it here
+                        # would only cost time and side effects (NLLB-MoE pulls in torchao and its warnings).
+                        report.skipped.append((registration, pattern, "its model's module is not loaded"))
+                        continue
                     else:
                         try:
                             targets = [(*resolve_path(pattern), pattern)]
@@ -205,6 +210,13 @@ def patch_context(scopes: Iterable[str], disabled: Iterable[str] = (), ctx: Any 
         finally:
             for owner, attr, raw in reversed(undo):
                 _restore(owner, attr, raw)
+
+
+def _model_module_unloaded(path: str) -> bool:
+    """Whether ``path`` targets a Transformers model module (``transformers.models.<name>.<module>...``) that
+    is not imported."""
+    parts = path.split(".")
+    return parts[:2] == ["transformers", "models"] and len(parts) > 4 and ".".join(parts[:4]) not in sys.modules
 
 
 def _skip(report: PatchReport, registration: Registration, path: str, reason: str, user: bool) -> None:
