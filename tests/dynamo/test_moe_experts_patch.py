@@ -124,3 +124,22 @@ def test_declines_what_it_does_not_fit():
         assert calls == [1]
     finally:
         del ALL_EXPERTS_FUNCTIONS["hfexport_test_impl"]
+
+
+@pytest.mark.slow  # builds the zoo's tiny config; about 20 s on an idle 2-core machine
+def test_openai_privacy_filter_exports_with_dynamic_sequence_since_its_experts_run_dense():
+    """Was an EXPORT_SKIPS entry (its experts loop over ``nonzero()``); the dense experts patch covers it."""
+    from hfexport_sweep.zoo import build_case
+
+    model, _, _ = build_case("openai_privacy_filter/OpenAIPrivacyFilterModel")
+    vocab = model.config.vocab_size
+
+    def inputs(seq: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab - 1, (2, seq), generator=torch.Generator().manual_seed(seq))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    exported = hfexport.export(model, inputs(8), backend="dynamo", dynamic=True)
+    assert exported.manifest["workarounds"]["patches"], "the experts patch was not installed"
+    for seq in (5, 13):  # two sequence lengths other than the traced one
+        report = exported.verify(inputs(seq), atol=1e-4)
+        assert report.passed, str(report)

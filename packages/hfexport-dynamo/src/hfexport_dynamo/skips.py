@@ -66,12 +66,6 @@ EXPORT_SKIPS: dict[str, str] = {
         "data-dependent size (GuardOnDataDependentSymNode: Eq(u1, 1)). Exportable once the count is the int "
         "hidden_states.size(1) // (2 * window_overlap)."),
     **dict.fromkeys(
-        ("OpenAIPrivacyFilterModel", "OpenAIPrivacyFilterForTokenClassification"),
-        "OpenAIPrivacyFilterExperts.forward loops over the experts that received tokens (`for expert_idx in "
-        "expert_hit`, from nonzero()) and gathers them with torch.where: a data-dependent Python loop "
-        "(GuardOnDataDependentSymNode). Exportable once the experts run batched over all experts, as GptOss's "
-        "experts do (gpt_oss exports)."),
-    **dict.fromkeys(
         ("SwitchTransformersModel", "SwitchTransformersForConditionalGeneration"),
         "SwitchTransformersTop1Router.forward reassigns a submodule (`self.classifier = "
         "self.classifier.to(self.dtype)`), which torch.export cannot trace (RuntimeError: Cannot swap t1 because "
