@@ -1,0 +1,240 @@
+"""``hfexport export --task`` and ``hfexport generate``: a task export checked by greedy generation against eager,
+generation from the command line with the same token ids as ``model.generate(do_sample=False)``, and the usage
+errors of both (exit status 2, one line naming what was wrong)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hfexport
+from helpers import tiny_model
+from hfexport import cli
+
+MAX_CACHE_LEN, MAX_BATCH = 32, 2
+
+
+def _tokenizer():
+    """A word-level tokenizer over the tiny models' 100 ids (``<pad>`` 0, ``<s>`` 1, ``</s>`` 2, ``w3`` ... ``w99``),
+    built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 100)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny LlamaForCausalLM and its directory (weights, config, tokenizer)."""
+    model = tiny_model("llama")
+    directory = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(directory)
+    _tokenizer().save_pretrained(directory)
+    return model, directory
+
+
+@pytest.fixture(scope="module")
+def artifact(llama, tmp_path_factory):
+    """``hfexport export LLAMA --task text-generation``, in-process: the artifact directory."""
+    out = tmp_path_factory.mktemp("exports") / "gen"
+    code = cli.main(["export", str(llama[1]), "--task", "text-generation", "--max-cache-len", str(MAX_CACHE_LEN),
+                     "--max-batch", str(MAX_BATCH), "-o", str(out)])
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def bare_artifact(artifact, tmp_path_factory):
+    """The same export without tokenizer files (as the Python API saves it): loaded and saved again, less those."""
+    out = tmp_path_factory.mktemp("exports") / "bare"
+    loaded = hfexport.load(artifact)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        del loaded.extra_files[name]
+    loaded.save_pretrained(out)
+    return out
+
+
+def _eager(model, rows, pad, max_new_tokens):
+    longest = max(map(len, rows))
+    ids = torch.tensor([[pad] * (longest - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens).tolist()
+
+
+def _printed_sequences(stdout):
+    """The ``sequence R: prompt ids | new ids`` lines as lists of ids (the ``|`` dropped)."""
+    return [[int(t) for t in line.split(":", 1)[1].split() if t != "|"]
+            for line in stdout.splitlines() if line.startswith("sequence ")]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "hfexport.cli", *map(str, args)], capture_output=True, text=True)
+
+
+# ── the end-to-end path, as a user runs it ──────────────────────────────────────────────────────────────
+@pytest.mark.slow
+def test_export_then_generate_in_fresh_processes_equals_eager_generate(llama, tmp_path):
+    model, directory = llama
+    out = tmp_path / "gen"
+    export = _run("export", directory, "--task", "text-generation", "--max-cache-len", MAX_CACHE_LEN, "-o", out)
+    assert export.returncode == 0, export.stderr
+    assert "exporting LlamaForCausalLM" in export.stderr  # the head config.architectures names
+    assert export.stdout.startswith("PASSED: token ids equal eager LlamaForCausalLM.generate(do_sample=False)")
+
+    rows = [[5, 6, 7, 8], [9, 10]]
+    generate = _run("generate", out, "--input-ids", "5,6,7,8", "--input-ids", "9, 10", "--max-new-tokens", 8)
+    assert generate.returncode == 0, generate.stderr
+    # the shorter prompt is left-padded with the tokenizer's pad id (0), copied into the artifact by the export
+    assert _printed_sequences(generate.stdout) == _eager(model, rows, pad=0, max_new_tokens=8)
+    assert "prefill" in generate.stdout and "tokens/s" in generate.stdout
+
+
+# ── export --task ───────────────────────────────────────────────────────────────────────────────────────
+def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artifact):
+    manifest = json.loads((artifact / "export.json").read_text())
+    assert manifest["task"] == "text-generation" and manifest["model_class"] == "LlamaForCausalLM"
+    assert list(manifest["components"]) == ["prefill", "decode"]
+    assert manifest["generation"]["max_cache_len"] == MAX_CACHE_LEN and manifest["generation"]["max_batch"] == MAX_BATCH
+    check = manifest["verification"]
+    assert check["kind"] == "generation" and check["passed"] is True and check["first_difference"] is None
+    assert check["inputs"] == {"input_ids": [2, 5], "attention_mask": [2, 5]} and check["max_new_tokens"] == 8
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(manifest["files"])  # hashed like every file
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
+    (["--task", "text-generation", "--dynamic"], "drop --dynamic"),
+    (["--task", "text-generation", "--max-batch", "0"], "--max-batch must be a positive number"),
+    (["--task", "text-generaton"], "unknown task 'text-generaton'; tasks: text-generation"),
+    (["--task", "text-generation", "--max-cache-len", "65"],
+     "max_cache_len=65 exceeds the model's 64 positions (max_position_embeddings): lower it"),
+])
+def test_export_task_usage_errors(llama, tmp_path, capsys, args, message):
+    assert cli.main(["export", str(llama[1]), *args, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and message in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_task_refuses_a_model_without_a_generation_head(tmp_path, capsys):
+    tiny_model("bert").save_pretrained(tmp_path / "bert")
+    assert cli.main(["export", str(tmp_path / "bert"), "--task", "text-generation", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "holds a model without a generation head (config.architectures names BertModel)" in err
+    assert "...ForCausalLM" in err and not (tmp_path / "o").exists()
+
+
+def test_export_task_refuses_the_demo_encoder(tmp_path, capsys):
+    assert cli.main(["export", "--demo", "--task", "text-generation", "-o", str(tmp_path / "o")]) == 2
+    assert "the --demo model is a sentence encoder" in capsys.readouterr().err
+
+
+# ── generate ────────────────────────────────────────────────────────────────────────────────────────────
+def test_generate_input_ids_equals_eager_generate(llama, artifact, capsys):
+    assert cli.main(["generate", str(artifact), "--input-ids", "5,6,7", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert _printed_sequences(out) == _eager(llama[0], [[5, 6, 7]], pad=0, max_new_tokens=8)
+    assert out.splitlines()[0].startswith("sequence 0: 5 6 7 | ")
+    stats = out.splitlines()[-1]
+    assert stats.startswith("prefill ") and " ms, decode 7 steps x batch 1 in " in stats and stats.endswith("tokens/s")
+
+
+def test_generate_batch_as_json_equals_eager_generate(llama, bare_artifact, capsys):
+    args = ["generate", str(bare_artifact), "--input-ids", "11,12,13,14", "--input-ids", "15", "--max-new-tokens", "6",
+            "--pad-token-id", "0", "--json"]
+    assert cli.main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    with torch.no_grad():
+        eager = llama[0].generate(torch.tensor([[11, 12, 13, 14], [0, 0, 0, 15]]),
+                                  attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]]), do_sample=False,
+                                  max_new_tokens=6, pad_token_id=0)
+    assert result["sequences"] == eager.tolist() and result["prompt_length"] == 4
+    assert result["stats"]["decode_steps"] == 5 and result["stats"]["prefill_s"] > 0 and "texts" not in result
+
+
+def test_generate_prompt_prints_the_decoded_text(llama, artifact, bare_artifact, capsys):
+    tokenizer = _tokenizer()
+    eager = _eager(llama[0], [tokenizer("w5 w6 w7")["input_ids"]], pad=0, max_new_tokens=5)[0]
+    expected = tokenizer.decode(eager[3:], skip_special_tokens=True)
+    # the tokenizer the export copied into the artifact, and one given with --tokenizer
+    for args in ([str(artifact)], [str(bare_artifact), "--tokenizer", str(llama[1])]):
+        assert cli.main(["generate", *args, "--prompt", "w5 w6 w7", "--max-new-tokens", "5"]) == 0
+        out = capsys.readouterr().out
+        assert _printed_sequences(out) == [eager]
+        assert f'text 0: "w5 w6 w7" + {json.dumps(expected)}' in out.splitlines()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "give the prompt as token ids (--input-ids 1,2,3; repeat it for a batch) or as text (--prompt TEXT"),
+    (["--input-ids", "1,2", "--prompt", "w5"], "not both"),
+    (["--input-ids", "1,x"], "--input-ids '1,x': 'x' is not a token id"),
+    (["--input-ids", ","], "--input-ids ',' holds no token ids"),
+    (["--input-ids", "1,2", "--eos-token-id", "two"], "--eos-token-id 'two': 'two' is not a token id"),
+    (["--input-ids", "1,2", "--max-new-tokens", "0"], "--max-new-tokens must be 1 or more, got 0"),
+    (["--input-ids", "1,2", "--max-new-tokens", None], "pass --max-new-tokens N"),
+    (["--input-ids", "1,2", "--max-new-tokens", "31"],
+     "a prompt of 2 tokens plus max_new_tokens=31 exceeds this export's max_cache_len=32"),
+    (["--input-ids", "1", "--input-ids", "2", "--input-ids", "3"], "a batch of 3 exceeds this export's max_batch=2"),
+    (["--input-ids", "1,100"], "input_ids holds ids outside the vocabulary [0, 100)"),
+    (["--input-ids", "1,2", "--revision", "main"], "--revision is for a Hub repository id"),
+    (["--prompt", "w5", "--tokenizer", "/nonexistent/tok"], "--tokenizer /nonexistent/tok is not a directory"),
+])
+def test_generate_usage_errors(artifact, capsys, args, message):
+    if None in args:
+        args = args[:args.index(None) - 1]
+    elif "--max-new-tokens" not in args and args != []:
+        args = [*args, "--max-new-tokens", "4"]
+    assert cli.main(["generate", str(artifact), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1], err
+
+
+def test_generate_refuses_a_missing_or_non_artifact_directory(llama, tmp_path, capsys):
+    assert cli.main(["generate", str(tmp_path / "missing"), "--input-ids", "1", "--max-new-tokens", "2"]) == 2
+    assert f"{tmp_path / 'missing'} is not a directory: give the directory of a saved export" in capsys.readouterr().err
+    assert cli.main(["generate", str(llama[1]), "--input-ids", "1", "--max-new-tokens", "2"]) == 2
+    assert f"{llama[1]} holds no export.json" in capsys.readouterr().err
+
+
+def test_generate_prompt_without_a_tokenizer_says_where_to_get_one(bare_artifact, capsys):
+    assert cli.main(["generate", str(bare_artifact), "--prompt", "w5", "--max-new-tokens", "2"]) == 2
+    assert (f"error: --prompt needs a tokenizer, and {bare_artifact} holds no tokenizer files: pass --tokenizer DIR"
+            in capsys.readouterr().err)
+
+
+def test_generate_refuses_an_artifact_exported_without_a_task(tmp_path, capsys):
+    hfexport.export(tiny_model("bert"), backend="dynamo").save_pretrained(tmp_path / "bert")
+    assert cli.main(["generate", str(tmp_path / "bert"), "--input-ids", "1,2", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "was exported for one forward pass and cannot generate: export it with task='text-generation'" in err
+    assert "hfexport export MODEL --task" in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_runtime_failure_exits_1_with_one_line(artifact, tmp_path, capsys):
+    broken = shutil.copytree(artifact, tmp_path / "broken")
+    program = next(p for p in (broken / "decode").iterdir() if p.is_file())
+    data = bytearray(program.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the manifest's SHA-256 no longer matches
+    program.write_bytes(bytes(data))
+    assert cli.main(["generate", str(broken), "--input-ids", "1,2", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "decode/" in err[0] and "--debug" in err[0]
+
+
+def test_generate_help_teaches_by_example():
+    out = _run("generate", "--help")
+    assert out.returncode == 0
+    for text in ("--input-ids 5,6,7 --input-ids 8,9", "--prompt", "--tokenizer", "--max-new-tokens",
+                 "hfexport export ./my-llm --task text-generation", "Exit status"):
+        assert text in out.stdout
+    assert "hfexport generate out/gen" in _run("--help").stdout
