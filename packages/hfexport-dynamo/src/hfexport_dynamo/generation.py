@@ -21,6 +21,7 @@ criteria (``MaxLengthCriteria``, ``EosTokenCriteria``), and rows that reached EO
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 import types
@@ -101,7 +102,8 @@ def _check_generative(model: Any, task: str) -> None:
 
 def _bounds(model: Any, max_cache_len: int | None, max_batch: int | None) -> tuple[int, int]:
     config = model.config.get_text_config(decoder=True)
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    positions = (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+                 or getattr(config, "max_target_positions", None))  # Whisper's decoder
     if max_cache_len is None:
         max_cache_len = min(positions or DEFAULT_MAX_CACHE_LEN, DEFAULT_MAX_CACHE_LEN)
     max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
@@ -219,14 +221,28 @@ class GenerationStats(dict):
 def _generation_config(section: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
     from transformers import GenerationConfig
 
-    config = GenerationConfig.from_dict(dict(section.get("generation_config") or {}))
-    config.update(**{k: v for k, v in options.items() if v is not None or k in ("eos_token_id",)})
+    stored = dict(section.get("generation_config") or {})
+    config = GenerationConfig.from_dict(stored)
+    for name, value in stored.items():  # from_dict drops a model config's extra fields (Whisper's lang_to_id)
+        if not hasattr(config, name):
+            setattr(config, name, value)
+    unused = config.update(**options)
+    if section.get("encoder_input") == "input_features":  # Whisper's generate options, not GenerationConfig fields
+        for name in _SPEECH_OPTIONS & set(unused):
+            setattr(config, name, unused.pop(name))
+    if unused:
+        raise TypeError(f"unknown generation option(s) {', '.join(sorted(unused))}: pass GenerationConfig fields "
+                        "(max_new_tokens, eos_token_id, repetition_penalty, ...)")
     if config.do_sample or (config.num_beams or 1) > 1:
         raise ValueError("hfexport generates greedily: pass do_sample=False and num_beams=1 (sampling and beam "
                          "search are not implemented over exported programs)")
     if config.max_new_tokens is None:
         raise ValueError("pass max_new_tokens (the number of tokens to generate)")
     return config
+
+
+_SPEECH_OPTIONS = {"language", "task", "is_multilingual", "return_timestamps"}
+_STORED: Any = type("_Stored", (), {"__repr__": lambda self: "<the generation config's>"})()
 
 
 def _token_ids(value: Any) -> list[int]:
@@ -237,8 +253,17 @@ def _token_ids(value: Any) -> list[int]:
 
 def _logits_processors(config: Any, section: Mapping[str, Any], prompt_len: int, encoder_ids: Any) -> Any:
     """transformers' own processors for ``config`` (``GenerationMixin._get_logits_processor``, which reads only
-    these facts of the model)."""
+    these facts of the model), with ``config`` prepared as ``generate`` prepares it: ``max_length`` and
+    ``min_length`` counted from the ``prompt_len`` ids the loop starts from (``ForcedEOSTokenLogitsProcessor``,
+    ``MinLengthLogitsProcessor`` read them), the EOS ids as a tensor."""
     from transformers import GenerationMixin
+
+    config = copy.deepcopy(config)
+    config.max_length = prompt_len + config.max_new_tokens
+    if config.min_new_tokens is not None:
+        config.min_length = prompt_len + config.min_new_tokens
+    eos = _token_ids(config.eos_token_id)
+    config._eos_token_tensor = torch.tensor(eos) if eos else None
 
     model_config = types.SimpleNamespace(
         is_encoder_decoder=section["is_encoder_decoder"], vocab_size=section["vocab_size"],
@@ -250,7 +275,7 @@ def _logits_processors(config: Any, section: Mapping[str, Any], prompt_len: int,
 
 
 def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_new_tokens: int | None = None,
-             eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+             eos_token_id: Any = _STORED, pad_token_id: int | None = None,
              **generation_options: Any) -> torch.Tensor:
     """Greedy decoding over an artifact's exported programs, on its backend's runtime.
 
@@ -276,11 +301,15 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
         ValueError: no ``max_new_tokens``, sampling or beams asked for, prompt plus new tokens beyond
             ``max_cache_len``, a batch beyond ``max_batch``, or an EOS or pad id outside the vocabulary (each
             names the bound), before any program runs.
-        TypeError: ``input_ids`` is not an integer tensor of rank 2.
+        TypeError: ``input_ids`` is not an integer tensor of rank 2, or an option is no ``GenerationConfig`` field.
     """
     section = exported.manifest["generation"]
-    options = dict(generation_options, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id)
-    if "eos_token_id" in generation_options or eos_token_id is not None:
+    options = dict(generation_options)  # an option passed as None sets it to None, as in model.generate
+    if max_new_tokens is not None:
+        options["max_new_tokens"] = max_new_tokens
+    if pad_token_id is not None:
+        options["pad_token_id"] = pad_token_id
+    if eos_token_id is not _STORED:
         options["eos_token_id"] = eos_token_id
     config = _generation_config(section, options)
     if exported.manifest.get("task") != TEXT_GENERATION:
@@ -342,8 +371,11 @@ def _input_names(exported: Any, component: str) -> set[str]:
 
 
 def _check_prompt(input_ids: Any, attention_mask: Any, config: Any, section: Mapping[str, Any],
-                  what: str = "input_ids") -> tuple[torch.Tensor, torch.Tensor]:
-    """Refuse, before any program runs, a prompt the programs cannot take or the config cannot stop on."""
+                  what: str = "input_ids", decoder_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Refuse, before any program runs, a prompt the programs cannot take or the config cannot stop on.
+
+    ``decoder_len``: an encoder-decoder's decoder start length; ``input_ids`` is then the encoder's input,
+    bounded by ``section["max_source_len"]``, and the decoder's length is what ``max_cache_len`` bounds."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
         raise TypeError(f"{what} must be an integer tensor [batch, prompt], got "
                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
@@ -353,19 +385,30 @@ def _check_prompt(input_ids: Any, attention_mask: Any, config: Any, section: Map
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask has shape {list(attention_mask.shape)}, input_ids {list(input_ids.shape)}")
     batch, prompt = input_ids.shape
+    if decoder_len is not None and not 1 <= prompt <= section["max_source_len"]:
+        raise ValueError(f"{what} of {prompt} tokens: this export's encoder takes 1 to "
+                         f"max_source_len={section['max_source_len']} tokens")
+    _check_bounds(batch, prompt if decoder_len is None else decoder_len, config, section,
+                  "a prompt" if decoder_len is None else "a decoder start")
+    vocab = section["vocab_size"]
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise ValueError(f"{what} holds ids outside the vocabulary [0, {vocab}): "
+                         f"min {int(input_ids.min())}, max {int(input_ids.max())}")
+    return input_ids, attention_mask
+
+
+def _check_bounds(batch: int, length: int, config: Any, section: Mapping[str, Any], what: str = "a prompt") -> None:
+    """Refuse a batch beyond ``max_batch``, ``length`` ids plus ``max_new_tokens`` beyond ``max_cache_len``, and
+    EOS or pad ids outside the vocabulary."""
     if batch > section["max_batch"]:
         raise ValueError(f"a batch of {batch} exceeds this export's max_batch={section['max_batch']}: split the "
                          "batch or re-export with a larger max_batch")
-    if prompt + config.max_new_tokens > section["max_cache_len"]:
-        raise ValueError(f"a prompt of {prompt} tokens plus max_new_tokens={config.max_new_tokens} exceeds this "
+    if length + config.max_new_tokens > section["max_cache_len"]:
+        raise ValueError(f"{what} of {length} tokens plus max_new_tokens={config.max_new_tokens} exceeds this "
                          f"export's max_cache_len={section['max_cache_len']}: shorten them, or re-export with "
-                         f"max_cache_len >= {prompt + config.max_new_tokens}")
+                         f"max_cache_len >= {length + config.max_new_tokens}")
     vocab = section["vocab_size"]
     for name, ids in (("eos_token_id", _token_ids(config.eos_token_id)), ("pad_token_id", _token_ids(config.pad_token_id))):
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise ValueError(f"{name}={bad if len(bad) > 1 else bad[0]} is outside the vocabulary [0, {vocab})")
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
-        raise ValueError(f"{what} holds ids outside the vocabulary [0, {vocab}): "
-                         f"min {int(input_ids.min())}, max {int(input_ids.max())}")
-    return input_ids, attention_mask
