@@ -135,3 +135,13 @@ def test_an_unknown_task_lists_the_tasks_and_a_task_option_needs_a_task():
         hfexport.export(model, backend="dynamo", max_cache_len=32)
     with pytest.raises(ValueError, match="max_cache_len=100 exceeds the model's 64 positions"):
         hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=100)
+
+
+def test_a_head_that_returns_no_cache_says_how_to_load_it():
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertLMHeadModel(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, vocab_size=100)).eval()
+    with pytest.raises(hfexport.InvalidInputError, match=r"returned no KV cache.*config.is_decoder=True"):
+        hfexport.export(model, backend="dynamo", task="text-generation")

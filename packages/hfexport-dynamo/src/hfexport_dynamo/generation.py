@@ -74,6 +74,10 @@ class CausalLMStep(torch.nn.Module):
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
                          logits_to_keep=1, **extra)
+        if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
+            raise InvalidInputError(f"{type(self.model).__name__} returned no KV cache with use_cache=True, so "
+                                    "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
+                                    "for BERT-like models) or export it without a task")
         return {"logits": out.logits[:, -1, :],
                 "cache": tuple((layer.keys, layer.values) for layer in out.cache.layers)}
 
