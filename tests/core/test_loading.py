@@ -291,9 +291,11 @@ def test_manifest_that_is_not_json(saved: dict[str, Any], tmp_path: Path) -> Non
 def test_verify_says_what_it_checked(saved: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["verify", str(saved["bert_dir"])]) == 0
     out = capsys.readouterr().out
-    for check in ("✅ manifest  schema 2, backend dynamo, BertModel", "✅ hashes    2 files",
+    for check in ("✅ manifest  schema 2, backend dynamo, BertModel", "✅ hashes    3 files",
                   "✅ loading   1 component(s) opened on dynamo, no code run from the artifact",
                   "✅ run       component 'model' at input_ids=[1, 8]: 2 outputs, finite, shapes as recorded",
+                  "✅ stored    component 'model' re-ran its stored inputs (input_ids=[1, 8]): 2 outputs within "
+                  "atol=0.0001, rtol=0.001 of the stored eager outputs",
                   "eager     not compared: pass --model DIR"):
         assert check in out, out
 

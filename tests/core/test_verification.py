@@ -1,16 +1,31 @@
 """The verification report: NaN/Inf reported as such (never as a 0.0 difference), stored in the manifest with
-the max abs and rel diffs, tolerances and input shapes, and saved in export.json."""
+the max abs and rel diffs, tolerances and input shapes, and saved in export.json. Every export verifies itself
+(a mismatch raises VerificationError) and stores its inputs and eager outputs, which ``hfexport verify DIR``
+re-runs without the model."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport._artifact import MANIFEST_NAME, Component, ExportedModel, compare_outputs
+import hfexport
+from helpers import tiny_model
+from hfexport import VerificationError, cli
+from hfexport._artifact import (
+    MANIFEST_NAME,
+    Component,
+    ExportedModel,
+    OutputDiff,
+    VerificationReport,
+    compare_outputs,
+)
 
 
 class _Runner:
@@ -90,3 +105,150 @@ def test_a_passing_report_has_abs_and_rel_diffs_and_the_tolerance():
     d = report.as_dict()
     assert d["outputs"][0]["max_rel_diff"] == "inf" and d["passed"] is True
     json.dumps(d, allow_nan=False)
+
+
+# ── the verification every export runs, stored with the artifact ──────────────────────────────────────────
+
+def _rehash(directory: Path) -> None:
+    """Record the current files' hashes in export.json, as another runtime's result rewritten on purpose would."""
+    manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    manifest["files_sha256"] = {name: {"sha256": hashlib.sha256((directory / name).read_bytes()).hexdigest(),
+                                       "size": (directory / name).stat().st_size}
+                                for name in manifest["files_sha256"]}
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def bert_export(tmp_path_factory):
+    bert = tiny_model("bert", layers=1)
+    inputs = {"input_ids": torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))}
+    exported = hfexport.export(bert, inputs)
+    return exported, exported.save_pretrained(tmp_path_factory.mktemp("verified") / "bert")
+
+
+def test_every_export_is_verified_and_saves_its_inputs_and_eager_outputs(bert_export):
+    from safetensors import safe_open
+
+    exported, directory = bert_export
+    report = exported.manifest["verification"]
+    assert report["passed"] is True and report["inputs"] == {"input_ids": [2, 8]}
+    assert (report["atol"], report["rtol"]) == (1e-4, 1e-3)  # the Exporter's verify_atol / verify_rtol
+    assert exported.manifest["timings_s"]["verification"] > 0
+    stored = exported.manifest["components"]["model"]["verification"]["stored"]
+    assert stored == {"data_file": "verification.safetensors", "inputs": [{"name": "input_ids", "leaves": 1}],
+                      "outputs": ["last_hidden_state", "pooler_output"]}
+    on_disk = json.loads((directory / MANIFEST_NAME).read_text())
+    assert "verification.safetensors" in on_disk["files"] and "verification.safetensors" in on_disk["files_sha256"]
+    with safe_open(str(directory / "verification.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == ["inputs.input_ids.0", "outputs.last_hidden_state", "outputs.pooler_output"]
+        assert torch.equal(f.get_tensor("inputs.input_ids.0"), torch.randint(
+            0, 100, (2, 8), generator=torch.Generator().manual_seed(0)))
+
+
+def test_hfexport_verify_reruns_the_stored_inputs_and_exits_3_when_the_outputs_differ(bert_export, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    _, source = bert_export
+    reports = hfexport.load(source).verify_stored()  # the Python form: no model needed
+    assert list(reports) == ["model"] and reports["model"].passed and reports["model"].atol == 1e-4
+    assert cli.main(["verify", str(source)]) == 0
+    assert "✅ stored    component 'model' re-ran its stored inputs (input_ids=[2, 8])" in capsys.readouterr().out
+
+    artifact = tmp_path / "tampered"
+    shutil.copytree(source, artifact)
+    tensors = load_file(str(artifact / "verification.safetensors"))
+    tensors["outputs.pooler_output"] = tensors["outputs.pooler_output"] + 0.5  # another runtime's result
+    save_file(tensors, str(artifact / "verification.safetensors"))
+    with pytest.raises(hfexport.IntegrityError, match="verification.safetensors"):
+        hfexport.load(artifact)  # hashed like every file
+    _rehash(artifact)
+    report = hfexport.load(artifact).verify_stored()["model"]
+    assert not report.passed and not report["pooler_output"].ok and report["last_hidden_state"].ok
+    assert report["pooler_output"].max_abs_diff == pytest.approx(0.5, rel=1e-3)
+    assert cli.main(["verify", str(artifact)]) == 3
+    out = capsys.readouterr().out
+    assert "❌ stored    component 'model' re-ran its stored inputs" in out and "FAILED" in out
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda t: {**t, "inputs.input_ids.1": t["inputs.input_ids.0"].clone()}, r"not named by it \['inputs.input_ids.1'\]"),
+    (lambda t: {k: v for k, v in t.items() if k != "outputs.pooler_output"}, r"missing \['outputs.pooler_output'\]"),
+    (lambda t: {**t, "outputs.pooler_output": t["outputs.pooler_output"].long()}, "is int64 where the program"),
+    (lambda t: {**t, "inputs.input_ids.0": t["inputs.input_ids.0"].float()}, "input_ids"),
+])
+def test_stored_inputs_are_checked_against_the_manifest_before_the_runtime_runs(bert_export, tmp_path, edit,
+                                                                                message):
+    from safetensors.torch import load_file, save_file
+
+    artifact = tmp_path / "edited"
+    shutil.copytree(bert_export[1], artifact)
+    save_file(edit(load_file(str(artifact / "verification.safetensors"))), str(artifact / "verification.safetensors"))
+    _rehash(artifact)
+    with pytest.raises((ValueError, TypeError), match=message):
+        hfexport.load(artifact).verify_stored()
+
+
+def test_verification_options_are_type_checked_before_any_work():
+    with pytest.raises(TypeError, match=r"verify must be True or False, got 'no' \(str\)"):
+        hfexport.export(torch.nn.Linear(2, 2), {"input": torch.ones(2, 2)}, verify="no")
+    with pytest.raises(TypeError, match="atol must be a non-negative number"):
+        hfexport.export(torch.nn.Linear(2, 2), {"input": torch.ones(2, 2)}, atol=-1.0)
+    with pytest.raises(TypeError, match="rtol must be a non-negative number"):
+        hfexport.export(torch.nn.Linear(2, 2), {"input": torch.ones(2, 2)}, rtol="1e-3")
+
+
+def test_atol_and_rtol_reach_the_manifest_and_verify_false_still_records_the_report():
+    exported = hfexport.export(torch.nn.Linear(2, 2), {"input": torch.ones(2, 2)}, atol=0.0, rtol=0.0, verify=False)
+    report = exported.manifest["verification"]
+    assert (report["atol"], report["rtol"], report["passed"]) == (0.0, 0.0, True)
+
+
+def test_the_error_lists_failing_outputs_with_nan_as_nan_and_says_how_to_opt_out():
+    report = VerificationReport("onnx", 1e-4, 1e-3, [
+        OutputDiff("logits", (2, 8, 16), "float32", float("nan"), False, float("nan"), 3e-3,
+                   "4 NaN in the export where eager has none"),
+        OutputDiff("hidden", (2, 8), "float32", 0.25, False, 1.0, 1.2e-3),
+        OutputDiff("ok", (2,), "float32", 0.0, True)], {"input_ids": [2, 8]})
+    error = VerificationError("onnx", "LlamaForCausalLM", report)
+    assert isinstance(error, hfexport.ExportError) and error.report is report and not error.internal
+    text = str(error)
+    assert text.startswith("onnx export of LlamaForCausalLM failed verification: 2 of 3 outputs differ from eager "
+                           "PyTorch at input_ids=[2, 8] (|exported - eager| <= atol + rtol * |eager| with "
+                           "atol=0.0001, rtol=0.001):")
+    assert "  - logits [2, 8, 16] float32: max abs diff nan where the tolerance is 3.000e-03 (4 NaN in the export " \
+           "where eager has none)" in text
+    assert "  - hidden [2, 8] float32: max abs diff 2.500e-01 where the tolerance is 1.200e-03" in text
+    assert " ok " not in text and "verify=False" in text and "--no-verify" in text
+
+
+def test_a_task_export_verifies_each_component_and_keeps_each_report(tmp_path):
+    exported = hfexport.export(tiny_model("llama", layers=1), task="text-generation", max_cache_len=32, atol=2e-4)
+    sections = exported.manifest["components"]
+    assert "verification" not in exported.manifest  # one report per component, none for the whole
+    for name in ("prefill", "decode"):
+        report = sections[name]["verification"]
+        assert report["passed"] is True and report["atol"] == 2e-4, (name, report)
+        assert report["stored"]["data_file"] == f"{name}/verification.safetensors"
+    directory = exported.save_pretrained(tmp_path / "gen")
+    manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    assert {"prefill/verification.safetensors", "decode/verification.safetensors"} <= set(manifest["files"])
+    reports = hfexport.load(directory).verify_stored()
+    assert sorted(reports) == ["decode", "prefill"] and all(r.passed for r in reports.values())
+
+
+def test_cli_export_exits_3_on_a_mismatch_and_no_verify_saves_it_with_the_report(tmp_path, monkeypatch, capsys):
+    from hfexport_dynamo.exporter_dynamo import DynamoRunner
+
+    tiny_model("bert", layers=1).save_pretrained(tmp_path / "bert")
+    capsys.readouterr()
+    run = DynamoRunner.run
+    monkeypatch.setattr(DynamoRunner, "run", lambda self, args: [t + 1.0 if t.is_floating_point() else t
+                                                                 for t in run(self, args)])  # a faulty runtime
+    assert cli.main(["export", str(tmp_path / "bert"), "-o", str(tmp_path / "out")]) == 3
+    captured = capsys.readouterr()
+    assert "FAILED" in captured.out and "max abs diff 1.000e+00" in captured.out
+    assert "error: dynamo export of BertModel failed verification: 2 of 2 outputs differ" in captured.err
+    assert not (tmp_path / "out").exists()  # nothing saved
+    assert cli.main(["export", str(tmp_path / "bert"), "-o", str(tmp_path / "out"), "--no-verify"]) == 0
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["verification"]["passed"] is False and "verification.safetensors" in manifest["files"]

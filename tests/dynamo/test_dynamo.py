@@ -39,7 +39,8 @@ def test_manifest_describes_inputs_outputs_versions(bert, tmp_path):
     assert [o["name"] for o in m["outputs"]] == ["last_hidden_state", "pooler_output"]
     assert m["versions"]["torch"] == torch.__version__.split("+")[0] or m["versions"]["torch"].startswith("2.")
     saved = exported.save_pretrained(tmp_path / "bert")
-    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "export.json", "model.pt2"]
+    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "export.json", "model.pt2",
+                                                        "verification.safetensors"]
     out = hfexport.load(saved)(**dummy_inputs(bert))
     assert type(out).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
 

@@ -162,7 +162,7 @@ def test_manifest_records_variant_memory_planning_and_bounds(ranker_export):
 def test_save_is_self_contained_and_load_runs_on_executorch(ranker_export, tmp_path):
     model, inputs, exported = ranker_export
     path = exported.save_pretrained(tmp_path / "ranker")
-    assert sorted(p.name for p in path.iterdir()) == ["export.json", "model.pte"]
+    assert sorted(p.name for p in path.iterdir()) == ["export.json", "model.pte", "verification.safetensors"]
     loaded = hfexport.load(path)
     from hfexport_executorch import ExecutorchRunner
 

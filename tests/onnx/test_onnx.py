@@ -80,7 +80,8 @@ def test_real_minilm_batch2_seq8_runs_at_batch3_seq17_with_padding_before_and_af
     assert report.passed and report.max_abs_diff <= ATOL, report
 
     saved = exported.save_pretrained(tmp_path / "minilm")
-    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "export.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "export.json", "model.onnx", "model.onnx.data",
+                                                        "verification.safetensors"]
     assert (saved / "model.onnx").stat().st_size < (saved / "model.onnx.data").stat().st_size  # weights outside
     reloaded = hfexport.load(saved)
     report = reloaded.verify(check, atol=ATOL, rtol=0, reference=model)

@@ -6,7 +6,7 @@ backends, and the workaround registry. Importing it is cheap (no torch); backend
 """
 
 from ._api import export, load
-from ._artifact import ExportedModel, OutputDiff, VerificationReport
+from ._artifact import ExportedModel, OutputDiff, VerificationError, VerificationReport
 from ._discovery import Backend, BackendInfo, UnknownBackendError, get_backend, list_backends
 from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BackendInfo", "ExportConfig", "ExportContext", "ExportError", "ExportedModel", "Exporter",
     "FixReport", "IntegrityError", "InvalidInputError", "ManifestError", "OutputDiff", "PatchReport", "Registration", "Stage", "StageEvent",
-    "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "UnresolvedTarget", "VerificationReport", "apply_fx_node_fixes",
+    "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "UnresolvedTarget", "VerificationError", "VerificationReport", "apply_fx_node_fixes",
     "apply_fx_program_fixes", "export", "get_backend", "iter_graph_modules", "list_backends",
     "list_fx_node_fixes", "list_fx_program_fixes", "list_patches", "list_workarounds", "load", "patch_context",
     "register_fx_node_fix", "register_fx_program_fix", "register_patch", "resolve_path", "resolve_pattern",

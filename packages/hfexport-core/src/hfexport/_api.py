@@ -18,7 +18,8 @@ __all__ = ["export", "load"]
 
 def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str = "dynamo",
            dynamic: bool = False, config: ExportConfig | None = None, progress: ProgressCallback | None = None,
-           task: str | None = None, **options: Any) -> ExportedModel:
+           task: str | None = None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
+           **options: Any) -> ExportedModel:
     """Export ``model`` with ``backend`` and return the artifact, runnable on the backend's runtime.
 
     Args:
@@ -39,6 +40,15 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         **options: fields of the backend's config (``opset_version=18``, ``dynamic_shapes={...}``), and with a
             ``task`` the task's options: ``max_cache_len`` (the most tokens a sequence may hold, prompt and new
             ones; default ``min(max_position_embeddings, 256)``), ``max_batch`` (default 4).
+        verify: every export is verified: the artifact runs on its runtime and the model in eager PyTorch on
+            (copies of) the traced inputs, once each per program, and the report goes into
+            ``manifest["verification"]`` (and each program's section, with the inputs and eager outputs that
+            ``save_pretrained`` writes to ``verification.safetensors`` for ``hfexport verify DIR``). A mismatch
+            raises :class:`hfexport.VerificationError`; ``verify=False`` returns the artifact anyway, its
+            manifest recording the report (``passed: false``) or why the verification could not run.
+        atol: the absolute tolerance of that verification (default: the backend's ``Exporter.verify_atol``,
+            ``1e-4`` for float32 backends).
+        rtol: its relative tolerance (default: the backend's ``Exporter.verify_rtol``, ``1e-3``).
 
     Returns:
         An :class:`ExportedModel`: call it with the same keyword inputs, ``verify`` it, ``save_pretrained`` it.
@@ -50,7 +60,10 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
             (``dynamic="no"``), or a ``config`` of another backend (names both).
         ValueError: ``disable`` names no workaround of the backend (lists close matches).
         hfexport.InvalidInputError: model or inputs of the wrong kind.
-        hfexport.ExportError: a stage failed (names backend, stage and model class; cause chained).
+        hfexport.ExportError: a stage failed (names backend, stage and model class; cause chained), or the
+            artifact or the eager model could not run on the traced inputs for the verification.
+        hfexport.VerificationError: (an ``ExportError``) the artifact's outputs differ from eager PyTorch beyond
+            the tolerances; lists each failing output with its max abs diff and tolerance.
     """
     if not isinstance(dynamic, bool):  # "no" is truthy: refuse it rather than turn dynamic shapes on
         raise TypeError(f"dynamic must be True or False, got {dynamic!r} ({type(dynamic).__name__})")
@@ -62,9 +75,10 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         names = _keyword_names(getattr(exporter_class.tracer, "plan_task", None))
         task_options = {name: options.pop(name) for name in list(options) if name in names}
     exporter = exporter_class(config, **options)
+    checks = {"verify": verify, "atol": atol, "rtol": rtol}
     if task is None:
-        return exporter.export(model, inputs, progress=progress)
-    return exporter.export(model, inputs, progress=progress, task=task, **task_options)
+        return exporter.export(model, inputs, progress=progress, **checks)
+    return exporter.export(model, inputs, progress=progress, task=task, **checks, **task_options)
 
 
 def _keyword_names(function: Any) -> set[str]:
@@ -143,7 +157,9 @@ def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bo
     # Saving a loaded artifact again copies its files (they are the artifact).
     copy = {f: (lambda d, f=f: _copy_file(path / f, d / f)) for f in files}
     generator = getattr(exporter_class.tracer, "generate", None) if manifest.get("task") else None
-    return ExportedModel(manifest["backend"], components, manifest, extra_files=copy, generator=generator)
+    exported = ExportedModel(manifest["backend"], components, manifest, extra_files=copy, generator=generator)
+    exported.directory = path  # verify_stored() reads its verification.safetensors
+    return exported
 
 
 def _call_trusting(function: Any, trust_remote_code: bool, *args: Any) -> Any:

@@ -32,6 +32,7 @@ from ._saving import (
     save_lock,
     tree_size,
 )
+from ._stages import ExportError
 from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION, read_manifest: re-exported here, the artifact's names
     HASHES_KEY,
     MANIFEST_NAME,
@@ -42,8 +43,8 @@ from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION, read_manifest: re-export
 )
 
 __all__ = ["Component", "component_manifest", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
-           "Runner", "SCHEMA_VERSION", "VerificationReport", "compare_outputs", "flatten_with_names",
-           "read_manifest", "versions_of"]
+           "Runner", "SCHEMA_VERSION", "VerificationError", "VerificationReport", "compare_outputs",
+           "flatten_with_names", "read_manifest", "versions_of"]
 
 DEFAULT_COMPONENT = "model"  # the component ``ExportedModel.__call__`` runs
 
@@ -53,6 +54,10 @@ class Runner(Protocol):
 
     ``run(args)`` takes the top-level inputs in signature order (tensors or pytrees of tensors) and
     returns the flat list of output tensors, in the order of the program's output spec.
+
+    A runner whose runs change its state (a program that mutates buffers, as eager ``forward`` would) also
+    implements ``reset()``, which returns that state to the program's initial value: an export's verification
+    run calls it, so that the artifact an export returns starts where the model did.
     """
 
     def run(self, args: tuple[Any, ...]) -> list[Any]: ...
@@ -152,6 +157,9 @@ class Component:
         manifest: the component's manifest section (``program_file``, ``inputs``, ``outputs``,
             ``output_spec``, backend-specific keys).
         program: the ``ExportedProgram`` it was lowered from, for the manifest (not saved).
+        verification: the inputs and eager outputs of the export's verification as flat tensors
+            (``inputs.<name>.<leaf>``, ``outputs.<name>``), written to ``verification.safetensors`` on save
+            (``None`` for a loaded component: the file is copied like the others).
     """
 
     name: str
@@ -160,6 +168,7 @@ class Component:
     write: Callable[[Path], Any] | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
     program: Any = field(default=None, repr=False)
+    verification: dict[str, Any] | None = field(default=None, repr=False)
 
 
 def _path_name(path: tuple[Any, ...]) -> str:
@@ -279,6 +288,51 @@ class VerificationReport:
         return "\n".join(lines)
 
 
+class VerificationError(ExportError):
+    """An export ran to the end, but its artifact's outputs differ from eager PyTorch beyond the tolerances.
+
+    Raised by :func:`hfexport.export` (``Exporter.export``) after packaging: the artifact ran on its runtime, and
+    the model in eager PyTorch, on the traced inputs. The message lists every failing output with its max abs
+    difference (NaN or Inf as such) and the tolerance it had, and says how to opt out.
+
+    A subclass of :class:`ExportError` rather than of ``ValueError``: nothing the caller passed was invalid; the
+    export did not produce a correct program, so ``except hfexport.ExportError`` (the sweep's, a user's, the
+    CLI's) treats it as the failed export it is; the CLI gives it its own exit status (3).
+
+    Attributes:
+        report: the :class:`VerificationReport` (per output: max abs and rel diff, tolerance, note).
+        exported: the artifact that failed, its manifest holding the report (``passed: false``); save it with
+            ``exported.save_pretrained(...)`` to inspect it (``hfexport verify DIR`` re-runs its stored inputs).
+        component: the component that was verified (a task export verifies each of its programs).
+    """
+
+    def __init__(self, backend: str, model_class: str, report: VerificationReport, exported: Any = None,
+                 component: str = DEFAULT_COMPONENT):
+        self.report = report
+        self.exported = exported
+        self.component = component
+        failing = [o for o in report.outputs if not o.ok]
+        summary = (f"{len(failing)} of {len(report.outputs)} outputs differ from eager PyTorch"
+                   if report.outputs else "the artifact returned no outputs")
+        super().__init__(backend, model_class, ValueError(summary), where="verification", internal=False)
+
+    def _message(self) -> str:
+        report = self.report
+        failing = [o for o in report.outputs if not o.ok]
+        shapes = ", ".join(f"{k}={v}" for k, v in report.inputs.items())
+        lines = [f"{self.backend} export of {self.model_class} failed verification: {self.cause}"
+                 + (f" at {shapes}" if shapes else "")
+                 + f" (|exported - eager| <= atol + rtol * |eager| with atol={report.atol:g}, rtol={report.rtol:g})"
+                 + (f", component {self.component!r}" if self.component != DEFAULT_COMPONENT else "") + ":"]
+        for o in failing:
+            lines.append(f"  - {o.name} {list(o.shape)} {o.dtype}: max abs diff {o.max_abs_diff:.3e} where the "
+                         f"tolerance is {o.tolerance:.3e}" + (f" ({o.note})" if o.note else ""))
+        lines.append("Pass verify=False to keep the artifact anyway (its manifest records the report, passed: "
+                     "false), or atol=/rtol= to change the tolerances (CLI: --no-verify, --atol, --rtol); the "
+                     "report is the error's .report, the artifact its .exported")
+        return "\n".join(lines)
+
+
 def _compare_tensors(e: Any, a: Any, atol: float, rtol: float) -> tuple[float, float, float, bool, str]:
     """``(max abs diff, max rel diff, tolerance, ok, note)`` of two tensors of one shape."""
     import torch
@@ -374,6 +428,7 @@ class ExportedModel:
             arguments); ``None`` after :func:`hfexport.load` unless passed to :meth:`verify`.
         generator: runs :meth:`generate` over the components (the tracer's ``generate``; set for an artifact
             exported with a generative ``task``).
+        directory: the directory :func:`hfexport.load` read it from (``None`` for an export in memory).
     """
 
     def __init__(self, backend: str, components: Sequence[Component] | Mapping[str, Component],
@@ -388,6 +443,7 @@ class ExportedModel:
         self.extra_files = dict(extra_files or {})
         self.reference = reference
         self.generator = generator
+        self.directory: Path | None = None  # where a loaded artifact was read from (its stored verification)
 
     def __repr__(self) -> str:
         inputs = ", ".join(i["name"] for i in self.manifest.get("inputs", []))
@@ -486,7 +542,6 @@ class ExportedModel:
         Raises:
             ValueError: no eager reference is available (after :func:`load`, pass ``reference=model``).
         """
-        import torch
 
         if reference is not None:
             fixed = self.manifest.get("fixed_kwargs", {})
@@ -495,13 +550,106 @@ class ExportedModel:
         reference = reference or self.reference
         if reference is None:
             raise ValueError("no eager model to compare against: pass verify(inputs, reference=model)")
+        return self._compare(inputs, atol, rtol, reference)[0]
+
+    def _compare(self, inputs: Mapping[str, Any], atol: float, rtol: float,
+                 reference: Callable[..., Any]) -> tuple[VerificationReport, Any]:
+        """One eager call and one runtime call on deep copies of ``inputs``; the report (also stored in
+        ``manifest["verification"]``) and the eager outputs."""
+        import torch
+
         with torch.no_grad():
             expected = reference(**copy.deepcopy(dict(inputs)))
             actual = self(**copy.deepcopy(dict(inputs)))
         report = compare_outputs(self.backend, expected, actual, atol, rtol)
         report.inputs = _shapes(inputs)
         self.manifest["verification"] = report.as_dict()
+        return report, expected
+
+    def verify_export(self, inputs: Mapping[str, Any], *, atol: float, rtol: float) -> VerificationReport:
+        """The verification an export runs (``Exporter.export`` calls it): :meth:`verify` of the default
+        component on ``inputs`` against :attr:`reference`, whose report is also kept in the component's manifest
+        section (``components.<name>.verification``) with the inputs and eager outputs, which a save writes to
+        ``verification.safetensors`` for :meth:`verify_stored` (when they can be stored: tensors only).
+
+        Raises:
+            ValueError: no eager reference (an artifact built without one).
+        """
+        if self.reference is None:
+            raise ValueError("no eager model to compare against: this artifact was built without a reference")
+        from ._stored import verification_tensors
+
+        component = self.default_component
+        report, expected = self._compare(inputs, atol, rtol, self.reference)
+        names, leaves, _ = flatten_with_names(expected)
+        kept = verification_tensors(inputs, [i["name"] for i in self._section(component)["inputs"]],
+                                    list(zip(names, leaves, strict=True)))
+        section = dict(report.as_dict())
+        if isinstance(kept, str):
+            section["stored"] = None
+            section["not_stored"] = kept
+        else:
+            component.verification, section["stored"] = kept
+        self._section(component)["verification"] = section
         return report
+
+    def verify_stored(self) -> dict[str, VerificationReport]:
+        """Re-run the inputs stored with the artifact (its export's verification) on the runtime and compare the
+        outputs with the stored eager ones, with the stored tolerances. Needs no model.
+
+        Returns:
+            Component name -> :class:`VerificationReport` (``passed`` False on a mismatch; NaN/Inf as such), for
+            every component that stores inputs.
+
+        Raises:
+            ValueError: the artifact stores no verification inputs (exported before they were stored, or with
+                inputs that are not tensors); or the stored file disagrees with the manifest (names, leaf counts,
+                output names or dtypes).
+            TypeError: a stored input does not fit the program (dtype, shape: as for any call).
+        """
+        import torch
+
+        from ._stored import read_stored, stored_inputs_and_outputs
+
+        reports = {}
+        for component in self.components.values():
+            section = self._section(component)
+            verification = section.get("verification")
+            stored = verification.get("stored") if isinstance(verification, dict) else None
+            if not isinstance(stored, dict):
+                continue
+            where = f"component {component.name!r}"
+            tensors = component.verification
+            if tensors is None:
+                name = stored.get("data_file")
+                if self.directory is None or not isinstance(name, str) or name not in self.manifest.get("files", []):
+                    raise ValueError(f"{where}: its stored verification file {name!r} is not a file of this "
+                                     "artifact's manifest")
+                tensors = read_stored(self.directory / name)
+            atol, rtol = verification.get("atol"), verification.get("rtol")
+            if not all(isinstance(t, int | float) and not isinstance(t, bool) and t >= 0 for t in (atol, rtol)):
+                raise ValueError(f"{where}: the stored verification has no valid atol and rtol ({atol!r}, {rtol!r})")
+            inputs, expected = stored_inputs_and_outputs(stored, tensors, section, where)
+            with torch.no_grad():
+                actual = self.run(component.name, **copy.deepcopy(inputs))
+            reset = getattr(component.runner, "reset", None)
+            if callable(reset):
+                reset()  # the stored run leaves the artifact's state where it was
+            names, leaves, _ = flatten_with_names(actual)
+            by_name = dict(zip(names, leaves, strict=True))
+            missing = [n for n in expected if n not in by_name]
+            if missing:
+                raise ValueError(f"{where}: the runtime returned no outputs named {missing} (it returned {names})")
+            report = compare_outputs(self.backend, expected, {n: by_name[n] for n in expected}, float(atol),
+                                     float(rtol))
+            report.inputs = _shapes(inputs)
+            reports[component.name] = report
+        if not reports:
+            raise ValueError(f"this {self.backend} artifact stores no verification inputs (exported before "
+                             "hfexport stored them, or its inputs are not plain tensors): compare it with eager "
+                             "PyTorch instead, e.g. verify(inputs, reference=model) or `hfexport verify DIR --model "
+                             "MODEL_DIR`")
+        return reports
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
         """Greedy decoding over the exported programs, on the backend's runtime (token ids in, token ids out).
@@ -579,6 +727,12 @@ class ExportedModel:
         for component in self.components.values():
             written = component.write(staging) if component.write else None
             files.extend(written if isinstance(written, list | tuple) else [])
+            stored = (self._section(component).get("verification") or {}).get("stored")
+            if component.verification is not None and isinstance(stored, dict):
+                from ._stored import write_stored
+
+                write_stored(component.verification, staging / stored["data_file"])
+                files.append(stored["data_file"])
         for name, write in self.extra_files.items():
             written = write(staging)
             files.extend(written if isinstance(written, list | tuple) else [name])

@@ -327,6 +327,29 @@ def _snapshot_modes(model: Any) -> list[tuple[Any, bool]]:
     return [(m, m.training) for m in model.modules()]
 
 
+def _save_buffers(model: Any) -> list[tuple[Any, str, Any, Any]]:
+    """Every buffer of ``model`` with a copy of its value, for :func:`_restore_buffers` after an eager call (the
+    export's verification leaves the model as it was, also one whose forward mutates buffers)."""
+    return [(m, name, b, b.detach().clone()) for m in model.modules() for name, b in m._buffers.items()
+            if b is not None]
+
+
+def _restore_buffers(saved: list[tuple[Any, str, Any, Any]]) -> bool:
+    """Put back what :func:`_save_buffers` saved; whether any buffer had changed (or been replaced)."""
+    import torch
+
+    changed = False
+    with torch.no_grad():
+        for module, name, buffer, value in saved:
+            if module._buffers.get(name) is not buffer:
+                module._buffers[name] = buffer
+                changed = True
+            if not torch.equal(buffer, value):
+                buffer.copy_(value)
+                changed = True
+    return changed
+
+
 # One lock per model instance: an export switches the model to eval mode and restores its training flags at
 # the end, so a second export of the same instance in another thread would snapshot (and restore) the first
 # one's eval mode, or trace after the first restored train() and bake dropout in. Different instances export
@@ -386,6 +409,12 @@ class Exporter:
     # (silence it with HFEXPORT_IGNORE_VERSION_DRIFT=1).
     tested_versions: ClassVar[dict[str, str]] = {}
     tracer: ClassVar[Tracer | None] = None
+    # The tolerances of the verification every export runs (|exported - eager| <= atol + rtol * |eager|,
+    # elementwise; integers equal): 1e-4 / 1e-3 are the figures the conformance sweep and the field cases verify
+    # the tiny-model zoo with on dynamo, ONNX Runtime and ExecuTorch XNNPACK, all float32. A backend that computes
+    # in another precision sets its own (executorch-cuda: bfloat16).
+    verify_atol: ClassVar[float] = 1e-4
+    verify_rtol: ClassVar[float] = 1e-3
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         """Raises:
@@ -442,21 +471,33 @@ class Exporter:
                 for s in cls.stages]
 
     def export(self, model: Any, inputs: Mapping[str, Any] | None = None, *,
-               progress: ProgressCallback | None = None, task: str | None = None,
-               **task_options: Any) -> ExportedModel:
-        """Run the stages on ``model`` and package the result.
+               progress: ProgressCallback | None = None, task: str | None = None, verify: bool = True,
+               atol: float | None = None, rtol: float | None = None, **task_options: Any) -> ExportedModel:
+        """Run the stages on ``model``, package the result and verify it (see :meth:`verify_export`).
 
-        With a ``task``, the tracer plans the programs the task runs and each is exported in turn (see
-        :func:`hfexport._tasks.export_task`); ``task_options`` are the tracer's (``max_cache_len``).
+        With a ``task``, the tracer plans the programs the task runs and each is exported (and verified against
+        the module it wraps) in turn (see :func:`hfexport._tasks.export_task`); ``task_options`` are the
+        tracer's (``max_cache_len``).
+
+        Args:
+            verify: raise :class:`VerificationError` when the artifact's outputs differ from eager PyTorch on the
+                traced inputs; ``False`` returns the artifact anyway (the verification still runs and its report,
+                ``passed`` true or false, is in the manifest).
+            atol: the verification's absolute tolerance (default :attr:`verify_atol`).
+            rtol: its relative tolerance (default :attr:`verify_rtol`).
 
         Raises:
             InvalidInputError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping of tensors
                 and caches (or holds one the model cannot take: see :meth:`check_inputs`).
+            TypeError: ``verify`` is not a bool, or ``atol``/``rtol`` not a non-negative number.
             ValueError: ``disable`` names a workaround this backend does not have (close matches listed).
-            ExportError: a stage failed (the original exception is chained).
+            ExportError: a stage failed (the original exception is chained), or, with ``verify``, the artifact or
+                the eager model could not run on the traced inputs.
+            VerificationError: with ``verify``, the outputs differ beyond the tolerances.
         """
         import torch
 
+        atol, rtol = self._check_verify_options(verify, atol, rtol)
         if not isinstance(model, torch.nn.Module):
             raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
                                     "load it first, e.g. AutoModel.from_pretrained(path)")
@@ -464,7 +505,8 @@ class Exporter:
             from ._tasks import export_task
 
             with _model_lock(model):
-                return export_task(self, model, task, inputs, progress=progress, **task_options)
+                return export_task(self, model, task, inputs, progress=progress, verify=verify, atol=atol,
+                                   rtol=rtol, **task_options)
         if task_options:
             raise TypeError(f"{', '.join(sorted(task_options))} are options of a task export: pass task=...")
         self.check_disable()
@@ -491,13 +533,80 @@ class Exporter:
                 ctx.report["timings"].update(ctx.steps.timings)
                 ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
                 try:
-                    return self.package(ctx)
+                    exported = self.package(ctx)
                 except Exception as exc:
                     raise ExportError(self.name, model_class, exc, where="packaging (after the last stage)",
                                       internal=True) from exc
+                # In eval mode still, with every patch reverted and the model back on its device and dtype.
+                self.verify_export(exported, ctx, inputs, atol=atol, rtol=rtol, raise_on_mismatch=verify)
+                return exported
             finally:
                 for module, training in modes:
                     module.training = training
+
+    def _check_verify_options(self, verify: Any, atol: Any, rtol: Any) -> tuple[float, float]:
+        """The verification's tolerances (the backend's defaults where ``None``); refuses options of the wrong type."""
+        if not isinstance(verify, bool):  # "no" is truthy
+            raise TypeError(f"verify must be True or False, got {verify!r} ({type(verify).__name__})")
+        out = []
+        for name, value, default in (("atol", atol, self.verify_atol), ("rtol", rtol, self.verify_rtol)):
+            if value is None:
+                value = default
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise TypeError(f"{name} must be a non-negative number (the verification's tolerance), got "
+                                f"{value!r} ({type(value).__name__})")
+            out.append(float(value))
+        return out[0], out[1]
+
+    def verify_export(self, exported: ExportedModel, ctx: ExportContext, inputs: Mapping[str, Any], *,
+                      atol: float, rtol: float, raise_on_mismatch: bool = True) -> None:
+        """Run the packaged artifact once on its runtime and the model once in eager PyTorch, on deep copies of
+        the traced ``inputs`` (the export's constants are baked in and added to the eager call), and record the
+        report in the manifest (:meth:`ExportedModel.verify_export`; ``timings_s.verification``).
+
+        The model's buffers are put back afterwards; when the eager call changed one (a forward that mutates
+        buffers), the artifact's runner is ``reset()`` too, so that both start where they were.
+
+        Raises:
+            VerificationError: the outputs differ beyond ``atol``/``rtol`` (only with ``raise_on_mismatch``).
+            ExportError: the artifact or the eager model raised (only with ``raise_on_mismatch``; otherwise the
+                error is recorded as ``manifest["verification"]["error"]``).
+        """
+        from ._artifact import VerificationError
+
+        start = time.perf_counter()
+        fixed = exported.manifest.get("fixed_kwargs") or {}
+        checked = {k: v for k, v in inputs.items() if k not in fixed}
+        component = exported.default_component
+        saved = _save_buffers(ctx.model)
+        try:
+            report = exported.verify_export(checked, atol=atol, rtol=rtol)
+        except Exception as exc:
+            if raise_on_mismatch:
+                raise ExportError(self.name, ctx.model_class, exc, where="verification (running the artifact and "
+                                  "the eager model on the traced inputs)", hints=[
+                                      "export with verify=False to get the artifact without this check, and call "
+                                      "it to see the error", "see the full traceback (the error is chained)"]
+                                  ) from exc
+            failed = {"backend": self.name, "passed": False, "atol": atol, "rtol": rtol,
+                      "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+            exported.manifest["verification"] = failed
+            exported._section(component)["verification"] = dict(failed, stored=None)
+            return
+        finally:
+            # An eager call that changed a buffer means a program whose runs change their state: reset it.
+            mutated = _restore_buffers(saved)
+            reset = getattr(component.runner, "reset", None)
+            if mutated and callable(reset):
+                reset()
+            elif mutated:
+                import warnings
+
+                warnings.warn(f"the {self.name} runner has no reset(): its program mutates buffers, so the "
+                              "verification run advanced the artifact's state by one call", stacklevel=4)
+            exported.manifest.setdefault("timings_s", {})["verification"] = round(time.perf_counter() - start, 4)
+        if not report.passed and raise_on_mismatch:
+            raise VerificationError(self.name, ctx.model_class, report, exported, component.name)
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors or pytrees of tensors, none

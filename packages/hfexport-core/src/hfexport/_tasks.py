@@ -14,13 +14,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._artifact import Component, ExportedModel
 from ._stages import ProgressCallback
-
-if TYPE_CHECKING:
-    from ._exporter import Exporter
 
 __all__ = ["ComponentPlan", "TaskPlan", "export_task", "prefix_files"]
 
@@ -88,19 +85,29 @@ def _in_folder(component: Component, folder: str) -> Callable[[Path], list[str]]
     return write_in_folder
 
 
-def export_task(exporter: Exporter, model: Any, task: str, inputs: Mapping[str, Any] | None, *,
-                progress: ProgressCallback | None = None, **task_options: Any) -> ExportedModel:
+def export_task(exporter: Any, model: Any, task: str, inputs: Mapping[str, Any] | None, *,
+                progress: ProgressCallback | None = None, verify: bool = True, atol: float | None = None,
+                rtol: float | None = None, **task_options: Any) -> ExportedModel:
     """Export the components ``exporter.tracer`` plans for ``task`` and merge them into one artifact.
 
+    ``exporter`` is the backend's :class:`~hfexport.Exporter` (typed ``Any``: this module is imported by
+    ``hfexport._exporter``, and does not import it back).
+
     Each component runs through the backend's stages with the exporter's config, its ``dynamic_shapes``
-    replaced by the plan's. The manifest gets ``task``, the plan's keys, one section per component (its
-    ``*_file`` names under the component's folder) and the timings of each.
+    replaced by the plan's, and is verified against the module it wraps on its example inputs (``verify``,
+    ``atol``, ``rtol`` as for ``Exporter.export``). The manifest gets ``task``, the plan's keys, one section per
+    component (its ``*_file`` names under the component's folder, its verification report) and the timings of
+    each.
 
     Raises:
         ValueError: the backend's tracer plans no tasks, or not this one, or the model cannot run it (the
             tracer's message says why and what to load instead).
         hfexport.ExportError: a component's export failed (names the component's stage).
+        hfexport.VerificationError: with ``verify``, a component's outputs differ from its module's in eager
+            PyTorch (names the component).
     """
+    from ._artifact import VerificationError
+
     plan_task = getattr(exporter.tracer, "plan_task", None)
     if plan_task is None:
         raise ValueError(f"backend {exporter.name!r} exports single programs only (its tracer plans no tasks); "
@@ -110,14 +117,18 @@ def export_task(exporter: Exporter, model: Any, task: str, inputs: Mapping[str, 
     exported: list[tuple[str, ExportedModel]] = []
     for part in plan.components:
         config = dataclasses.replace(exporter.config, dynamic=False, dynamic_shapes=part.dynamic_shapes)
-        exported.append((part.name, type(exporter)(config).export(part.module, part.inputs, progress=progress)))
+        try:
+            exported.append((part.name, type(exporter)(config).export(part.module, part.inputs, progress=progress,
+                                                                       verify=verify, atol=atol, rtol=rtol)))
+        except VerificationError as exc:  # name the component, not the default one
+            raise VerificationError(exc.backend, exc.model_class, exc.report, exc.exported, part.name) from None
 
     components, sections, timings = [], {}, {}
     for name, artifact in exported:
         component = artifact.default_component
         section = prefix_files(artifact.manifest["components"][component.name], name)
         components.append(Component(name, component.runner, component.out_spec, _in_folder(component, name),
-                                    section, component.program))
+                                    section, component.program, component.verification))
         sections[name] = section
         timings[name] = artifact.manifest.get("timings_s", {})
     first = exported[0][1].manifest
@@ -130,7 +141,9 @@ def export_task(exporter: Exporter, model: Any, task: str, inputs: Mapping[str, 
             workarounds["fixes"][fix] = workarounds["fixes"].get(fix, 0) + count
     manifest = {
         **{k: v for k, v in first.items() if k not in ("components", "verification")},
-        **sections[exported[0][0]],  # the first component's keys at the top level, as for one program
+        # the first component's keys at the top level, as for one program (each component's verification
+        # stays in its own section)
+        **{k: v for k, v in sections[exported[0][0]].items() if k != "verification"},
         "model_class": type(model).__name__,
         "model_module": type(model).__module__,
         "task": task,

@@ -418,8 +418,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     console.print(f"exporting {type(model).__name__} from {source} with backend {args.backend!r}"
                   f"{' (dynamic shapes)' if dynamic else ''}")
     progress = _Progress(console)
-    try:
-        exported = exporter_class(dynamic=dynamic).export(model, inputs, progress=progress)
+    try:  # verified on the traced inputs (a mismatch exits 3; --no-verify records it in export.json instead)
+        exported = exporter_class(dynamic=dynamic).export(model, inputs, progress=progress, verify=not args.no_verify,
+                                                          atol=args.atol, rtol=args.rtol)
     except ExportError:
         progress.stop()
         raise  # main() prints it on one line (the traceback with --debug) and exits 1
@@ -513,7 +514,8 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
                   f"{args.task!r}")
     progress = _Progress(console)
     try:
-        exported = exporter_class().export(model, None, progress=progress, task=args.task, **options)
+        exported = exporter_class().export(model, None, progress=progress, task=args.task, verify=not args.no_verify,
+                                           atol=args.atol, rtol=args.rtol, **options)  # each program verified
     except (ValueError, InvalidInputError) as exc:  # an unknown task, bounds the model refuses, no head
         raise UsageError(str(exc)) from exc  # (a failed stage is an ExportError: exit 1)
     finally:
@@ -671,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", "-b", default="dynamo", help="backend name, see `hfexport backends` (default: dynamo)")
     p.add_argument("--output", "-o", help="artifact directory (default: out/<backend>)")
     p.add_argument("--dynamic", action="store_true", help="dynamic batch and sequence dims (Dim.AUTO on every dim)")
-    p.add_argument("--no-verify", action="store_true", help="skip running the saved artifact against eager")
+    p.add_argument("--no-verify", action="store_true", help="save the export even when its outputs differ from eager "
+                   "on the traced inputs (export.json records the report), and skip the check of the saved artifact")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the verification (default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the verification (default 1e-4)")
@@ -789,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    from ._artifact import VerificationError
     from ._discovery import UnknownBackendError
 
     try:
@@ -801,6 +805,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(exc.code if exc.code.startswith("error:") else f"error: {exc.code}", file=sys.stderr)
         return EXIT_USAGE  # a command that refuses its arguments with a message
+    except VerificationError as exc:  # the export ran but its outputs differ from eager: the report, then exit 3
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        print(exc.report)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_MISMATCH
     except Exception as exc:  # noqa: BLE001 - every error becomes one line and an exit status
         usage = isinstance(exc, UsageError | UnknownBackendError)
         if args.debug:

@@ -43,7 +43,7 @@ from hfexport.plugin import (
 )
 
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
-from ._pt2 import load_program, own_mutated_buffers, runnable_module
+from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module
 from ._pytree import register_transformers_pytrees
 from .inputs import forward_parameters
 from .skips import EXPORT_SKIPS
@@ -194,6 +194,11 @@ class DynamoRunner:
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         with torch.no_grad():
             return pytree.tree_leaves(self._module(*args))
+
+    def reset(self) -> None:
+        """Return the buffers the program mutates to their initial value (a fresh copy of them)."""
+        if mutated_buffer_names(self.program):
+            self._module = runnable_module(self.program)
 
 
 class DynamoExporter(Exporter):

@@ -56,6 +56,12 @@ class ExecutorchRunner(FileRunner):
             raise ValueError(f"{self.path} has no method {self.method_name!r}; it has "
                              f"{sorted(self.program.method_names)}")
 
+    def reset(self) -> None:
+        """Open the program again: its mutable buffers start from their initial value (the runtime initializes
+        them when a program's method loads into fresh memory; reloading only the method would keep the values
+        of buffers the program serializes without one)."""
+        self.open()
+
     @classmethod
     def from_program_manager(cls, manager: Any, **kwargs: Any) -> ExecutorchRunner:
         """Write an ``ExecutorchProgramManager``'s ``.pte`` (and ``.ptd``) into a temporary directory owned by the

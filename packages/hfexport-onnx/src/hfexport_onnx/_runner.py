@@ -166,6 +166,10 @@ class OnnxRunner(FileRunner):
         if missing:
             raise OnnxSessionError(f"{self.path} has no graph inputs {missing}; its inputs are {graph_inputs}")
 
+    def reset(self) -> None:
+        """Nothing to reset: an ONNX Runtime session keeps no state between runs (a buffer the program mutates
+        starts from its initializer on every run; d12 shows it)."""
+
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
         leaves = self.flat_inputs(args)

@@ -1,0 +1,141 @@
+"""The verification an export stores: its inputs and eager outputs in ``verification.safetensors``, described in
+the component's manifest section, so that ``hfexport verify DIR`` re-runs them on the runtime without the model.
+
+The file holds flat tensors keyed ``inputs.<input name>.<leaf index>`` and ``outputs.<output name>``; the section
+``verification.stored`` says how to rebuild them::
+
+    {"data_file": "verification.safetensors",
+     "inputs": [{"name": "input_ids", "leaves": 1}, {"name": "cache", "leaves": 4, "spec": "<treespec JSON>"}],
+     "outputs": ["last_hidden_state", "pooler_output"]}
+
+Loading it runs no code: safetensors holds only tensors; a pytree input's structure is a ``treespec_dumps`` string
+whose types must be registered pytree nodes (:func:`hfexport._trust.check_treespec`); every key, input name and
+output name is checked against the manifest before the runtime runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._trust import check_treespec
+
+__all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "verification_tensors", "write_stored"]
+
+VERIFICATION_FILE = "verification.safetensors"
+
+
+def verification_tensors(inputs: Mapping[str, Any], input_names: list[str], named_outputs: list[tuple[str, Any]]
+                         ) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """``(tensors, stored)``: the flat tensors to save and the manifest's description of them; or why they cannot
+    be stored (an input leaf that is not a tensor, a structure with no serialized form)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    tensors: dict[str, Any] = {}
+    entries = []
+    for name in input_names:
+        if name not in inputs:
+            return f"input {name!r} of the program was not among the verified inputs"
+        value = inputs[name]
+        leaves, spec = pytree.tree_flatten(value)
+        bad = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)]
+        if bad:
+            return f"input {name!r} holds {', '.join(bad)} leaves (safetensors stores tensors only)"
+        entry: dict[str, Any] = {"name": name, "leaves": len(leaves)}
+        if not isinstance(value, torch.Tensor):
+            try:
+                entry["spec"] = pytree.treespec_dumps(spec)
+            except Exception as exc:  # a pytree type registered without a serialized name
+                return f"input {name!r} is a {type(value).__name__} whose structure has no serialized form ({exc})"
+        for i, leaf in enumerate(leaves):
+            tensors[f"inputs.{name}.{i}"] = leaf.detach().to("cpu").clone().contiguous()
+        entries.append(entry)
+    outputs = []
+    for name, leaf in named_outputs:
+        if isinstance(leaf, torch.Tensor):
+            tensors[f"outputs.{name}"] = leaf.detach().to("cpu").clone().contiguous()
+            outputs.append(name)
+    return tensors, {"data_file": VERIFICATION_FILE, "inputs": entries, "outputs": outputs}
+
+
+def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
+    """Write ``tensors`` to ``path`` with safetensors (no pickle)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(dict(tensors), str(path))
+
+
+def read_stored(path: Path) -> dict[str, Any]:
+    """The tensors of a ``verification.safetensors`` (safetensors runs no code: header JSON and raw bytes)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, Any], section: Mapping[str, Any],
+                              where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rebuild the stored keyword inputs and the eager outputs (``{output name: tensor}``) of a component, after
+    checking the file's keys, the input names and leaf counts, and the output names and dtypes against the
+    manifest section (the input shapes and dtypes are checked by ``ExportedModel.run`` before the runtime runs).
+
+    Raises:
+        ValueError: the file and the manifest disagree (names what differs).
+    """
+    import torch
+    import torch.utils._pytree as pytree
+
+    entries, outputs = stored.get("inputs"), stored.get("outputs")
+    if not isinstance(entries, list) or not isinstance(outputs, list) \
+            or not all(isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("leaves"), int)
+                       and not isinstance(e.get("leaves"), bool) and e["leaves"] >= 0 for e in entries) \
+            or not all(isinstance(o, str) for o in outputs):
+        raise ValueError(f"{where}: verification.stored must list inputs as {{'name', 'leaves'}} objects and "
+                         "outputs as names")
+    program_inputs = [i["name"] for i in section.get("inputs", [])]
+    names = [e["name"] for e in entries]
+    if names != program_inputs:
+        raise ValueError(f"{where}: the stored inputs {names} are not the program's inputs {program_inputs}")
+    recorded = {o["name"]: o for o in section.get("outputs", [])}
+    unknown = [o for o in outputs if o not in recorded]
+    if unknown:
+        raise ValueError(f"{where}: the stored outputs {unknown} are not outputs of the program "
+                         f"({list(recorded)})")
+    expected_keys = {f"inputs.{e['name']}.{i}" for e in entries for i in range(e["leaves"])}
+    expected_keys |= {f"outputs.{o}" for o in outputs}
+    missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
+    if missing or extra:
+        raise ValueError(f"{where}: the stored tensors do not match the manifest: "
+                         + "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                                       f"not named by it {extra}" if extra else "") if part))
+    inputs: dict[str, Any] = {}
+    for entry in entries:
+        leaves = [tensors[f"inputs.{entry['name']}.{i}"] for i in range(entry["leaves"])]
+        spec = entry.get("spec")
+        if spec is None:
+            if len(leaves) != 1:
+                raise ValueError(f"{where}: stored input {entry['name']!r} has {len(leaves)} leaves but no "
+                                 "structure (spec)")
+            inputs[entry["name"]] = leaves[0]
+            continue
+        if not isinstance(spec, str):
+            raise ValueError(f"{where}: stored input {entry['name']!r} has a spec that is not a string")
+        check_treespec(spec, f"{where}: the structure of stored input {entry['name']!r}")
+        treespec = pytree.treespec_loads(spec)
+        if treespec.num_leaves != len(leaves):
+            raise ValueError(f"{where}: stored input {entry['name']!r} has {len(leaves)} leaves where its "
+                             f"structure has {treespec.num_leaves}")
+        inputs[entry["name"]] = pytree.tree_unflatten(leaves, treespec)
+    expected = {}
+    for name in outputs:
+        tensor = tensors[f"outputs.{name}"]
+        dtype = recorded[name].get("dtype")
+        if isinstance(dtype, str) and str(tensor.dtype).removeprefix("torch.") != dtype \
+                and not (isinstance(getattr(torch, dtype, None), torch.dtype) and tensor.is_floating_point()
+                         and getattr(torch, dtype).is_floating_point):
+            raise ValueError(f"{where}: stored output {name!r} is {str(tensor.dtype).removeprefix('torch.')} where "
+                             f"the program returns {dtype}")
+        expected[name] = tensor
+    return inputs, expected
