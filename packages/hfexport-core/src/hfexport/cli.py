@@ -373,6 +373,33 @@ def _check_output(path: Path, overwrite: bool) -> None:
                          f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
 
 
+class _BackendOptions:
+    """An exporter class whose instances get the config options that command plugins add to ``export`` (hfexport-onnx:
+    ``--no-ort-fusions``); class attributes and methods are the class's own."""
+
+    def __init__(self, exporter_class: Any, options: dict[str, Any]):
+        self._exporter_class, self._options = exporter_class, options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._exporter_class, name)
+
+    def __call__(self, *args: Any, **options: Any) -> Any:
+        return self._exporter_class(*args, **{**self._options, **options})
+
+
+def _with_backend_options(exporter_class: Any, args: argparse.Namespace) -> Any:
+    """``exporter_class`` with the options plugins collect in ``args.backend_options``; one the backend does not take
+    is a usage error."""
+    options = dict(getattr(args, "backend_options", None) or {})
+    if not options:
+        return exporter_class
+    try:
+        exporter_class.config_class.from_options(**options)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"backend {args.backend!r} does not take the option {', '.join(options)} ({exc})") from exc
+    return _BackendOptions(exporter_class, options)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     console = _console()
     demo = getattr(args, "demo", None)  # a loader, when a command plugin contributes --demo
@@ -399,6 +426,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         exporter_class = get_backend(args.backend).load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
+    exporter_class = _with_backend_options(exporter_class, args)
     output = Path(args.output or f"out/{args.backend}")
     _check_output(output, args.overwrite)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -17,11 +17,11 @@ ONNX_BACKEND = Backend(
     install_hint="pip install hfexport-onnx",
 )
 
-__all__ = ["ONNX_BACKEND", "OnnxConfig", "OnnxExporter", "OnnxRunner", "ONNX_DISABLE_OPTIMIZE"]
+__all__ = ["ONNX_BACKEND", "OnnxConfig", "OnnxExporter", "OnnxRunner", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("OnnxConfig", "OnnxExporter", "ONNX_DISABLE_OPTIMIZE", "OnnxRunner"):
+    if name in ("OnnxConfig", "OnnxExporter", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE", "OnnxRunner"):
         from . import exporter_onnx
 
         return getattr(exporter_onnx, name)

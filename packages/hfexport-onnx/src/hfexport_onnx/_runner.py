@@ -111,7 +111,8 @@ class OnnxRunner(FileRunner):
         providers: execution providers, in priority order (default CPU).
         io: ``input_leaves`` (the graph input name of each flattened input leaf, ``None`` for a leaf baked into
             the program) and ``output_leaves`` (the graph output name of each output leaf, ``None`` where
-            ``output_constants`` gives its value), as written in the manifest's ``onnx`` section.
+            ``output_constants`` gives its value), as written in the manifest's ``onnx`` section; its ``fusions``
+            report's ``session_disabled_optimizers`` are left out of the session's graph optimizations.
         session_options: an ``onnxruntime.SessionOptions``; the default logs errors only.
         data_path: the weights file; default ``model.onnx.data`` beside ``path`` when it exists.
 
@@ -153,8 +154,11 @@ class OnnxRunner(FileRunner):
         if options is None:
             options = onnxruntime.SessionOptions()
             options.log_severity_level = 3
+        # ONNX Runtime's own fusions that would undo what hfexport's fusions left unfused for speed (_fusions.py)
+        disabled = list((self.io.get("fusions") or {}).get("session_disabled_optimizers") or []) or None
         try:
-            self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers)
+            self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers,
+                                                        disabled_optimizers=disabled)
         except Exception as exc:
             raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc
         graph_inputs = [i.name for i in self.session.get_inputs()]

@@ -12,7 +12,8 @@ The file follows the five stages: the config, the exporter with its stages in or
    for the step ``torch.onnx.export``.
 5. ONNX IR fixes — ``_fix_ir_*`` functions (``@register_workaround("onnx_ir_fix", "onnx")``), then the steps
    ``onnxscript optimizer`` (skipped with ``optimize=False`` or for a class in ``ONNX_DISABLE_OPTIMIZE``; a crash
-   keeps the unoptimized model, or fails with ``optimize_fallback=False``) and ``onnxruntime.InferenceSession``.
+   keeps the unoptimized model, or fails with ``optimize_fallback=False``), ``onnxscript ort_fusions`` (ONNX
+   Runtime's fused ops, ``ort_fusions="cpu"`` by default: ``_fusions.py``) and ``onnxruntime.InferenceSession``.
 
 Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
 **Upstream** and **Remove when**. The runner, I/O names, opset check, metadata and failure texts are private
@@ -59,7 +60,8 @@ from ._errors import (
     onnx_hints,
     quiet_torch_onnx,
 )
-from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count, stamp_metadata
+from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, check_ort_fusions, fuse_and_open
+from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count
 from ._naming import io_names, name_graph_io
 from ._runner import (
     DATA_FILE,
@@ -70,8 +72,9 @@ from ._runner import (
     providers_for,
 )
 
-__all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "OnnxConfig", "OnnxConversionError", "OnnxExporter", "OnnxRunner",
-           "OnnxSessionError", "OptimizerFallbackWarning", "UnsupportedOpsetError", "translation_table"]
+__all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE", "OnnxConfig", "OnnxConversionError",
+           "OnnxExporter", "OnnxRunner", "OnnxSessionError", "OptimizerFallbackWarning", "OrtFusionFallbackWarning",
+           "UnsupportedOpsetError", "translation_table"]
 
 aten = torch.ops.aten
 
@@ -95,12 +98,17 @@ class OnnxConfig(DynamoConfig):
             ``False`` runs the optimizer even for a listed class and fails the export when it crashes: this is
             how an ``ONNX_DISABLE_OPTIMIZE`` entry is re-checked (``OnnxExporter.recheck_options``).
         providers: ONNX Runtime execution providers of the runner, in priority order.
+        ort_fusions: the provider to fuse the optimized graph for with onnxscript's ONNX Runtime fusions
+            (attention, layer norms, GELU, rotary: ``_fusions.py``), ``"cpu"``; ``None`` (or ``False``) writes
+            plain ONNX ops. A class in ``ORT_FUSIONS_DISABLE``, a fusion that fails or a fused graph ONNX Runtime
+            refuses exports unfused, with a warning; ``optimize_fallback=False`` makes those errors.
     """
 
     opset_version: int = TORCHLIB_OPSET
     optimize: bool = True
     optimize_fallback: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    ort_fusions: str | None = "cpu"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,6 +129,7 @@ class OnnxConfig(DynamoConfig):
         if not self.providers or unknown:
             raise ValueError(f"providers must name execution providers of the installed onnxruntime; "
                              f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
+        self.ort_fusions = check_ort_fusions(self.ort_fusions)
 
 
 class OnnxExporter(Exporter):
@@ -143,7 +152,7 @@ class OnnxExporter(Exporter):
         Stage(4, "ONNX translations", "_ONNX_TRANSLATION_TABLE", "stage_onnx_translations",
               runs="torch.onnx.export"),
         Stage(5, "ONNX IR fixes", "_IR_FIXES", "stage_onnx_ir_fixes",
-              runs="onnxscript optimizer, onnxruntime.InferenceSession"),
+              runs="onnxscript optimizer, onnxscript ort_fusions, onnxruntime.InferenceSession"),
     )
 
     # Stage 1: Torch patches (the patches are under the stage's banner below, as for every stage)
@@ -180,10 +189,17 @@ class OnnxExporter(Exporter):
         for fix in fixes:
             if fix.name in applied:
                 ctx.record_applied(fix.qualified_name, applied[fix.name])
-        model = program.model
-        stamp_metadata(model, ctx.model_class)
-        with ctx.step("onnxruntime.InferenceSession"):
-            ctx.extras["onnx_runner"] = OnnxRunner.from_model(model, config.providers, ctx.extras["onnx_io"])
+
+        def unfused() -> ir.Model:  # what a fusion that fails falls back to: the export again, optimized, unfused
+            again = self._convert(ctx, translation_table(config.disable, config.opset_version))
+            apply_ir_fixes(again.model, fixes)
+            again.optimize()
+            return again.model
+
+        model, ctx.extras["onnx_runner"], fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
+            ctx, program.model, unfused, lambda model, fusions: OnnxRunner.from_model(
+                model, config.providers, {**ctx.extras["onnx_io"], "fusions": fusions}), target=config.ort_fusions,
+            not_optimized_because=not_optimized_because, strict=not config.optimize_fallback)
         ctx.extras["onnx_manifest"] = {
             "model_file": MODEL_FILE,
             "data_file": DATA_FILE,
@@ -194,6 +210,7 @@ class OnnxExporter(Exporter):
             "optimize_s": round(seconds, 4),
             "providers": list(config.providers),
             "node_count": node_count(model),
+            "fusions": fusions,
             "ir_fixes": applied,
             "translations": ctx.extras.get("onnx_translations", []),
             "fixes_after_decomposition": ctx.extras["onnx_decomposition_fixes"].applied,
@@ -271,15 +288,17 @@ class OnnxExporter(Exporter):
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:
-        return {"ONNX_DISABLE_OPTIMIZE": dict(ONNX_DISABLE_OPTIMIZE)}
+        return {"ONNX_DISABLE_OPTIMIZE": dict(ONNX_DISABLE_OPTIMIZE), "ORT_FUSIONS_DISABLE": dict(ORT_FUSIONS_DISABLE)}
 
     @classmethod
     def recheck_options(cls, list_name: str, model_class: str) -> dict[str, Any]:
-        """``ONNX_DISABLE_OPTIMIZE``: the optimizer on even for a listed class, and its crash an error."""
-        if list_name != "ONNX_DISABLE_OPTIMIZE":
+        """``ONNX_DISABLE_OPTIMIZE``: the optimizer on even for a listed class, and its crash an error;
+        ``ORT_FUSIONS_DISABLE``: the fusions too, and a fusion that fails an error."""
+        if list_name not in ("ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE"):
             raise KeyError(f"the onnx backend has no known-failure list {list_name!r}; it has "
                            f"{sorted(cls.known_failures())}")
-        return {"optimize": True, "optimize_fallback": False}
+        fusions = {"ort_fusions": "cpu"} if list_name == "ORT_FUSIONS_DISABLE" else {}
+        return {"optimize": True, "optimize_fallback": False, **fusions}
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         return onnx_hints(exc) or super().hints_for(stage, exc)
@@ -552,14 +571,17 @@ def _aten_scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_ma
 
 @register_workaround("onnx_translation", "onnx", target=aten.gelu.default, below_opset=20)
 def _aten_gelu(self: Any, approximate: str = "none") -> Any:
-    """``aten.gelu(x)`` → ``(x * 0.5) * (1 + Erf(x / sqrt(2)))``, the form ONNX Runtime fuses into one ``Gelu``.
+    """``aten.gelu(x)`` → ``0.5 * (x * (Erf(x / sqrt(2)) + 1))``, the form both ONNX Runtime's session and
+    onnxscript's ``ort_fusions`` fuse into one ``Gelu`` (then ``BiasGelu`` with the bias before it).
 
     **Why**: at opsets below 20 (no ONNX ``Gelu``) torchlib writes ``x * (0.5 * (1 + Erf(x / sqrt(2))))``.
     ONNX Runtime's ``GeluFusion`` does not match that multiplication order, so every BERT-style MLP runs five
     element-wise kernels over its ``[batch, seq, intermediate]`` activation instead of one (about 8% of
-    all-MiniLM-L6-v2's CPU time at batch 8). Same formula, other association: equal within float rounding.
-    ``approximate="tanh"`` keeps torchlib's lowering (no CPU fusion matches either order); from opset 20 on,
-    torchlib emits ONNX ``Gelu`` and this translation is not used.
+    all-MiniLM-L6-v2's CPU time at batch 8). ``(x * 0.5) * (...)`` is fused by ORT's session but by no rule of
+    onnxscript's ``erfgelu`` (which matches ``0.5 * (x * (...))`` and ``x * (0.5 * (...))``, operands in that
+    order), so the fused file would keep five ops; this order is matched by both. Same formula, other
+    association: equal within float rounding. ``approximate="tanh"`` keeps torchlib's lowering (no CPU fusion
+    matches either order); from opset 20 on, torchlib emits ONNX ``Gelu`` and this translation is not used.
     **Upstream**: microsoft/onnxscript#2132 (review: the dynamo graph's ``Mul(0.5)`` order defeats ORT's Gelu
     fusions), microsoft/onnxscript#2495 (an Erf-Gelu rewrite rule, not in the default optimizer),
     microsoft/onnxruntime#3148 (the patterns ``GeluFusion`` matches).
@@ -569,9 +591,9 @@ def _aten_gelu(self: Any, approximate: str = "none") -> Any:
 
     if approximate != "none":
         return torchlib_gelu(self, approximate=approximate)
-    half = op.Mul(self, op.CastLike(op.Constant(value_float=0.5), self))
     erf = op.Erf(op.Div(self, op.CastLike(op.Constant(value_float=1.4142135623730951), self)))
-    return op.Mul(half, op.Add(erf, op.CastLike(op.Constant(value_float=1.0), self)))
+    x_erf = op.Mul(self, op.Add(erf, op.CastLike(op.Constant(value_float=1.0), self)))
+    return op.Mul(op.CastLike(op.Constant(value_float=0.5), self), x_erf)
 
 
 def translation_table(disabled: Iterable[str] = (), opset_version: int = TORCHLIB_OPSET) -> dict[Any, Callable[..., Any]]:

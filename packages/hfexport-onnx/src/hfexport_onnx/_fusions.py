@@ -1,0 +1,216 @@
+"""ONNX Runtime fusions of an exported graph (``OnnxConfig(ort_fusions="cpu")``): stage 5's step ``onnxscript ort_fusions``.
+
+onnxscript's rewriter (:func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`) rewrites the optimized graph into
+ONNX Runtime's own ops (the ``com.microsoft`` domain, and ``SimplifiedLayerNormalization``) wherever its patterns
+match: attention (``MultiHeadAttention``, ``Attention``, ``GroupQueryAttention``), layer norms
+(``SkipLayerNormalization``, ``SimplifiedLayerNormalization``), ``Gelu``/``BiasGelu``, ``RotaryEmbedding``. hfexport
+writes no fusion pattern of its own. For the CPU provider it then writes back, as the ONNX ops they fuse, the fused
+ops whose ONNX Runtime CPU kernel is slower than those ops (:data:`CPU_SLOWER_THAN_UNFUSED`), and the runner has
+ONNX Runtime's session leave them unfused (:data:`CPU_SESSION_DISABLED_OPTIMIZERS`).
+
+The step never costs a correct export: a class listed in :data:`ORT_FUSIONS_DISABLE`, a fusion that raises, or a fused
+graph that ONNX Runtime refuses falls back to the unfused model, with a note in the manifest and an
+:class:`OrtFusionFallbackWarning` that names the cause. The fused model is the file the runner runs, so the export's
+verification against eager PyTorch checks it like any other (a mismatch raises ``VerificationError``: add the class
+to ``ORT_FUSIONS_DISABLE`` with the upstream issue, or export with ``ort_fusions=None``).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import onnx_ir as ir
+
+from hfexport.plugin import ExportContext
+
+from ._errors import OnnxSessionError, OptimizerFallbackWarning, failure_text
+from ._model import TORCHLIB_OPSET, node_count, stamp_metadata
+
+__all__ = ["CPU_SESSION_DISABLED_OPTIMIZERS", "CPU_SLOWER_THAN_UNFUSED", "ORT_FUSIONS_DISABLE", "ORT_FUSION_TARGETS",
+           "OrtFusionFallbackWarning", "check_ort_fusions", "fuse_and_open", "fuse_for_ort", "fused_op_counts",
+           "undo_skip_norms"]
+
+# The execution providers hfexport fuses for (the value of ``OnnxConfig.ort_fusions``).
+ORT_FUSION_TARGETS: tuple[str, ...] = ("cpu",)
+
+# Model class -> the upstream issue that makes ONNX Runtime fusions give it a wrong result (or no session). Such a
+# class is exported unfused, with a warning naming the issue. ``optimize_fallback=False`` fuses it anyway (how the
+# sweep re-checks an entry: OnnxExporter.recheck_options). Expected to stay short; every entry names its issue.
+ORT_FUSIONS_DISABLE: dict[str, str] = {}
+
+# Fused ops whose ONNX Runtime CPU kernel is slower than the ONNX ops it replaces, measured on onnxruntime 1.32,
+# 1 intra-op thread (AMD EPYC, AVX-512), one op on [1, 128, hidden] inputs (median µs; fused / Add + norm):
+#   SkipLayerNormalization            hidden 384: 254 / 39, 768: 501 / 68, [1, 32, 2048]: 335 / 48
+#   SkipSimplifiedLayerNormalization  hidden 384:  58 / 26, 768: 110 / 44, [1, 32, 2048]:  75 / 32
+# and equal at one row (decoding). On all-MiniLM-L6-v2 (1 x 128) they cost 7% of the whole run. No upstream
+# issue found; re-measure with ``benchmarks/bench_onnx.py`` and drop an entry when its kernel is as fast.
+CPU_SLOWER_THAN_UNFUSED: dict[str, str] = {
+    "SkipLayerNormalization": "LayerNormalization",
+    "SkipSimplifiedLayerNormalization": "SimplifiedLayerNormalization",
+}
+# ONNX Runtime's own session-level fusion that would turn the Add + norm written back into the slow ops again
+# (it fuses both LayerNormalization and SimplifiedLayerNormalization); the runner passes it as
+# ``InferenceSession(disabled_optimizers=...)``. A session opened without it computes the same values, slower.
+CPU_SESSION_DISABLED_OPTIMIZERS: tuple[str, ...] = ("SkipLayerNormFusion",)
+
+_MS = "com.microsoft"
+
+
+class OrtFusionFallbackWarning(OptimizerFallbackWarning):
+    """ONNX Runtime fusions were not applied to a model (a listed class, a fusion that raised, a fused graph ONNX
+    Runtime refused); the unfused model was exported, with the same outputs."""
+
+
+def check_ort_fusions(value: Any) -> str | None:
+    """``OnnxConfig.ort_fusions`` normalized: a provider name of :data:`ORT_FUSION_TARGETS`, or ``None`` (off)."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str) and value in ORT_FUSION_TARGETS:
+        return value
+    raise ValueError(f"ort_fusions must name the ONNX Runtime execution provider to fuse for, one of "
+                     f"{', '.join(map(repr, ORT_FUSION_TARGETS))}, or be None (or False) for no fusions; got {value!r}"
+                     f" ({type(value).__name__})")
+
+
+def fused_op_counts(model: ir.Model) -> dict[str, int]:
+    """ONNX Runtime's own ops in ``model`` (main graph, subgraphs, functions): ``{"com.microsoft.Attention": 6}``."""
+    counts: collections.Counter[str] = collections.Counter()
+    for graph in (model.graph, *model.functions.values()):
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            if node.domain == _MS or (node.domain in ("", "ai.onnx") and node.op_type == "SimplifiedLayerNormalization"):
+                counts[f"{node.domain or 'ai.onnx'}.{node.op_type}"] += 1
+    return dict(sorted(counts.items()))
+
+
+def undo_skip_norms(model: ir.Model, op_types: Any = tuple(CPU_SLOWER_THAN_UNFUSED)) -> dict[str, int]:
+    """Write each ``SkipLayerNormalization`` / ``SkipSimplifiedLayerNormalization`` of ``op_types`` in the main graph
+    back as ``Add`` (input + bias, then + skip) and ``LayerNormalization`` / ``SimplifiedLayerNormalization`` over the
+    last axis (``stash_type=1``), the ops onnxscript fused. A node whose mean or inverse standard deviation is used
+    stays. Returns ``{op type: nodes rewritten}``."""
+    done: collections.Counter[str] = collections.Counter()
+    graph = model.graph
+    for node in list(graph):
+        if node.domain != _MS or node.op_type not in op_types:
+            continue
+        if any(v.uses() or v.is_graph_output() for v in node.outputs[1:3]):  # mean / inv_std_var used: keep it
+            continue
+        simplified = node.op_type == "SkipSimplifiedLayerNormalization"
+        inputs = [*node.inputs, None, None, None]
+        x, skip, gamma = inputs[:3]
+        beta, bias = (None, inputs[3]) if simplified else (inputs[3], inputs[4])
+        # input + bias (a Linear's), then + skip: the order of the graph onnxscript fused, in the common case
+        new = [ir.node("Add", [x, bias])] if bias is not None else []
+        new.append(ir.node("Add", [new[-1].outputs[0] if new else x, skip]))
+        total = new[-1].outputs[0]
+        norm_inputs = [total, gamma] + ([] if simplified or beta is None else [beta])
+        attributes = {"axis": -1, "epsilon": node.attributes.get_float("epsilon", 1e-12), "stash_type": 1}
+        new.append(ir.node(CPU_SLOWER_THAN_UNFUSED[node.op_type], norm_inputs, attributes=attributes))
+        total.type, total.shape = node.outputs[0].type, node.outputs[0].shape
+        old_values, new_values = [node.outputs[0]], [new[-1].outputs[0]]
+        sum_out = node.outputs[3] if len(node.outputs) > 3 else None
+        if sum_out is not None and (sum_out.uses() or sum_out.is_graph_output()):
+            old_values.append(sum_out)
+            new_values.append(total)
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new, old_values, new_values)
+        done[node.op_type] += 1
+    return dict(done)
+
+
+def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -> dict[str, Any]:
+    """Fuse ``model`` in place for ONNX Runtime's ``target`` provider; returns the report (the manifest's
+    ``onnx.fusions``).
+
+    Args:
+        model: an optimized model (the onnxscript optimizer has run on it).
+        target: a provider of :data:`ORT_FUSION_TARGETS`.
+        debug: onnxscript's pattern-matching tracer (prints why each rule did not match).
+
+    Returns:
+        ``fired`` (onnxscript's count of each fusion that matched; some are steps of a later one: ``sdpa`` becomes
+        ``MultiHeadAttention`` through ``mha*`` or ``sdpa_via_mha``, and ``rotary_embedding`` is inlined back
+        unless ``cos_sin_cache`` fires too), ``undone`` (fused ops written back for the provider), ``ops`` (ONNX
+        Runtime's ops in the result: what the file holds), ``nodes_before``/``nodes_after``,
+        ``session_disabled_optimizers`` (for the runner) and ``seconds``.
+    """
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    start = time.perf_counter()
+    before = node_count(model)
+    fused, fired = optimize_for_ort(model, target, debug=debug)
+    if fused is not model:  # onnxscript rewrites in place and returns the model: a copy would lose the caller's
+        raise RuntimeError("onnxscript's optimize_for_ort returned another model than it was given")
+    undone = undo_skip_norms(model) if target == "cpu" else {}
+    return {"target": target, "applied": True, "not_fused_because": None,
+            "fired": {name: count for name, count in fired.items() if count},
+            "undone": undone, "ops": fused_op_counts(model), "nodes_before": before, "nodes_after": node_count(model),
+            "session_disabled_optimizers": list(CPU_SESSION_DISABLED_OPTIMIZERS) if target == "cpu" else [],
+            "seconds": round(time.perf_counter() - start, 4)}
+
+
+def _not_fused(target: str | None, why: str, nodes: int) -> dict[str, Any]:
+    return {"target": target, "applied": False, "not_fused_because": why, "fired": {}, "undone": {}, "ops": {},
+            "nodes_before": nodes, "nodes_after": nodes, "session_disabled_optimizers": [], "seconds": 0.0}
+
+
+def _fall_back(ctx: ExportContext, target: str, why: str, nodes: int) -> dict[str, Any]:
+    warnings.warn(f"ONNX Runtime fusions ({target}) were not applied to {ctx.model_class}: {why}; exporting the "
+                  "unfused model (same outputs, it may run slower). Export with ort_fusions=None to skip them",
+                  OrtFusionFallbackWarning, stacklevel=4)
+    ctx.note(f"ONNX Runtime fusions ({target}) not applied: {why}; the unfused model was exported")
+    return _not_fused(target, why, nodes)
+
+
+def fuse_and_open(ctx: ExportContext, model: ir.Model, unfused: Callable[[], ir.Model],
+                  open_runner: Callable[[ir.Model, dict[str, Any]], Any], *, target: str | None,
+                  not_optimized_because: str | None, strict: bool = False) -> tuple[ir.Model, Any, dict[str, Any]]:
+    """Stage 5's last steps: ``onnxscript ort_fusions`` on ``model`` (unless off, not optimized, listed in
+    :data:`ORT_FUSIONS_DISABLE` or below opset 18), then ``onnxruntime.InferenceSession`` on the result.
+
+    A fusion that raises, or a fused model that ONNX Runtime refuses, is replaced by ``unfused()`` (the export
+    again, without fusions): the model is rewritten in place and may be half fused. ``strict`` (the config's
+    ``optimize_fallback=False``) fuses a listed class too and raises instead of falling back.
+
+    Returns:
+        ``(the model the runner runs, the runner, the fusion report)``.
+    """
+    nodes = node_count(model)
+    opset = model.opset_imports.get("", TORCHLIB_OPSET)
+    if target is None:
+        report = _not_fused(None, "OnnxConfig(ort_fusions=None)", nodes)
+    elif not_optimized_because is not None:  # the fusions run onnxscript's optimizer: not where it was not wanted
+        report = _not_fused(target, f"not optimized ({not_optimized_because})", nodes)
+    elif opset < TORCHLIB_OPSET:  # microsoft/onnxscript#2260: the fusions assume the opset torch.onnx writes
+        report = _not_fused(target, f"opset {opset} < {TORCHLIB_OPSET} (microsoft/onnxscript#2260: the fusions "
+                                    f"have no opset guards)", nodes)
+    elif ctx.model_class in ORT_FUSIONS_DISABLE and not strict:
+        report = _fall_back(ctx, target, f"ORT_FUSIONS_DISABLE[{ctx.model_class!r}]: "
+                                         f"{ORT_FUSIONS_DISABLE[ctx.model_class]}", nodes)
+    else:
+        failure = None
+        with ctx.step("onnxscript ort_fusions"):  # the failure is caught inside: the step did not fail the export
+            try:
+                report = fuse_for_ort(model, target)
+            except Exception as exc:
+                if strict:
+                    raise
+                failure = failure_text(exc)
+        if failure is not None:
+            model = unfused()
+            report = _fall_back(ctx, target, f"a fusion failed ({failure})", node_count(model))
+    stamp_metadata(model, ctx.model_class)
+    with ctx.step("onnxruntime.InferenceSession"):
+        try:
+            return model, open_runner(model, report), report
+        except OnnxSessionError as exc:
+            if not report["applied"] or strict:
+                raise
+            refused = str(exc).splitlines()[0]
+    model = unfused()
+    report = _fall_back(ctx, target or "", f"ONNX Runtime refused the fused model ({refused})", node_count(model))
+    stamp_metadata(model, ctx.model_class)
+    with ctx.step("onnxruntime.InferenceSession"):
+        return model, open_runner(model, report), report

@@ -1,0 +1,233 @@
+"""ONNX Runtime fusions (``OnnxConfig(ort_fusions="cpu")``, the default): the fused ops are in the saved file, its
+outputs are eager's within the ONNX tolerance, ``ort_fusions=None`` writes none, bad values are refused, and a
+fusion that cannot be used falls back to the unfused model with a warning, never to a wrong result."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import pytest
+import torch
+
+import hfexport
+from helpers import tiny_model
+from hfexport import ExportError
+from hfexport_dynamo.inputs import dummy_inputs
+
+ATOL = 1e-4
+MS = "com.microsoft"
+
+
+def _op_counts(path) -> collections.Counter:
+    """``(domain, op type)`` of every node of the ONNX file (main graph and functions), weights not loaded."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return collections.Counter((n.domain or "", n.op_type) for n in nodes)
+
+
+@pytest.fixture(scope="module")
+def bert_fused():
+    model = tiny_model("bert")
+    return model, hfexport.export(model, backend="onnx", dynamic=True)
+
+
+def test_bert_file_holds_onnxruntime_fused_ops_and_matches_eager(bert_fused, tmp_path):
+    model, exported = bert_fused
+    saved = exported.save_pretrained(tmp_path / "bert")
+    ops = _op_counts(saved / "model.onnx")
+    assert ops[(MS, "MultiHeadAttention")] == 2 and ops[(MS, "BiasGelu")] == 2, ops  # one each per layer
+    assert ops[("", "Erf")] == 0 and ops[("", "Softmax")] == 0, ops
+    # The skip norms onnxscript fuses run slower on ONNX Runtime's CPU kernel: written back as Add + LayerNormalization
+    assert ops[(MS, "SkipLayerNormalization")] == 0 and ops[("", "LayerNormalization")] == 5, ops
+    fusions = exported.manifest["onnx"]["fusions"]
+    assert fusions["applied"] is True and fusions["target"] == "cpu" and fusions["not_fused_because"] is None
+    assert fusions["fired"]["bias_gelu"] == 2 and fusions["fired"]["skip_layer_normalization"] == 4, fusions
+    assert fusions["undone"] == {"SkipLayerNormalization": 4}
+    assert fusions["ops"] == {f"{MS}.BiasGelu": 2, f"{MS}.MultiHeadAttention": 2}
+    assert fusions["nodes_after"] == exported.manifest["onnx"]["node_count"] == sum(ops.values())
+    assert fusions["nodes_after"] < fusions["nodes_before"]
+    assert fusions["session_disabled_optimizers"] == ["SkipLayerNormFusion"]
+    assert "onnx.5.onnxscript ort_fusions" in exported.manifest["timings_s"]
+    assert exported.manifest["verification"]["passed"] is True  # the export's check ran the fused file
+    # Another batch and length than traced, padding included, before and after a save and load.
+    inputs = dummy_inputs(model, batch=3, seq=11, seed=1)
+    inputs["attention_mask"][1, 7:] = 0
+    assert exported.verify(inputs, atol=ATOL, rtol=0).passed
+    reloaded = hfexport.load(saved)
+    assert reloaded.runner.io["fusions"]["session_disabled_optimizers"] == ["SkipLayerNormFusion"]
+    report = reloaded.verify(inputs, atol=ATOL, rtol=0, reference=model)
+    assert report.passed, report
+
+
+def test_the_runner_keeps_onnxruntime_from_fusing_the_skip_norms_again(bert_fused, tmp_path):
+    import onnxruntime
+
+    from hfexport_onnx.exporter_onnx import OnnxRunner
+
+    _, exported = bert_fused
+    kept = tmp_path / "session.onnx"
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(kept)  # the graph ONNX Runtime runs, after its own fusions
+    options.log_severity_level = 3
+    OnnxRunner(exported.runner.path, ["CPUExecutionProvider"], exported.manifest["onnx"], options)
+    assert _op_counts(kept)[(MS, "SkipLayerNormalization")] == 0
+    OnnxRunner(exported.runner.path, ["CPUExecutionProvider"], {}, options)  # no report: ORT's defaults
+    assert _op_counts(kept)[(MS, "SkipLayerNormalization")] == 4
+
+
+def test_fused_bert_zeroes_a_fully_masked_sequence_like_eager(bert_fused):
+    model, exported = bert_fused
+    inputs = dummy_inputs(model, batch=2, seq=6, seed=2)
+    inputs["attention_mask"][1] = 0  # every key hidden: eager's attention gives 0 for these rows, not NaN or a mean
+    report = exported.verify(inputs, atol=ATOL, rtol=0)
+    assert report.passed, report
+
+
+def test_ort_fusions_none_writes_plain_onnx(tmp_path):
+    model = tiny_model("bert", layers=1)
+    exported = hfexport.export(model, backend="onnx", ort_fusions=None)
+    ops = _op_counts(exported.runner.path)
+    assert not [op for op in ops if op[0] == MS] and ops[("", "Erf")] == 1, ops
+    fusions = exported.manifest["onnx"]["fusions"]
+    assert fusions["applied"] is False and fusions["not_fused_because"] == "OnnxConfig(ort_fusions=None)"
+    assert fusions["nodes_before"] == fusions["nodes_after"] == exported.manifest["onnx"]["node_count"]
+    assert fusions["session_disabled_optimizers"] == [] and fusions["fired"] == {}
+    assert hfexport.export(model, backend="onnx", ort_fusions=False).manifest["onnx"]["fusions"]["target"] is None
+    # No optimizer, no fusions (they run onnxscript's optimizer): said so.
+    plain = hfexport.export(model, backend="onnx", optimize=False)
+    assert plain.manifest["onnx"]["fusions"]["not_fused_because"] == "not optimized (OnnxConfig(optimize=False))"
+
+
+@pytest.mark.parametrize("value", ["cuda", "CPU", True, 1, ("cpu",)])
+def test_bad_ort_fusions_values_are_refused(value):
+    from hfexport_onnx.exporter_onnx import OnnxConfig
+
+    with pytest.raises(ValueError, match=r"ort_fusions must name the ONNX Runtime execution provider to fuse for, "
+                                         r"one of 'cpu', or be None \(or False\) for no fusions; got"):
+        OnnxConfig(ort_fusions=value)
+    assert OnnxConfig().ort_fusions == "cpu" and OnnxConfig(ort_fusions=False).ort_fusions is None
+
+
+def test_a_listed_class_is_exported_unfused_with_a_warning_naming_the_issue(monkeypatch):
+    import hfexport_onnx.exporter_onnx as E
+
+    reason = "microsoft/onnxscript#0000: a made-up fusion bug (test)"
+    monkeypatch.setitem(E.ORT_FUSIONS_DISABLE, "BertModel", reason)
+    model = tiny_model("bert", layers=1)
+    with pytest.warns(E.OrtFusionFallbackWarning, match=r"not applied to BertModel: ORT_FUSIONS_DISABLE\['BertModel'\]: "
+                                                        r"microsoft/onnxscript#0000"):
+        exported = hfexport.export(model, backend="onnx")
+    fusions = exported.manifest["onnx"]["fusions"]
+    assert fusions["applied"] is False and "microsoft/onnxscript#0000" in fusions["not_fused_because"]
+    assert any("microsoft/onnxscript#0000" in note for note in exported.manifest["notes"])
+    assert not [op for op in _op_counts(exported.runner.path) if op[0] == MS]
+    # What the sweep does to re-check the entry: the fusions on for the listed class, a failure an error.
+    assert E.OnnxExporter.known_failures()["ORT_FUSIONS_DISABLE"] == {"BertModel": reason}
+    options = E.OnnxExporter.recheck_options("ORT_FUSIONS_DISABLE", "BertModel")
+    assert options == {"optimize": True, "optimize_fallback": False, "ort_fusions": "cpu"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", E.OrtFusionFallbackWarning)
+        rechecked = hfexport.export(model, backend="onnx", **options)
+    assert rechecked.manifest["onnx"]["fusions"]["applied"] is True
+
+
+def test_a_fusion_that_raises_falls_back_to_the_unfused_model(monkeypatch):
+    import hfexport_onnx._fusions as F
+
+    def broken(model, target="cpu", *, debug=False):
+        next(iter(model.graph)).op_type = "HalfRewritten"  # in place, as a real failure may leave it
+        raise RuntimeError("rule exploded (test)")
+
+    monkeypatch.setattr(F, "fuse_for_ort", broken)
+    model = tiny_model("bert", layers=1)
+    with pytest.warns(F.OrtFusionFallbackWarning, match=r"a fusion failed \(RuntimeError: rule exploded \(test\)\)"):
+        exported = hfexport.export(model, backend="onnx")
+    assert exported.manifest["onnx"]["fusions"]["applied"] is False
+    assert exported.manifest["onnx"]["optimized"] is True  # the re-export is optimized, only not fused
+    assert not [op for op in _op_counts(exported.runner.path) if op[1] == "HalfRewritten" or op[0] == MS]
+    assert exported.manifest["verification"]["passed"] is True
+    with pytest.raises(ExportError, match=r"stage 5/5 \(ONNX IR fixes.*rule exploded") as info:
+        hfexport.export(model, backend="onnx", optimize_fallback=False)
+    assert info.value.step == "onnxscript ort_fusions"
+
+
+def test_a_fused_graph_onnxruntime_refuses_falls_back_to_the_unfused_model(monkeypatch):
+    import hfexport_onnx._fusions as F
+
+    real = F.fuse_for_ort
+
+    def refused(model, target="cpu", *, debug=False):
+        report = real(model, target, debug=debug)
+        for node in model.graph:
+            if node.domain == MS:
+                node.op_type = "NotAnOrtOp"  # a contrib op ONNX Runtime has no kernel for
+        return report
+
+    monkeypatch.setattr(F, "fuse_for_ort", refused)
+    model = tiny_model("bert", layers=1)
+    with pytest.warns(F.OrtFusionFallbackWarning, match=r"ONNX Runtime refused the fused model \(.*NotAnOrtOp"):
+        exported = hfexport.export(model, backend="onnx")
+    assert exported.manifest["onnx"]["fusions"]["applied"] is False
+    assert not [op for op in _op_counts(exported.runner.path) if op[0] == MS]
+    assert exported.manifest["verification"]["passed"] is True
+
+
+def test_llama_prefill_and_decode_are_fused_and_generate_eagers_ids():
+    model = tiny_model("llama")
+    # (With max_batch=2 torch.export gives the decode's query and cache two batch symbols, and onnxscript's SDPA
+    # rule, which checks that they are one, leaves that attention unfused: correct, only slower.)
+    exported = hfexport.export(model, backend="onnx", task="text-generation")
+    for name in ("prefill", "decode"):
+        ops = _op_counts(exported.components[name].runner.path)
+        assert ops[("", "SimplifiedLayerNormalization")] == 5, (name, ops)  # 2 layers x 2 + the final norm
+        assert ops[(MS, "MultiHeadAttention")] == 2, (name, ops)
+        assert ops[("", "ReduceMean")] == 0 and ops[("", "Pow")] == 0, (name, ops)
+        fusions = exported.manifest["components"][name]["onnx"]["fusions"]
+        assert fusions["applied"] and fusions["fired"]["rms_normalization"] == 5, (name, fusions)
+        assert fusions["undone"] == {"SkipSimplifiedLayerNormalization": 4}, (name, fusions)
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    ids[1, :3], mask[1, :3] = 0, 0  # a left-padded row: its padding rows see no key
+    for prompt, prompt_mask in ((ids[:1], None), (ids, mask)):
+        got = exported.generate(prompt, prompt_mask, max_new_tokens=12)
+        with torch.no_grad():
+            expected = model.generate(input_ids=prompt, attention_mask=prompt_mask, do_sample=False, max_new_tokens=12)
+        assert torch.equal(got, expected), (got, expected)
+
+
+def test_undo_skip_norms_writes_the_ops_they_fuse():
+    import onnx_ir as ir
+
+    from hfexport_onnx._fusions import undo_skip_norms
+
+    x = ir.val("x", ir.DataType.FLOAT, ir.Shape([2, 4]))
+    skip = ir.val("skip", ir.DataType.FLOAT, ir.Shape([2, 4]))
+    gamma = ir.Value(name="gamma", const_value=ir.tensor(torch.ones(4)))
+    beta = ir.Value(name="beta", const_value=ir.tensor(torch.zeros(4)))
+    fused = ir.node("SkipLayerNormalization", [x, skip, gamma, beta], domain=MS, num_outputs=4,
+                    attributes={"epsilon": 1e-5})
+    after = ir.node("Relu", [fused.outputs[3]])  # the residual sum goes on
+    fused.outputs[0].name, after.outputs[0].name = "normed", "residual"
+    graph = ir.Graph([x, skip], [fused.outputs[0], after.outputs[0]], nodes=[fused, after],
+                     initializers=[gamma, beta], opset_imports={"": 18, MS: 1})
+    assert undo_skip_norms(ir.Model(graph, ir_version=10)) == {"SkipLayerNormalization": 1}
+    assert [n.op_type for n in graph] == ["Add", "LayerNormalization", "Relu"]
+    norm = graph.outputs[0].producer()
+    assert norm.op_type == "LayerNormalization" and norm.attributes["epsilon"].value == pytest.approx(1e-5)
+    assert graph.outputs[0].name == "normed" and after.inputs[0].producer().op_type == "Add"
+
+
+def test_cli_no_ort_fusions_exports_plain_onnx_and_other_backends_refuse_it(tmp_path, capsys):
+    from hfexport import cli
+
+    tiny_model("bert", layers=1).save_pretrained(tmp_path / "bert")
+    assert cli.main(["export", str(tmp_path / "bert"), "--backend", "onnx", "--no-ort-fusions",
+                     "--output", str(tmp_path / "plain")]) == 0
+    fusions = hfexport.load(tmp_path / "plain").manifest["onnx"]["fusions"]
+    assert fusions["applied"] is False and fusions["not_fused_because"] == "OnnxConfig(ort_fusions=None)"
+    assert cli.main(["export", str(tmp_path / "bert"), "--backend", "dynamo", "--no-ort-fusions",
+                     "--output", str(tmp_path / "dynamo")]) == 2
+    assert "backend 'dynamo' does not take the option ort_fusions" in capsys.readouterr().err
