@@ -84,9 +84,12 @@ def fusion_comparison(model, tokenizer, inputs, runs: int) -> None:
             paths[name] = str(exports[name].runner.path)
             disabled[name] = exports[name].manifest["onnx"]["fusions"]["session_disabled_optimizers"] or None
         else:  # the peer's program is an onnx_ir.Model: written where its runner would read it
+            import atexit
+            import shutil
             import tempfile
 
             folder = tempfile.mkdtemp(prefix="bench-onnx-peer-")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
             paths[name] = os.path.join(folder, "model.onnx")
             ir.save(exports[name].program, paths[name], external_data="model.onnx.data")
             disabled[name] = None
