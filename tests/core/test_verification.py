@@ -252,3 +252,12 @@ def test_cli_export_exits_3_on_a_mismatch_and_no_verify_saves_it_with_the_report
     assert cli.main(["export", str(tmp_path / "bert"), "-o", str(tmp_path / "out"), "--no-verify"]) == 0
     manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
     assert manifest["verification"]["passed"] is False and "verification.safetensors" in manifest["files"]
+
+
+def test_backends_set_their_own_default_tolerances():
+    assert (hfexport.Exporter.verify_atol, hfexport.Exporter.verify_rtol) == (1e-4, 1e-3)
+    for name in ("dynamo", "onnx", "executorch-xnnpack"):  # float32 runtimes: the kernel's figures
+        exporter = hfexport.get_backend(name).load_exporter()
+        assert (exporter.verify_atol, exporter.verify_rtol) == (1e-4, 1e-3), name
+    cuda = hfexport.get_backend("executorch-cuda").load_exporter()  # bfloat16 against float32 eager
+    assert (cuda.verify_atol, cuda.verify_rtol) == (5e-2, 5e-2)

@@ -280,6 +280,12 @@ class CudaExporter(ExecutorchExporter):
 
     name: ClassVar[str] = "executorch-cuda"
     variant: ClassVar[str | None] = "cuda"
+    # The export's verification compares the bfloat16 program with the float32 model: bfloat16 keeps 8
+    # significant bits (a relative spacing of 2**-8, about 4e-3, at each rounding) and the error compounds over
+    # layers, so 5e-2 / 5e-2, of the order of transformers' own bfloat16-against-float32 tests. Not measured on this
+    # project's CI (no GPU): tighten it with numbers from a GPU run.
+    verify_atol: ClassVar[float] = 5e-2
+    verify_rtol: ClassVar[float] = 5e-2
 
 
 # ── Stage 1: Backend preparation ──
