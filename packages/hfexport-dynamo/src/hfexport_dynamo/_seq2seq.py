@@ -61,16 +61,16 @@ import torch
 
 from hfexport.plugin import InvalidInputError
 
-from .generation import (
+from ._decoding import (
     SPEECH_RECOGNITION,
     GenerationStats,
-    _check_bounds,
-    _check_prompt,
-    _input_names,
-    _logits_processors,
-    _stopping_criteria,
-    _token_ids,
+    check_bounds,
+    check_prompt,
     generation_manifest,
+    input_names,
+    logits_processors,
+    stopping_criteria,
+    token_id_list,
 )
 
 __all__ = ["Seq2SeqDecoderStep", "Seq2SeqEncoderStep", "SpeechEncoderStep", "generate_seq2seq", "plan_seq2seq"]
@@ -296,7 +296,7 @@ def _check_features(features: Any, decoder_len: int, config: Any, section: Mappi
                "do: split it)" if features.shape[1] == mels and features.shape[2] > frames else ""
         raise ValueError(f"input_features has shape {list(features.shape)}; this export takes [batch, {mels}, "
                          f"{frames}]{more}")
-    _check_bounds(features.shape[0], decoder_len, config, section, "an init sequence")
+    check_bounds(features.shape[0], decoder_len, config, section, "an init sequence")
     return features.float()
 
 
@@ -372,7 +372,7 @@ def _whisper_processors(config: Any, begin_index: int) -> list[Any]:
 def _whisper_result(sequences: torch.Tensor, start: int, config: Any) -> torch.Tensor:
     """What ``WhisperGenerationMixin.generate`` returns from ``GenerationMixin.generate``'s sequences: the new
     tokens, without trailing padding (it counts every pad id of the row) and a final EOS, right-padded."""
-    pad, eos = config.pad_token_id, _token_ids(config.eos_token_id)
+    pad, eos = config.pad_token_id, token_id_list(config.eos_token_id)
     rows = []
     for row in sequences[:, start:]:
         if len(row) and int(row[-1]) == pad:
@@ -425,10 +425,10 @@ def generate_seq2seq(exported: Any, input_ids: Any, attention_mask: Any, config:
         batch, encoder_ids, mask = features.shape[0], None, None
     else:
         init, detect = [start_token], False
-        input_ids, mask = _check_prompt(input_ids, attention_mask, config, section, "input_ids", decoder_len=1)
+        input_ids, mask = check_prompt(input_ids, attention_mask, config, section, "input_ids", decoder_len=1)
         feed = {"input_ids": input_ids, "attention_mask": mask}
         batch, encoder_ids = input_ids.shape[0], input_ids
-    eos = _token_ids(config.eos_token_id)
+    eos = token_id_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
     config.pad_token_id = pad
     start_len = len(init)
@@ -436,15 +436,15 @@ def generate_seq2seq(exported: Any, input_ids: Any, attention_mask: Any, config:
     if speech:
         whisper = _whisper_processors(config, start_len)
         config.suppress_tokens = config.begin_suppress_tokens = None  # Whisper's generate applies them itself
-    processors = _logits_processors(config, section, start_len, encoder_ids)
+    processors = logits_processors(config, section, start_len, encoder_ids)
     processors.extend(whisper)
-    criteria = _stopping_criteria(start_len + config.max_new_tokens, eos)
+    criteria = stopping_criteria(start_len + config.max_new_tokens, eos)
 
     start = time.perf_counter()
     hidden = exported.run("encoder", **feed)["encoder_hidden_states"]
     encoder_s = time.perf_counter() - start
     shared = {"encoder_hidden_states": hidden, "attention_mask": mask}
-    prefill_names, decode_names = _input_names(exported, "prefill"), _input_names(exported, "decode")
+    prefill_names, decode_names = input_names(exported, "prefill"), input_names(exported, "decode")
     sequences = torch.full((batch, 1), init[0], dtype=torch.long)
     start = time.perf_counter()
     out = exported.run("prefill", **{k: v for k, v in {"decoder_input_ids": sequences, **shared}.items()
