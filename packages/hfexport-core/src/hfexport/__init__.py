@@ -18,6 +18,7 @@ from ._patching import (
     resolve_path,
     resolve_pattern,
 )
+from ._quantization import Quantization, QuantizedVerificationReport
 from ._registry import (
     Registration,
     list_fx_node_fixes,
@@ -36,7 +37,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendInfo", "ExportConfig", "ExportContext", "ExportError", "ExportedModel", "Exporter",
-    "FixReport", "IntegrityError", "InvalidInputError", "ManifestError", "OutputDiff", "PatchReport", "Registration", "Stage", "StageEvent",
+    "FixReport", "IntegrityError", "InvalidInputError", "ManifestError", "OutputDiff", "PatchReport", "Quantization",
+    "QuantizedVerificationReport", "Registration", "Stage", "StageEvent",
     "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "UnresolvedTarget", "VerificationError", "VerificationReport", "apply_fx_node_fixes",
     "apply_fx_program_fixes", "export", "get_backend", "iter_graph_modules", "list_backends",
     "list_fx_node_fixes", "list_fx_program_fixes", "list_patches", "list_workarounds", "load", "patch_context",

@@ -318,6 +318,8 @@ class VerificationError(ExportError):
 
     def _message(self) -> str:
         report = self.report
+        if callable(getattr(report, "failure_message", None)):  # a quantized artifact's report says it its way
+            return report.failure_message(self.backend, self.model_class, self.component)
         failing = [o for o in report.outputs if not o.ok]
         shapes = ", ".join(f"{k}={v}" for k, v in report.inputs.items())
         lines = [f"{self.backend} export of {self.model_class} failed verification: {self.cause}"
@@ -364,6 +366,12 @@ def _compare_tensors(e: Any, a: Any, atol: float, rtol: float) -> tuple[float, f
             notes.append(f"{count} {what}")
     tolerance = atol + rtol * (float(scale.max()) if scale.numel() else 0.0)
     return top(diff), top(rel), tolerance, ok, "; ".join(notes)
+
+
+# Comparisons other than elementwise tolerances, keyed by the manifest section that asks for one: a quantized
+# artifact (its ``quantization`` section) is compared with float eager by cosine similarity. hfexport._quantization
+# registers it when hfexport is imported (a registry, so that this module does not import that one back).
+COMPARISONS: dict[str, Callable[..., VerificationReport]] = {}
 
 
 def compare_outputs(backend: str, expected: Any, actual: Any, atol: float, rtol: float) -> VerificationReport:
@@ -561,10 +569,20 @@ class ExportedModel:
         with torch.no_grad():
             expected = reference(**copy.deepcopy(dict(inputs)))
             actual = self(**copy.deepcopy(dict(inputs)))
-        report = compare_outputs(self.backend, expected, actual, atol, rtol)
+        report = self._comparison(expected, actual, atol, rtol, self._section(self.default_component))
         report.inputs = _shapes(inputs)
         self.manifest["verification"] = report.as_dict()
         return report, expected
+
+    def _comparison(self, expected: Any, actual: Any, atol: float, rtol: float,
+                    section: Mapping[str, Any]) -> VerificationReport:
+        """:func:`compare_outputs`, or the comparison of :data:`COMPARISONS` whose key the component's manifest
+        ``section`` (or the manifest) holds: a quantized artifact is compared with float eager by cosine similarity."""
+        for key, compare in COMPARISONS.items():
+            spec = section.get(key) or self.manifest.get(key)
+            if isinstance(spec, Mapping):
+                return compare(self.backend, expected, actual, spec, atol=atol, rtol=rtol)
+        return compare_outputs(self.backend, expected, actual, atol, rtol)
 
     def verify_export(self, inputs: Mapping[str, Any], *, atol: float, rtol: float) -> VerificationReport:
         """The verification an export runs (``Exporter.export`` calls it): :meth:`verify` of the default
@@ -640,8 +658,7 @@ class ExportedModel:
             missing = [n for n in expected if n not in by_name]
             if missing:
                 raise ValueError(f"{where}: the runtime returned no outputs named {missing} (it returned {names})")
-            report = compare_outputs(self.backend, expected, {n: by_name[n] for n in expected}, float(atol),
-                                     float(rtol))
+            report = self._comparison(expected, {n: by_name[n] for n in expected}, float(atol), float(rtol), section)
             report.inputs = _shapes(inputs)
             reports[component.name] = report
         if not reports:

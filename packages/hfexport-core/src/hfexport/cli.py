@@ -447,8 +447,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
                   f"{' (dynamic shapes)' if dynamic else ''}")
     progress = _Progress(console)
     try:  # verified on the traced inputs (a mismatch exits 3; --no-verify records it in export.json instead)
-        exported = exporter_class(dynamic=dynamic).export(model, inputs, progress=progress, verify=not args.no_verify,
-                                                          atol=args.atol, rtol=args.rtol)
+        exported = _exporter(exporter_class, args, dynamic=dynamic).export(
+            model, inputs, progress=progress, verify=not args.no_verify, atol=args.atol, rtol=args.rtol)
     except ExportError:
         progress.stop()
         raise  # main() prints it on one line (the traceback with --debug) and exits 1
@@ -478,6 +478,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(Path(args.report), args, exported, progress.lines, report, shapes)
     return EXIT_OK if report.passed else EXIT_MISMATCH
+
+
+def _exporter(exporter_class: Any, args: argparse.Namespace, **options: Any) -> Any:
+    """The backend's exporter with the command's options (``--quantize``); an option it refuses is a usage error."""
+    if getattr(args, "quantize", None):
+        if "quantize" not in exporter_class.config_class.option_names():
+            raise UsageError(f"backend {args.backend!r} does not quantize (--quantize {args.quantize}): export with a "
+                             "backend that does (`hfexport backends` lists them; each documents its recipes)")
+        options["quantize"] = args.quantize
+    try:
+        return exporter_class(**options)
+    except (TypeError, ValueError) as exc:  # a recipe the backend does not support names those it does
+        raise UsageError(str(exc)) from exc
 
 
 def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -> None:
@@ -542,8 +555,9 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
                   f"{args.task!r}")
     progress = _Progress(console)
     try:
-        exported = exporter_class().export(model, None, progress=progress, task=args.task, verify=not args.no_verify,
-                                           atol=args.atol, rtol=args.rtol, **options)  # each program verified
+        exported = _exporter(exporter_class, args).export(model, None, progress=progress, task=args.task,
+                                                          verify=not args.no_verify, atol=args.atol, rtol=args.rtol,
+                                                          **options)  # each program verified
     except (ValueError, InvalidInputError) as exc:  # an unknown task, bounds the model refuses, no head
         raise UsageError(str(exc)) from exc  # (a failed stage is an ExportError: exit 1)
     finally:
@@ -717,6 +731,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --task: the most tokens a sequence may hold, prompt and new ones "
                         "(default min(max_position_embeddings, 256))")
     p.add_argument("--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 4)")
+    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic; "
+                   "executorch-xnnpack: 8da4w, int8, int8-dynamic); verified against float eager by cosine "
+                   "similarity")
     p.set_defaults(func=_cmd_export, demo=None)
 
     p = sub.add_parser("generate", help="generate token ids greedily with a task export (`export --task`) on its "

@@ -41,6 +41,17 @@ from ._discovery import Backend, UnknownBackendError, get_backend
 from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError, Tracer
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
 from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path, resolve_pattern
+from ._quantization import (
+    Quantization,
+    QuantizationRecipe,
+    QuantizedVerificationReport,
+    check_quantization_inputs,
+    compare_quantized,
+    file_bytes,
+    quantized_model_reason,
+    resolve_quantization,
+    weight_bytes,
+)
 from ._registry import (
     Registration,
     is_disabled,
@@ -80,4 +91,7 @@ __all__ = [
     "IntegrityError", "ManifestError", "SAFE_PICKLE_GLOBALS", "UntrustedArtifactError", "check_treespec",
     "import_type_modules", "importable_prefixes", "pickle_globals", "treespec_names", "unregistered",
     "unsafe_pickle_globals",
+    # quantized exports (hfexport._quantization)
+    "Quantization", "QuantizationRecipe", "QuantizedVerificationReport", "check_quantization_inputs",
+    "compare_quantized", "file_bytes", "quantized_model_reason", "resolve_quantization", "weight_bytes",
 ]
