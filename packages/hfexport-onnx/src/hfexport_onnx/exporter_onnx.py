@@ -13,7 +13,9 @@ The file follows the five stages: the config, the exporter with its stages in or
 5. ONNX IR fixes — ``_fix_ir_*`` functions (``@register_workaround("onnx_ir_fix", "onnx")``), then the steps
    ``onnxscript optimizer`` (skipped with ``optimize=False`` or for a class in ``ONNX_DISABLE_OPTIMIZE``; a crash
    keeps the unoptimized model, or fails with ``optimize_fallback=False``), ``onnxscript ort_fusions`` (ONNX
-   Runtime's fused ops, ``ort_fusions="cpu"`` by default: ``_fusions.py``) and ``onnxruntime.InferenceSession``.
+   Runtime's fused ops, ``ort_fusions="cpu"`` by default: ``_fusions.py``) and ``onnxruntime.InferenceSession``
+   (with ``quantize="int8-dynamic"``, the step ``onnxruntime.quantization.quantize_dynamic`` just before it:
+   ``_quantize.py``).
 
 Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
 **Upstream** and **Remove when**. The runner, I/O names, opset check, metadata and failure texts are private
@@ -41,13 +43,16 @@ from hfexport.plugin import (
     ExportedModel,
     Exporter,
     FixReport,
+    Quantization,
     Registration,
     Stage,
     apply_fx_node_fixes,
+    check_quantization_inputs,
     component_manifest,
     register_fx_node_fix,
     register_patch,
     register_workaround,
+    resolve_quantization,
     workarounds_for,
 )
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
@@ -63,6 +68,7 @@ from ._errors import (
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, check_ort_fusions, fuse_and_open
 from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count
 from ._naming import io_names, name_graph_io
+from ._quantize import ONNX_QUANTIZATION_RECIPES, quantization_section, quantize_model
 from ._runner import (
     DATA_FILE,
     MODEL_FILE,
@@ -102,6 +108,9 @@ class OnnxConfig(DynamoConfig):
             (attention, layer norms, GELU, rotary: ``_fusions.py``), ``"cpu"``; ``None`` (or ``False``) writes
             plain ONNX ops. A class in ``ORT_FUSIONS_DISABLE``, a fusion that fails or a fused graph ONNX Runtime
             refuses exports unfused, with a warning; ``optimize_fallback=False`` makes those errors.
+        quantize: a quantization recipe (or an ``hfexport.Quantization``), applied last in stage 5, before the
+            session opens: ``"int8-dynamic"``, ONNX Runtime's dynamic int8 (``_quantize.py``). The export is then
+            verified against float eager by cosine similarity (``hfexport._quantization``).
     """
 
     opset_version: int = TORCHLIB_OPSET
@@ -109,6 +118,7 @@ class OnnxConfig(DynamoConfig):
     optimize_fallback: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     ort_fusions: str | None = "cpu"
+    quantize: str | Quantization | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -130,6 +140,7 @@ class OnnxConfig(DynamoConfig):
             raise ValueError(f"providers must name execution providers of the installed onnxruntime; "
                              f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
         self.ort_fusions = check_ort_fusions(self.ort_fusions)
+        self.quantize = resolve_quantization(self.quantize, ONNX_QUANTIZATION_RECIPES, "backend 'onnx'")
 
 
 class OnnxExporter(Exporter):
@@ -197,8 +208,9 @@ class OnnxExporter(Exporter):
             return again.model
 
         model, ctx.extras["onnx_runner"], fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
-            ctx, program.model, unfused, lambda model, fusions: OnnxRunner.from_model(
-                model, config.providers, {**ctx.extras["onnx_io"], "fusions": fusions}), target=config.ort_fusions,
+            ctx, program.model, unfused, lambda model, fusions: OnnxRunner.from_model(  # quantized last, if asked
+                quantize_model(ctx, model) if config.quantize else model, config.providers,
+                {**ctx.extras["onnx_io"], "fusions": fusions}), target=config.ort_fusions,
             not_optimized_because=not_optimized_because, strict=not config.optimize_fallback)
         ctx.extras["onnx_manifest"] = {
             "model_file": MODEL_FILE,
@@ -268,9 +280,14 @@ class OnnxExporter(Exporter):
     # ── artifact, loading, known failures, hints ──────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
         runner: OnnxRunner = ctx.extras["onnx_runner"]
-        section = {"program_file": MODEL_FILE, "onnx": ctx.extras["onnx_manifest"]}
+        section = {"program_file": MODEL_FILE, "onnx": ctx.extras["onnx_manifest"], **quantization_section(ctx)}
         return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, runner.write_files,
                                              section, ctx.program)])
+
+    def check_inputs(self, inputs: Any, model: Any = None) -> None:
+        """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""
+        super().check_inputs(inputs, model)
+        check_quantization_inputs(self.config.quantize, inputs, model, static_shapes=False, backend=self.name)  # type: ignore[attr-defined]
 
     @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
