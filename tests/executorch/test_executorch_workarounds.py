@@ -14,7 +14,7 @@ import hfexport
 
 pytest.importorskip("executorch")
 
-from helpers import ComplexRope  # noqa: E402
+from helpers import ComplexRope, tiny_model  # noqa: E402
 
 ATOL = 1e-4
 
@@ -387,6 +387,17 @@ def test_fix_complex_to_real_pairs_refuses_a_complex_output():
         export(ComplexOutput(), {"x": torch.randn(3, 2)})
 
 
+def test_patch_xnnpack_quantizer_integer_scalars():
+    """quantize="int8": the XNNPACK quantizer makes `arange(n) + 0` (BERT's mask positions) a float add; the index
+    it feeds fails at calibration without the patch."""
+    model = tiny_model("bert", layers=1)
+    inputs = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    with pytest.raises(hfexport.ExportError, match=r"stage 4/5 \(FX program fixes → prepare_pt2e, calibration, "
+                                                   r"convert_pt2e\).*tensors used as indices must be long"):
+        export(model, inputs, disable=("_patch_xnnpack_quantizer_integer_scalars",), quantize="int8")
+    assert export(model, inputs, quantize="int8").manifest["verification"]["passed"]
+
+
 def test_every_workaround_has_a_test_here():
     from hfexport_executorch import exporter_executorch as module
 
@@ -394,7 +405,7 @@ def test_every_workaround_has_a_test_here():
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output",
-              "_fix_complex_to_real_pairs"}
+              "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here

@@ -4,14 +4,16 @@ Five stages around ExecuTorch's lowering:
 
 1. Backend preparation — ``prepare_for_<variant>`` registered with ``@register_backend_prepare("<variant>")``
    (kind ``executorch_variant``: ``xnnpack``, ``cuda``; vendors add theirs): device, dtype, contiguous inputs,
-   partitioners. The model is restored when the export ends.
+   partitioners. The model is restored when the export ends. With ``quantize="8da4w"``, then the step
+   ``torchao.quantization.quantize_`` on a copy of the model, which is what gets traced (``_quantize.py``).
 2. Torch patches — ``@register_patch("executorch", ...)`` and ``@register_patch("executorch.<variant>", ...)``
    for torch ops the ExecuTorch backends do not accept; active while tracing and lowering.
 3. ExecuTorch patches — ``@register_patch("executorch.internals", ...)``: ExecuTorch internals that crash on
    valid dynamic-shape graphs (same registry, another scope, so stage 2 does not install them).
 4. FX program fixes — dynamo's trace (``hfexport_dynamo.trace``: its five stages nested, then
    ``torch.export.export``), then ``@register_fx_program_fix("executorch")`` (finite bounds for unbounded
-   dynamic dims).
+   dynamic dims). With ``quantize="int8"``/``"int8-dynamic"``, between the two: the steps ``prepare_pt2e,
+   calibration, convert_pt2e`` and ``torch.export.export (quantized)`` (``_quantize.py``).
 5. FX node fixes — ``@register_fx_node_fix("executorch")`` (Python sym ops ExecuTorch cannot emit, ``pow`` as a
    ``mul`` chain, ...), then the steps ``to_edge_transform_and_lower`` and ``to_executorch``.
 
@@ -41,7 +43,9 @@ from hfexport.plugin import (
     ExportContext,
     ExportedModel,
     Exporter,
+    Quantization,
     Stage,
+    check_quantization_inputs,
     component_manifest,
     is_disabled,
     register_fx_node_fix,
@@ -66,6 +70,13 @@ from ._delegation import (
     report_planned_memory,
 )
 from ._graph import emit, is_symint_arg, replace_with_chain, shape_envs
+from ._quantize import (
+    quantization_section,
+    quantize_program,
+    quantize_source,
+    register_quantized_kernels,
+    resolve_executorch_quantization,
+)
 from ._quiet import quiet_torchao_pytree_warnings
 from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes
 from ._variants import (
@@ -99,6 +110,9 @@ class ExecutorchConfig(DynamoConfig):
         dim_upper_bound: the inclusive upper bound given to every dynamic dimension torch.export left
             unbounded (``dynamic=True``). ExecuTorch plans memory for it: activations grow with the product of
             the bounds. Explicit ``Dim(name, max=...)`` bounds in ``dynamic_shapes`` are kept.
+        quantize: a quantization recipe (or an ``hfexport.Quantization``) of the variant (``_quantize.py``):
+            ``"8da4w"`` (stage 1, a torchao source transform) or ``"int8"`` (stage 4, PT2E static int8) for
+            ``xnnpack``. The export is then verified against float eager by cosine similarity.
     """
 
     backend: str = "xnnpack"
@@ -106,6 +120,7 @@ class ExecutorchConfig(DynamoConfig):
     alloc_graph_output: bool = True
     alloc_mutable_buffers: bool = True
     dim_upper_bound: int = DEFAULT_DIM_UPPER_BOUND
+    quantize: str | Quantization | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,6 +135,7 @@ class ExecutorchConfig(DynamoConfig):
                 or self.dim_upper_bound < 2:
             raise ValueError(f"dim_upper_bound must be an int >= 2 (the largest size of a dynamic dimension), "
                              f"got {self.dim_upper_bound!r}")
+        self.quantize = resolve_executorch_quantization(self.quantize, self.backend)
 
 
 # ── Exporter ───────────────────────────────────────────────────────────────────────────────────────────
@@ -136,8 +152,9 @@ class ExecutorchExporter(Exporter):
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals")
-    toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "executorch", "hfexport-executorch")
-    tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "executorch": "1.5.1"}
+    toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "executorch", "torchao", "hfexport-executorch")
+    tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "executorch": "1.5.1",
+                                                 "torchao": "0.18.0"}
     stages: ClassVar[tuple[Stage, ...]] = (  # one stage a line, in the order of the banners below
         Stage(1, "Backend preparation", '@register_backend_prepare("<variant>")', "stage_backend_preparation"),
         Stage(2, "Torch patches", '@register_patch("executorch", ...)', "stage_torch_patches"),
@@ -177,6 +194,7 @@ class ExecutorchExporter(Exporter):
             ctx.extras["executorch_preparation"] = BackendPreparation()
         else:
             ctx.extras["executorch_preparation"] = BackendPreparation.of(prepare.func(ctx))
+        quantize_source(ctx)  # quantize='8da4w': the traced model is a quantized copy
 
     def stage_torch_patches(self, ctx: ExportContext) -> None:
         """Stage 2: the torch patches of ``executorch`` and ``executorch.<variant>``."""
@@ -189,8 +207,9 @@ class ExecutorchExporter(Exporter):
 
     def stage_fx_program_fixes(self, ctx: ExportContext) -> None:
         """Stage 4: dynamo's trace (nested stages, then ``torch.export.export``), then the FX program fixes."""
-        program = trace(ctx)
-        ctx.apply_fx_program_fixes(program, self.variant_scopes(ctx.config.backend))  # type: ignore[attr-defined]
+        trace(ctx)
+        quantize_program(ctx)  # quantize='int8': PT2E on the traced program, traced again
+        ctx.apply_fx_program_fixes(ctx.program, self.variant_scopes(ctx.config.backend))  # type: ignore[attr-defined]
         bounded = ctx.extras.get("executorch_bounded_dims")
         if bounded:
             ctx.note("unbounded dynamic dims given a finite upper bound (dim_upper_bound): " + ", ".join(
@@ -236,7 +255,16 @@ class ExecutorchExporter(Exporter):
         runner: ExecutorchRunner = ctx.extras["executorch_runner"]
         return self.artifact(ctx, [Component(
             "model", runner, out_spec=ctx.program.call_spec.out_spec, write=runner.write_files,
-            manifest={"program_file": PROGRAM_FILE, "executorch": ctx.extras["executorch_manifest"]})])
+            manifest={"program_file": PROGRAM_FILE, "executorch": ctx.extras["executorch_manifest"],
+                      **quantization_section(ctx)})])
+
+    def check_inputs(self, inputs: Any, model: Any = None) -> None:
+        """The kernel's checks, then ``quantize``'s: a model quantized already, or calibration inputs that do not
+        match the export's, are refused before any work."""
+        super().check_inputs(inputs, model)
+        config: ExecutorchConfig = self.config  # type: ignore[assignment]
+        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,  # type: ignore[arg-type]
+                                  static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
@@ -249,6 +277,8 @@ class ExecutorchExporter(Exporter):
         require_executorch()
         section = component_manifest(manifest, component)
         executorch = section.get("executorch", {})
+        if section.get("quantization"):
+            register_quantized_kernels()
         data = executorch.get("data_file")
         return ExecutorchRunner(Path(path) / executorch.get("program_file", section.get("program_file", PROGRAM_FILE)),
                                 data_path=Path(path) / data if data else None,
@@ -377,6 +407,39 @@ def _patch_nonzero(original: Any) -> Any:
 
 
 # ── Stage 3: ExecuTorch patches ──
+@register_patch("executorch.quantization",
+                "executorch.backends.xnnpack.quantizer.xnnpack_quantizer._convert_scalars_to_attrs")
+def _patch_xnnpack_quantizer_integer_scalars(original: Any) -> Any:
+    """Keeps the integer dtype of the scalars the XNNPACK quantizer turns into tensor constants.
+
+    **Why**: ``XNNPACKQuantizer.transform_for_annotation`` makes the scalar of every ``add.Tensor``/``mul.Tensor``
+    a buffer, ``torch.tensor(float(scalar))``, so that adds can be quantized. An integer add becomes a float one:
+    Transformers' masks compute positions as ``arange(n) + 0``, and the index they then feed fails at calibration
+    with ``IndexError: tensors used as indices must be long, int, byte or bool tensors`` (every BERT-style encoder
+    with ``quantize="int8"``). The original runs; each constant it made for an add or mul whose result is an
+    integer tensor is cast back to that dtype. Installed by ``quantize="int8"`` only (scope
+    ``executorch.quantization``, in stage 4).
+    **Upstream**: pytorch/executorch ``backends/xnnpack/quantizer/xnnpack_quantizer_utils.py``
+    ``_convert_scalars_to_attrs`` (the same code in torchao's ``testing/pt2e/_xnnpack_quantizer_utils.py``).
+    **Remove when**: the conversion skips integer operands or keeps the scalar's dtype.
+    """
+
+    @functools.wraps(original)
+    def convert_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        model = original(model)
+        for node in model.graph.nodes:
+            value = node.meta.get("val")
+            if node.op != "call_function" or node.target not in (aten.add.Tensor, aten.mul.Tensor) \
+                    or not isinstance(value, torch.Tensor) or value.is_floating_point():
+                continue
+            for arg in node.args:
+                if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" and arg.target in model._buffers:
+                    model._buffers[arg.target] = model._buffers[arg.target].to(value.dtype)
+        return model
+
+    return convert_scalars_to_attrs
+
+
 @register_patch("executorch.internals",
                 "executorch.exir.tensor.dim_order_from_stride",
                 "executorch.exir.tensor_layout.dim_order_from_stride",

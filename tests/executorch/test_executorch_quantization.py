@@ -1,0 +1,163 @@
+"""Quantized ExecuTorch (XNNPACK) exports: ``quantize="int8"`` (PT2E static int8, calibrated), ``"int8-dynamic"``
+(PT2E, activations per token) and ``"8da4w"`` (torchao int4 weights, a source transform): the real
+all-MiniLM-L6-v2 at about a quarter of the float program with its sentence embeddings kept; a tiny Llama that
+generates; the caller's model untouched; and the refusals before any work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from quantization_helpers import (
+    CALIBRATION_SENTENCES,
+    SENTENCES,
+    artifact_bytes,
+    embedding_cosines,
+    first_token_agreement,
+    minilm,
+)
+
+import hfexport
+from helpers import tiny_model
+
+pytest.importorskip("executorch")
+BACKEND = "executorch-xnnpack"
+# batch and sequence dynamic, bounded: ExecuTorch plans memory for the largest shapes
+_BATCH, _SEQ = torch.export.Dim("batch", min=1, max=16), torch.export.Dim("seq", min=1, max=32)
+SHAPES = {name: {0: _BATCH, 1: _SEQ} for name in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+@pytest.fixture(scope="module")
+def minilm_float(tmp_path_factory):
+    """The float all-MiniLM-L6-v2 program (batch and sequence dynamic), saved: the size the quantized ones are measured by."""
+    model, encode = minilm()
+    inputs = encode(SENTENCES[:2])
+    path = tmp_path_factory.mktemp("float") / "float"
+    hfexport.export(model, inputs, backend=BACKEND, dynamic_shapes=SHAPES).save_pretrained(path)
+    return model, encode, inputs, artifact_bytes(path, (".pte",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["int8-dynamic", "int8"])
+def test_minilm_int8_is_small_and_keeps_sentence_embeddings(minilm_float, recipe, tmp_path):
+    model, encode, inputs, float_bytes = minilm_float
+    quantize = hfexport.Quantization("int8", calibration=[encode(CALIBRATION_SENTENCES)]) if recipe == "int8" \
+        else recipe
+    exported = hfexport.export(model, inputs, backend=BACKEND, dynamic_shapes=SHAPES, quantize=quantize)
+    exported.save_pretrained(tmp_path / "q")
+    ratio = artifact_bytes(tmp_path / "q", (".pte",)) / float_bytes
+    section = exported.manifest["quantization"]
+    assert section["recipe"] == recipe and section["quantized"]["embedding"] == 3
+    assert section["quantized"]["linear"] == 37
+    if recipe == "int8":
+        assert section["calibration"] == {"batches": 1, "source": "calibration="}
+    verification = exported.manifest["verification"]
+    assert verification["metric"] == "quantized" and verification["passed"]
+
+    loaded = hfexport.load(tmp_path / "q")
+    cosines = embedding_cosines(loaded, model, encode)
+    print(f"\nExecuTorch {recipe} all-MiniLM-L6-v2: {ratio:.1%} of the float program; sentence embeddings' cosine "
+          f"with float eager: mean {cosines.mean():.4f}, min {cosines.min():.4f} over {len(cosines)} sentences")
+    assert ratio <= 0.35
+    if recipe == "int8-dynamic":
+        assert cosines.min() >= 0.99
+    else:  # static per-tensor activations: what they cost a BERT-style encoder (the module docstring says so)
+        assert cosines.mean() >= 0.93
+    assert loaded.verify_stored()["model"].passed
+    if recipe == "int8-dynamic":  # a new process: loading registers the quantized kernels (embedding_byte)
+        code = ("import sys, hfexport; r = hfexport.load(sys.argv[1]).verify_stored()['model']; "
+                "print(r.as_dict()['metric'], r.passed)")
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q")], capture_output=True, text=True,
+                              timeout=300)
+        assert done.stdout.split()[-2:] == ["quantized", "True"], done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_tiny_llama_8da4w_generates_and_leaves_the_model_float(capsys):
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    exported = hfexport.export(model, backend=BACKEND, task="text-generation", max_cache_len=32, quantize="8da4w")
+    assert all(type(p) is torch.nn.Parameter and p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    for name in ("prefill", "decode"):
+        section = exported.manifest["components"][name]
+        quantization = section["quantization"]
+        assert quantization["recipe"] == "8da4w" and quantization["group_size"] == 32
+        # the 37-wide MLP input: int8 per channel (XNNPACK's int4 kernels take whole groups of 32)
+        assert [n.removeprefix("model.") for n in quantization["int8_per_channel_layers"]] == [
+            "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]  # the component wraps the model
+        assert section["verification"]["metric"] == "quantized" and section["verification"]["passed"]
+    prompt = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(0))
+    got = exported.generate(prompt, max_new_tokens=10, eos_token_id=None)
+    with torch.no_grad():
+        expected = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                  max_new_tokens=10, eos_token_id=None)
+    agreement = first_token_agreement(got, expected, prompt.shape[1])
+    with capsys.disabled():
+        print(f"\nExecuTorch 8da4w tiny Llama: first 10 greedy tokens agree with float eager at {agreement:.0%} "
+              f"({got[0, 6:].tolist()} vs {expected[0, 6:].tolist()}); decode logits' top-1 agreement on the "
+              f"verification inputs {exported.manifest['components']['decode']['verification']['top1_agreement']}")
+    assert got.shape == expected.shape == (1, 16) and torch.equal(got[:, :6], prompt)
+
+
+def test_tiny_bert_int8_records_what_was_quantized():
+    exported = hfexport.export(tiny_model("bert", layers=1), backend=BACKEND, quantize="int8")
+    section = exported.manifest["quantization"]
+    assert section["quantized"] == {"linear": 7, "embedding": 3, "quantize_ops": section["quantized"]["quantize_ops"]}
+    assert section["calibration"] == {"batches": 1, "source": "the export's inputs"}
+    assert set(section["size_bytes"]) == {"float_weights", "quantized_program", "ratio_to_float_weights"}
+    assert exported.manifest["config"]["quantize"] == "Quantization('int8', min_cosine=0.85)"
+    assert exported.manifest["verification"]["passed"]
+
+
+# ── bad input ──────────────────────────────────────────────────────────────────────────────────────────
+def test_a_recipe_the_variant_does_not_support_names_those_it_does():
+    with pytest.raises(ValueError, match=r"backend 'executorch-xnnpack' does not support quantize='int4': it "
+                                         r"supports '8da4w', 'int8', 'int8-dynamic'"):
+        hfexport.export(tiny_model("bert"), backend=BACKEND, quantize="int4")
+    from hfexport_executorch import ExecutorchConfig
+
+    with pytest.raises(ValueError, match="backend 'executorch-cuda' does not support quantize='8da4w': it "
+                                         "supports no quantization recipe"):
+        ExecutorchConfig(backend="cuda", quantize="8da4w")
+    with pytest.raises(ValueError, match="8da4w group_size must be a multiple of 32"):
+        ExecutorchConfig(quantize=hfexport.Quantization("8da4w", group_size=16))
+    with pytest.raises(ValueError, match="quantize recipe '8da4w' .* takes no calibration; it takes group_size"):
+        ExecutorchConfig(quantize=hfexport.Quantization("8da4w", calibration=[{}]))
+
+
+def test_a_calibration_set_that_does_not_match_is_refused_before_any_work():
+    model = tiny_model("bert")
+    inputs = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    cases = [
+        ([{"input_ids": torch.randint(0, 100, (2, 8))}], r"calibration batch 0 lacks attention_mask"),
+        ([dict(inputs, pixel_values=torch.ones(1))], r"has pixel_values, which the export does not take"),
+        ([dict(inputs, input_ids=torch.rand(2, 8))],
+         r"input 'input_ids' is float32 of rank 2 \(shape \[2, 8\]\); the export takes int64 of rank 2"),
+        ([inputs, dict(inputs, attention_mask=torch.ones(2, 8, 1, dtype=torch.long))],
+         r"calibration batch 1: input 'attention_mask' is int64 of rank 3"),
+        ([{k: v[:, :5] for k, v in inputs.items()}],
+         r"has shape \[2, 5\], but this executorch-xnnpack export has static shapes \(traced \[2, 8\]\)"),
+    ]
+    for calibration, message in cases:
+        events = []
+        with pytest.raises(hfexport.InvalidInputError, match=message):
+            hfexport.export(model, inputs, backend=BACKEND, progress=events.append,
+                            quantize=hfexport.Quantization("int8", calibration=calibration))
+        assert events == []  # refused before the first stage
+    with pytest.raises(TypeError, match="calibration must be a non-empty list of input mappings"):
+        hfexport.Quantization("int8", calibration=inputs)
+
+
+def test_quantizing_a_quantized_model_is_refused():
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerGroup, quantize_
+
+    model = tiny_model("llama")
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
+              filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0)
+    with pytest.raises(hfexport.InvalidInputError,
+                       match=r"LlamaForCausalLM is quantized already \(model.layers.0.self_attn.q_proj.weight is a "
+                             r"\w+ \(a torchao quantized tensor\)\)"):
+        hfexport.export(model, backend=BACKEND, quantize="8da4w")
