@@ -145,3 +145,12 @@ def test_a_head_that_returns_no_cache_says_how_to_load_it():
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, vocab_size=100)).eval()
     with pytest.raises(hfexport.InvalidInputError, match=r"returned no KV cache.*config.is_decoder=True"):
         hfexport.export(model, backend="dynamo", task="text-generation")
+
+
+def test_max_batch_1_exports_a_static_batch_that_generates_eagers_ids():
+    model = tiny_model("llama")
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_batch=1, max_cache_len=32)
+    ids, mask = prompts()[0]
+    assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, mask))
+    with pytest.raises(ValueError, match="batch of 2 exceeds this export's max_batch=1"):
+        exported.generate(prompts()[2][0], max_new_tokens=2)

@@ -182,6 +182,12 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
     step = CausalLMStep(model)
     ids, mask = _prompt(model, inputs)
+    if inputs is not None and ids.shape[0] > max_batch:
+        raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
+    if max_batch == 1:
+        ids, mask = ids[:1], mask[:1]
+    elif ids.shape[0] == 1:  # torch.export specializes a dim of size 1: trace a batch of 2
+        ids, mask = ids.repeat(2, 1), mask.repeat(2, 1)
     prefill_inputs = {"input_ids": ids, "attention_mask": mask}
     if step.takes_position_ids:
         prefill_inputs["position_ids"] = positions_from_mask(mask)
@@ -189,18 +195,18 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
         cache = step(**prefill_inputs)["cache"]
     from torch.export import Dim
 
-    batch = Dim("batch", min=1, max=max_batch)
+    batch = {0: Dim("batch", min=1, max=max_batch)} if max_batch > 1 else {}  # a batch of 1 is static
     prompt = Dim("prompt", min=1, max=max_cache_len)
     past = Dim("past", min=1, max=max_cache_len - 1)
     decode_inputs = {"input_ids": ids[:, -1:], "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], -1)}
     if step.takes_position_ids:
         decode_inputs["position_ids"] = prefill_inputs["position_ids"][:, -1:] + 1
     decode_inputs["cache"] = cache
-    prefill_shapes = {name: {0: batch, 1: prompt} for name in prefill_inputs}
-    decode_shapes = {"input_ids": {0: batch}, "attention_mask": {0: batch, 1: past + 1},
-                     "cache": tuple(({0: batch, 2: past}, {0: batch, 2: past}) for _ in cache)}
+    prefill_shapes = {name: {**batch, 1: prompt} for name in prefill_inputs}
+    decode_shapes = {"input_ids": dict(batch) or None, "attention_mask": {**batch, 1: past + 1},
+                     "cache": tuple(({**batch, 2: past}, {**batch, 2: past}) for _ in cache)}
     if step.takes_position_ids:
-        decode_shapes["position_ids"] = {0: batch}
+        decode_shapes["position_ids"] = dict(batch) or None
     return TaskPlan(task, [ComponentPlan("prefill", step, prefill_inputs, prefill_shapes),
                            ComponentPlan("decode", step, decode_inputs, decode_shapes)],
                     manifest={"generation": generation_manifest(model, max_cache_len, max_batch, len(cache))},
