@@ -151,7 +151,9 @@ class ExecutorchExporter(Exporter):
     variant: ClassVar[str | None] = None
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
-    scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals")
+    # executorch.quantization: installed by quantize="int8" only (stage 4), listed so that `disable=` and
+    # `hfexport workarounds --check` know it
+    scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals", "executorch.quantization")
     toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "executorch", "torchao", "hfexport-executorch")
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "executorch": "1.5.1",
                                                  "torchao": "0.18.0"}
