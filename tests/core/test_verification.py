@@ -261,3 +261,15 @@ def test_backends_set_their_own_default_tolerances():
         assert (exporter.verify_atol, exporter.verify_rtol) == (1e-4, 1e-3), name
     cuda = hfexport.get_backend("executorch-cuda").load_exporter()  # bfloat16 against float32 eager
     assert (cuda.verify_atol, cuda.verify_rtol) == (5e-2, 5e-2)
+
+
+def test_manifest_inputs_draw_token_type_ids_from_the_segment_vocabulary():
+    """`hfexport verify DIR` ran the demo's BertModel with token_type_ids drawn from the token vocabulary
+    (IndexError in the segment embedding)."""
+    from hfexport._verify import inputs_from_manifest
+
+    section = {"inputs": [{"name": n, "dtype": "int64", "shape": [2, 64]}
+                          for n in ("input_ids", "token_type_ids", "attention_mask")]}
+    inputs = inputs_from_manifest(section, {"vocab_size": 30522, "type_vocab_size": 2})
+    assert int(inputs["token_type_ids"].max()) < 2 and int(inputs["input_ids"].max()) >= 2
+    assert bool((inputs["attention_mask"] == 1).all())

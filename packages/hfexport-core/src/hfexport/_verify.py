@@ -49,6 +49,9 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
             value = torch.randn(shape, generator=generator).to(dtype)
         elif "mask" in name:
             value = torch.ones(shape, dtype=dtype)
+        elif name == "token_type_ids":  # ids of a segment vocabulary (BERT's has 2), not of the token vocabulary
+            segments = int((config or {}).get("type_vocab_size") or 1)
+            value = torch.randint(0, max(1, segments), shape, generator=generator, dtype=dtype)
         else:
             value = torch.randint(0, max(1, min(vocab, 1000)), shape, generator=generator, dtype=dtype)
         inputs[name] = value
