@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -25,20 +24,9 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # the 16 sentences and the pooling of the tests
+sys.path.insert(0, str(Path(__file__).parent))
 
-
-def interleaved_latency(fns: dict, runs: int, warmup: int = 3) -> dict:
-    """Median seconds of each callable; runs alternate so that every callable sees the same machine load."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+from bench_onnx import interleaved_latency  # noqa: E402  (one timing loop for the ORT benchmarks)
 
 
 def one_thread_ort(exported) -> None:
