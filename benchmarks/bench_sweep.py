@@ -11,6 +11,10 @@ Run from the repository root:
 
     uv run python benchmarks/bench_sweep.py --backend dynamo --filter '^(bert|llama|t5)/' --jobs 2
     uv run python benchmarks/bench_sweep.py --backend dynamo --ours-from reports/dynamo --write-peer
+    uv run python benchmarks/bench_sweep.py --backend onnx --sample --seed 0 --ours-from reports/onnx --write-peer
+
+``--sample [--seed N]`` selects the same seeded sample as ``hfexport sweep --sample --seed N`` (one class per
+model type), so that both sides run the same cases as the committed sample sweeps.
 
 ``--ours-from DIR`` takes hfexport's side from a finished sweep (``DIR/results.jsonl``) instead of running
 it again, and runs the peer only on the cases that sweep found instantiable (the zoo build is the same for
@@ -118,6 +122,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, help="only the first N matching cases")
     parser.add_argument("--common", action="store_true",
                         help="only the cases of the 60 common architectures (hfexport sweep --common)")
+    parser.add_argument("--sample", action="store_true",
+                        help="the seeded sample of one class per model type (hfexport sweep --sample)")
+    parser.add_argument("--seed", type=int, default=None, help="the seed of --sample (default 0)")
     parser.add_argument("--with-our-failures", action="store_true",
                         help="with --ours-from: also run the peer on every instantiable case hfexport does not pass, "
                              "whatever --filter/--common select, so that no case the peer passes and we fail is missed")
@@ -133,9 +140,15 @@ def main() -> int:
     backends = args.backend or ["dynamo"]
     if args.ours_from and len(backends) > 1:
         parser.error("--ours-from takes one --backend")
+    if args.seed is not None and not args.sample:
+        parser.error("--seed is the seed of --sample; pass --sample --seed N")
+    sample = (args.seed or 0) if args.sample else None
 
     from hfexport_sweep.results import COMMON_ARCHITECTURES, RESULTS_FILE, load_results
     from hfexport_sweep.sweep import SweepError, run_sweep
+    from hfexport_sweep.zoo import sample_cases
+
+    in_sample = {c.case_id for c in sample_cases(sample)} if sample is not None else None
 
     command = shlex.join(["python", "benchmarks/bench_sweep.py", *sys.argv[1:]])
     preload = [PEER_BACKENDS[b][3] for b in backends] + ["bench_sweep"]
@@ -147,25 +160,27 @@ def main() -> int:
                 if args.ours_from:
                     everything = load_results(args.ours_from / RESULTS_FILE)
                     ours = [r for r in everything if (not args.filter or re.search(args.filter, r["case_id"]))
-                            and (not args.common or r["model_type"] in COMMON_ARCHITECTURES)]
+                            and (not args.common or r["model_type"] in COMMON_ARCHITECTURES)
+                            and (in_sample is None or r["case_id"] in in_sample)]
                     ours = sorted(ours, key=lambda r: r["case_id"])[:args.limit] if args.limit else ours
                     if args.with_our_failures:
                         chosen = {r["case_id"] for r in ours}
                         ours += [r for r in everything if r["case_id"] not in chosen
                                  and r["status"] not in ("ok", "not_instantiable")]
                     runnable = sorted(r["case_id"] for r in ours if r["status"] != "not_instantiable")
-                    peer_filter, peer_limit, peer_common = _case_regex(runnable), None, False
+                    peer_filter, peer_limit, peer_common, peer_sample = _case_regex(runnable), None, False, None
                     ours_how = f"from {args.ours_from / RESULTS_FILE}"
                 else:
                     summary = run_sweep(backend, filter=args.filter, limit=args.limit, common=args.common,
-                                        jobs=args.jobs, timeout=args.timeout, output=Path(tmp) / f"ours-{backend}",
+                                        sample=sample, jobs=args.jobs, timeout=args.timeout, output=Path(tmp) / f"ours-{backend}",
                                         report=False, command=command, preload=preload)
                     ours = summary.records
-                    peer_filter, peer_limit, peer_common = args.filter, args.limit, args.common
+                    peer_filter, peer_limit, peer_common, peer_sample = args.filter, args.limit, args.common, sample
                     ours_how = "run now"
                 ours_s = time.perf_counter() - started
                 started = time.perf_counter()
-                peer = run_sweep(backend, filter=peer_filter, limit=peer_limit, common=peer_common, jobs=args.jobs,
+                peer = run_sweep(backend, filter=peer_filter, limit=peer_limit, common=peer_common,
+                                 sample=peer_sample, jobs=args.jobs,
                                  timeout=args.timeout,
                                  output=Path(tmp) / f"peer-{backend}", report=False, runner=PEER_RUNNER,
                                  command=command, preload=preload, apply_skips=False).records
@@ -193,6 +208,9 @@ def main() -> int:
                 target.mkdir(parents=True, exist_ok=True)
                 selection = ("the cases of the 60 common architectures (--common)" if args.common else
                              f"the cases matching {args.filter!r}" if args.filter else "every zoo case")
+                if sample is not None:
+                    selection += (f" in the seeded sample of one class per model type (--sample --seed {sample}, "
+                                  f"{len(in_sample)} cases)")
                 if args.with_our_failures:
                     selection += ", plus every instantiable case hfexport does not pass"
                 note = (f"compared on {selection}; hfexport's side " +

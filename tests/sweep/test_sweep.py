@@ -182,6 +182,27 @@ def test_cli_refuses_foreign_directory(tmp_path, capsys):
     assert "refusing to mix results" in capsys.readouterr().err
 
 
+def test_sample_sweeps_one_case_per_family_and_the_report_says_which(tmp_path, capsys):
+    from hfexport_sweep.zoo import sample_cases
+
+    expected = {c.case_id for c in sample_cases(3) if c.model_type in ("bert", "llama")}
+    summary = run_sweep("dynamo", filter="^(bert|llama)/", sample=3, output=tmp_path / "res", runner=FAKE, jobs=2,
+                        progress=False, command="hfexport sweep --sample --seed 3")
+    assert {r["case_id"] for r in summary.records} == expected and len(expected) == 2
+    (run,) = json.loads((tmp_path / "res" / "meta.json").read_text())["runs"]
+    assert run["sample_seed"] == 3 and run["sample_cases"] == len(sample_cases(3)) and run["selected"] == 2
+    report = (tmp_path / "res" / "report.md").read_text()
+    assert (f"(2 model types): a seeded sample of one class per model type (`hfexport sweep --sample --seed 3`, "
+            f"{len(sample_cases(3))} cases in the whole sample)") in report
+    # the CLI: --seed belongs to --sample
+    assert cli.main(["sweep", "--backend", "dynamo", "--seed", "1", "--output", str(tmp_path / "o")]) == 2
+    assert "--seed is the seed of --sample" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--help"])
+    assert "--sample" in capsys.readouterr().out
+
+
 # ── resume, crashes, hangs, skips ──────────────────────────────────────────────────────────────────────
 def test_interrupted_sweep_resumes_without_rerunning(tmp_path):
     out = tmp_path / "res"

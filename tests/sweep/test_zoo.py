@@ -69,6 +69,34 @@ def test_other_modality_reports_reason_not_dropped():
     assert zoo.check_instantiable(others[0].case_id) == str(info.value)
 
 
+def test_sample_has_one_case_per_family_and_depends_on_the_seed_only():
+    import subprocess
+    import sys
+
+    cases = zoo.list_cases()
+    with_recipe = {c.model_type for c in cases if c.modality != "other"}
+    sample = zoo.sample_cases(0)
+    assert sorted(c.model_type for c in sample) == sorted(with_recipe)  # one case per family with a recipe
+    assert len(with_recipe) >= 150
+    assert [c.case_id for c in sample] == sorted(c.case_id for c in sample)
+    assert all(c.modality != "other" and c in cases for c in sample)
+    assert zoo.sample_cases(0) == sample
+    # the same in a fresh interpreter with another hash seed (str hashing is salted per process)
+    code = "from hfexport_sweep.zoo import sample_cases; print(' '.join(c.case_id for c in sample_cases(0)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.split()
+    assert out == [c.case_id for c in sample]
+    # another seed: another choice in some family that has several candidates, the same families
+    several = {t for t in with_recipe if sum(c.model_type == t and c.modality != "other" for c in cases) > 1}
+    other = zoo.sample_cases(1)
+    assert [c.model_type for c in other] == [c.model_type for c in sample]
+    moved = {a.model_type for a, b in zip(sample, other, strict=True) if a != b}
+    assert moved and moved <= several
+    single = with_recipe - several
+    assert {c.case_id for c in sample if c.model_type in single} == {c.case_id for c in other
+                                                                      if c.model_type in single}
+
+
 @pytest.mark.parametrize(("case_id", "modality"), REPRESENTATIVE)
 def test_representative_cases_build_and_run_deterministically(case_id, modality):
     case = zoo.get_case(case_id)

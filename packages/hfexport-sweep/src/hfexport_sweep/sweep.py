@@ -37,6 +37,12 @@ Example::
 
     hfexport sweep --backend dynamo --filter '^(bert|llama)/' --jobs 2 --timeout 120
     hfexport sweep --backend onnx --recheck-skips
+    hfexport sweep --backend executorch-xnnpack --sample --seed 0 --jobs 2
+
+``--sample [--seed N]`` sweeps a seeded sample of the zoo: for every model type (family), one class among
+those with an input recipe, drawn by an RNG seeded with ``N`` (default 0) and the model type
+(:func:`hfexport_sweep.zoo.sample_cases`): the same cases on every run and machine for one transformers
+version. ``meta.json`` records the seed of each run and the reports say which sample was swept.
 """
 
 from __future__ import annotations
@@ -112,6 +118,7 @@ examples:
   hfexport sweep --backend dynamo                              every zoo case, results in reports/dynamo/
   hfexport sweep --backend onnx --filter '^(bert|llama|t5)/' --jobs 2 --timeout 120
   hfexport sweep --backend dynamo --recheck-skips              re-run the EXPORT_SKIPS classes
+  hfexport sweep --backend onnx --sample --seed 0 --jobs 2     one seeded class per model type (~450 cases)
 
 Statuses: ok, not_instantiable, export_error, runtime_error, mismatch, timeout, skipped. Results are appended to
 <output>/results.jsonl as they come: run the same command again to resume an interrupted sweep.
@@ -202,13 +209,15 @@ def resolve_backend(name: str) -> tuple[str, str]:
 
 
 def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A002 - CLI name
-                 common: bool = False) -> list[Any]:
+                 common: bool = False, sample: int | None = None) -> list[Any]:
     """The zoo cases to sweep, sorted by id.
 
     Args:
         filter: a regular expression searched in each ``case_id`` (``"^llama/"``, ``"ForCausalLM$"``).
         limit: keep the first ``limit`` matching cases.
         common: keep only the cases of :data:`COMMON_ARCHITECTURES`.
+        sample: a seed: start from :func:`hfexport_sweep.zoo.sample_cases` (one case per model type, drawn
+            with this seed) instead of the whole zoo; ``filter``, ``common`` and ``limit`` then narrow it.
 
     Returns:
         The :class:`~hfexport_sweep.zoo.ZooCase` list.
@@ -216,7 +225,7 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
     Raises:
         SweepError: the filter is not a valid regular expression or matches no case; ``limit`` < 1.
     """
-    from .zoo import list_cases
+    from .zoo import list_cases, sample_cases
 
     if limit is not None and limit < 1:
         raise SweepError(f"--limit must be at least 1, got {limit}")
@@ -224,10 +233,14 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
         cases = list_cases(filter)
     except re.error as exc:
         raise SweepError(f"--filter {filter!r} is not a valid regular expression: {exc}") from exc
+    if sample is not None:
+        chosen = {c.case_id for c in sample_cases(sample)}
+        cases = [c for c in cases if c.case_id in chosen]
     if common:
         cases = [c for c in cases if c.model_type in COMMON_ARCHITECTURES]
     if not cases:
-        where = f"--filter {filter!r}{' with --common' if common else ''}"
+        where = (f"--filter {filter!r}{' with --common' if common else ''}"
+                 f"{f' with --sample --seed {sample}' if sample is not None else ''}")
         raise SweepError(f"{where} matches none of the {len(list_cases())} zoo cases; ids look like "
                          "'llama/LlamaForCausalLM' (see hfexport_sweep.zoo.list_cases)")
     return cases[:limit] if limit else cases
@@ -823,7 +836,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
               overwrite: bool = False, recheck_skips: bool = False, limit: int | None = None, common: bool = False,
               rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None,
               progress: bool | None = None, report: bool = True, preload: Iterable[str] = (),
-              apply_skips: bool = True) -> SweepSummary:
+              apply_skips: bool = True, sample: int | None = None) -> SweepSummary:
     """Export every selected zoo case with ``backend``, one process per case, and write the results.
 
     Args:
@@ -838,6 +851,8 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
             entries that now pass; results go to ``recheck.json``, not ``results.jsonl``.
         limit: run only the first ``limit`` matching cases.
         common: run only the cases of the 60 :data:`COMMON_ARCHITECTURES` (a stratified sweep).
+        sample: a seed: run a seeded sample of one case per model type (:func:`hfexport_sweep.zoo.sample_cases`,
+            about 450 cases), narrowed by ``filter``/``common``/``limit``; ``None``: every matching case.
         rerun: statuses whose recorded cases run again (``("timeout",)`` with a longer ``timeout``); the new
             record replaces the old one.
         runner: ``"module:function"`` that exports and verifies one case (see :func:`run_case`).
@@ -865,7 +880,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     if unknown:
         raise SweepError(f"--rerun takes statuses among {', '.join(STATUSES)}; got {', '.join(unknown)}")
     exporter_module, distribution = resolve_backend(backend)
-    cases = select_cases(filter, limit, common)
+    cases = select_cases(filter, limit, common, sample)
     out = Path(output) if output is not None else Path("reports") / backend
     meta = sweep_meta(backend, distribution, runner)
     done = prepare_output(out, meta, overwrite)
@@ -873,8 +888,12 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     run_entry: dict[str, Any] = {
         "run_id": uuid.uuid4().hex, "started": started,
         "command": command or shlex.join(["hfexport", *sys.argv[1:]]), "filter": filter, "limit": limit,
-        "common": common, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout, "recheck_skips": recheck_skips,
-        "selected": len(cases), "zoo_cases": len(_all_cases())}
+        "common": common, "sample_seed": sample, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout,
+        "recheck_skips": recheck_skips, "selected": len(cases), "zoo_cases": len(_all_cases())}
+    if sample is not None:
+        from .zoo import sample_cases
+
+        run_entry["sample_cases"] = len(sample_cases(sample))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
     preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]
@@ -1015,6 +1034,11 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--common", action="store_true",
                    help=f"only the cases of {len(COMMON_ARCHITECTURES)} widely used architectures (a stratified "
                         "sweep, for slow backends)")
+    p.add_argument("--sample", action="store_true",
+                   help="a seeded sample: one class per model type (family), drawn among the classes that have an "
+                        "input recipe by an RNG seeded with --seed and the model type (the same on every run and "
+                        "machine; about 450 cases); --filter, --common and --limit narrow it")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="the seed of --sample (default 0)")
     p.add_argument("--rerun", metavar="STATUS[,STATUS]", default="",
                    help="run again the recorded cases with these statuses (e.g. timeout, with a longer --timeout)")
     p.add_argument("--report-only", action="store_true", help="rewrite report.md and index.html from the results")
@@ -1031,10 +1055,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for path in write_reports(output):
             print(f"wrote {path}")
         return 0
+    if args.seed is not None and not args.sample:
+        print("error: --seed is the seed of --sample; pass --sample --seed N", file=sys.stderr)
+        return 2
+    sample = (0 if args.seed is None else args.seed) if args.sample else None
     try:
         summary = run_sweep(args.backend, filter=args.filter, jobs=args.jobs, timeout=args.timeout, output=output,
                             overwrite=args.overwrite, recheck_skips=args.recheck_skips, limit=args.limit,
-                            common=args.common, rerun=[s for s in args.rerun.split(",") if s])
+                            common=args.common, rerun=[s for s in args.rerun.split(",") if s], sample=sample)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

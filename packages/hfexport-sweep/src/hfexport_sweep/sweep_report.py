@@ -182,6 +182,16 @@ def _coverage(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
     if any(r.get("common") for r in runs if not r.get("recheck_skips")):
         what += (f": a stratified subset, every case of the {len(COMMON_ARCHITECTURES)} common architectures of "
                  f"`hfexport sweep --common` ({', '.join(COMMON_ARCHITECTURES)})")
+    sampled = [r for r in runs if not r.get("recheck_skips") and r.get("sample_seed") is not None]
+    if sampled:
+        seeds = sorted({r["sample_seed"] for r in sampled})
+        families = len({r.get("model_type") for r in records})
+        size = next((r.get("sample_cases") for r in reversed(sampled) if r.get("sample_cases")), None)
+        what += (f" ({families} model types): a seeded sample of one class per model type "
+                 f"(`hfexport sweep --sample --seed {', '.join(map(str, seeds))}`"
+                 f"{f', {size} cases in the whole sample' if size else ''})")
+        if len(seeds) > 1 or len(sampled) < len([r for r in runs if not r.get("recheck_skips")]):
+            what += " mixed with other selections"
     if filters and filters != [""]:
         what += " (filters: " + ", ".join(f"`{f}`" if f else "none" for f in filters) + ")"
     elif total and len(records) == total:

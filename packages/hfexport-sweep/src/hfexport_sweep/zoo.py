@@ -34,6 +34,7 @@ import copy
 import functools
 import importlib
 import math
+import random
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ __all__ = [
     "build_case",
     "check_instantiable",
     "list_cases",
+    "sample_cases",
     "tiny_config",
 ]
 
@@ -244,6 +246,31 @@ def list_cases(filter: str | None = None) -> list[ZooCase]:  # noqa: A002 - publ
         pattern = re.compile(filter)
         cases = [c for c in cases if pattern.search(c.case_id)]
     return cases
+
+
+def sample_cases(seed: int = 0) -> list[ZooCase]:
+    """A seeded sample of the zoo: one case per model type (family), sorted by id.
+
+    For every model type with at least one case that has an input recipe (modality other than ``"other"``,
+    which is never instantiable), one such case is drawn by ``random.Random(f"hfexport-sweep-sample:{seed}:
+    {model_type}")`` from its candidates sorted by id. The choice is a pure function of ``seed``, the model
+    type and its classes in the installed ``transformers``: the same on every run and machine, and a family's
+    choice does not move when other families are added. Model types whose cases all lack an input recipe are
+    left out.
+
+    Args:
+        seed: the sample's seed (``hfexport sweep --sample --seed N``).
+
+    Returns:
+        One :class:`ZooCase` per sampled model type (448 with transformers 5.x at the time of writing).
+    """
+    families: dict[str, list[ZooCase]] = {}
+    for case in _index().values():
+        if case.modality != "other":
+            families.setdefault(case.model_type, []).append(case)
+    return sorted((random.Random(f"hfexport-sweep-sample:{seed}:{model_type}").choice(sorted(
+        candidates, key=lambda c: c.case_id)) for model_type, candidates in families.items()),
+        key=lambda c: c.case_id)
 
 
 def get_case(case_id: str) -> ZooCase:
