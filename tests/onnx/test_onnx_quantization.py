@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from quantization_helpers import (
+    CALIBRATION_SENTENCES,
     SENTENCES,
     artifact_bytes,
     embedding_cosines,
@@ -17,37 +18,83 @@ from quantization_helpers import (
 )
 
 import hfexport
-from helpers import tiny_model
+from helpers import load_in_fresh_process, tiny_model
 
 ONNX_FILES = (".onnx", ".onnx.data")
 
 
-@pytest.mark.slow
-def test_minilm_int8_dynamic_is_small_and_keeps_sentence_embeddings(tmp_path):
+@pytest.fixture(scope="module")
+def minilm_float(tmp_path_factory):
+    """The bundled all-MiniLM-L6-v2, its ``encode``, the export's inputs and the size of its float ONNX artifact."""
     model, encode = minilm()
     inputs = encode(SENTENCES[:2])
-    float_export = hfexport.export(model, inputs, backend="onnx", dynamic=True)
+    path = tmp_path_factory.mktemp("float")
+    hfexport.export(model, inputs, backend="onnx", dynamic=True).save_pretrained(path)
+    return model, encode, inputs, artifact_bytes(path, ONNX_FILES)
+
+
+@pytest.mark.slow
+def test_minilm_int8_dynamic_is_small_and_keeps_every_sentence_embedding(minilm_float, tmp_path):
+    model, encode, inputs, float_bytes = minilm_float
     quantized = hfexport.export(model, inputs, backend="onnx", dynamic=True, quantize="int8-dynamic")
-    float_export.save_pretrained(tmp_path / "float")
     quantized.save_pretrained(tmp_path / "int8")
-    ratio = artifact_bytes(tmp_path / "int8", ONNX_FILES) / artifact_bytes(tmp_path / "float", ONNX_FILES)
+    ratio = artifact_bytes(tmp_path / "int8", ONNX_FILES) / float_bytes
 
     section = quantized.manifest["quantization"]
-    assert section["recipe"] == "int8-dynamic"
+    assert section["recipe"] == "int8-dynamic" and section["group_size"] == 128
     assert section["quantized"]["MatMul"] == 37 and section["quantized"]["Gather"] >= 1  # 6 x 6 linears + pooler
+    assert section["kept_float"]["MatMul with a constant weight"] == 0
     assert section["size_bytes"]["ratio"] == pytest.approx(ratio, abs=0.01)
     verification = quantized.manifest["verification"]
-    assert verification["metric"] == "quantized" and verification["passed"] and verification["cosine"] >= 0.95
+    assert verification["metric"] == "quantized" and verification["passed"] and verification["cosine"] >= 0.99
 
     loaded = hfexport.load(tmp_path / "int8")
     cosines = embedding_cosines(loaded, model, encode)
     print(f"\nONNX int8-dynamic all-MiniLM-L6-v2: {ratio:.1%} of the float artifact; sentence embeddings' cosine "
           f"with float eager: mean {cosines.mean():.4f}, min {cosines.min():.4f} over {len(cosines)} sentences")
     assert ratio <= 0.35
-    assert cosines.mean() >= 0.99
-    assert cosines.min() >= 0.98  # per-tensor dynamic activations: the shortest sentences lose most
+    assert cosines.min() >= 0.99  # the acceptance, for every sentence (measured 0.9974)
+    assert cosines.mean() >= 0.995  # measured 0.9987
     report = loaded.verify_stored()["model"]  # the stored check re-runs with the quantized comparison
     assert report.passed and report.as_dict()["metric"] == "quantized"
+    import onnx
+
+    proto = onnx.load(str(tmp_path / "int8" / "model.onnx"), load_external_data=False)
+    assert {n.op_type for n in proto.graph.node} >= {"MatMulNBits"}
+
+
+@pytest.mark.slow
+def test_minilm_int8_static_is_small_and_calibrated_on_the_given_inputs(minilm_float):
+    model, encode, inputs, float_bytes = minilm_float
+    calibration = [encode(CALIBRATION_SENTENCES[:4]), encode(CALIBRATION_SENTENCES[4:])]
+    quantized = hfexport.export(model, inputs, backend="onnx", dynamic=True,
+                                quantize=hfexport.Quantization("int8-static", calibration=calibration))
+    section = quantized.manifest["quantization"]
+    assert section["calibration"] == {"batches": 2, "source": "calibration="}
+    assert section["format"].startswith("QDQ") and section["quantized"]["MatMul"] == 37
+    assert section["kept_float"]["MatMul with a constant weight"] == 0
+    ratio = section["size_bytes"]["quantized_onnx"] / float_bytes
+    cosines = embedding_cosines(quantized, model, encode)
+    print(f"\nONNX int8-static all-MiniLM-L6-v2: {ratio:.1%} of the float artifact; sentence embeddings' cosine "
+          f"with float eager: mean {cosines.mean():.4f}, min {cosines.min():.4f} (per-tensor static activations)")
+    assert ratio <= 0.35
+    assert cosines.mean() >= 0.92 and cosines.min() >= 0.89  # measured 0.942 / 0.913: see _quantize.py's table
+    assert quantized.manifest["verification"]["passed"]
+
+
+def test_tiny_bert_int8_static_on_dummy_inputs_runs_in_a_new_process(tmp_path):
+    model = tiny_model("bert")
+    exported = hfexport.export(model, backend="onnx", dynamic=True, quantize="int8-static")
+    section = exported.manifest["quantization"]
+    assert section["calibration"] == {"batches": 1, "source": "the export's inputs"}
+    assert section["quantized"]["MatMul"] >= 6 and exported.manifest["verification"]["passed"]
+    path = exported.save_pretrained(tmp_path / "static")
+    inputs = bert_batch(2, 7)  # other shapes than the dummy inputs it was traced and calibrated on
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    got = load_in_fresh_process({"static": (path, inputs)}, tmp_path)["static"][1][0]  # last_hidden_state
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
+    assert got.shape == expected.shape and cosine >= 0.9
 
 
 def test_tiny_llama_int8_dynamic_generates(capsys):
@@ -88,20 +135,29 @@ def test_manifest_records_the_recipe_and_sizes(tmp_path):
     path = exported.save_pretrained(tmp_path / "a")
     manifest = json.loads((path / "export.json").read_text())
     section = manifest["quantization"]
-    assert section["format"].startswith("QOperator") and section["weights"].startswith("int8")
+    assert section["format"].startswith("MatMulNBits") and section["weights"].startswith("int8")
+    assert section["steps"][0].startswith("onnxruntime.quantization.MatMulNBitsQuantizer(bits=8, block_size=128")
     assert set(section["size_bytes"]) == {"float_weights", "float_onnx", "quantized_onnx", "ratio"}
-    assert manifest["config"]["quantize"] == "Quantization('int8-dynamic', min_cosine=0.95)"
+    assert manifest["config"]["quantize"] == "Quantization('int8-dynamic', group_size=128, min_cosine=0.98)"
     import onnx
 
     proto = onnx.load(str(path / "model.onnx"), load_external_data=False)
     assert {p.key: p.value for p in proto.metadata_props}["pkg.hfexport.quantization"] == "int8-dynamic"
-    assert "MatMulInteger" in {n.op_type for n in proto.graph.node}
+    assert "MatMulNBits" in {n.op_type for n in proto.graph.node}
+
+
+def test_int8_dynamic_per_tensor_writes_the_qoperator_form():
+    exported = hfexport.export(tiny_model("bert"), backend="onnx", quantize="int8-dynamic-per-tensor")
+    section = exported.manifest["quantization"]
+    assert section["format"].startswith("QOperator") and section["activations"].startswith("uint8, asymmetric, per tensor")
+    assert section["quantized"]["MatMul"] >= 6 and "group_size" not in section
+    assert exported.manifest["verification"]["passed"]
 
 
 # ── bad input ──────────────────────────────────────────────────────────────────────────────────────────
 def test_a_recipe_the_backend_does_not_support_names_those_it_does():
     with pytest.raises(ValueError, match=r"backend 'onnx' does not support quantize='8da4w': it supports "
-                                         r"'int8-dynamic'"):
+                                         r"'int8-dynamic', 'int8-dynamic-per-tensor', 'int8-static'"):
         hfexport.export(tiny_model("bert"), backend="onnx", quantize="8da4w")
     with pytest.raises(TypeError, match="DynamoConfig does not take 'quantize'"):
         hfexport.export(tiny_model("bert"), backend="dynamo", quantize="int8-dynamic")
@@ -109,9 +165,13 @@ def test_a_recipe_the_backend_does_not_support_names_those_it_does():
 
 def test_options_the_recipe_does_not_take_are_refused():
     calibration = [{"input_ids": torch.ones(2, 8, dtype=torch.long)}]
-    with pytest.raises(ValueError, match="takes no calibration; it takes no options"):
+    with pytest.raises(ValueError, match="takes no calibration; it takes group_size"):
         hfexport.export(tiny_model("bert"), backend="onnx",
                         quantize=hfexport.Quantization("int8-dynamic", calibration=calibration))
+    with pytest.raises(ValueError, match="takes no group_size; it takes calibration"):
+        hfexport.export(tiny_model("bert"), backend="onnx", quantize=hfexport.Quantization("int8-static", group_size=32))
+    with pytest.raises(ValueError, match=r"group_size .* must be 16, 32, 64, 128 or 256 .* got 48"):
+        hfexport.export(tiny_model("bert"), backend="onnx", quantize=hfexport.Quantization("int8-dynamic", group_size=48))
     with pytest.raises(TypeError, match="quantize must be a recipe name"):
         hfexport.export(tiny_model("bert"), backend="onnx", quantize=8)
     with pytest.raises(TypeError, match=r"min_cosine must be a number in \(0, 1\]"):
@@ -150,7 +210,32 @@ def test_cli_export_quantize(tmp_path, capsys):
     # a recipe the backend lacks, and a backend that does not quantize: usage errors (exit 2) that say what to do
     assert cli.main(["export", str(tmp_path / "bert"), "--backend", "onnx", "--quantize", "8da4w",
                      "--output", str(tmp_path / "x")]) == 2
-    assert "backend 'onnx' does not support quantize='8da4w': it supports 'int8-dynamic'" in capsys.readouterr().err
+    assert "backend 'onnx' does not support quantize='8da4w': it supports 'int8-dynamic'," in capsys.readouterr().err
     assert cli.main(["export", str(tmp_path / "bert"), "--backend", "dynamo", "--quantize", "int8-dynamic",
                      "--output", str(tmp_path / "y")]) == 2
     assert "backend 'dynamo' does not quantize (--quantize int8-dynamic)" in capsys.readouterr().err
+
+
+def bert_batch(batch: int, seq: int) -> dict[str, torch.Tensor]:
+    """Inputs of the tiny BERT (vocab 99, 2 token types)."""
+    ids = torch.randint(0, 99, (batch, seq), generator=torch.Generator().manual_seed(seq))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+
+
+def test_a_calibration_set_that_does_not_match_is_refused_before_any_work():
+    events = []
+    bad = bert_batch(2, 8)
+    bad["input_ids"] = bad["input_ids"].int()
+    with pytest.raises(hfexport.InvalidInputError, match=r"calibration batch 1: input 'input_ids' is int32 of rank 2"):
+        hfexport.export(tiny_model("bert"), backend="onnx", dynamic=True, progress=events.append,
+                        quantize=hfexport.Quantization("int8-static", calibration=[bert_batch(2, 8), bad]))
+    lacking = {"input_ids": bert_batch(2, 8)["input_ids"], "pixel_values": torch.ones(1, 3)}
+    with pytest.raises(hfexport.InvalidInputError, match="calibration batch 0 lacks attention_mask, token_type_ids "
+                                                         "and has pixel_values, which the export does not take"):
+        hfexport.export(tiny_model("bert"), backend="onnx", dynamic=True, progress=events.append,
+                        quantize=hfexport.Quantization("int8-static", calibration=[lacking]))
+    with pytest.raises(hfexport.InvalidInputError, match=r"has shape \[3, 5\], but this onnx export has static "
+                                                         r"shapes \(traced \[\d+, \d+\]\)"):
+        hfexport.export(tiny_model("bert"), backend="onnx", progress=events.append,
+                        quantize=hfexport.Quantization("int8-static", calibration=[bert_batch(3, 5)]))
+    assert events == []  # no stage started

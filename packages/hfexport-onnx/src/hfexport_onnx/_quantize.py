@@ -1,24 +1,59 @@
-"""``OnnxConfig(quantize="int8-dynamic")``: ONNX Runtime's dynamic int8 quantization of the exported model.
+"""``OnnxConfig(quantize=...)``: ONNX Runtime's int8 quantization of the exported model, the last step of stage 5.
 
-Stage 5 runs it as the step ``onnxruntime.quantization.quantize_dynamic``, after the IR fixes and the onnxscript
-optimizer (the quantizer then sees folded constants: a ``MatMul`` whose weight is an initializer, not a
-``Transpose`` of one) and before the ONNX Runtime session is opened on the result.
+It runs after the IR fixes, the onnxscript optimizer and the ORT fusions (the quantizer then sees folded constants:
+a ``MatMul`` whose weight is an initializer, not a ``Transpose`` of one) and before the ONNX Runtime session is
+opened on the result. Only ``MatMul``/``Gemm`` with a constant weight and ``Gather`` of a constant table (the
+embeddings) are quantized; LayerNorm, softmax, the fused ``MultiHeadAttention`` and attention's
+activation-by-activation ``MatMul`` stay float32 (``MatMulConstBOnly``). Three recipes:
 
-What ``int8-dynamic`` does: every ``MatMul`` whose second input is a constant weight gets int8 weights, one scale
-per output channel (symmetric), and its activation is quantized to uint8 at run time, one scale per tensor
-(``DynamicQuantizeLinear`` -> ``MatMulInteger``); every ``Gather`` of a constant table (the embeddings) gets an
-int8 table dequantized after the lookup. The rest of the graph (LayerNorm, softmax, attention's activation-by-
-activation MatMuls) stays float32.
+- ``"int8-dynamic"`` (default ``group_size=128``) — the steps ``onnxruntime.quantization.MatMulNBitsQuantizer``
+  then ``onnxruntime.quantization.quantize_dynamic``. Every ``MatMul`` with a constant weight becomes
+  ``MatMulNBits(bits=8, block_size=group_size, accuracy_level=4)``: int8 weights, symmetric, one scale per
+  ``group_size`` input weights of each output channel; ``accuracy_level=4`` makes MLAS quantize the activation to
+  int8 at run time *per row and per block* of the same size and run an int8 dot-product GEMM (VNNI on x86, SDOT on
+  ARM). ``quantize_dynamic`` then quantizes what ``MatMulNBits`` does not take (embedding tables int8; a ``Gemm``,
+  such as BERT's pooler, as in the next recipe). ``group_size`` is 16, 32, 64, 128 or 256.
+- ``"int8-dynamic-per-tensor"`` — ``quantize_dynamic`` alone (QOperator, the only form it writes: QDQ is static
+  quantization's): ``MatMul`` weights int8 per output channel, activations uint8 *one scale per tensor* at run time
+  (``DynamicQuantizeLinear`` -> ``MatMulInteger``, fused by ORT into ``DynamicQuantizeMatMul``, MLAS's u8s8 GEMM),
+  embedding tables int8. The fastest on a VNNI CPU, the least accurate.
+- ``"int8-static"`` — ``quantize_static`` in the QDQ format (``QuantizeLinear``/``DequantizeLinear`` pairs that
+  ORT's CPU provider fuses into ``QLinearMatMul``): weights int8 per output channel, activations uint8 one scale per
+  tensor with ranges observed (MinMax) on calibration inputs, ``Quantization("int8-static", calibration=[...])``,
+  by default the export's own inputs (the user's, or the dummy inputs built from the config).
 
-**QOperator, not QDQ.** ONNX Runtime's dynamic quantization writes the QOperator form (``quantize_dynamic`` has no
-QDQ mode: QDQ is the format of static quantization, for execution providers that fuse ``QuantizeLinear`` /
-``DequantizeLinear`` pairs themselves). On the CPU provider the QOperator form is the fast one: ORT's graph
-optimizer fuses ``DynamicQuantizeLinear`` + ``MatMulInteger`` + the scale ``Mul`` into ``DynamicQuantizeMatMul``,
-which runs MLAS's u8s8 int8 GEMM (VNNI where the CPU has it).
+**Why int8-dynamic is blockwise** (all-MiniLM-L6-v2, the 16 sentences of ``tests/quantization_helpers.py``,
+sentence embeddings' cosine with float eager, mean / worst; size of the float artifact; latency 1 x 128, one
+thread, float 35 ms, on an AVX-512 VNNI CPU):
 
-**Per channel.** Per-tensor weight scales lose too much on BERT-style encoders (all-MiniLM-L6-v2: sentence
-embeddings at cosine 0.94 with float, against 0.99 per channel); ``reduce_range`` (7-bit weights, for CPUs without
-VNNI) costs more still (0.82), so it is off.
+=====================================================  ===============  ======  ========
+QOperator per tensor (``int8-dynamic-per-tensor``)      0.9923 / 0.9861   25.6%  2.2x
+  ... weights per tensor too                             0.9621 / 0.9332   25.5%
+  ... ``reduce_range`` (7-bit weights)                   0.82
+  ... symmetric activations                              0.9919 / 0.9868
+  ... FFN up projections left float                      0.9955 / 0.9929   37.2%
+  ... FFN down projections left float                    0.9956 / 0.9918   37.2%
+  ... first or last layer left float                     0.994 / 0.988     31.4%
+``MatMulNBits`` 8-bit, block 128 (``int8-dynamic``)      0.9987 / 0.9975   25.8%  1.3-1.4x
+  ... block 64                                           0.9990 / 0.9983   26.2%  1.3x
+  ... block 256                                          0.9977 / 0.9948   28.3%
+  ... FFN only, QOperator elsewhere                      0.9977 / 0.9955   25.8%  1.5x
+``quantize_static`` QDQ u8s8 MinMax (``int8-static``)   0.94 / 0.91       25.7%  2x
+  ... every op type (add, LayerNorm, ...)                0.84 / 0.73
+  ... Percentile / Entropy calibration                   0.94 / 0.93 ; 0.94 / 0.91
+  ... FFN down projections left float                    0.991 / 0.986     37.8%
+=====================================================  ===============  ======  ========
+
+The error of ``int8-dynamic-per-tensor`` is spread over every layer and every projection (leaving one layer, or
+one kind of projection, float gains at most 0.007 at the worst sentence; the shortest sentence, "Short.", is the
+worst in every variant, alone or in a padded batch): a per-tensor activation scale is set by a few outlier channels
+(the LayerNorm outputs feeding the projections, the one-sided GELU output feeding the FFN's down projection), and
+no exclusion within 35% of the size reaches 0.99. Blockwise activation scales do: ``MatMulNBits`` at block 128 keeps
+every sentence at >= 0.997 for 0.2 points of size and some speed (MLAS's blockwise int8 GEMM is slower than its
+per-tensor one at 128 rows). Static per-tensor ranges fit worse still (the activations of the calibration inputs
+bound those of other sentences badly): ``int8-static`` is for models and execution providers that need a static
+QDQ graph; s8s8 QDQ (int8 activations) runs 3x slower than u8s8 on ORT's CPU provider, hence uint8 activations.
+``reduce_range`` (7-bit weights, for CPUs without VNNI) costs more accuracy still, so it is off everywhere.
 """
 
 from __future__ import annotations
@@ -27,32 +62,66 @@ import contextlib
 import logging
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import onnx
 import onnx_ir as ir
 
-from hfexport.plugin import ExportContext, Quantization, QuantizationRecipe, file_bytes, weight_bytes
+from hfexport.plugin import (
+    ExportContext,
+    Quantization,
+    QuantizationRecipe,
+    file_bytes,
+    resolve_quantization,
+    weight_bytes,
+)
 
-__all__ = ["ONNX_QUANTIZATION_RECIPES", "quantization_section", "quantize_model"]
+__all__ = ["ONNX_QUANTIZATION_RECIPES", "quantization_section", "quantize_model", "resolve_onnx_quantization"]
 
+# Default verification thresholds (cosine of the main output with float eager on the export's inputs), below what
+# was measured: all-MiniLM-L6-v2's last_hidden_state (its sentence embeddings in the table above) at 0.996
+# (int8-dynamic), 0.97-0.98 (per tensor), 0.90 (static); a tiny random Llama's logits at 0.99. A broken
+# quantization lands far below.
 ONNX_QUANTIZATION_RECIPES: dict[str, QuantizationRecipe] = {
     "int8-dynamic": QuantizationRecipe(
-        "int8-dynamic", "ONNX Runtime dynamic int8 (QOperator): MatMul weights int8 per output channel, activations "
-        "uint8 per tensor at run time, embedding tables int8",
-        # Measured: all-MiniLM-L6-v2's last_hidden_state at 0.97-0.98 (its mean-pooled sentence embeddings at
-        # 0.99); a tiny random Llama's logits at 0.99. A broken quantization lands far below.
-        min_cosine=0.95),
+        "int8-dynamic", "ONNX Runtime MatMulNBits (bits=8, accuracy_level=4): MatMul weights int8 in blocks of "
+        "group_size input weights, activations int8 per row and block at run time; embedding tables int8",
+        min_cosine=0.98, options=("group_size",), default_group_size=128),
+    "int8-dynamic-per-tensor": QuantizationRecipe(
+        "int8-dynamic-per-tensor", "ONNX Runtime dynamic int8 (QOperator): MatMul weights int8 per output channel, "
+        "activations uint8 per tensor at run time, embedding tables int8", min_cosine=0.95),
+    "int8-static": QuantizationRecipe(
+        "int8-static", "ONNX Runtime static int8 (QDQ): MatMul weights int8 per output channel, activations uint8 "
+        "per tensor calibrated on the export's inputs (or calibration=), embedding tables int8",
+        min_cosine=0.85, options=("calibration",)),
 }
-_STEP = "onnxruntime.quantization.quantize_dynamic"
+_NBITS, _DYNAMIC, _STATIC = ("onnxruntime.quantization.MatMulNBitsQuantizer",
+                             "onnxruntime.quantization.quantize_dynamic", "onnxruntime.quantization.quantize_static")
+_QUANTIZED_OPS = ("MatMul", "Gemm", "Gather")
+
+
+def resolve_onnx_quantization(value: Any) -> Quantization | None:
+    """``OnnxConfig.quantize`` resolved (:func:`hfexport.plugin.resolve_quantization`).
+
+    Raises:
+        ValueError: a recipe the backend does not support (naming those it does), an option the recipe does not
+            take, or an ``int8-dynamic`` ``group_size`` other than 16, 32, 64, 128, 256 (``MatMulNBits``'s
+            ``block_size``: ONNX Runtime's blockwise quantization takes no other).
+    """
+    quantization = resolve_quantization(value, ONNX_QUANTIZATION_RECIPES, "backend 'onnx'")
+    size = quantization.group_size if quantization is not None else None
+    if size is not None and size not in (16, 32, 64, 128, 256):
+        raise ValueError(f"int8-dynamic group_size (input weights per scale, MatMulNBits' block_size) must be 16, 32, "
+                         f"64, 128 or 256 (ONNX Runtime's blockwise quantization takes no other), got {size}")
+    return quantization
 
 
 @contextlib.contextmanager
 def _quiet_quantizer() -> Iterator[None]:
-    """ONNX Runtime's quantizer logs a root-logger warning on every call ("consider to run pre-processing"): the
-    pre-processing it means (shape inference, ORT graph optimizations) is for static quantization's calibration."""
+    """ONNX Runtime's quantizers log on the root logger at every call ("consider to run pre-processing", types they
+    cannot infer for contrib ops such as ``MultiHeadAttention``, which they leave float anyway); errors still show."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(max(level, logging.ERROR))
@@ -62,42 +131,49 @@ def _quiet_quantizer() -> Iterator[None]:
         root.setLevel(level)
 
 
+def _import_matmul_nbits_quantizer() -> Any:
+    """Import ``onnxruntime.quantization.matmul_nbits_quantizer`` without the logging set-up it does at import.
+
+    **Why**: the module calls ``logging.basicConfig(level=logging.INFO)`` at import time: the root logger of the
+    user's process gets a stderr handler and INFO level, and every library's INFO lines print from then on.
+    The handler it adds is removed and the root level put back.
+    **Upstream**: microsoft/onnxruntime ``onnxruntime/python/tools/quantization/matmul_nbits_quantizer.py``
+    (module-level ``logging.basicConfig``; seen in 1.32).
+    **Remove when**: the module no longer configures logging when imported.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization import matmul_nbits_quantizer
+
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+    return matmul_nbits_quantizer
+
+
 def quantize_model(ctx: ExportContext, model: ir.Model) -> ir.Model:
-    """``model`` quantized with ``ctx.config.quantize`` (the step ``onnxruntime.quantization.quantize_dynamic``);
+    """``model`` quantized with ``ctx.config.quantize`` (see the module docstring for the steps of each recipe);
     records what was quantized and the sizes in ``ctx.extras["onnx_quantization"]`` (the manifest's
     ``quantization`` section).
 
-    The model goes through files (ORT's quantizer reads and writes them), its weights as external data, so that
+    The model goes through files (ORT's quantizers read and write them), its weights as external data, so that
     models past protobuf's 2 GB limit quantize too; the result is read back into memory, its tables inlined.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     quantization: Quantization = ctx.config.quantize  # type: ignore[attr-defined]
     with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
-        source, target = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        source, target = Path(tmp) / "float.onnx", Path(tmp) / "quantized.onnx"
         ir.save(model, source, external_data="float.onnx.data")
         float_size = file_bytes([source, Path(tmp) / "float.onnx.data"])
-        with ctx.step(_STEP), _quiet_quantizer():
-            quantize_dynamic(source, target, per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
-                             use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
-        quantized_size = file_bytes(list(Path(tmp).glob("int8.onnx*")))
+        with _quiet_quantizer():
+            if quantization.recipe == "int8-static":
+                details = _static(ctx, quantization, source, target)
+            else:
+                details = _dynamic(ctx, quantization, source, target)
+        quantized_size = file_bytes(list(Path(tmp).glob("quantized.onnx*")))
         proto = onnx.load(str(target))  # external data read into memory: the temporary directory goes
     quantized = ir.serde.deserialize_model(proto)
-    ops = Counter(node.op_type for node in ir.traversal.RecursiveGraphIterator(quantized.graph))
-    int8_tables = sum(1 for v in quantized.graph.initializers.values()
-                      if v.const_value is not None and v.dtype in (ir.DataType.INT8, ir.DataType.UINT8)
-                      and v.name.endswith("_quantized"))
-    kept_float = sum(1 for node in ir.traversal.RecursiveGraphIterator(quantized.graph)
-                     if node.op_type == "MatMul" and len(node.inputs) > 1 and node.inputs[1] is not None
-                     and node.inputs[1].is_initializer())
     ctx.extras["onnx_quantization"] = {
-        "recipe": quantization.recipe,
-        "step": _STEP,
-        "format": "QOperator (DynamicQuantizeLinear + MatMulInteger; ORT fuses them into DynamicQuantizeMatMul)",
-        "weights": "int8, symmetric, per output channel", "activations": "uint8, asymmetric, per tensor, at run time",
-        "quantized": {"MatMul": ops.get("MatMulInteger", 0), "Gather": _gathers_of_int8(quantized)},
-        "int8_tensors": int8_tables,
-        "kept_float": {"MatMul with a constant weight": kept_float},
+        "recipe": quantization.recipe, **details, **_census(quantized),
         "size_bytes": {"float_weights": weight_bytes(ctx.model), "float_onnx": float_size,
                        "quantized_onnx": quantized_size, "ratio": round(quantized_size / max(float_size, 1), 4)},
         "min_cosine": quantization.min_cosine,
@@ -106,11 +182,126 @@ def quantize_model(ctx: ExportContext, model: ir.Model) -> ir.Model:
     return quantized
 
 
-def _gathers_of_int8(model: ir.Model) -> int:
-    """``Gather`` nodes that read an int8 table (ORT quantizes the table and dequantizes the rows it gathers)."""
-    return sum(1 for node in ir.traversal.RecursiveGraphIterator(model.graph)
-               if node.op_type == "Gather" and node.inputs and node.inputs[0] is not None
-               and node.inputs[0].dtype in (ir.DataType.INT8, ir.DataType.UINT8))
+def _dynamic(ctx: ExportContext, quantization: Quantization, source: Path, target: Path) -> dict[str, Any]:
+    """``int8-dynamic`` (``MatMulNBits``, then ``quantize_dynamic`` on the rest) and ``int8-dynamic-per-tensor``
+    (``quantize_dynamic`` alone)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    steps, blockwise = [], quantization.recipe == "int8-dynamic"
+    if blockwise:
+        nbits_quantizer = _import_matmul_nbits_quantizer()
+        block, nbits = int(quantization.group_size or 128), source.with_name("nbits.onnx")
+        with ctx.step(_NBITS):
+            config = nbits_quantizer.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True,
+                                                                  accuracy_level=4, bits=8)
+            quantizer = nbits_quantizer.MatMulNBitsQuantizer(str(source), algo_config=config)
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(nbits), use_external_data_format=True)
+        source, steps = nbits, [f"{_NBITS}(bits=8, block_size={block}, is_symmetric=True, accuracy_level=4)"]
+    with ctx.step(_DYNAMIC):
+        quantize_dynamic(source, target, per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
+                         use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
+    steps.append(f"{_DYNAMIC}(per_channel=True, weight_type=QInt8, MatMulConstBOnly)")
+    if blockwise:
+        return {"steps": steps, "group_size": block,
+                "format": "MatMulNBits (contrib op, bits=8, accuracy_level=4: MLAS int8 GEMM); QOperator "
+                          "(DynamicQuantizeLinear + MatMulInteger) for a Gemm; int8 tables dequantized after Gather",
+                "weights": f"int8, symmetric, one scale per {block} input weights of each output channel; "
+                           "embedding tables int8",
+                "activations": f"int8, per row and per block of {block}, at run time (accuracy_level=4)"}
+    return {"steps": steps,
+            "format": "QOperator (DynamicQuantizeLinear + MatMulInteger; ORT fuses them into DynamicQuantizeMatMul)",
+            "weights": "int8, symmetric, per output channel; embedding tables int8",
+            "activations": "uint8, asymmetric, per tensor, at run time"}
+
+
+def _static(ctx: ExportContext, quantization: Quantization, source: Path, target: Path) -> dict[str, Any]:
+    """``int8-static``: ``quantize_static`` (QDQ, MinMax) calibrated on the calibration batches."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    graph_inputs = [i.name for i in onnx.load(str(source), load_external_data=False).graph.input]
+    feeds = _calibration_feeds(ctx, quantization, graph_inputs)
+
+    class _Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(feeds)
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self.batches, None)
+
+    with ctx.step(_STATIC):
+        quantize_static(source, target, _Batches(), quant_format=QuantFormat.QDQ, op_types_to_quantize=list(
+                            _QUANTIZED_OPS), per_channel=True, reduce_range=False, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                        use_external_data_format=True,
+                        extra_options={"MatMulConstBOnly": True, "CalibTensorRangeSymmetric": False})
+    return {"steps": [f"{_STATIC}(QDQ, per_channel=True, activations QUInt8, weights QInt8, MinMax, "
+                      "MatMulConstBOnly)"],
+            "format": "QDQ (QuantizeLinear/DequantizeLinear around each MatMul, Gemm and Gather; ORT fuses them "
+                      "into QLinearMatMul)",
+            "weights": "int8, symmetric, per output channel; embedding tables int8",
+            "activations": "uint8, asymmetric, per tensor, ranges observed (MinMax) on the calibration inputs",
+            "calibration": {"batches": len(feeds), "source": "calibration=" if quantization.calibration
+                            else "the export's inputs"}}
+
+
+def _calibration_feeds(ctx: ExportContext, quantization: Quantization,
+                       graph_inputs: list[str]) -> list[dict[str, Any]]:
+    """The calibration batches (the export's inputs by default) as ONNX Runtime feeds: each flattened like the
+    export's inputs and named by the graph inputs (``ctx.extras["onnx_io"]``), floating tensors in the graph's
+    dtype. A batch leaves out no tensor input (``check_quantization_inputs`` refused that before any stage); a
+    non-tensor input it leaves out is the export's."""
+    import numpy as np
+    import torch
+    import torch.utils._pytree as pytree
+
+    leaves_names = ctx.extras["onnx_io"]["input_leaves"]
+    batches: list[Mapping[str, Any]] = list(quantization.calibration or [ctx.inputs])
+    like = pytree.tree_leaves(dict(ctx.inputs))
+    feeds = []
+    for batch in batches:
+        leaves = pytree.tree_leaves({name: batch.get(name, value) for name, value in ctx.inputs.items()})
+        feed = {}
+        for name, leaf, ref in zip(leaves_names, leaves, like, strict=True):
+            if name is None or name not in graph_inputs:
+                continue
+            array = torch.as_tensor(leaf).detach().cpu()
+            if isinstance(ref, torch.Tensor) and array.is_floating_point():
+                array = array.to(ref.dtype)
+            feed[name] = np.ascontiguousarray(array.numpy())
+        feeds.append(feed)
+    return feeds
+
+
+def _census(model: ir.Model) -> dict[str, Any]:
+    """What the quantized graph holds: quantized ``MatMul``/``Gemm`` and ``Gather`` nodes, in any of the three
+    forms, and the ``MatMul``/``Gemm`` with a constant weight left float."""
+    nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
+    ops = Counter(node.op_type for node in nodes)
+
+    def dequantized(value: ir.Value | None) -> bool:
+        producer = value.producer() if value is not None else None
+        return (producer is not None and producer.op_type == "DequantizeLinear") or (
+            value is not None and value.dtype in (ir.DataType.INT8, ir.DataType.UINT8))
+
+    def weight(node: ir.Node) -> ir.Value | None:
+        return node.inputs[1] if len(node.inputs) > 1 else None
+
+    qdq_matmuls = sum(1 for n in nodes if n.op_type in ("MatMul", "Gemm") and dequantized(weight(n)))
+    gathers = sum(1 for n in nodes if n.op_type == "Gather" and n.inputs and dequantized(n.inputs[0]))
+    kept_float = sum(1 for n in nodes if n.op_type in ("MatMul", "Gemm") and weight(n) is not None
+                     and weight(n).is_initializer() and weight(n).dtype == ir.DataType.FLOAT)
+    matmuls = ops.get("MatMulNBits", 0) + ops.get("MatMulInteger", 0) + qdq_matmuls
+    int8_tensors = sum(1 for v in model.graph.initializers.values()
+                       if v.const_value is not None and v.dtype in (ir.DataType.INT8, ir.DataType.UINT8))
+    return {"quantized": {"MatMul": matmuls, "Gather": gathers}, "int8_tensors": int8_tensors,
+            "kept_float": {"MatMul with a constant weight": kept_float}}
 
 
 def quantization_section(ctx: ExportContext) -> dict[str, Any]:

@@ -14,8 +14,7 @@ The file follows the five stages: the config, the exporter with its stages in or
    ``onnxscript optimizer`` (skipped with ``optimize=False`` or for a class in ``ONNX_DISABLE_OPTIMIZE``; a crash
    keeps the unoptimized model, or fails with ``optimize_fallback=False``), ``onnxscript ort_fusions`` (ONNX
    Runtime's fused ops, ``ort_fusions="cpu"`` by default: ``_fusions.py``) and ``onnxruntime.InferenceSession``
-   (with ``quantize="int8-dynamic"``, the step ``onnxruntime.quantization.quantize_dynamic`` just before it:
-   ``_quantize.py``).
+   (with ``quantize=``, ONNX Runtime's quantization steps just before it: ``_quantize.py``).
 
 Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
 **Upstream** and **Remove when**. The runner, I/O names, opset check, metadata and failure texts are private
@@ -52,7 +51,6 @@ from hfexport.plugin import (
     register_fx_node_fix,
     register_patch,
     register_workaround,
-    resolve_quantization,
     workarounds_for,
 )
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
@@ -68,7 +66,7 @@ from ._errors import (
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, check_ort_fusions, fuse_and_open
 from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count
 from ._naming import io_names, name_graph_io
-from ._quantize import ONNX_QUANTIZATION_RECIPES, quantization_section, quantize_model
+from ._quantize import quantization_section, quantize_model, resolve_onnx_quantization
 from ._runner import (
     DATA_FILE,
     MODEL_FILE,
@@ -109,7 +107,8 @@ class OnnxConfig(DynamoConfig):
             plain ONNX ops. A class in ``ORT_FUSIONS_DISABLE``, a fusion that fails or a fused graph ONNX Runtime
             refuses exports unfused, with a warning; ``optimize_fallback=False`` makes those errors.
         quantize: a quantization recipe (or an ``hfexport.Quantization``), applied last in stage 5, before the
-            session opens: ``"int8-dynamic"``, ONNX Runtime's dynamic int8 (``_quantize.py``). The export is then
+            session opens: ``"int8-dynamic"`` (ONNX Runtime's MatMulNBits, 8-bit, blockwise),
+            ``"int8-dynamic-per-tensor"`` or ``"int8-static"`` (QDQ, calibrated): ``_quantize.py``. The export is then
             verified against float eager by cosine similarity (``hfexport._quantization``).
     """
 
@@ -140,7 +139,7 @@ class OnnxConfig(DynamoConfig):
             raise ValueError(f"providers must name execution providers of the installed onnxruntime; "
                              f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
         self.ort_fusions = check_ort_fusions(self.ort_fusions)
-        self.quantize = resolve_quantization(self.quantize, ONNX_QUANTIZATION_RECIPES, "backend 'onnx'")
+        self.quantize = resolve_onnx_quantization(self.quantize)
 
 
 class OnnxExporter(Exporter):
@@ -287,7 +286,9 @@ class OnnxExporter(Exporter):
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""
         super().check_inputs(inputs, model)
-        check_quantization_inputs(self.config.quantize, inputs, model, static_shapes=False, backend=self.name)  # type: ignore[attr-defined]
+        config: OnnxConfig = self.config  # type: ignore[assignment]
+        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,  # type: ignore[arg-type]
+                                  static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
