@@ -108,6 +108,17 @@ def fake_raise(model, inputs, alt_inputs, backend, atol, rtol):
     raise RuntimeError("runner blew up\nsecond line")
 
 
+def fake_grow(model, inputs, alt_inputs, backend, atol, rtol):
+    """A sweep runner whose resident memory grows by 256 MiB every 0.1 s, up to 4 GiB, then reports ok."""
+    import torch
+
+    held = []
+    for _ in range(16):
+        held.append(torch.ones(64 * 2**20))  # 256 MiB, touched
+        time.sleep(0.1)
+    return {"status": "ok", "export_s": 0.0, "verify_s": 0.0, "max_abs_diff": 0.0}
+
+
 def _records(path: Path) -> dict[str, dict]:
     return {r["case_id"]: r for r in sweep.load_results(path / RESULTS_FILE)}
 
@@ -238,6 +249,20 @@ def test_crash_or_hang_is_recorded_and_the_sweep_goes_on(tmp_path, runner, statu
     for record in summary.records:
         assert record["status"] == status
         assert cause in record["cause"]
+
+
+def test_a_case_over_the_memory_limit_is_killed_and_recorded(tmp_path, capsys):
+    summary = run_sweep("dynamo", filter=TINY, output=tmp_path / "res", runner="test_sweep:fake_grow",
+                        memory_limit=1.5, progress=False, report=False)
+    (record,) = summary.records
+    # killed by the sweep while the runner grew past 1.5 GiB (it would have reached 4 GiB and reported ok)
+    assert record["status"] == "export_error" and record["stage"] == "memory limit (export)", record
+    assert "over the memory limit of 1.5 GiB, during export" in record["cause"]
+    resident = float(record["cause"].split("killed at ")[1].split(" GiB")[0])
+    assert 1.5 < resident < 3.5
+    assert json.loads((tmp_path / "res" / "meta.json").read_text())["runs"][0]["memory_limit_gib"] == 1.5
+    assert cli.main(["sweep", "--backend", "dynamo", "--memory-limit", "0", "--output", str(tmp_path / "o")]) == 2
+    assert "--memory-limit must be positive (GiB), got 0" in capsys.readouterr().err
 
 
 def test_skips_are_recorded_and_rechecked(tmp_path, monkeypatch, capsys):

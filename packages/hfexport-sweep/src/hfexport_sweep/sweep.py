@@ -39,6 +39,12 @@ Example::
     hfexport sweep --backend onnx --recheck-skips
     hfexport sweep --backend executorch-xnnpack --sample --seed 0 --jobs 2
 
+``--executor ray [--address ADDR]`` runs the same sweep as one Ray task per case (``hfexport_sweep._ray``):
+each task runs the case process of the local executor (:func:`run_one_case`), with its timeout and memory
+limit, and the driver appends each record to the same ``results.jsonl`` as its task finishes, so a sweep
+resumes across executors. Ray is optional: ``pip install 'hfexport-sweep[ray]'``; every node needs hfexport
+and the backend installed.
+
 ``--sample [--seed N]`` sweeps a seeded sample of the zoo: for every model type (family), one class among
 those with an input recipe, drawn by an RNG seeded with ``N`` (default 0) and the model type
 (:func:`hfexport_sweep.zoo.sample_cases`): the same cases on every run and machine for one transformers
@@ -119,6 +125,8 @@ examples:
   hfexport sweep --backend onnx --filter '^(bert|llama|t5)/' --jobs 2 --timeout 120
   hfexport sweep --backend dynamo --recheck-skips              re-run the EXPORT_SKIPS classes
   hfexport sweep --backend onnx --sample --seed 0 --jobs 2     one seeded class per model type (~450 cases)
+  hfexport sweep --backend onnx --executor ray --address HEAD:6379 --memory-limit 8
+                                                               the zoo on a Ray cluster, one task per case
 
 Statuses: ok, not_instantiable, export_error, runtime_error, mismatch, timeout, skipped. Results are appended to
 <output>/results.jsonl as they come: run the same command again to resume an interrupted sweep.
@@ -654,11 +662,29 @@ def _log_tail(path: str, lines: int = 3) -> str:
     return " | ".join(tail)[:300]
 
 
-def _finish(run: _Running, timed_out: bool, timeout: float) -> dict[str, Any]:
+def _rss_bytes(pid: int) -> int | None:
+    """The resident memory of a process in bytes (``VmRSS`` in ``/proc``), or ``None`` where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _finish(run: _Running, timed_out: bool, timeout: float, over_memory: int | None = None) -> dict[str, Any]:
     phase_file = Path(run.result_path + ".phase")
     phase = phase_file.read_text() if phase_file.exists() else "start"
     if timed_out:
         return {"status": "timeout", "stage": phase, "cause": f"timed out after {timeout:g} s during {phase}"}
+    if over_memory is not None:  # killed by the sweep: a status of the phase, as for a crash
+        status = {"build": "not_instantiable", "export": "export_error"}.get(phase, "runtime_error")
+        cause = (f"killed at {over_memory / 2**30:.2f} GiB resident, over the memory limit of "
+                 f"{run.job['memory_limit'] / 2**30:g} GiB, during {phase}")
+        return {"status": status, "stage": f"memory limit ({phase})", "cause": cause,
+                **({"reason": cause} if status == "not_instantiable" else {})}
     try:
         return json.loads(Path(run.result_path).read_text())
     except (OSError, ValueError):
@@ -788,7 +814,11 @@ def known_failures(backend: str) -> KnownFailures:
 
 def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: float, preload: Iterable[str],
               on_record: Callable[[dict[str, Any]], None]) -> None:
-    """Run the case processes, ``jobs`` at a time, calling ``on_record`` with each record as it finishes."""
+    """Run the case processes, ``jobs`` at a time, calling ``on_record`` with each record as it finishes.
+
+    A case process is killed past ``timeout`` seconds, and when its resident memory exceeds its job's
+    ``memory_limit`` (bytes; polled every 0.2 s from ``/proc``, so Linux only).
+    """
     from multiprocessing.connection import wait
 
     if not jobs_list:
@@ -808,17 +838,22 @@ def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: f
                     running.append(_Running(case, process, time.monotonic(), stem + ".json", stem + ".log", job))
                 now = time.monotonic()
                 next_deadline = min(r.started + timeout for r in running)
-                wait([r.process.sentinel for r in running], timeout=max(0.05, next_deadline - now))
+                poll = 0.2 if any(r.job.get("memory_limit") for r in running) else float("inf")
+                wait([r.process.sentinel for r in running], timeout=max(0.05, min(poll, next_deadline - now)))
                 now = time.monotonic()
                 for run in list(running):
                     timed_out = run.process.is_alive() and now - run.started > timeout
-                    if run.process.is_alive() and not timed_out:
+                    limit, rss = run.job.get("memory_limit"), None
+                    if limit and run.process.is_alive() and not timed_out:
+                        rss = _rss_bytes(run.process.pid)
+                        rss = rss if rss is not None and rss > limit else None
+                    if run.process.is_alive() and not timed_out and rss is None:
                         continue
-                    if timed_out:
+                    if run.process.is_alive():
                         run.process.kill()
                     run.process.join()
                     running.remove(run)
-                    record = {**_base_record(run.case, run.job["backend"]), **_finish(run, timed_out, timeout)}
+                    record = {**_base_record(run.case, run.job["backend"]), **_finish(run, timed_out, timeout, rss)}
                     if "list" in run.job:  # --recheck-skips: the skip list the case's class is in
                         record["list"] = run.job["list"]
                     record["seconds"] = round(now - run.started, 2)
@@ -831,18 +866,87 @@ def _run_jobs(jobs_list: list[tuple[Any, dict[str, Any]]], jobs: int, timeout: f
                 run.process.join()
 
 
-def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa: A002 - CLI name
+def run_one_case(case: Any, job: dict[str, Any], timeout: float, preload: Iterable[str]) -> dict[str, Any]:
+    """Run one case in its own process, as the local executor does, and return its record.
+
+    What a Ray task of ``--executor ray`` runs: the same case process (forked from a server that imported
+    ``preload``), the same timeout and memory limit, the same record.
+
+    Args:
+        case: a :class:`~hfexport_sweep.zoo.ZooCase`.
+        job: its job (``backend``, ``runner``, ``atol``, ``rtol``, ``threads``, ``case_id``, and as they apply
+            ``memory_limit`` in bytes, ``options``, ``list``).
+        timeout: seconds the case may take.
+        preload: modules the case process's server imports once.
+
+    Returns:
+        The case's record, as written to ``results.jsonl``.
+    """
+    records: list[dict[str, Any]] = []
+    _run_jobs([(case, job)], 1, timeout, preload, records.append)
+    return records[0]
+
+
+EXECUTORS = ("local", "ray")
+"""``--executor``: ``local`` runs the case processes on this machine (``--jobs`` at a time); ``ray`` runs one
+Ray task per case on a Ray instance or cluster, each task running the case process as :func:`run_one_case`."""
+RAY_EXTRA = "pip install 'hfexport-sweep[ray]'"
+
+
+def _check_executor(executor: str, address: str | None) -> None:
+    if executor not in EXECUTORS:
+        raise SweepError(f"--executor takes one of {', '.join(EXECUTORS)}; got {executor!r}")
+    if address is not None and executor != "ray":
+        raise SweepError("--address is the Ray cluster of --executor ray; pass --executor ray --address ADDR")
+    if executor == "ray":
+        from ._ray import import_ray
+
+        try:
+            import_ray(address)
+        except ImportError as exc:
+            raise SweepError(f"--executor ray needs Ray, which does not import ({type(exc).__name__}: {exc}); "
+                             f"install the extra: {RAY_EXTRA}") from exc
+
+
+def _execute(items: list[tuple[Any, dict[str, Any]]], jobs: int | None, timeout: float, preload: list[str],
+             on_record: Callable[[dict[str, Any]], None], executor: str, address: str | None) -> None:
+    """Run the cases with the chosen executor, calling ``on_record`` with each record as it finishes."""
+    if not items:
+        return
+    if executor == "ray":
+        from ._ray import RayClusterError, run_on_ray
+
+        try:
+            run_on_ray(items, run_one_case, on_record, _task_failure, timeout=timeout, preload=preload,
+                       address=address, max_in_flight=jobs)
+        except RayClusterError as exc:
+            raise SweepError(str(exc)) from exc
+    else:
+        _run_jobs(items, jobs or 1, timeout, preload, on_record)
+
+
+def _task_failure(case: Any, job: dict[str, Any], exc: BaseException) -> None:
+    """A case whose Ray task failed (its worker or node died past Ray's retries): not a result of the export,
+    so nothing is recorded and the case runs again when the sweep is resumed."""
+    print(f"ray task of {case.case_id} failed, not recorded (it runs again on resume): {_one_line(exc)}",
+          file=sys.stderr, flush=True)
+
+
+def run_sweep(backend: str, *, filter: str | None = None, jobs: int | None = None,  # noqa: A002 - CLI name
               timeout: float = DEFAULT_TIMEOUT_S, output: str | os.PathLike[str] | None = None,
               overwrite: bool = False, recheck_skips: bool = False, limit: int | None = None, common: bool = False,
               rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None,
               progress: bool | None = None, report: bool = True, preload: Iterable[str] = (),
-              apply_skips: bool = True, sample: int | None = None) -> SweepSummary:
+              apply_skips: bool = True, sample: int | None = None, executor: str = "local",
+              address: str | None = None, memory_limit: float | None = None) -> SweepSummary:
     """Export every selected zoo case with ``backend``, one process per case, and write the results.
 
     Args:
         backend: the backend name (``hfexport backends``).
         filter: a regular expression searched in each case id.
-        jobs: case processes run at once (each gets ``cpu_count // jobs`` torch threads).
+        jobs: case processes run at once (each gets ``cpu_count // jobs`` torch threads; default 1); with
+            ``executor="ray"``, at most this many cases submitted at once (default: all; the cluster's CPUs
+            decide how many run, one CPU and one torch thread each).
         timeout: seconds a case may take (build, eager run, export, verify) before it is killed.
         output: the results directory (default ``reports/<backend>``).
         overwrite: start afresh a directory holding another backend's or version's results.
@@ -861,6 +965,14 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
         report: write ``report.md`` and ``index.html`` when the sweep ends.
         apply_skips: record the ``EXPORT_SKIPS`` classes as ``skipped`` (``False`` runs them like any other,
             e.g. for a runner that is not hfexport's).
+        executor: ``"local"`` (a process pool on this machine) or ``"ray"`` (one Ray task per case, each still in
+            its own process with its timeout and memory limit; needs ``hfexport-sweep[ray]``). Records go to the
+            same ``results.jsonl`` either way, so a sweep resumes across executors.
+        address: with ``executor="ray"``, the cluster to connect to (``ray.init(address=...)``); ``None``:
+            ``RAY_ADDRESS`` if set, else a new local Ray instance for the sweep.
+        memory_limit: GiB of resident memory a case process may use before it is killed (its record then has the
+            status of its phase, like a crash, with stage ``memory limit (phase)``); on Ray also the task's
+            ``memory`` request. ``None``: no limit.
         preload: more modules for the fork server to import once (only the first sweep of a process starts
             the server: a caller running several sweeps passes the union to the first).
 
@@ -871,10 +983,13 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
         SweepError: unknown backend, a filter matching no case, a bad option, or a results directory of
             another sweep (see :func:`prepare_output`) — all before any case runs.
     """
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise SweepError(f"--jobs must be at least 1, got {jobs}")
     if timeout <= 0:
         raise SweepError(f"--timeout must be positive, got {timeout}")
+    if memory_limit is not None and memory_limit <= 0:
+        raise SweepError(f"--memory-limit must be positive (GiB), got {memory_limit:g}")
+    _check_executor(executor, address)
     rerun = tuple(rerun)
     unknown = [s for s in rerun if s not in STATUSES]
     if unknown:
@@ -889,19 +1004,23 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
         "run_id": uuid.uuid4().hex, "started": started,
         "command": command or shlex.join(["hfexport", *sys.argv[1:]]), "filter": filter, "limit": limit,
         "common": common, "sample_seed": sample, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout,
-        "recheck_skips": recheck_skips, "selected": len(cases), "zoo_cases": len(_all_cases())}
+        "recheck_skips": recheck_skips, "selected": len(cases), "zoo_cases": len(_all_cases()),
+        "executor": executor, "address": address, "memory_limit_gib": memory_limit}
     if sample is not None:
         from .zoo import sample_cases
 
         run_entry["sample_cases"] = len(sample_cases(sample))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = 1 if executor == "ray" else max(1, (os.cpu_count() or 1) // (jobs or 1))
     job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
+    if memory_limit is not None:
+        job_base["memory_limit"] = int(memory_limit * 2**30)
     preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]
     skips = export_skips() if apply_skips else {}
     summary = SweepSummary(backend, out)
 
     if recheck_skips:
-        return _recheck(cases, skips, backend, job_base, jobs, timeout, preload, out, run_entry, summary, progress)
+        return _recheck(cases, skips, backend, job_base, jobs, timeout, preload, out, run_entry, summary, progress,
+                        executor, address)
 
     to_run: list[tuple[Any, dict[str, Any]]] = []
     records = dict(done)
@@ -933,7 +1052,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     try:
         for record in new_skips:
             on_record(record)
-        _run_jobs(to_run, jobs, timeout, preload, on_record)
+        _execute(to_run, jobs, timeout, preload, on_record, executor, address)
     except KeyboardInterrupt:
         summary.interrupted = True
     finally:
@@ -948,9 +1067,9 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int = 1,  # noqa
     return summary
 
 
-def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: dict[str, Any], jobs: int,
+def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: dict[str, Any], jobs: int | None,
              timeout: float, preload: list[str], out: Path, run_entry: dict[str, Any], summary: SweepSummary,
-             progress: bool | None) -> SweepSummary:
+             progress: bool | None, executor: str, address: str | None) -> SweepSummary:
     """Run the classes of the known-failure lists and record which entries now pass."""
     listed: list[tuple[str, Any, dict[str, Any]]] = []
     for case in cases:
@@ -977,7 +1096,8 @@ def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: di
         display.update(record)
 
     try:
-        _run_jobs([(case, {**job, "list": name}) for name, case, job in listed], jobs, timeout, preload, on_record)
+        _execute([(case, {**job, "list": name}) for name, case, job in listed], jobs, timeout, preload, on_record,
+                 executor, address)
     except KeyboardInterrupt:
         summary.interrupted = True
     finally:
@@ -1020,7 +1140,9 @@ def register_cli(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     p.add_argument("--backend", "-b", required=True, help="backend name, see `hfexport backends`")
     p.add_argument("--filter", "-k", help="regular expression searched in case ids ('^llama/', 'ForCausalLM$')")
-    p.add_argument("--jobs", "-j", type=int, default=1, help="cases run at once, one process each (default 1)")
+    p.add_argument("--jobs", "-j", type=int, default=None,
+                   help="cases run at once, one process each (default 1); with --executor ray, at most N cases "
+                        "submitted at once (default all: the cluster's CPUs decide, one CPU per case)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds one case may take before it is killed (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--output", "-o", help="results directory (default reports/<backend>); reports of every backend "
@@ -1041,6 +1163,16 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None, metavar="N", help="the seed of --sample (default 0)")
     p.add_argument("--rerun", metavar="STATUS[,STATUS]", default="",
                    help="run again the recorded cases with these statuses (e.g. timeout, with a longer --timeout)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: a process pool on this machine (default); ray: one Ray task per case on a Ray "
+                        f"cluster, each case still in its own process with its timeout and memory limit; results "
+                        f"go to the same resumable results.jsonl (needs Ray: {RAY_EXTRA})")
+    p.add_argument("--address", metavar="ADDR",
+                   help="with --executor ray: the Ray cluster to connect to (HOST:PORT, ray://HOST:PORT, auto); "
+                        "default: RAY_ADDRESS if set, else a new local Ray instance for the sweep")
+    p.add_argument("--memory-limit", type=float, metavar="GIB",
+                   help="kill a case process whose resident memory exceeds GIB (recorded with stage "
+                        "'memory limit'); with --executor ray also each task's Ray memory request (default: none)")
     p.add_argument("--report-only", action="store_true", help="rewrite report.md and index.html from the results")
     p.set_defaults(func=_cmd_sweep)
 
@@ -1062,7 +1194,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     try:
         summary = run_sweep(args.backend, filter=args.filter, jobs=args.jobs, timeout=args.timeout, output=output,
                             overwrite=args.overwrite, recheck_skips=args.recheck_skips, limit=args.limit,
-                            common=args.common, rerun=[s for s in args.rerun.split(",") if s], sample=sample)
+                            common=args.common, rerun=[s for s in args.rerun.split(",") if s], sample=sample,
+                            executor=args.executor, address=args.address, memory_limit=args.memory_limit)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
