@@ -42,6 +42,7 @@ from hfexport.plugin import (
     run_stages,
 )
 
+from . import _model_patches  # noqa: F401  (registers the single-family model patches)
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module
 from ._pytree import register_transformers_pytrees

@@ -23,11 +23,6 @@ EXPORT_SKIPS: dict[str, str] = {
         "(modeling_canine.py): torch.export specializes the sequence length to the traced one. Exportable with a "
         "dynamic sequence once the chunks are cut with tensor ops (pad + unfold/view) instead of a Python list."),
     **dict.fromkeys(
-        ("CpmAntModel", "CpmAntForCausalLM"),
-        "CpmAntModel._prepare_attention_mask builds the left-padding mask from "
-        "torch.tensor(list(range(seqlen - prompt_length))[::-1]), a Python list sized by the sequence, which "
-        "specializes its length. Exportable once it is torch.arange(seqlen - prompt_length - 1, -1, -1)."),
-    **dict.fromkeys(
         ("MambaModel", "MambaForCausalLM", "FalconMambaModel", "FalconMambaForCausalLM", "JambaModel",
          "JambaForCausalLM", "JambaForSequenceClassification", "ZambaModel", "ZambaForCausalLM",
          "ZambaForSequenceClassification"),
@@ -65,11 +60,6 @@ EXPORT_SKIPS: dict[str, str] = {
         "torch.div(hidden_states.size(1), 2 * window_overlap, rounding_mode='trunc'), a tensor, so view() gets a "
         "data-dependent size (GuardOnDataDependentSymNode: Eq(u1, 1)). Exportable once the count is the int "
         "hidden_states.size(1) // (2 * window_overlap)."),
-    **dict.fromkeys(
-        ("SwitchTransformersModel", "SwitchTransformersForConditionalGeneration"),
-        "SwitchTransformersTop1Router.forward reassigns a submodule (`self.classifier = "
-        "self.classifier.to(self.dtype)`), which torch.export cannot trace (RuntimeError: Cannot swap t1 because "
-        "it has weakref associated with it). Exportable once the cast happens at load time, not in forward."),
     **dict.fromkeys(
         ("SEWModel", "SEWForCTC", "SEWForSequenceClassification", "SEWDModel", "SEWDForCTC",
          "SEWDForSequenceClassification"),
