@@ -554,7 +554,7 @@ class ExportedModel:
         if reference is not None:
             fixed = self.manifest.get("fixed_kwargs", {})
             model = reference
-            reference = lambda **kw: model(**kw, **fixed)  # noqa: E731
+            reference = lambda **kw: model(**{**fixed, **kw})  # noqa: E731
         reference = reference or self.reference
         if reference is None:
             raise ValueError("no eager model to compare against: pass verify(inputs, reference=model)")

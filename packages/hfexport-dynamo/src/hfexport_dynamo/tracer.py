@@ -146,7 +146,7 @@ class DynamoTracer:
 
     def reference(self, ctx: ExportContext) -> Any:
         model, fixed = ctx.model, dict(ctx.extras.get("fixed_kwargs", {}))
-        return lambda **kw: model(**kw, **fixed)
+        return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
 
     def load_model(self, path: str | Path) -> torch.nn.Module:
         """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``."""

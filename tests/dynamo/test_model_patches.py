@@ -1,0 +1,88 @@
+"""The single-family model patches of ``hfexport_dynamo._model_patches``: each class was an ``EXPORT_SKIPS`` entry;
+with its patch it exports with a dynamic sequence and matches eager at two other sequence lengths, and without it
+(``disable=(...)``) the failure the entry recorded comes back (what makes each workaround re-checkable)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hfexport
+from hfexport import ExportError
+from hfexport_dynamo import EXPORT_SKIPS
+
+ATOL, RTOL = 1e-4, 1e-3  # the sweep's criterion
+
+
+def zoo_model(case_id: str) -> torch.nn.Module:
+    from hfexport_sweep.zoo import build_case
+
+    return build_case(case_id)[0]
+
+
+def token_inputs(model: torch.nn.Module, batch: int, seq: int, decoder_seq: int | None = None) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 100 + seq)
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if decoder_seq is not None:
+        decoder = torch.randint(0, model.config.vocab_size, (batch, decoder_seq), generator=generator)
+        inputs.update(decoder_input_ids=decoder, decoder_attention_mask=torch.ones_like(decoder))
+    return inputs
+
+
+@pytest.mark.slow  # two exports of the zoo's tiny CPM-Ant; about 20 s on an idle 2-core machine
+def test_cpmant_exports_with_a_dynamic_sequence_and_without_the_patch_specializes_it():
+    model = zoo_model("cpmant/CpmAntForCausalLM")
+    assert "CpmAntForCausalLM" not in EXPORT_SKIPS and "CpmAntModel" not in EXPORT_SKIPS
+    exported = hfexport.export(model, token_inputs(model, 2, 8), dynamic=True)
+    assert "_patch_cpmant_left_padding_mask" in str(exported.manifest["workarounds"]["patches"])
+    for batch, seq in ((3, 12), (1, 5)):
+        report = exported.verify(token_inputs(model, batch, seq), atol=ATOL, rtol=RTOL)
+        assert report.passed, str(report)
+
+    without = hfexport.export(model, token_inputs(model, 2, 8), dynamic=True,
+                              disable=("_patch_cpmant_left_padding_mask",))
+    with pytest.raises(ValueError, match=r"has size 12 in dim 1 .*dim 1 is static \(8\)"):
+        without(**token_inputs(model, 3, 12))  # the sequence was specialized to the traced 8
+
+
+@pytest.mark.slow  # three exports of the zoo's tiny Switch Transformers; about 30 s on an idle 2-core machine
+def test_switch_transformers_export_with_the_router_cast_skipped_and_the_experts_run_dense():
+    model = zoo_model("switch_transformers/SwitchTransformersForConditionalGeneration")
+    assert "SwitchTransformersForConditionalGeneration" not in EXPORT_SKIPS
+    exported = hfexport.export(model, token_inputs(model, 2, 8, 6), dynamic=True)
+    patches = str(exported.manifest["workarounds"]["patches"])
+    assert "_patch_switch_router_cast" in patches and "_patch_switch_experts_dense" in patches
+    for batch, seq, decoder_seq in ((3, 12, 5), (1, 5, 9)):
+        report = exported.verify(token_inputs(model, batch, seq, decoder_seq), atol=ATOL, rtol=RTOL)
+        assert report.passed, str(report)
+    assert all(not m.training for m in model.modules())  # the model is left as it was: eval mode, no patch left
+    from transformers.models.switch_transformers import modeling_switch_transformers as switch
+
+    for cls in (switch.SwitchTransformersTop1Router, switch.SwitchTransformersExperts):
+        assert cls.forward.__module__ == switch.__name__  # the patches were reverted
+
+    with pytest.raises(ExportError, match="(?i)swap"):  # the in-forward cast of the classifier
+        hfexport.export(model, token_inputs(model, 2, 8, 6), dynamic=True, disable=("_patch_switch_router_cast",))
+    with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode|nonzero"):
+        hfexport.export(model, token_inputs(model, 2, 8, 6), dynamic=True, disable=("_patch_switch_experts_dense",))
+
+
+def test_the_switch_router_patch_refuses_a_classifier_in_another_dtype_than_the_router():
+    from transformers import SwitchTransformersConfig
+    from transformers.models.switch_transformers.modeling_switch_transformers import (
+        SwitchTransformersTop1Router,
+    )
+
+    from hfexport_dynamo._model_patches import _patch_switch_router_cast
+
+    config = SwitchTransformersConfig(d_model=8, num_experts=2, expert_capacity=4, router_dtype="float32")
+    router = SwitchTransformersTop1Router(config).eval()
+    forward = _patch_switch_router_cast(SwitchTransformersTop1Router.forward)
+    hidden = torch.randn(1, 3, 8)
+    expected = SwitchTransformersTop1Router.forward(router, hidden)
+    for got, want in zip(forward(router, hidden), expected, strict=True):
+        assert torch.equal(got, want)
+    router.classifier.to(torch.float64)
+    with pytest.raises(TypeError, match=r"classifier is torch.float64 but the router runs in torch.float32"):
+        forward(router, hidden)
