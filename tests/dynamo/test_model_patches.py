@@ -86,3 +86,26 @@ def test_the_switch_router_patch_refuses_a_classifier_in_another_dtype_than_the_
     router.classifier.to(torch.float64)
     with pytest.raises(TypeError, match=r"classifier is torch.float64 but the router runs in torch.float32"):
         forward(router, hidden)
+
+
+@pytest.mark.slow  # four exports of the zoo's tiny SEW and SEW-D; about 40 s on an idle 2-core machine
+@pytest.mark.parametrize("case_id, patches", [
+    ("sew/SEWForCTC", ("_patch_sew_encoder_lengths",)),
+    ("sew-d/SEWDModel", ("_patch_sewd_encoder_lengths",)),
+])
+def test_sew_encoders_export_for_odd_and_even_frame_counts(case_id, patches):
+    model = zoo_model(case_id)
+    assert type(model).__name__ not in EXPORT_SKIPS
+
+    def audio(samples: int, batch: int = 3) -> dict[str, torch.Tensor]:
+        return {"input_values": torch.randn(batch, samples, generator=torch.Generator().manual_seed(samples))}
+
+    exported = hfexport.export(model, audio(1600, batch=2), dynamic=True)  # 5 frames (odd: one padded frame)
+    assert all(p in str(exported.manifest["workarounds"]["patches"]) for p in patches)
+    for samples in (1850, 2240, 3333):  # 5, 6 and 10 frames: a pad of 1 frame and of none
+        report = exported.verify(audio(samples), atol=ATOL, rtol=RTOL)
+        assert report.passed, str(report)
+
+    without = hfexport.export(model, audio(1600, batch=2), dynamic=True, disable=patches)
+    with pytest.raises(AssertionError, match="Guard failed"):  # the frame count's parity was specialized
+        without(**audio(1850))

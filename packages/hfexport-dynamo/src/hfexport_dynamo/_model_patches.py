@@ -106,3 +106,91 @@ def _patch_switch_experts_dense(original: Any) -> Any:
         return output
 
     return forward
+
+
+def _pool_attention_mask(attention_mask: torch.Tensor, squeeze_factor: int) -> torch.Tensor:
+    """SEW's frame mask pooled to the squeezed length (max over each window), as its encoders compute it."""
+    return torch.nn.functional.max_pool1d(attention_mask.float().unsqueeze(1), kernel_size=squeeze_factor,
+                                          stride=squeeze_factor).squeeze(1).long()
+
+
+def _pad_to_input_length(hidden_states: torch.Tensor, n_input_timesteps: Any) -> torch.Tensor:
+    """Right-pad the upsampled frames ``[batch, squeeze * (T // squeeze), hidden]`` with zeros to the ``T`` input
+    frames: a pad of ``T % squeeze`` frames, 0 included, instead of the encoders' ``if shape[1] < T: pad``."""
+    return torch.nn.functional.pad(hidden_states, (0, 0, 0, n_input_timesteps - hidden_states.shape[1]))
+
+
+@register_patch("dynamo", "transformers.models.sew.modeling_sew.SEWEncoder.forward")
+def _patch_sew_encoder_lengths(original: Any) -> Any:
+    """SEW's encoder without Python branches on the number of frames (eval mode).
+
+    **Why**: ``SEWEncoder.forward`` reconciles the pooled and positional lengths with a Python ``min()`` and pads
+    the upsampled output with ``if hidden_states.shape[1] < n_input_timesteps``: both are decided for the traced
+    number of frames, so torch.export specializes it (another input length fails a guard). The positional
+    convolution (stride ``squeeze_factor``, same padding) gives ``ceil(T / s)`` or ``floor(T / s)`` frames and the
+    average pool ``floor(T / s)``, so the minimum is always the pooled length; and the upsampled length
+    ``s * floor(T / s)`` is never above ``T``, so padding by ``T - s * floor(T / s)`` (0 included) is the branch's
+    value. The rest is the encoder's eval-mode computation (no LayerDrop).
+    **Upstream**: model-side (``modeling_sew.py``; SEW-D already trims without ``min()``).
+    **Remove when**: transformers trims and pads SEW's frames without size branches.
+    """
+    create_bidirectional_mask = original.__globals__["create_bidirectional_mask"]
+    output_class = original.__globals__["BaseModelOutput"]
+
+    def forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        if self.training:
+            return original(self, hidden_states, attention_mask, **kwargs)
+        if attention_mask is not None:
+            hidden_states[~attention_mask.unsqueeze(-1).repeat(1, 1, hidden_states.shape[2])] = 0.0  # padded frames
+            attention_mask = _pool_attention_mask(attention_mask, self.config.squeeze_factor)
+        n_input_timesteps = hidden_states.shape[1]
+        hidden_states = hidden_states.transpose(1, 2)
+        position_embeddings = self.pos_conv_embed(hidden_states)
+        pooled = self.pool(hidden_states)
+        hidden_states = (pooled + position_embeddings[..., :pooled.size(-1)]).transpose(1, 2)
+        attention_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
+                                                   attention_mask=attention_mask)
+        hidden_states = self.dropout(self.layer_norm(hidden_states))
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = _pad_to_input_length(self.upsample(hidden_states), n_input_timesteps)
+        return output_class(last_hidden_state=hidden_states)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.sew_d.modeling_sew_d.SEWDEncoder.forward")
+def _patch_sewd_encoder_lengths(original: Any) -> Any:
+    """SEW-D's encoder without the Python branch on the number of frames (eval mode).
+
+    **Why**: ``SEWDEncoder.forward`` pads the upsampled output with ``if hidden_states.shape[1] <
+    n_input_timesteps``, decided for the traced number of frames, so torch.export specializes it (another input
+    length fails a guard). The upsampled length ``s * floor(T / s)`` is never above ``T``: padding by the
+    difference (0 included) is the branch's value (see ``_patch_sew_encoder_lengths``).
+    **Upstream**: model-side (``modeling_sew_d.py``).
+    **Remove when**: transformers pads SEW-D's frames without a size branch.
+    """
+    output_class = original.__globals__["BaseModelOutput"]
+
+    def forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        if self.training:
+            return original(self, hidden_states, attention_mask, **kwargs)
+        squeeze = self.config.squeeze_factor
+        if attention_mask is None:
+            attention_mask = torch.ones((hidden_states.shape[0], hidden_states.shape[1] // squeeze),
+                                        dtype=torch.long, device=hidden_states.device)
+        else:
+            hidden_states[~attention_mask.unsqueeze(-1).repeat(1, 1, hidden_states.shape[2]).bool()] = 0.0
+            attention_mask = _pool_attention_mask(attention_mask, squeeze)
+        n_input_timesteps = hidden_states.shape[1]
+        hidden_states = hidden_states.transpose(1, 2)
+        position_embeddings = self.pos_conv_embed(hidden_states)
+        pooled = self.pool(hidden_states)
+        hidden_states = (pooled + position_embeddings[..., :pooled.size(-1)]).transpose(1, 2)
+        encoder_outputs = self.encoder(hidden_states, attention_mask, **kwargs)
+        hidden_states = _pad_to_input_length(self.upsample(encoder_outputs.last_hidden_state), n_input_timesteps)
+        return output_class(last_hidden_state=hidden_states)
+
+    return forward

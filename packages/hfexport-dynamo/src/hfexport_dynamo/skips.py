@@ -58,15 +58,12 @@ EXPORT_SKIPS: dict[str, str] = {
          "LongformerForTokenClassification", "LEDModel", "LEDForConditionalGeneration", "LEDForQuestionAnswering"),
         "`_chunk` (LongformerSelfAttention / LEDEncoderSelfAttention) counts chunks with "
         "torch.div(hidden_states.size(1), 2 * window_overlap, rounding_mode='trunc'), a tensor, so view() gets a "
-        "data-dependent size (GuardOnDataDependentSymNode: Eq(u1, 1)). Exportable once the count is the int "
-        "hidden_states.size(1) // (2 * window_overlap)."),
-    **dict.fromkeys(
-        ("SEWModel", "SEWForCTC", "SEWForSequenceClassification", "SEWDModel", "SEWDForCTC",
-         "SEWDForSequenceClassification"),
-        "SEWEncoder / SEWDEncoder.forward reconcile the pooled and upsampled lengths with Python min() and "
-        "`if hidden_states.shape[1] < n_input_timesteps: pad`, branches on sizes resolved for the traced length, "
-        "so other input lengths fail a guard. Exportable once both are unconditional tensor ops (slice to "
-        "torch.sym_min, pad by n_input_timesteps - length, possibly 0)."),
+        "data-dependent size (GuardOnDataDependentSymNode: Eq(u1, 1)). With the count made the int "
+        "hidden_states.size(1) // (2 * window_overlap) (tried by swapping torch.div for floor division in both "
+        "modules), the trace stops at the next one: the self-attention branches in Python on "
+        "is_index_global_attn.flatten().any().item() (whether any token attends globally; Eq(u0, 1)). Exportable "
+        "once both are tensor-only (integer chunk count; the global-attention path computed unconditionally and "
+        "masked)."),
 }
 
 
