@@ -117,7 +117,8 @@ def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int
 
     Returns:
         A dict of tensors: ids ``int64 [batch, seq]``, ``pixel_values`` ``[batch, C, H, W]``, ``input_values``
-        ``[batch, samples]``, ``input_features`` (floats in the model's dtype).
+        ``[batch, samples]``, ``input_features`` (floats in the model's dtype); for ViTMAE also ``noise``
+        ``float32 [batch, patches]`` (uniform in [0, 1)), which fixes its random patch masking.
 
     Raises:
         ValueError: the model has no config, its main input is none of those above, or its forward takes none
@@ -169,6 +170,12 @@ def dummy_inputs(model: torch.nn.Module, batch: int = 2, seq: int = 8, seed: int
             inputs["pixel_values"] = pixels()
     elif modality == "vision":
         inputs["pixel_values"] = pixels()
+        patch, ratio = _find(config, "patch_size"), _find(config, "mask_ratio")
+        if "noise" in names and _is_int(patch) and ratio and _find(config, "masked_unit_size") is None:
+            # ViTMAE masks random patches, drawn inside forward unless `noise` is given: an input makes the
+            # masking the same in eager and exported runs (random_masking's documented use of `noise`)
+            height, width = inputs["pixel_values"].shape[-2:]
+            inputs["noise"] = torch.rand(batch, (height // patch) * (width // patch), generator=gen)
     elif modality in ("audio", "speech"):
         # a speech-to-text model reads features first, an audio encoder its raw waveform
         order = ("input_features", "input_values") if modality == "speech" else ("input_values", "input_features")
