@@ -1,7 +1,7 @@
 """``hfexport sweep --executor ray``: the same sweep as one Ray task per case, on a local Ray instance.
 
 The CLI runs as the user runs it, in a subprocess: once with the local process pool, once with
-``--executor ray`` (a local Ray instance, started and stopped by the sweep), on five cheap cases whose statuses
+``--executor ray`` (a local Ray instance, started and stopped by the sweep), on four cheap cases whose statuses
 differ. The Ray run resumes a results directory the local run started, so resume across executors is
 checked in the same run.
 """
@@ -20,14 +20,14 @@ import pytest
 from hfexport import cli
 from hfexport_sweep.sweep import RESULTS_FILE, load_results
 
-# Cheap cases of every kind: two tiny families that export, a random-masking model whose outputs differ
-# (ViTMAE draws its mask with torch.rand), a model type without an input recipe, a class in EXPORT_SKIPS.
+# Cheap cases of every kind the dynamo sweep still records: two tiny families that export, a model type without
+# an input recipe, a class in EXPORT_SKIPS. (Its last mismatch, ViTMAE's random masking, is fixed: dummy_inputs
+# gives it `noise`.)
 CASES = {
     "bert/BertModel": "ok",
     "openai-gpt/OpenAIGPTModel": "ok",
-    "vit_mae/ViTMAEModel": "mismatch",
     "d_fine/DFineModel": "not_instantiable",
-    "rwkv/RwkvModel": "skipped",
+    "funnel/FunnelModel": "skipped",
 }
 FILTER = "^(?:" + "|".join(c.replace(".", r"\.") for c in CASES) + ")$"
 
@@ -51,9 +51,9 @@ def test_ray_executor_gives_the_local_statuses_and_resumes_a_local_sweep(tmp_pat
     local_records = {r["case_id"]: r for r in load_results(local / RESULTS_FILE)}
     assert {c: r["status"] for c, r in local_records.items()} == CASES
 
-    # The Ray run resumes from two of the local run's records: it must run the three others only (ok, mismatch,
+    # The Ray run resumes from two of the local run's records: it must run the two others only (ok and
     # not_instantiable: statuses decided in the case process).
-    kept = {"bert/BertModel", "rwkv/RwkvModel"}
+    kept = {"bert/BertModel", "funnel/FunnelModel"}
     on_ray.mkdir()
     shutil.copy(local / "meta.json", on_ray / "meta.json")
     lines = (local / RESULTS_FILE).read_text().splitlines(keepends=True)
@@ -62,13 +62,13 @@ def test_ray_executor_gives_the_local_statuses_and_resumes_a_local_sweep(tmp_pat
     done = _sweep("--executor", "ray", "--output", str(on_ray))
     ray_s = time.perf_counter() - start
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"2 of {len(CASES)} selected cases already recorded; 3 to run" in done.stderr
+    assert f"2 of {len(CASES)} selected cases already recorded; 2 to run" in done.stderr
     ray_records = {r["case_id"]: r for r in load_results(on_ray / RESULTS_FILE)}
     assert {c: r["status"] for c, r in ray_records.items()} == CASES
     for case_id in kept:  # resumed, not run again
         assert ray_records[case_id] == local_records[case_id]
     ran_on_ray = [r for c, r in ray_records.items() if c not in kept]
-    assert sorted(r["status"] for r in ran_on_ray) == ["mismatch", "not_instantiable", "ok"]
+    assert sorted(r["status"] for r in ran_on_ray) == ["not_instantiable", "ok"]
     assert all(r["seconds"] > 0 and r["finished"] for r in ran_on_ray)
     assert len((on_ray / RESULTS_FILE).read_text().splitlines()) == len(CASES)  # appended to the resumed file
     for case_id, record in ray_records.items():  # the same findings, not only the same statuses
@@ -76,7 +76,7 @@ def test_ray_executor_gives_the_local_statuses_and_resumes_a_local_sweep(tmp_pat
         assert record.get("stage") == local_records[case_id].get("stage")
     runs = json.loads((on_ray / "meta.json").read_text())["runs"]
     assert [r["executor"] for r in runs] == ["local", "ray"] and runs[-1]["ran"] == len(ran_on_ray)
-    assert "dynamo: tried 5, instantiable 4, ok 2" in done.stdout
+    assert "dynamo: tried 4, instantiable 3, ok 2" in done.stdout
     print(f"local run {local_s:.0f} s, Ray run {ray_s:.0f} s ({len(ran_on_ray)} cases)")
 
 
