@@ -659,6 +659,22 @@ def _model_class(case: ZooCase) -> type[torch.nn.Module]:
         raise NotInstantiable(f"cannot import {case.class_name}: {_fmt(exc)}") from exc
 
 
+def _draw_zero_routers(model: torch.nn.Module) -> list[str]:
+    """Draw router weights that a model's init leaves all zero from N(0, 0.02) (in place; the names drawn).
+
+    A zero router (AfMoE's ``router.gate``) scores every expert the same, so top-k routing is decided by how a
+    runtime breaks ties, which differs between PyTorch and ONNX Runtime: a mismatch of the tiny model only, since a
+    trained router has no such ties. Runs under :func:`build_case`'s seeded RNG, so cases stay reproducible.
+    """
+    drawn = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2 and param.is_floating_point() and "router" in name and not param.any():
+                param.normal_(0.0, 0.02)
+                drawn.append(name)
+    return drawn
+
+
 def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
     """Build a zoo case: tiny eval-mode model and two sets of dummy forward kwargs.
 
@@ -692,6 +708,7 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
             model = model_cls(config)
         except Exception as exc:  # noqa: BLE001
             raise NotInstantiable(f"model construction fails: {_fmt(exc)}") from exc
+        _draw_zero_routers(model)
     model = model.float().eval()
     inputs, alt_inputs = _make_inputs(case, model, torch.Generator().manual_seed(SEED))
     return model, inputs, alt_inputs
