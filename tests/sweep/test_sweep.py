@@ -73,7 +73,8 @@ REPRESENTATIVE: dict[str, str] = {
     "qwen3_vl/Qwen3VLModel": "ok",
     # documented other statuses
     "vit_mae/ViTMAEModel": "mismatch",  # random masking: forward draws `noise` with torch.rand unless given one
-    "rwkv/RwkvModel": "skipped",  # in EXPORT_SKIPS: the WKV recurrence is a Python loop over the sequence
+    "rwkv/RwkvModel": "ok",  # its WKV loop over the sequence runs as a scan op while exporting
+    "funnel/FunnelModel": "skipped",  # in EXPORT_SKIPS: positions are Python lists from range(seq_len)
 }
 
 FAKE = "test_sweep:fake_ok"

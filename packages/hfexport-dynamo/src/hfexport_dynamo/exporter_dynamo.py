@@ -46,6 +46,7 @@ from . import _model_patches  # noqa: F401  (registers the single-family model p
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module
 from ._pytree import register_transformers_pytrees
+from ._recurrences import _patch_mamba_selective_scan  # noqa: F401 - registers the scan-op model patches
 from .inputs import forward_parameters
 from .skips import EXPORT_SKIPS
 from .tracer import DYNAMO_TRACER, SpecializedDimWarning, specialized_dims, specialized_message

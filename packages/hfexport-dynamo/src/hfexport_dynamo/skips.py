@@ -23,24 +23,6 @@ EXPORT_SKIPS: dict[str, str] = {
         "(modeling_canine.py): torch.export specializes the sequence length to the traced one. Exportable with a "
         "dynamic sequence once the chunks are cut with tensor ops (pad + unfold/view) instead of a Python list."),
     **dict.fromkeys(
-        ("MambaModel", "MambaForCausalLM", "FalconMambaModel", "FalconMambaForCausalLM", "JambaModel",
-         "JambaForCausalLM", "JambaForSequenceClassification", "ZambaModel", "ZambaForCausalLM",
-         "ZambaForSequenceClassification"),
-        "the CPU selective scan (mamba_selective_scan in modeling_mamba / modeling_falcon_mamba / modeling_jamba / "
-        "modeling_zamba, used without the CUDA kernels) is a Python loop `for index in range(seq_len)`: unrolled by torch.export, "
-        "it specializes the sequence length. Exportable once the scan is a scan op "
-        "(torch._higher_order_ops.scan) or the chunked parallel form Mamba2's torch_forward uses."),
-    **dict.fromkeys(
-        ("RwkvModel", "RwkvForCausalLM"),
-        "rwkv_linear_attention_cpu (modeling_rwkv.py) runs the WKV recurrence as a Python loop over "
-        "range(seq_length): unrolled, it specializes the sequence length. Exportable once the recurrence is a "
-        "scan op (torch._higher_order_ops.scan) or a chunked parallel WKV."),
-    **dict.fromkeys(
-        ("RecurrentGemmaModel", "RecurrentGemmaForCausalLM"),
-        "RecurrentGemmaRglru._rnn_scan loops `for t in range(hidden_states.shape[1])`: unrolled, it specializes "
-        "the sequence length. Exportable once the RG-LRU recurrence is a scan op (torch._higher_order_ops.scan) "
-        "or an associative scan."),
-    **dict.fromkeys(
         ("xLSTMModel", "xLSTMForCausalLM"),
         "the native mLSTM kernels loop in Python over the chunks and the time steps of the sequence "
         "(mlstm_chunkwise_recurrent_fw_C: `for key in range(0, num_chunks)`; mlstm_recurrent_sequence_native: "

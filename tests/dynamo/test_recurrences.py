@@ -1,0 +1,148 @@
+"""The scan-op patches of ``hfexport_dynamo._recurrences``: Mamba's selective scan (Mamba, FalconMamba, Jamba,
+Zamba), RWKV's WKV and RecurrentGemma's RG-LRU run as ``torch.ops.higher_order.scan`` while exporting, so the
+zoo's tiny models export with a dynamic sequence and match eager at other lengths; disabling a patch brings back
+the original failure (the Python loop over the sequence specializes its length)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import hfexport
+from hfexport_dynamo._recurrences import (
+    _mamba_selective_scan,
+    _patched_rnn_scan,
+    _rwkv_linear_attention_cpu,
+)
+from hfexport_dynamo.tracer import SpecializedDimWarning
+
+TRACED, OTHER = 8, (5, 13)  # the traced sequence length and two others
+ATOL = 1e-4
+
+# case -> (patch, the loop the patch replaces: module file and function named in the specialization warning)
+CASES = {
+    "mamba/MambaForCausalLM": ("_patch_mamba_selective_scan", r"modeling_mamba\.py:\d+ in mamba_selective_scan"),
+    "falcon_mamba/FalconMambaModel": ("_patch_mamba_selective_scan",
+                                      r"modeling_falcon_mamba\.py:\d+ in mamba_selective_scan"),
+    "jamba/JambaForCausalLM": ("_patch_mamba_selective_scan", r"modeling_jamba\.py:\d+ in mamba_selective_scan"),
+    "zamba/ZambaModel": ("_patch_mamba_selective_scan", r"modeling_zamba\.py:\d+ in mamba_selective_scan"),
+    "rwkv/RwkvForCausalLM": ("_patch_rwkv_linear_attention_cpu", r"modeling_rwkv\.py:\d+ in rwkv_linear_attention_cpu"),
+    "recurrent_gemma/RecurrentGemmaForCausalLM": ("_patch_recurrent_gemma_rnn_scan",
+                                                  r"modeling_recurrent_gemma\.py:\d+ in _rnn_scan"),
+}
+
+
+# Mamba (the largest group) runs in the development loop; the other families are slow (5-7 s each, after imports).
+PARAMS = [pytest.param(c, marks=() if c.startswith("mamba/") else pytest.mark.slow) for c in CASES]
+
+
+def _case(case_id: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    from hfexport_sweep.zoo import build_case
+
+    model, inputs, _ = build_case(case_id)
+    return model, {name: value for name, value in inputs.items() if isinstance(value, torch.Tensor)}
+
+
+def _inputs(like: dict[str, torch.Tensor], vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, min(vocab, 100), (batch, seq), generator=torch.Generator().manual_seed(seq))
+    return {"input_ids": ids, **({"attention_mask": torch.ones_like(ids)} if "attention_mask" in like else {})}
+
+
+@pytest.mark.parametrize("case_id", PARAMS)
+def test_exports_with_a_dynamic_sequence_and_matches_eager_at_other_lengths(case_id):
+    model, inputs = _case(case_id)
+    patch, _ = CASES[case_id]
+    vocab = model.config.vocab_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpecializedDimWarning)  # no dim asked to be dynamic was fixed
+        exported = hfexport.export(model, _inputs(inputs, vocab, 2, TRACED), backend="dynamo", dynamic=True)
+    installed = [p["path"] for p in exported.manifest["workarounds"]["patches"] if p["name"].endswith(patch)]
+    assert installed, f"{patch} was not installed"
+    for seq in OTHER:
+        report = exported.verify(_inputs(inputs, vocab, 3, seq), atol=ATOL, rtol=0)
+        assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("case_id", PARAMS)
+def test_without_the_patch_the_loop_specializes_the_sequence(case_id):
+    """The workaround stays re-checkable: without it, the loop fixes the traced length again."""
+    model, inputs = _case(case_id)
+    patch, loop = CASES[case_id]
+    vocab = model.config.vocab_size
+    with pytest.warns(SpecializedDimWarning, match=rf"dim 1 .* fixed it to {TRACED}.* at models/.*{loop}"):
+        exported = hfexport.export(model, _inputs(inputs, vocab, 2, TRACED), backend="dynamo", dynamic=True,
+                                   disable=(patch,))
+    with pytest.raises(ValueError, match=rf"dim 1 is static \({TRACED}\)"):
+        exported.verify(_inputs(inputs, vocab, 2, OTHER[1]), atol=ATOL)
+
+
+def _random(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.mark.parametrize("return_last_state", [False, True])
+def test_selective_scan_is_the_value_of_transformers_loop(return_last_state):
+    from transformers.models.mamba.modeling_mamba import mamba_selective_scan
+
+    batch, inter, state, seq = 2, 6, 4, 40
+    args = (_random(batch, inter, seq, seed=1), _random(batch, inter, seq, seed=2),
+            -torch.exp(_random(inter, state, seed=3)), _random(batch, state, seq, seed=4),
+            _random(batch, state, seq, seed=5))
+    kwargs = dict(D=_random(inter, seed=6), z=_random(batch, inter, seq, seed=7), delta_bias=_random(inter, seed=8),
+                  delta_softplus=True, return_last_state=return_last_state)
+    expected = mamba_selective_scan(*args, **kwargs)
+    actual = _mamba_selective_scan(*args, **kwargs)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_wkv_scan_is_the_value_of_transformers_loop(with_state):
+    """Also with a state passed in (decoding a prompt in chunks) and returned."""
+    from transformers.models.rwkv.modeling_rwkv import rwkv_linear_attention_cpu
+
+    batch, hidden, seq = 2, 6, 40
+    args = (_random(hidden, seed=1), _random(hidden, seed=2), _random(batch, seq, hidden, seed=3, scale=3.0),
+            _random(batch, seq, hidden, seed=4))
+    state = [_random(batch, hidden, seed=5).abs(), _random(batch, hidden, seed=6).abs(), _random(batch, hidden, seed=7)]
+    expected = rwkv_linear_attention_cpu(*args, state=[s.clone() for s in state] if with_state else None,
+                                         return_state=True)
+    actual = _rwkv_linear_attention_cpu(*args, state=[s.clone() for s in state] if with_state else None,
+                                        return_state=True)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_rg_lru_scan_is_the_value_of_transformers_loop(with_state):
+    """Resets (a document boundary in the middle of the sequence) included."""
+    from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+
+    original = RecurrentGemmaRglru._rnn_scan
+    batch, width, seq = 2, 6, 40
+    hidden = _random(batch, seq, width, seed=1)
+    gate = torch.sigmoid(_random(batch, seq, width, seed=2))
+    reset = torch.zeros(batch, seq, 1, dtype=torch.bool)
+    reset[:, 0], reset[1, 17] = True, True
+    state = _random(batch, width, seed=3) if with_state else None
+    expected = original(None, hidden, gate, reset, state)
+    actual = _patched_rnn_scan(original)(None, hidden, gate, reset, state)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_patches_are_reverted_after_the_export():
+    import transformers.models.mamba.modeling_mamba as modeling_mamba
+    from transformers import MambaConfig, MambaForCausalLM
+
+    original = modeling_mamba.mamba_selective_scan
+    torch.manual_seed(0)
+    model = MambaForCausalLM(MambaConfig(hidden_size=16, intermediate_size=32, state_size=4, num_hidden_layers=1,
+                                         vocab_size=50)).eval()
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    exported = hfexport.export(model, {"input_ids": ids}, backend="dynamo", dynamic=True)
+    assert any(p["name"].endswith("_patch_mamba_selective_scan") for p in exported.manifest["workarounds"]["patches"])
+    assert modeling_mamba.mamba_selective_scan is original
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, before)
