@@ -1,5 +1,6 @@
 """Quantized ExecuTorch (XNNPACK) exports: ``quantize="int8"`` (PT2E static int8, calibrated), ``"int8-dynamic"``
-(PT2E, activations per token) and ``"8da4w"`` (torchao int4 weights, a source transform): the real
+(PT2E, activations per token), ``"8da4w"``/``"8da8w"`` (torchao int4/int8 weights, a source transform) and their
+``embedding="4w"``/``"8w"`` tables: the real
 all-MiniLM-L6-v2 at about a quarter of the float program with its sentence embeddings kept; a tiny Llama that
 generates; the caller's model untouched; and the refusals before any work."""
 
@@ -20,7 +21,7 @@ from quantization_helpers import (
 )
 
 import hfexport
-from helpers import tiny_model
+from helpers import generate_in_fresh_process, load_in_fresh_process, tiny_model
 
 pytest.importorskip("executorch")
 BACKEND = "executorch-xnnpack"
@@ -102,6 +103,65 @@ def test_tiny_llama_8da4w_generates_and_leaves_the_model_float(capsys):
     assert got.shape == expected.shape == (1, 16) and torch.equal(got[:, :6], prompt)
 
 
+def program_operators(directory) -> set[str]:
+    """The operators a saved ``model.pte`` calls (``namespace::name.overload``), read from the program itself."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary((directory / "model.pte").read_bytes())
+    program = getattr(program, "program", program)
+    return {f"{op.name}.{op.overload}" for plan in program.execution_plan for op in plan.operators}
+
+
+@pytest.mark.slow
+def test_tiny_llama_8da4w_with_4w_embeddings_is_smaller_and_generates_in_a_new_process(tmp_path, capsys):
+    model = tiny_model("llama")
+    prompt = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(0))
+    sizes, generated = {}, {}
+    for name, quantize in (("8da4w", "8da4w"), ("8da4w+4w", hfexport.Quantization("8da4w", embedding="4w"))):
+        exported = hfexport.export(model, backend=BACKEND, task="text-generation", max_cache_len=32, quantize=quantize)
+        path = exported.save_pretrained(tmp_path / name)
+        sizes[name] = artifact_bytes(path, (".pte",))
+        generated[name] = exported.generate(prompt, max_new_tokens=10, eos_token_id=None)
+    decode = exported.manifest["components"]["decode"]
+    assert decode["quantization"]["embedding"] == "4w" and decode["quantization"]["quantized"]["embedding"] == 1
+    assert decode["quantization"]["kept_float"] == {"embedding": 0}
+    # fused by to_executorch into ExecuTorch's quantized kernel, not left as torchao's dequantize (no kernel)
+    assert "quantized_decomposed::embedding_4bit.out" in program_operators(tmp_path / "8da4w+4w" / "decode")
+    assert decode["verification"]["passed"]
+    # a new process: hfexport.load registers the quantized kernels before the programs open
+    fresh = generate_in_fresh_process({"q": (tmp_path / "8da4w+4w", [(prompt, None)],
+                                             {"max_new_tokens": 10, "eos_token_id": None})}, tmp_path)["q"][0]
+    assert torch.equal(fresh, generated["8da4w+4w"])
+    with torch.no_grad():
+        expected = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                  max_new_tokens=10, eos_token_id=None)
+    assert sizes["8da4w+4w"] < sizes["8da4w"]  # the 100 x 32 table: float32 -> int4 (+ a scale per 32)
+    with capsys.disabled():
+        print(f"\nExecuTorch tiny Llama: 8da4w {sizes['8da4w']} bytes, 8da4w + 4w embeddings {sizes['8da4w+4w']} "
+              f"bytes; first 10 greedy tokens agree with float eager at "
+              f"{first_token_agreement(generated['8da4w+4w'], expected, 6):.0%} (8da4w alone "
+              f"{first_token_agreement(generated['8da4w'], expected, 6):.0%})")
+
+
+def test_tiny_bert_8da8w_with_8w_embeddings_runs_in_a_new_process(tmp_path):
+    model = tiny_model("bert", layers=1)
+    ids = torch.randint(1, 99, (2, 8), generator=torch.Generator().manual_seed(3))
+    ids[1, 6:] = 0  # padding tokens: the table's padding row is looked up like any other
+    inputs = {"input_ids": ids, "attention_mask": (ids != 0).long()}
+    exported = hfexport.export(model, inputs, backend=BACKEND,
+                               quantize=hfexport.Quantization("8da8w", embedding="8w"))
+    section = exported.manifest["quantization"]
+    assert section["recipe"] == "8da8w" and section["quantized"] == {"linear": 7, "embedding": 3}
+    assert exported.manifest["config"]["quantize"] == "Quantization('8da8w', min_cosine=0.98, embedding='8w')"
+    assert section["weights"].startswith("linear: int8, symmetric, per output channel; embedding: 8w")
+    assert exported.manifest["verification"]["passed"] and exported.manifest["verification"]["cosine"] >= 0.99
+    assert model.embeddings.word_embeddings.padding_idx == 0  # the caller's model untouched
+    path = exported.save_pretrained(tmp_path / "q")
+    assert "quantized_decomposed::embedding_byte.out" in program_operators(path)
+    got = load_in_fresh_process({"q": (path, inputs)}, tmp_path)["q"][1][0]
+    assert torch.equal(got, exported(**inputs).last_hidden_state)
+
+
 def test_tiny_bert_int8_records_what_was_quantized():
     exported = hfexport.export(tiny_model("bert", layers=1), backend=BACKEND, quantize="int8")
     section = exported.manifest["quantization"]
@@ -115,7 +175,7 @@ def test_tiny_bert_int8_records_what_was_quantized():
 # ── bad input ──────────────────────────────────────────────────────────────────────────────────────────
 def test_a_recipe_the_variant_does_not_support_names_those_it_does():
     with pytest.raises(ValueError, match=r"backend 'executorch-xnnpack' does not support quantize='int4': it "
-                                         r"supports '8da4w', 'int8', 'int8-dynamic'"):
+                                         r"supports '8da4w', '8da8w', 'int8', 'int8-dynamic'"):
         hfexport.export(tiny_model("bert"), backend=BACKEND, quantize="int4")
     from hfexport_executorch import ExecutorchConfig
 
@@ -126,6 +186,13 @@ def test_a_recipe_the_variant_does_not_support_names_those_it_does():
         ExecutorchConfig(quantize=hfexport.Quantization("8da4w", group_size=16))
     with pytest.raises(ValueError, match="quantize recipe '8da4w' .* takes no calibration; it takes group_size"):
         ExecutorchConfig(quantize=hfexport.Quantization("8da4w", calibration=[{}]))
+    with pytest.raises(ValueError, match=r"embedding='2w' is not an embedding scheme: '8w' \(int8, one scale per "
+                                         r"row\), '4w' \(int4, one scale per 32 weights of a row\)"):
+        ExecutorchConfig(quantize=hfexport.Quantization("8da4w", embedding="2w"))
+    with pytest.raises(ValueError, match="quantize recipe 'int8' .* takes no embedding; it takes calibration"):
+        ExecutorchConfig(quantize=hfexport.Quantization("int8", embedding="4w"))
+    with pytest.raises(TypeError, match="embedding must be a scheme name such as '4w' or '8w', got 4"):
+        hfexport.Quantization("8da4w", embedding=4)
 
 
 def test_a_calibration_set_that_does_not_match_is_refused_before_any_work():

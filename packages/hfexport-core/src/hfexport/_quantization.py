@@ -55,7 +55,8 @@ class QuantizationRecipe:
         summary: one line: what is quantized, to what, how.
         min_cosine: the default threshold of the verification (cosine similarity of the main output with float
             eager).
-        options: the :class:`Quantization` options the recipe takes (``"group_size"``, ``"calibration"``).
+        options: the :class:`Quantization` options the recipe takes (``"group_size"``, ``"calibration"``,
+            ``"embedding"``).
         default_group_size: for recipes that take ``group_size``.
     """
 
@@ -79,12 +80,16 @@ class Quantization:
             inputs built from the config). Each must name the export's tensor inputs with their dtypes and ranks.
         min_cosine: the verification threshold (cosine similarity of the main output with float eager, in
             ``(0, 1]``); default: the recipe's.
+        embedding: also quantize the ``nn.Embedding`` tables, weight-only, for recipes that take it (ExecuTorch's
+            ``8da4w`` and ``8w``): ``"8w"`` (int8, one scale per row) or ``"4w"`` (int4, one scale per 32 weights
+            of a row); default: the recipe's (those two keep embeddings float).
     """
 
     recipe: str
     group_size: int | None = None
     calibration: Sequence[Mapping[str, Any]] | None = None
     min_cosine: float | None = None
+    embedding: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.recipe, str) or not self.recipe:
@@ -104,6 +109,8 @@ class Quantization:
                                             or not 0 < self.min_cosine <= 1):
             raise TypeError(f"min_cosine must be a number in (0, 1] (the verification's cosine threshold), got "
                             f"{self.min_cosine!r}")
+        if self.embedding is not None and not isinstance(self.embedding, str):
+            raise TypeError(f"embedding must be a scheme name such as '4w' or '8w', got {self.embedding!r}")
 
     def __repr__(self) -> str:  # the manifest's config records it: never the calibration tensors themselves
         parts = [repr(self.recipe)]
@@ -113,6 +120,8 @@ class Quantization:
             parts.append(f"calibration=<{len(self.calibration)} batches>")
         if self.min_cosine is not None:
             parts.append(f"min_cosine={self.min_cosine}")
+        if self.embedding is not None:
+            parts.append(f"embedding={self.embedding!r}")
         return f"Quantization({', '.join(parts)})"
 
 
@@ -142,7 +151,7 @@ def resolve_quantization(value: Any, recipes: Mapping[str, QuantizationRecipe],
         offered = (f"it supports {', '.join(map(repr, recipes))}" if recipes else
                    "it supports no quantization recipe")
         raise ValueError(f"{where} does not support quantize={value.recipe!r}: {offered}")
-    given = [name for name in ("group_size", "calibration") if getattr(value, name) is not None]
+    given = [name for name in ("group_size", "calibration", "embedding") if getattr(value, name) is not None]
     extra = [name for name in given if name not in recipe.options]
     if extra:
         takes = f"it takes {', '.join(recipe.options)}" if recipe.options else "it takes no options"
