@@ -1,16 +1,18 @@
-"""Model patches (``"dynamo"`` scope): Python loops over the sequence rewritten as ``torch`` scan ops.
+"""Model patches (``"dynamo"`` scope): Python loops over the sequence rewritten with tensor ops.
 
-Transformers' reference (CPU) paths of several recurrent models step through the sequence in a Python
-``for`` loop. ``torch.export`` unrolls such a loop for the traced length, so the program is specialized to
-it (a dynamic sequence dim is refused, or fails a guard at any other length), on every backend. Each patch
-here runs the same recurrence, with the same arithmetic in the same order, as one
-``torch.ops.higher_order.scan`` over the sequence dim, which torch.export keeps as a loop of symbolic length:
-the program takes any sequence length. Memory is that of the original (the per-step inputs it already
-builds), plus one carry; no quadratic form is built.
+Transformers' reference (CPU) paths of several models step through the sequence in a Python ``for`` loop.
+``torch.export`` unrolls such a loop for the traced length, so the program is specialized to it (a dynamic
+sequence dim is refused, or fails a guard at any other length), on every backend.
 
-The scan op lowers on the backends: the dynamo program runs it with eager kernels, torch.onnx translates it
-to an ONNX ``Scan`` and ExecuTorch emits it as a loop of jump instructions (``_emit_scan``). Each patch is
-only active inside an export, and the model's modules are left as they were.
+- Recurrences (Mamba's selective scan, RWKV's WKV, RecurrentGemma's RG-LRU) run the same update, with the same
+  arithmetic in the same order, as one ``torch.ops.higher_order.scan`` over the sequence, which torch.export
+  keeps as a loop of symbolic length. Memory is that of the original (the per-step inputs it already builds)
+  plus one carry; no quadratic closed form is built. The scan op lowers on every backend: the dynamo program
+  runs it with eager kernels, torch.onnx translates it to an ONNX ``Scan`` and ExecuTorch emits it as a loop
+  of jump instructions.
+- CANINE's local attention cuts its chunks with a pad and a reshape instead of a list of slices.
+
+Each patch is only active inside an export; the model's modules are left as they were.
 """
 
 from __future__ import annotations
@@ -192,3 +194,120 @@ def _patch_recurrent_gemma_rnn_scan(original: Any) -> Any:
     **Remove when**: transformers runs the RG-LRU with a scan op (or an associative scan that exports).
     """
     return _patched_rnn_scan(original)
+
+
+def _fits_block_local_attention(module: Any, attention_mask: torch.Tensor | None, output_attentions: bool) -> bool:
+    """Whether ``CanineAttention`` runs non-overlapping local attention that :func:`_canine_block_attention`
+    computes: chunks of one width, strided by that width, no first-position extras, a 0/1 ``[b, L, L]`` mask."""
+    width = module.attend_from_chunk_width
+    return (module.local and not output_attentions and not module.always_attend_to_first_position
+            and not module.first_position_attends_to_all and attention_mask is not None and attention_mask.ndim == 3
+            and width == module.attend_from_chunk_stride == module.attend_to_chunk_width
+            == module.attend_to_chunk_stride)
+
+
+def _canine_block_attention(module: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """CANINE's local self-attention with chunks cut by a pad and a reshape instead of a Python list.
+
+    Args:
+        module: the ``CanineAttention`` (its ``self`` is the ``CanineSelfAttention`` each chunk runs through).
+        hidden_states: ``[batch, seq, hidden]``.
+        attention_mask: ``[batch, seq, seq]``, 1.0 where a position may attend to another, else 0.0.
+
+    Returns:
+        ``[batch, seq, hidden]``: the attention output before ``CanineSelfOutput``.
+    """
+    batch, seq, hidden = hidden_states.shape
+    torch._check(attention_mask.shape[1] == seq and attention_mask.shape[2] == seq)  # one symbol for both lengths
+    width = module.attend_from_chunk_width
+    chunks = (seq + width - 1) // width
+    pad = chunks * width - seq  # the last chunk is padded to the full width
+    x = F.pad(hidden_states, (0, 0, 0, pad)).reshape(batch * chunks, width, hidden)
+    # The diagonal blocks of the mask, [batch, chunks, width (from), width (to)], made additive as the original
+    # does for a 3-D mask; padded keys get -inf, so that a query whose real keys are all masked spreads its
+    # weight over the real keys of its chunk only, as over the original's shorter last chunk.
+    blocks = F.pad(attention_mask, (0, pad, 0, pad), value=1.0).reshape(batch, chunks, width, chunks, width)
+    blocks = torch.diagonal(blocks, dim1=1, dim2=3).permute(0, 3, 1, 2)
+    scores_dtype = hidden_states.dtype
+    additive = (1.0 - blocks.float()) * torch.finfo(scores_dtype).min
+    padded_key = (torch.arange(chunks * width, device=hidden_states.device) >= seq).reshape(1, chunks, 1, width)
+    additive = torch.where(padded_key, float("-inf"), additive).to(scores_dtype)
+    context = module.self(x, x, additive.reshape(batch * chunks, 1, width, width), False)[0]
+    # Gathered, not sliced: a view's contiguity check would branch on seq % width.
+    return context.reshape(batch, chunks * width, hidden)[:, torch.arange(seq, device=context.device)]
+
+
+@register_patch("dynamo", "transformers.models.canine.modeling_canine.CanineAttention.forward")
+def _patch_canine_local_attention(original: Any) -> Any:
+    """Cut CANINE's local-attention chunks with a pad and a reshape instead of a Python loop over the sequence.
+
+    **Why**: ``CanineAttention.forward`` with ``local=True`` (CanineModel's initial character encoder) lists
+    its chunks with ``for chunk_start in range(0, seq_len, stride)`` and runs attention once per chunk:
+    unrolled by torch.export, the sequence length is specialized to the traced one on every backend. With
+    chunks of one width strided by that width (how CanineModel builds it) the chunks are the blocks of a
+    reshape: the replacement pads the sequence to a whole number of chunks, runs the same
+    ``CanineSelfAttention`` on ``[batch * chunks, width, hidden]`` with the mask's diagonal blocks (padded keys
+    at ``-inf``, so they get no weight) and drops the padding. Compute and memory stay those of the chunks
+    (``seq * width`` scores, not ``seq ** 2``). Other configurations (overlapping chunks, a first position that
+    attends to all or is always attended to, ``output_attentions``) run the original. Traced with at most one
+    chunk of characters (``local_transformer_stride``, 128 in released checkpoints), the program keeps one
+    chunk (torch.export specializes a size of 1) and takes up to ``width`` characters: trace with more.
+    **Upstream**: huggingface/transformers#47491 (CANINE not exportable with a dynamic sequence; PRs #47617,
+    #47987 closed unmerged).
+    **Remove when**: transformers cuts CANINE's local-attention chunks with tensor ops.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool | None = False) -> tuple[torch.Tensor, ...]:
+        if not _fits_block_local_attention(self, attention_mask, bool(output_attentions)):
+            return original(self, hidden_states, attention_mask, output_attentions)
+        return (self.output(_canine_block_attention(self, hidden_states, attention_mask), hidden_states),)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.canine.modeling_canine.CanineModel._downsample_attention_mask")
+def _patch_canine_downsample_attention_mask(original: Any) -> Any:
+    """Pool CANINE's character mask to molecules with a reshape and ``amax`` instead of ``nn.MaxPool1d``.
+
+    **Why**: ``CanineModel._downsample_attention_mask`` pools the ``[batch, seq]`` mask with
+    ``MaxPool1d(kernel_size=rate, stride=rate)``, whose trace fixes the mask's length to the traced one
+    (``Eq(attention_mask.size(1), 8)``), on every backend. The replacement keeps the first
+    ``seq // rate * rate`` positions (MaxPool1d's floor mode drops the rest), as
+    ``[batch, seq // rate, rate]`` windows, and takes their max: the same values.
+    **Upstream**: huggingface/transformers#47491 (the same change is in the closed PRs #47617 and #47987).
+    **Remove when**: transformers pools the mask with tensor ops.
+    """
+
+    def downsample(self: Any, char_attention_mask: torch.Tensor, downsampling_rate: int) -> torch.Tensor:
+        batch, seq = char_attention_mask.shape
+        molecules = seq // downsampling_rate
+        # Gathered, not a view (a slice or unfold): a view's contiguity check would branch on seq % rate.
+        index = torch.arange(molecules * downsampling_rate, device=char_attention_mask.device)
+        windows = char_attention_mask.float()[:, index].reshape(batch, molecules, downsampling_rate)
+        return windows.amax(dim=-1)  # [batch, seq // rate]
+
+    return downsample
+
+
+@register_patch("dynamo", "transformers.models.canine.modeling_canine.CanineModel._repeat_molecules")
+def _patch_canine_repeat_molecules(original: Any) -> Any:
+    """Upsample CANINE's molecules without slicing off the CLS molecule first.
+
+    **Why**: ``CanineModel._repeat_molecules`` drops the CLS molecule with ``molecules[:, 1:]`` before
+    repeating each molecule ``rate`` times. For a sequence shorter than ``3 * rate`` characters (the zoo traces
+    8 with rate 4) that slice has one molecule, and torch.export specializes a size of 1 (``Eq(s // 4 - 1,
+    1)``): the program then refuses 12 characters. The replacement repeats every molecule and drops the first
+    ``rate`` rows (never a single row), then appends the last molecule ``seq % rate + rate`` times as the
+    original does: the same tensor.
+    **Upstream**: model-side, with huggingface/transformers#47491 (CANINE with a dynamic sequence).
+    **Remove when**: transformers upsamples without a size-1 slice, or CANINE exports with a dynamic sequence.
+    """
+
+    def repeat_molecules(self: Any, molecules: torch.Tensor, char_seq_length: int) -> torch.Tensor:
+        rate = self.config.downsampling_rate
+        repeated = torch.repeat_interleave(molecules, repeats=rate, dim=-2)[:, rate:, :]
+        remainder = torch.repeat_interleave(molecules[:, -1:, :], repeats=char_seq_length % rate + rate, dim=-2)
+        return torch.cat([repeated, remainder], dim=-2)
+
+    return repeat_molecules

@@ -17,12 +17,6 @@ __all__ = ["EXPORT_SKIPS"]
 # Guard failed: input_ids.size()[1] == 8" at any other length), which is not a usable dynamic export.
 EXPORT_SKIPS: dict[str, str] = {
     **dict.fromkeys(
-        ("CanineModel", "CanineForSequenceClassification", "CanineForQuestionAnswering",
-         "CanineForTokenClassification"),
-        "CanineAttention.forward builds its local-attention chunks with a Python loop over range(seq_len) "
-        "(modeling_canine.py): torch.export specializes the sequence length to the traced one. Exportable with a "
-        "dynamic sequence once the chunks are cut with tensor ops (pad + unfold/view) instead of a Python list."),
-    **dict.fromkeys(
         ("xLSTMModel", "xLSTMForCausalLM"),
         "the native mLSTM kernels loop in Python over the chunks and the time steps of the sequence "
         "(mlstm_chunkwise_recurrent_fw_C: `for key in range(0, num_chunks)`; mlstm_recurrent_sequence_native: "
