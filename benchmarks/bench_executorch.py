@@ -5,11 +5,13 @@
 2. Export wall time of ``hfexport.export(..., backend="executorch-xnnpack")`` against the peer
    ``transformers.exporters.ExecutorchExporter`` (static and ``dynamic=True``), after both toolchains are imported
    (the first ExecuTorch import costs tens of seconds and would otherwise go to whichever runs first).
-3. With ``--matrix``: the delegated fraction (delegated compute nodes / all compute nodes) of every architecture of
+3. all-MiniLM-L6-v2 at batch 1 x 128, static: the delegated fraction (delegated compute nodes / all compute nodes)
+   and the latency of hfexport's program against the peer's and eager (``--static-only``: this section alone).
+4. With ``--matrix``: the delegated fraction (delegated compute nodes / all compute nodes) of every architecture of
    the tiny-config matrix in tests/executorch/test_executorch.py, exported with ``dynamic=True`` and checked at a second shape.
 
 Usage:
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_executorch.py [--repeat 50] [--threads 2] [--matrix] [--no-peer]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_executorch.py [--repeat 50] [--threads 2] [--matrix] [--no-peer] [--static-only]
 
 Only this benchmark imports the peer (``transformers.exporters``); the product never does.
 """
@@ -154,6 +156,42 @@ def bench_minilm(repeat: int, peer: bool) -> None:
                 print(f"{name:<17} {label:<42} {ms:>10.2f} {eager / ms:>8.2f}x {diffs[label]:>13.2e}")
 
 
+def bench_static_128(repeat: int, peer: bool) -> None:
+    """Batch 1 x 128, static: the delegated fraction and latency of hfexport's program against the peer's and eager."""
+    from hfexport_dynamo.demo import minilm_demo
+
+    model, _, _ = minilm_demo()
+    torch.manual_seed(0)
+    inputs = {"input_ids": torch.randint(1000, 20000, (1, 128)), "token_type_ids": torch.zeros(1, 128, dtype=torch.long),
+              "attention_mask": torch.ones(1, 128, dtype=torch.long)}
+    inputs["attention_mask"][0, 100:] = 0  # padding: the mask path is exercised
+    ours, seconds = timed(lambda: hfexport.export(model, copy.deepcopy(inputs), backend="executorch-xnnpack"))
+    section = ours.manifest["executorch"]
+    total = section["delegated_nodes"] + section["portable_nodes"]
+    print("\n## all-MiniLM-L6-v2, batch 1 x 128 static (xnnpack)")
+    portable = ", ".join(f"{op.split('::')[-1]}x{n}" for op, n in section["portable_ops"].items())
+    print(f"hfexport: delegated {section['delegated_nodes']}/{total} compute nodes ({section['delegated_fraction']:.1%}) "
+          f"in {section['delegates']} delegates, export {seconds:.1f} s; portable ops: {portable}")
+    runners = {"eager PyTorch": lambda: model(**inputs), "hfexport (ExecuTorch+XNNPACK)": lambda: ours(**inputs)}
+    if peer:
+        theirs, seconds = timed(lambda: export_peer(model, inputs, False))
+        print(f"peer: export {seconds:.1f} s")
+        runners["peer (ExecuTorch+XNNPACK)"] = lambda: theirs(**inputs)
+    with torch.no_grad():
+        eager_out = model(**inputs)
+        diffs = {label: max_abs_diff(run(), eager_out) for label, run in runners.items()}
+        samples = interleaved(runners, repeat)
+    eager = statistics.median(samples["eager PyTorch"])
+    print(f"{'runtime':<32} {'median ms':>10} {'vs eager':>9} {'max abs diff':>13}")
+    for label, times in samples.items():
+        ms = statistics.median(times)
+        print(f"{label:<32} {ms:>10.2f} {eager / ms:>8.2f}x {diffs[label]:>13.2e}")
+    if peer:
+        ratio = statistics.median(samples["hfexport (ExecuTorch+XNNPACK)"]) / statistics.median(
+            samples["peer (ExecuTorch+XNNPACK)"])
+        print(f"hfexport / peer latency: {ratio:.2f}")
+
+
 def interleaved(runners: dict, repeat: int, warmup: int = 3) -> dict[str, list[float]]:
     """Milliseconds per call of each runner, one call of each per round, so that load from other processes on a
     shared machine hits them alike."""
@@ -203,6 +241,8 @@ def main() -> None:
                         help="threads for torch and for ExecuTorch's XNNPACK threadpool (1: robust on a shared machine)")
     parser.add_argument("--matrix", action="store_true", help="also export the tiny-config matrix")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers.exporters.ExecutorchExporter")
+    parser.add_argument("--static-only", action="store_true",
+                        help="only the batch 1 x 128 static comparison (delegated fraction, latency)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from executorch.extension.pybindings import portable_lib
@@ -210,7 +250,11 @@ def main() -> None:
     portable_lib._unsafe_reset_threadpool(args.threads)
     versions = hfexport._artifact.versions_of(("torch", "transformers", "executorch"))
     print(f"# bench_executorch: {', '.join(f'{k} {v}' for k, v in versions.items())}; {os.cpu_count()} CPUs")
-    bench_minilm(args.repeat, peer=not args.no_peer)
+    if args.static_only:
+        warm_toolchains(not args.no_peer)
+    else:
+        bench_minilm(args.repeat, peer=not args.no_peer)
+    bench_static_128(args.repeat, peer=not args.no_peer)
     if args.matrix:
         bench_matrix()
 

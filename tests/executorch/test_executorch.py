@@ -82,6 +82,52 @@ def test_minilm_on_executorch_runtime(minilm, dynamic, tmp_path):
     assert out.last_hidden_state.shape == (*shapes[-1]["input_ids"].shape, 384)
 
 
+@pytest.mark.slow
+def test_minilm_dynamic_default_bounds_plan_a_sane_memory(minilm, caplog):
+    """dynamic=True with no bounds: one batch and one sequence symbol across the three inputs, batch <= 8 and
+    sequence <= 512 (the config's max_position_embeddings), under 512 MiB planned; other shapes within run (batch 3
+    x 17, batch 8 x 96), past the batch bound the call is refused by the input check with the range in the
+    message."""
+    model, encode, trace_sentences, check_sentences = minilm
+    with caplog.at_level("WARNING", logger="hfexport"):
+        exported = hfexport.export(model, copy.deepcopy(encode(trace_sentences, 8)), backend="executorch-xnnpack",
+                                   dynamic=True)
+    section = exported.manifest["executorch"]
+    print(f"\nplanned {section['planned_memory_bytes'] / 2**20:.1f} MiB for {section['dim_bounds']}")
+    assert section["planned_memory_bytes"] <= 512 * 2**20
+    bounds = section["dim_bounds"]
+    assert {k: (v["max"], v["source"]) for k, v in bounds.items()} == {
+        "batch": (8, "default max_batch"), "sequence": (512, "config.max_position_embeddings")}
+    assert len(bounds["batch"]["symbols"]) == len(bounds["sequence"]["symbols"]) == 1
+    shapes = {i["name"]: i["shape"] for i in exported.manifest["inputs"]}
+    assert shapes["input_ids"] == shapes["attention_mask"] == shapes["token_type_ids"]
+    assert "batch <= 8 (default max_batch), sequence <= 512 (config.max_position_embeddings)" in caplog.text
+    assert any("ExecuTorch plans" in note and "sequence <= 512" in note for note in exported.manifest["notes"])
+    max_diff(exported, encode(check_sentences, 17))  # batch 3 x 17
+    max_diff(exported, encode((check_sentences * 3)[:8], 96))  # the batch bound, a longer sequence
+    with pytest.raises(ValueError, match=r"size 9 in dim 0 .*outside the program's range.*in \[1, 8\]"):
+        exported(**encode((check_sentences * 3)[:9], 8))
+
+
+def test_max_batch_and_max_seq_len_bound_a_dynamic_export():
+    """The user's bounds replace the defaults (sequence <= 64 from the tiny config otherwise); inputs within run,
+    larger ones are refused by name; a bound below the example's size is refused before lowering."""
+    model = tiny_model("bert", layers=1)
+    trace = dummy_inputs(model, 2, 8, seed=0)
+    exported = hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=True,
+                               max_batch=4, max_seq_len=16)
+    section = exported.manifest["executorch"]
+    assert {k: (v["max"], v["source"]) for k, v in section["dim_bounds"].items()} == {
+        "batch": (4, "max_batch"), "sequence": (16, "max_seq_len")}
+    assert section["max_batch"] == 4 and section["max_seq_len"] == 16
+    max_diff(exported, dummy_inputs(model, 4, 16, seed=1))
+    max_diff(exported, dummy_inputs(model, 3, 5, seed=2))
+    with pytest.raises(ValueError, match=r"size 17 in dim 1 .*outside the program's range.*in \[1, 16\]"):
+        exported(**dummy_inputs(model, 2, 17, seed=3))
+    with pytest.raises(hfexport.ExportError, match=r"max_batch=1 is below the example inputs' batch"):
+        hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=True, max_batch=1)
+
+
 # ── tiny-config matrix ─────────────────────────────────────────────────────────────────────────────────
 def _tiny(kind: str) -> torch.nn.Module:
     """One seeded 1-layer model per architecture: one layer is enough and halves the lowering time."""
@@ -128,6 +174,47 @@ class Ranker(torch.nn.Module):
 
     def forward(self, x):
         return self.down(torch.relu(self.norm(self.up(x))))
+
+
+class MaskedAttention(torch.nn.Module):
+    """SDPA with the caller's mask: boolean, or additive float with -inf (torch's safe softmax gives 0 for a row
+    that masks every key)."""
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32], ids=["bool-mask", "float-mask"])
+def test_attention_runs_inside_the_xnnpack_delegate_and_keeps_fully_masked_rows_at_zero(dtype):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    keep = torch.rand(2, 1, 5, 6) > 0.3
+    keep[0, 0, 2] = False  # a query row that masks every key
+    mask = keep if dtype == torch.bool else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    inputs = {"q": q, "k": k, "v": v, "mask": mask}
+    exported = hfexport.export(MaskedAttention(), copy.deepcopy(inputs), backend="executorch-xnnpack")
+    max_diff(exported, inputs)
+    assert float(exported(**inputs)[0, :, 2].abs().max()) == 0.0
+    section = exported.manifest["executorch"]
+    ops = set(section["portable_ops"])
+    # bmm, softmax, add and mul run in the delegate; only the small mask ops [b, 1, L, S] stay outside
+    assert not ops & {"aten::bmm.default", "aten::_softmax.default", "aten::mul.Scalar", "aten::expand_copy.default"}
+    assert section["delegates"] == 1, section
+
+
+def test_bert_layer_norms_and_attention_are_delegated():
+    """A 1-layer BERT at batch 2 x 16 (static) with a fully padded row: layer norms and attention inside XNNPACK,
+    outputs equal eager."""
+    model = tiny_model("bert", layers=1)
+    inputs = dummy_inputs(model, 2, 16, seed=0)
+    inputs["attention_mask"][1] = 0  # every key of the second row masked
+    exported = hfexport.export(model, copy.deepcopy(inputs), backend="executorch-xnnpack")
+    max_diff(exported, inputs)
+    section = exported.manifest["executorch"]
+    ops = set(section["portable_ops"])
+    assert not ops & {"aten::native_layer_norm.default", "aten::mul.Scalar", "aten::logical_not.default"}, ops
+    # one layer: the mask construction (index, unsqueeze, arange: about 30 nodes, once per model) weighs most
+    assert section["delegated_fraction"] >= 0.7, section
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +316,8 @@ def test_generic_exporter_takes_the_variant_from_the_config():
 
 @pytest.mark.parametrize("options, message", [
     ({"dim_upper_bound": 1}, "dim_upper_bound must be an int >= 2"),
+    ({"max_batch": 0}, "max_batch must be None or an int >= 1"),
+    ({"max_seq_len": "long"}, "max_seq_len must be None or an int >= 1"),
     ({"alloc_graph_input": "yes"}, "alloc_graph_input must be True or False"),
     ({"max_bound": 3}, "options it takes: .*dim_upper_bound"),
 ])

@@ -47,9 +47,15 @@ from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_expert
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module
 from ._pytree import register_transformers_pytrees
 from ._recurrences import _patch_mamba_selective_scan  # noqa: F401 - registers the scan-op model patches
-from .inputs import forward_parameters
+from .inputs import forward_parameters, shared_dims
 from .skips import EXPORT_SKIPS
-from .tracer import DYNAMO_TRACER, SpecializedDimWarning, specialized_dims, specialized_message
+from .tracer import (
+    DYNAMO_TRACER,
+    SpecializedDimWarning,
+    export_with_shared_dims,
+    specialized_dims,
+    specialized_message,
+)
 
 __all__ = ["DynamoConfig", "DynamoExporter", "DynamoRunner", "PROGRAM_FILE", "trace"]
 
@@ -282,6 +288,10 @@ class DynamoExporter(Exporter):
                 shapes.append(_auto_spec(value))
             else:
                 shapes.append(None)
+        shared = shared_dims(ctx.model, ctx.inputs) if ctx.config.dynamic and not overrides else {}
+        if shared:  # one batch and one sequence symbol across the token inputs; Dim.AUTO kept for a retrace
+            ctx.extras["auto_dynamic_shapes"] = tuple(shapes)
+            shapes = [{**spec, **shared[name]} if name in shared else spec for name, spec in zip(ctx.inputs, shapes, strict=True)]
         ctx.extras["dynamic_shapes"] = tuple(shapes)
 
 # ── Stage 5: State cleanup ──
@@ -289,11 +299,12 @@ class DynamoExporter(Exporter):
         with _nulled_state(ctx.model, _STATEFUL_CACHE_ATTRS) as nulled:
             if nulled:
                 ctx.note(f"nulled for the trace and restored: {', '.join(nulled)}")
-            args = tuple(copy.deepcopy(v) if not isinstance(v, torch.Tensor) else v for v in ctx.inputs.values())
+            def args() -> tuple[Any, ...]:
+                return tuple(copy.deepcopy(v) if not isinstance(v, torch.Tensor) else v for v in ctx.inputs.values())
+
             with ctx.step("torch.export.export"):
-                ctx.program = torch.export.export(ctx.extras["wrapper"], args,
-                                                  dynamic_shapes=ctx.extras["dynamic_shapes"],
-                                                  strict=ctx.config.strict)  # type: ignore[attr-defined]
+                ctx.program = export_with_shared_dims(ctx, ctx.extras["wrapper"], args,
+                                                      strict=ctx.config.strict)  # type: ignore[attr-defined]
         _warn_specialized(ctx)
 
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────

@@ -4,11 +4,13 @@ and for the tiny-model zoo of hfexport-sweep."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["MODALITIES", "dummy_inputs", "forward_parameters"]
+__all__ = ["BATCH_INPUTS", "DECODER_TOKEN_INPUTS", "MODALITIES", "TOKEN_INPUTS", "dim_roles", "dummy_inputs",
+           "forward_parameters", "max_positions", "shared_dims"]
 
 MODALITIES = ("text", "text2text", "multimodal", "dual-encoder", "vision", "audio", "speech")
 """The kinds of inputs :func:`dummy_inputs` makes (its ``modality`` argument)."""
@@ -16,6 +18,75 @@ MODALITIES = ("text", "text2text", "multimodal", "dual-encoder", "vision", "audi
 _TEXT = ("text", "text2text", "multimodal", "dual-encoder")
 # Where a value may live in a composite config: the config itself first, then its sub-configs.
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder", "decoder", "speech_config")
+
+
+# Inputs laid out [batch, sequence, ...] along one text (or one decoder) sequence, and inputs whose dim 0 is the batch.
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")
+DECODER_TOKEN_INPUTS = ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids", "decoder_inputs_embeds")
+BATCH_INPUTS = (*TOKEN_INPUTS, *DECODER_TOKEN_INPUTS, "pixel_values", "input_features", "input_values")
+
+
+def dim_roles(inputs: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+    """``(input name, dim) -> "batch" | "sequence" | "decoder_sequence"`` for the top-level tensor inputs named in
+    :data:`BATCH_INPUTS` (dim 0), :data:`TOKEN_INPUTS` and :data:`DECODER_TOKEN_INPUTS` (dim 1). Other inputs
+    and dims have no role."""
+    roles: dict[tuple[str, int], str] = {}
+    for name, value in inputs.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if name in BATCH_INPUTS:
+            roles[(name, 0)] = "batch"
+        if value.dim() >= 2 and name in TOKEN_INPUTS:
+            roles[(name, 1)] = "sequence"
+        elif value.dim() >= 2 and name in DECODER_TOKEN_INPUTS:
+            roles[(name, 1)] = "decoder_sequence"
+    return roles
+
+
+def max_positions(model: Any, role: str = "sequence") -> tuple[int, str] | None:
+    """``(the longest sequence model.config admits, the config field it comes from)`` for ``role`` (``"sequence"``:
+    ``max_position_embeddings``, ``n_positions``; ``"decoder_sequence"``: ``max_target_positions`` first), or None
+    (no config, or a model without a position limit such as T5)."""
+    config = getattr(model, "config", None)
+    if config is None or role not in ("sequence", "decoder_sequence"):
+        return None
+    names = ("max_position_embeddings", "n_positions")
+    if role == "decoder_sequence":
+        names = ("max_target_positions", *names)
+    for name in names:
+        value = _find(config, name)
+        if _is_int(value) and value > 0:
+            return value, name
+    return None
+
+
+def shared_dims(model: Any, inputs: Mapping[str, Any]) -> dict[str, dict[int, Any]]:
+    """``{input name: {dim: torch.export.Dim}}``: one named ``Dim`` per role of :func:`dim_roles` (``batch``,
+    ``sequence``, ``decoder_sequence``), shared by the token inputs (:data:`TOKEN_INPUTS`,
+    :data:`DECODER_TOKEN_INPUTS`) whose example has the same size there, so that ``dynamic=True`` traces one symbol
+    for the batch and one for the sequence (``Dim.AUTO`` gives ``attention_mask`` a batch of its own: the model
+    indexes it rather than adding it to the embeddings). A sequence ``Dim`` has ``max`` = :func:`max_positions`.
+    Roles with fewer than two such dims, or a size below 2 (torch.export specializes 0 and 1), are left out (they
+    stay ``Dim.AUTO``); so are the batches of ``pixel_values`` and audio inputs, which a dual encoder takes
+    independently of the text's.
+    """
+    from torch.export import Dim
+
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for (name, dim), role in dim_roles(inputs).items():
+        if name in TOKEN_INPUTS or name in DECODER_TOKEN_INPUTS:
+            groups.setdefault(role, []).append((name, dim))
+    out: dict[str, dict[int, Any]] = {}
+    for role, members in groups.items():
+        size = int(inputs[members[0][0]].shape[members[0][1]])
+        members = [(n, d) for n, d in members if int(inputs[n].shape[d]) == size]
+        if size < 2 or len(members) < 2:
+            continue
+        limit = max_positions(model, role)
+        shared = Dim(role, min=1, max=limit[0]) if limit is not None and limit[0] >= size else Dim(role, min=1)
+        for name, dim in members:
+            out.setdefault(name, {})[dim] = shared
+    return out
 
 
 def forward_parameters(model: torch.nn.Module) -> tuple[list[str], bool]:

@@ -22,7 +22,7 @@ from ._pytree import register_transformers_pytrees
 from .inputs import dummy_inputs, forward_parameters
 
 __all__ = ["DYNAMO_TRACER", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning", "describe_inputs",
-           "describe_outputs", "specialized_dims", "specialized_message"]
+           "describe_outputs", "export_with_shared_dims", "specialized_dims", "specialized_message"]
 
 logger = logging.getLogger("hfexport")
 
@@ -359,3 +359,27 @@ def specialized_message(entry: Mapping[str, Any]) -> str:
         if entry.get("guard") else ""
     return (f"input {entry['input']!r} dim {entry['dim']} was asked to be dynamic but torch.export fixed it to "
             f"{entry['size']}: {entry['reason']}{guard}; the program accepts only size {entry['size']} there")
+
+
+def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, strict: bool) -> torch.export.ExportedProgram:
+    """``torch.export.export`` with ``ctx.extras["dynamic_shapes"]``; when those hold the named dims of
+    :func:`hfexport_dynamo.inputs.shared_dims` (``ctx.extras["auto_dynamic_shapes"]`` is then the plain
+    ``Dim.AUTO`` spec) and torch.export refuses them (a constraint violation: the model fixes the batch, or
+    relates the sequence to another size), trace again with ``Dim.AUTO`` on every dim and say so in the notes.
+
+    Args:
+        make_args: returns fresh positional inputs (a failed trace may have changed a cache passed in).
+    """
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    auto = ctx.extras.get("auto_dynamic_shapes")
+    try:
+        return torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"], strict=strict)
+    except UserError as exc:
+        if auto is None or exc.error_type is not UserErrorType.CONSTRAINT_VIOLATION:
+            raise
+        reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
+        ctx.note(f"torch.export refused the dims shared across inputs (batch, sequence): {reason}; traced again "
+                 "with Dim.AUTO on every dim")
+        ctx.extras["dynamic_shapes"] = auto
+        return torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)

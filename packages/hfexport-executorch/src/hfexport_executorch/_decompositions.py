@@ -1,12 +1,14 @@
 """Tensor-level rewrites that the ExecuTorch workarounds trace instead of ops the runtime cannot run as they are.
 
-Each is built from ops with portable kernels; the workaround that uses it (in ``exporter_executorch.py``) says
-why.
+Each of ``ET_DECOMPOSITIONS`` is built from ops with portable kernels; the workaround that uses it (in
+``exporter_executorch.py``) says why. ``XNNPACK_DECOMPOSITIONS`` express ops that XNNPACK's partitioner does not
+take with ops that it does, so that they run inside the delegate (``prepare_for_xnnpack`` adds them).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +16,8 @@ import torch
 
 from ._delegation import rejected_by_edge
 
-__all__ = ["ET_DECOMPOSITIONS", "count_below", "nonzero_row_major",
-           "rejected_ops_with_decomposition", "sort_pairwise", "unsupported_op_message"]
+__all__ = ["ET_DECOMPOSITIONS", "XNNPACK_DECOMPOSITIONS", "count_below", "layer_norm_delegable", "nonzero_row_major",
+           "rejected_ops_with_decomposition", "sdpa_delegable", "sort_pairwise", "unsupported_op_message"]
 
 aten = torch.ops.aten
 
@@ -111,6 +113,86 @@ ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.bucketize.Scalar: _decompose_bucketize,
     aten.searchsorted.Tensor: _decompose_searchsorted,
     aten.searchsorted.Scalar: _decompose_searchsorted,
+}
+
+
+# ── XNNPACK: ops its partitioner does not take, as ops it does ─────────────────────────────────────────
+def layer_norm_delegable(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+                         bias: torch.Tensor | None = None, eps: float = 1e-5) -> Any:
+    """``aten.native_layer_norm`` over the last dim of a 3-D float32 tensor, from ops XNNPACK delegates.
+
+    ``x [b, s, h]`` is viewed as ``[b, s, h, 1]`` so that both means are XNNPACK's ``mean.dim`` over dims
+    ``(2, 3)`` (its only form: 4-D, innermost dims, keepdim); then ``sub``, ``mul``, ``add``, ``rsqrt`` and a
+    view back. Two-pass variance (mean of the squared deviations), as eager. Returns ``(out [b, s, h],
+    mean [b, s, 1], rstd [b, s, 1])``; other ranks, dtypes and normalized shapes return ``NotImplemented``
+    (the op is kept whole: a portable kernel), and so does an input with more than one dynamic dim: XNNPACK's
+    partitioner takes its ``unsqueeze_copy`` and then fails to serialize it ("XNNPACK reshape only supports 1
+    dynamic dimension", executorch 1.5.1 ``op_squeeze.py``; ``UnsqueezeCopyConfig`` does not check it).
+    """
+    if input.dim() != 3 or len(normalized_shape) != 1 or input.dtype != torch.float32 \
+            or sum(not isinstance(size, int) for size in input.shape) > 1:
+        return NotImplemented
+    x = input.unsqueeze(-1)  # [b, s, h, 1]
+    mean = x.mean(dim=[2, 3], keepdim=True)  # [b, s, 1, 1]
+    centered = x - mean
+    rstd = torch.rsqrt((centered * centered).mean(dim=[2, 3], keepdim=True) + eps)
+    out = centered * rstd
+    if weight is not None:
+        out = out * weight.unsqueeze(-1)
+    if bias is not None:
+        out = out + bias.unsqueeze(-1)
+    stats = (*input.shape[:2], 1)
+    return out.view(input.shape), mean.view(stats), rstd.view(stats)
+
+
+def sdpa_delegable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False) -> torch.Tensor:
+    """``aten.scaled_dot_product_attention`` as ``bmm``, ``add``, ``_softmax`` and ``mul`` (all delegated).
+
+    ``q [B, H, L, E]``, ``k [B, H, S, E]``, ``v [B, H, S, Ev]`` float32 -> ``[B, H, L, Ev]``. The scale goes into
+    ``q`` as a tensor constant (a ``mul.Scalar`` would stay outside the delegate), the products are ``bmm`` of
+    ``[B*H, ...]`` views (no ``expand_copy``). A boolean mask becomes an additive one (0 where kept, the dtype's
+    lowest finite value where masked) and an attention mask of any dtype gives a row factor: 0 where a query row
+    masks every key, as eager's safe softmax gives (an all ``-inf`` row would be NaN). Those two are small
+    portable ops on the mask ``[b, 1, L, S]``; CSE shares them between layers. Dropout, ``is_causal``, grouped
+    heads and other dtypes keep torch's decomposition.
+    """
+    if (dropout_p != 0.0 or is_causal or query.dim() != 4 or key.dim() != 4 or value.dim() != 4
+            or query.dtype != torch.float32 or key.shape[1] != query.shape[1] or value.shape[1] != query.shape[1]
+            or not isinstance(query.shape[-1], int)):
+        return aten._scaled_dot_product_attention_math.default(  # torch's own path (not .decompose(): recursion)
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+    batch, heads, length, dim = query.shape
+    keys, dim_v = key.shape[-2], value.shape[-1]
+    factor = 1.0 / math.sqrt(dim) if scale is None else scale
+    q = (query * factor).reshape(batch * heads, length, dim)
+    k = key.reshape(batch * heads, keys, dim).transpose(1, 2)
+    scores = torch.bmm(q, k).view(batch, heads, length, keys)
+    keep = None
+    if attn_mask is not None:
+        lowest = torch.finfo(query.dtype).min
+        if attn_mask.dtype == torch.bool:
+            keep = attn_mask.any(dim=-1, keepdim=True)
+            additive = torch.where(attn_mask, 0.0, lowest).to(query.dtype)
+        else:
+            keep = (attn_mask != float("-inf")).any(dim=-1, keepdim=True)
+            additive = attn_mask.clamp(min=lowest)
+        scores = scores + additive
+    probs = torch.softmax(scores, dim=-1).view(batch * heads, length, keys)
+    out = torch.bmm(probs, value.reshape(batch * heads, keys, dim_v)).view(batch, heads, length, dim_v)
+    if keep is not None:
+        out = out * torch.where(keep, 1.0, 0.0).to(query.dtype)
+    return out
+
+
+# XNNPACK in executorch 1.5.1 has no partitioner config for layer norm, and torch's SDPA decomposition emits
+# ``mul.Scalar``, same-shape ``expand_copy`` and a boolean safe softmax (eq/logical_not/any/where) per layer, none
+# of which XNNPACK takes: all-MiniLM-L6-v2 ran 38% of its compute nodes on portable kernels (a copy in and out
+# of the delegate for each).
+XNNPACK_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.native_layer_norm.default: layer_norm_delegable,
+    aten.scaled_dot_product_attention.default: sdpa_delegable,
 }
 
 

@@ -19,12 +19,11 @@ __all__ = ["DEFAULT_DIM_UPPER_BOUND", "DelegationReport", "delegation_report", "
 
 logger = logging.getLogger("hfexport")
 
-# The largest size given to a dynamic dimension that torch.export left unbounded (``Dim.AUTO``, ``Dim.DYNAMIC``).
-# ExecuTorch plans memory for the upper bound of every dynamic dim, so planned activations grow with the product
-# of the bounds (attention scores with batch * seq * seq), and the runtime allocates that memory when it loads the
-# program: all-MiniLM-L6-v2 with dynamic=True (seq <= 512 inferred by torch.export, batch bounded here) plans
-# 1.4 GiB at 32, 2.8 GiB at 64, 5.5 GiB at 128. Set ``ExecutorchConfig(dim_upper_bound=...)`` or give explicit
-# ``Dim(name, max=...)`` bounds for other inputs.
+# The largest size given to a dynamic dimension that torch.export left unbounded (``Dim.AUTO``, ``Dim.DYNAMIC``)
+# and that is neither a batch nor a sequence with a config limit (those: ``_bounds.py``). ExecuTorch plans memory
+# for the upper bound of every dynamic dim, so planned activations grow with the product of the bounds (attention
+# scores with batch * seq * seq), and the runtime allocates that memory when it loads the program:
+# all-MiniLM-L6-v2 with dynamic=True (seq <= 512) planned 2.8 GiB when its batch got 64.
 DEFAULT_DIM_UPPER_BOUND = 64
 # Planned memory above this gets a note in the manifest and a warning that says how to lower it.
 PLANNED_MEMORY_WARNING_BYTES = 1 << 30
@@ -173,12 +172,21 @@ def planned_memory_bytes(manager: Any) -> int:
     return sum(sum(plan.non_const_buffer_sizes[1:]) for plan in plans)  # [0] is reserved by ExecuTorch
 
 
-def report_planned_memory(ctx: ExportContext, planned: int, bounded: dict[str, tuple[int, int]]) -> None:
-    """Warn (and note in the manifest) when the bounds given to unbounded dynamic dims plan over 1 GiB."""
-    if planned > PLANNED_MEMORY_WARNING_BYTES and bounded:
-        message = (f"ExecuTorch plans {planned / 2**30:.1f} GiB for the upper bounds of the dynamic dims "
-                   f"({', '.join(f'{k} <= {v[1]}' for k, v in sorted(bounded.items()))} from "
-                   f"dim_upper_bound={ctx.config.dim_upper_bound}); the runtime allocates it when it loads the "
-                   "program. Lower dim_upper_bound or give explicit Dim(name, max=...) bounds in dynamic_shapes")
-        logger.warning(message)
-        ctx.note(message)
+def report_planned_memory(ctx: ExportContext, planned: int, bounds: Any) -> None:
+    """Say which upper bounds the dynamic dims got and the memory they plan: noted in the manifest, and logged as
+    a warning where a bound was chosen for the user (a default, the config, ``dim_upper_bound``: the program
+    refuses larger inputs) or the plan exceeds 1 GiB (with what to lower). ``bounds`` is a ``_bounds.DimBounds``.
+    """
+    if not bounds.roles and not bounds.bounded:
+        return
+    chosen = bounds.summary() or ", ".join(f"{k} <= {v[1]}" for k, v in sorted(bounds.bounded.items()))
+    message = f"ExecuTorch plans {planned / 2**20:.1f} MiB for the upper bounds of the dynamic dims: {chosen}"
+    if planned > PLANNED_MEMORY_WARNING_BYTES:
+        message += ("; the runtime allocates it when it loads the program. Lower max_batch, max_seq_len or "
+                    "dim_upper_bound, or give explicit Dim(name, max=...) bounds in dynamic_shapes")
+    else:
+        message += "; larger inputs are refused (raise max_batch or max_seq_len for more)"
+    ctx.note(message)
+    user_given = all(info["source"] in ("max_batch", "max_seq_len") for info in bounds.roles.values())
+    log = logger.info if user_given and bounds.roles and planned <= PLANNED_MEMORY_WARNING_BYTES else logger.warning
+    log(message)

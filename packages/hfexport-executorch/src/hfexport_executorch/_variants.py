@@ -44,6 +44,11 @@ class BackendPreparation:
         edge_compile_options: extra ``EdgeCompileConfig`` fields for this variant.
         memory_planning_options: ``MemoryPlanningPass`` arguments that override the config's ``alloc_*`` flags.
         backend_config_options: extra ``ExecutorchBackendConfig`` fields.
+        decompositions: op -> decomposition, added to the table ``to_edge`` decomposes with (after hfexport's own):
+            ops the partitioners do not take, expressed with ops they do. A decomposition that returns
+            ``NotImplemented`` keeps the op whole.
+        transform_passes: ``to_edge_transform_and_lower``'s ``transform_passes``: run on the edge program before
+            partitioning.
         device: the device the model is traced on (recorded in the manifest).
         dtype: the floating dtype the program was traced in (float inputs are cast to it when run).
     """
@@ -52,6 +57,8 @@ class BackendPreparation:
     edge_compile_options: dict[str, Any] = field(default_factory=dict)
     memory_planning_options: dict[str, Any] = field(default_factory=dict)
     backend_config_options: dict[str, Any] = field(default_factory=dict)
+    decompositions: dict[Any, Callable[..., Any]] = field(default_factory=dict)
+    transform_passes: list[Any] = field(default_factory=list)
     device: str = "cpu"
     dtype: torch.dtype | None = None
 
