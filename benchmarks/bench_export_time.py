@@ -64,7 +64,7 @@ def bench(backend: str, model, inputs, runs: int) -> None:
         contenders["peer ort_fusions=cpu"] = lambda: peer_export(backend, model, inputs, ort_fusions="cpu")
     times: dict[str, list[float]] = {name: [] for name in contenders}
     manifests: list[dict] = []
-    for name, fn in contenders.items():  # warm-up: toolchain imports and first-call caches
+    for fn in contenders.values():  # warm-up: toolchain imports and first-call caches
         fn()
     for _ in range(runs):
         for name, fn in contenders.items():
