@@ -218,3 +218,15 @@ def test_canine_block_attention_is_the_value_of_the_chunk_loop(seq, padded):
             assert any(path.endswith("CanineAttention.forward") for _, path in report.installed)
             actual = attention(hidden, mask)[0]
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_every_patch_names_why_upstream_and_when_it_can_go():
+    import hfexport_dynamo._recurrences as module
+
+    patches = [r for r in hfexport.list_workarounds() if r.module == module.__name__]
+    assert {r.name for r in patches} == {"_patch_mamba_selective_scan", "_patch_rwkv_linear_attention_cpu",
+                                         "_patch_recurrent_gemma_rnn_scan", *CANINE_PATCHES}
+    for registration in patches:
+        assert registration.scope == "dynamo", registration.name
+        for part in ("**Why**", "**Upstream**", "**Remove when**"):
+            assert part in registration.func.__doc__, (registration.name, part)

@@ -65,8 +65,8 @@ def _mamba_selective_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torc
     def step(state: torch.Tensor, x: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         a, bu, c = x  # [batch, inter, state], [batch, inter, state], [batch, state]
         state = a * state + bu
-        # y = state @ c as a product and a sum: elementwise ops and a reduction, no batched-matmul reshapes
-        # of symbolic sizes in the body (which the ONNX backend's grad-mode re-run of the scan trips on).
+        # y = state @ c as a product and a sum: elementwise ops and a reduction in the loop body, no batched
+        # matmul whose reshapes of symbolic sizes torch.onnx's re-run of the body trips on (SymInt leaves).
         return state.clone(), (state.to(input_dtype) * c[:, None, :]).sum(-1)
 
     init = torch.zeros(batch_size, intermediate_size, A.shape[-1], dtype=deltaB_u.dtype, device=hidden_states.device)
