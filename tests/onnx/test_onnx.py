@@ -342,3 +342,18 @@ def test_importing_the_package_does_not_import_the_toolchain():
             "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow  # the zoo's tiny Mamba through torch.onnx; about 25 s on an idle 2-core machine
+def test_a_scan_rewritten_recurrence_exports_to_onnx_with_a_dynamic_sequence():
+    """Mamba's selective scan runs as ``higher_order.scan`` (hfexport_dynamo._recurrences); torch.onnx's type
+    promotion re-ran it with autograd on and failed ("Expected leaf to be a Tensor or None, got SymInt") until
+    the conversion ran under no_grad."""
+    from hfexport_sweep.zoo import build_case
+
+    model, inputs, _ = build_case("mamba/MambaModel")
+    exported = hfexport.export(model, inputs, backend="onnx", dynamic=True)
+    for seq in (5, 13):  # traced at 8
+        ids = torch.randint(0, model.config.vocab_size, (3, seq), generator=torch.Generator().manual_seed(seq))
+        report = exported.verify({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, atol=ATOL, rtol=1e-3)
+        assert report.passed, str(report)

@@ -236,7 +236,10 @@ class OnnxExporter(Exporter):
         ctx.extras["onnx_decomposition_fixes"].applied.clear()  # this conversion's only (a fallback re-converts)
         with ctx.step("torch.onnx.export"):
             try:
-                with quiet_torch_onnx():
+                # no_grad: torch.onnx's type-promotion pass re-runs the graph, and with autograd on a
+                # higher_order.scan (hfexport_dynamo._recurrences: Mamba, Canine) saves a SymInt for backward
+                # ("Expected leaf to be a Tensor or None, got SymInt"); the exported graph is inference-only.
+                with quiet_torch_onnx(), torch.no_grad():
                     program = torch.onnx.export(ctx.program, (), dynamo=True,
                                                 custom_translation_table=dict(table) or None, optimize=False,
                                                 opset_version=config.opset_version,
