@@ -72,20 +72,6 @@ def test_sub_scalar_fix_runs_after_decomposition_through_the_onnx_patch():
             hfexport.export(InvertMask(), inputs, backend="onnx", disable=(*patches_off, off))
 
 
-# ── _fix_contiguous (tiny T5) ──────────────────────────────────────────────────────────────────────────
-def test_fix_contiguous_lets_t5_through_the_onnx_decomposition():
-    from helpers import tiny_model
-
-    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*ValueError: Cannot view a tensor with "
-                                          r"shape torch.Size\(\[s\d+, s\d+, 4, 8\]\)"):
-        hfexport.export(tiny_model("t5"), backend="onnx", dynamic=True, disable=("_fix_contiguous",))
-
-    model, exported = onnx_export("t5")  # the same config, with the fix (shared with the matrix test)
-    assert exported.manifest["workarounds"]["fixes"][PREFIX + "_fix_contiguous"] > 0
-    report = exported.verify(dummy_inputs(model, batch=3, seq=13, seed=1), atol=ATOL, rtol=0)
-    assert report.passed, report
-
-
 # ── _aten_sort_stable (c21) ──────────────────────────────────────────────────────
 class StableSort(torch.nn.Module):
     def forward(self, scores):

@@ -405,27 +405,6 @@ def _patch_decompose_with_registry(original: Any, ctx: ExportContext | None = No
 # ── Stage 3: FX node fixes ──
 # Applied to the traced program, and again by ``_patch_decompose_with_registry`` (stage 2) to the program
 # torch.onnx decomposes.
-@register_fx_node_fix("onnx")
-def _fix_contiguous(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Replaces ``aten.contiguous(x)`` by ``aten.clone(x, memory_format=torch.contiguous_format)``.
-
-    **Why**: T5 (``attn_output.transpose(1, 2).contiguous()`` then ``reshape``) fails in torch.onnx's
-    decomposition: ``run_decompositions`` runs under ``backed_size_oblivious=True``, decides that the
-    ``contiguous()`` is a no-op, and the following reshape becomes a ``view``: ``ValueError: Cannot view a
-    tensor with shape torch.Size([s11, s53, 4, 8]) and strides (32*s53, 8, 8*s53, 1) as a tensor with shape
-    (s11, s53, 32)!``. An explicit clone always yields a contiguous tensor (same values; free in ONNX).
-    **Upstream**: pytorch/pytorch#136543, pytorch/pytorch#141107, pytorch/pytorch#139508.
-    **Remove when**: the tiny T5 exports with ``disable=("_fix_contiguous",)``.
-    """
-    if node.op != "call_function" or node.target is not aten.contiguous.default:
-        return False
-    if node.kwargs.get("memory_format", torch.contiguous_format) is not torch.contiguous_format:
-        return False
-    node.target = aten.clone.default
-    node.kwargs = {"memory_format": torch.contiguous_format}
-    return True
-
-
 def _is_int_tensor_node(arg: Any) -> bool:
     val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
     return (isinstance(val, torch.Tensor) and not val.dtype.is_floating_point and not val.dtype.is_complex
