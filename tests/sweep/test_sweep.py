@@ -146,6 +146,22 @@ def test_representative_subset_exports_on_dynamo(tmp_path, capsys):
     print(f"representative sweep: {len(records)} cases in {seconds:.0f} s")
 
 
+@pytest.mark.sweep
+@pytest.mark.slow  # about 40 s: two ExecuTorch exports of a tiny Mamba
+def test_executorch_falls_back_to_a_static_export_and_says_so(tmp_path, capsys):
+    # The scan-rewritten Mamba does not lower with a dynamic batch and sequence (XNNPACK, a SymInt leaf in
+    # to_edge_transform_and_lower); static, it exports and verifies at the traced shape.
+    code = cli.main(["sweep", "--backend", "executorch-xnnpack", "--filter", "^mamba/MambaModel$", "--timeout", "300",
+                     "--output", str(tmp_path / "et")])
+    assert code == 0, capsys.readouterr().out
+    record = _records(tmp_path / "et")["mamba/MambaModel"]
+    assert (record["status"], record["shapes"]) == ("ok", "static"), record
+    assert "to_edge_transform_and_lower" in record["dynamic_error"], record
+    assert record["max_abs_diff"] is not None and record["max_abs_diff"] <= 1e-3, record
+    report = (tmp_path / "et" / "report.md").read_text()
+    assert "1 of the ok cases are static exports" in report and "`mamba/MambaModel`" in report
+
+
 # ── bad input is refused before any work ───────────────────────────────────────────────────────────────
 def test_unknown_backend_is_refused_before_any_work(tmp_path, capsys):
     assert cli.main(["sweep", "--backend", "nope", "--output", str(tmp_path / "o")]) == 2

@@ -474,6 +474,12 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
                       ) -> dict[str, Any]:
     """The default case runner: ``hfexport.export(dynamic=True)``, then verify at the alt input shape.
 
+    On an ExecuTorch backend (:data:`STATIC_FALLBACK_PREFIXES`), a dynamic export that fails is tried again with
+    ``dynamic=False`` and, when that one exports, verified at the traced shape instead (a static program takes
+    no other): the record says so with ``shapes: "static"`` and ``dynamic_error`` (the dynamic attempt's stage
+    and cause), and the report counts those cases apart. Other backends have no such fallback: their criterion is
+    the dynamic export only.
+
     Args:
         model: the tiny eval-mode model.
         inputs: forward kwargs to trace with (batch 2).
@@ -497,9 +503,12 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
         exported = hfexport.export(model, inputs, backend=backend, dynamic=True, verify=False, **dict(options or {}))
     except hfexport.ExportError as exc:
         facts = {"step": getattr(exc, "step", "") or None, "internal": getattr(exc, "internal", None)}
-        return failure_record("export_error", exc, stage=stage_label(exc, backend),
-                              **{k: v for k, v in facts.items() if v is not None},
-                              export_s=round(time.perf_counter() - start, 3))
+        failed = failure_record("export_error", exc, stage=stage_label(exc, backend),
+                                **{k: v for k, v in facts.items() if v is not None},
+                                export_s=round(time.perf_counter() - start, 3))
+        if not backend.startswith(STATIC_FALLBACK_PREFIXES):
+            return failed
+        return _static_fallback(model, inputs, backend, failed, atol=atol, rtol=rtol, options=options)
     except Exception as exc:  # input checks before the first stage (InvalidInputError, TypeError)
         return failure_record("export_error", exc, stage="before the first stage",
                               export_s=round(time.perf_counter() - start, 3))
@@ -514,7 +523,46 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
     except Exception as exc:
         return failure_record("runtime_error", exc, export_s=export_s,
                               verify_s=round(time.perf_counter() - start, 3))
-    verify_s = round(time.perf_counter() - start, 3)
+    return _verified(report, export_s, round(time.perf_counter() - start, 3), atol=atol, rtol=rtol)
+
+
+# Backends whose sweep criterion falls back to a static export when the dynamic one fails (issue 12: "ExecuTorch
+# as static where dynamic is not possible, and said so"): a phone app often runs one fixed shape.
+STATIC_FALLBACK_PREFIXES = ("executorch-",)
+
+
+def _static_fallback(model: Any, inputs: dict[str, Any], backend: str, dynamic_failure: dict[str, Any], *,
+                     atol: float, rtol: float, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Export ``model`` again with ``dynamic=False`` after the dynamic export failed with ``dynamic_failure``,
+    and verify it at the traced shape. A static export that fails too returns ``dynamic_failure`` (the criterion's
+    error) with the static one's cause as ``static_error``."""
+    import hfexport
+
+    dynamic_error = f"{dynamic_failure.get('stage') or '?'}: {dynamic_failure.get('cause') or ''}"
+    _phase("export (static, after the dynamic export failed)")
+    start = time.perf_counter()
+    try:
+        exported = hfexport.export(model, inputs, backend=backend, dynamic=False, verify=False,
+                                   **dict(options or {}))
+    except Exception as exc:
+        static = failure_record("export_error", exc)
+        return {**dynamic_failure, "static_error": f"{stage_label(exc, backend)}: {static['cause']}"}
+    export_s = round(time.perf_counter() - start, 3)
+    _phase("verify (static)")
+    fixed = exported.manifest.get("fixed_kwargs", {})
+    traced = {k: v for k, v in inputs.items() if not (k in fixed and fixed[k] == v)}
+    start = time.perf_counter()
+    try:
+        report = exported.verify(traced, atol=atol, rtol=rtol)
+    except Exception as exc:
+        return failure_record("runtime_error", exc, export_s=export_s, shapes="static", dynamic_error=dynamic_error,
+                              verify_s=round(time.perf_counter() - start, 3))
+    verified = _verified(report, export_s, round(time.perf_counter() - start, 3), atol=atol, rtol=rtol)
+    return {**verified, "shapes": "static", "dynamic_error": dynamic_error}
+
+
+def _verified(report: Any, export_s: float, verify_s: float, *, atol: float, rtol: float) -> dict[str, Any]:
+    """The record fields of a verification report: ``ok`` or ``mismatch`` with its cause."""
     max_diff = report.max_abs_diff
     result: dict[str, Any] = {"export_s": export_s, "verify_s": verify_s,
                               "max_abs_diff": max_diff if max_diff == max_diff and max_diff != float("inf") else None}

@@ -270,6 +270,19 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
               f"| {s['tried']} | {s['instantiable']} | {s['ok']} | {s['ok_pct']}% |", "",
               "| status | cases |", "|---|---:|"]
     lines += [f"| {st} | {s['by_status'][st]} |" for st in STATUSES if s["by_status"][st]]
+    static = [r for r in records if r.get("shapes") == "static"]
+    if static:  # ExecuTorch: the dynamic export failed and a static one was verified at the traced shape
+        static_ok = sum(r["status"] == "ok" for r in static)
+        lines += ["", f"{static_ok} of the ok cases are static exports (and {len(static) - static_ok} static exports "
+                  "failed their check): the dynamic export failed, so the case was exported with `dynamic=False` and "
+                  "verified at the traced shape (`shapes: \"static\"` and `dynamic_error` in results.jsonl). "
+                  "Why the dynamic export failed:", "", "| cases | dynamic export error | examples |",
+                  "|---:|---|---|"]
+        by_error: dict[str, list[str]] = defaultdict(list)
+        for r in static:
+            by_error[cause_key({"cause": r.get("dynamic_error")})].append(r["case_id"])  # dynamic_error has the stage
+        for error, cases in sorted(by_error.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"| {len(cases)} | {_md(error[:200])} | {', '.join(f'`{c}`' for c in cases[:3])} |")
     # per modality
     lines += ["", "### By modality", "", "| modality | tried | instantiable | ok | export_error | runtime_error | "
               "mismatch | timeout | skipped |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
