@@ -127,3 +127,26 @@ def test_vit_mae_dummy_inputs_fix_its_random_masking_so_the_export_matches_eager
     report = exported.verify(dummy_inputs(model, batch=3, seed=1), atol=ATOL, rtol=RTOL)
     assert report.passed, str(report)
     assert torch.equal(exported(**inputs).ids_restore, model(**inputs).ids_restore)
+
+
+def fnet_inputs(model: torch.nn.Module, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    ids = token_inputs(model, batch, seq)["input_ids"]
+    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
+
+
+@pytest.mark.slow  # three exports of the zoo's tiny FNet; about 40 s on an idle 2-core machine
+def test_fnet_exports_to_onnx_with_its_fourier_transform_as_real_matmuls():
+    model = zoo_model("fnet/FNetModel")
+    exported = hfexport.export(model, fnet_inputs(model, 2, 8), backend="onnx", dynamic=True)
+    assert "_patch_fnet_fourier_transform" in str(exported.manifest["workarounds"]["patches"])
+    for batch, seq in ((3, 12), (1, 5)):
+        report = exported.verify(fnet_inputs(model, batch, seq), atol=ATOL, rtol=RTOL)
+        assert report.passed, str(report)
+
+    # the .pt2 program keeps torch.fft (the patch is registered for the backends without complex tensors only)
+    pt2 = hfexport.export(model, fnet_inputs(model, 2, 8), backend="dynamo", dynamic=True)
+    assert "_patch_fnet_fourier_transform" not in str(pt2.manifest["workarounds"]["patches"])
+
+    with pytest.raises(ExportError, match=r"ComplexRewriteError: aten\.fft_fftn"):
+        hfexport.export(model, fnet_inputs(model, 2, 8), backend="onnx", dynamic=True,
+                        disable=("_patch_fnet_fourier_transform",))

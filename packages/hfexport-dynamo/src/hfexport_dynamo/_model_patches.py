@@ -194,3 +194,52 @@ def _patch_sewd_encoder_lengths(original: Any) -> Any:
         return output_class(last_hidden_state=hidden_states)
 
     return forward
+
+
+def _real_dft_2d(hidden_states: torch.Tensor) -> torch.Tensor:
+    """``torch.fft.fftn(x, dim=(1, 2)).real`` of a real ``[batch, seq, hidden]`` tensor, in real matmuls.
+
+    With the DFT matrix ``W_N = C_N - i S_N`` (``C_N[k, n] = cos(2 pi k n / N)``, ``S_N`` the sine), the 2-D DFT
+    is ``W_seq @ x @ W_hidden`` (both symmetric) and its real part is ``C_seq @ x @ C_hidden - S_seq @ x @ S_hidden``.
+    The angles ``2 pi k n / N`` are computed in float64 (``k n`` reaches ``N^2``, where float32 would lose 1e-4
+    of a radian at N = 512) and the matrices cast to the dtype of ``hidden_states``; ``O(seq^2 hidden + seq hidden^2)`` where the FFT is ``O(seq hidden log)``, which at FNet's
+    sizes (sequence <= 512) is a few matmuls per layer.
+    """
+
+    def cos_sin(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.arange(n, device=hidden_states.device, dtype=torch.float64)
+        angle = index[:, None] * index[None, :] * (2 * torch.pi) / n
+        return torch.cos(angle).to(hidden_states.dtype), torch.sin(angle).to(hidden_states.dtype)
+
+    cos_seq, sin_seq = cos_sin(hidden_states.size(1))
+    cos_hidden, sin_hidden = cos_sin(hidden_states.size(2))
+    return cos_seq @ hidden_states @ cos_hidden - sin_seq @ hidden_states @ sin_hidden
+
+
+def _patch_fnet_fourier_transform(original: Any) -> Any:
+    """FNet's token mixing as the real part of a 2-D DFT in real matmuls, for backends without a complex dtype.
+
+    **Why**: ``FNetBasicFourierTransform.forward`` returns ``torch.fft.fftn(hidden_states, dim=(1, 2)).real`` (or
+    the same transform through ``fftn`` per axis or complex DFT matrices with ``use_tpu_fourier_optimizations``).
+    The complex intermediate is fine for a ``.pt2`` program, so the ``dynamo`` backend keeps it, but ONNX has no
+    complex dtype (hfexport's complex-to-real-pair rewrite has no ``aten.fft_fftn``: ``ComplexRewriteError``) and
+    ExecuTorch has no FFT kernel. The real part of a 2-D DFT of a real input is two real matmul chains
+    (:func:`_real_dft_2d`), with the sequence length symbolic. Registered for the ``onnx`` and ``executorch``
+    scopes only: the other backends trace the original.
+    **Upstream**: model-side (transformers ``modeling_fnet.py``); ONNX's ``DFT`` op has no torch.onnx translation of
+    ``fft_fftn`` on real input in the pinned torch.
+    **Remove when**: torch.onnx translates ``aten.fft_fftn`` (and ExecuTorch has an FFT kernel), or FNet computes
+    the real part without complex tensors.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor]:
+        if hidden_states.dim() != 3 or hidden_states.is_complex():
+            return original(self, hidden_states)
+        return (_real_dft_2d(hidden_states),)
+
+    return forward
+
+
+for _scope in ("onnx", "executorch"):  # the backends without complex tensors; dynamo keeps torch.fft
+    register_patch(_scope, "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward")(
+        _patch_fnet_fourier_transform)
