@@ -54,6 +54,51 @@ def text_inputs(tokenizer, batch: int, seq: int) -> dict:
     return dict(tokenizer(sentences, padding="max_length", truncation=True, max_length=seq, return_tensors="pt"))
 
 
+GEMM_OPS_ORT = ("MatMul", "Gemm", "FusedMatMul")  # ONNX Runtime's dense matrix products (fused or not)
+GEMM_OPS_TORCH = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm")  # the kernels under Linear and matmul
+
+
+def gemm_floor(model, feed, path: str, disabled, options, eager_s: float, runs: int) -> None:
+    """The compute floor of the fused model: the time ONNX Runtime spends in its matrix products alone (its own
+    profiler, per-node kernel times summed per run) and what eager PyTorch spends in its own (torch.profiler, self
+    time of the GEMM kernels). No fusion removes a model's GEMMs, so ``eager / ORT GEMM time`` bounds the speed-up
+    any fp32 graph of this model can reach on this CPU at this thread count."""
+    import json
+
+    import onnxruntime
+    import torch
+
+    profiled = onnxruntime.SessionOptions()
+    for name in ("intra_op_num_threads", "inter_op_num_threads", "log_severity_level"):
+        setattr(profiled, name, getattr(options, name))
+    profiled.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    profiled.enable_profiling = True
+    session = onnxruntime.InferenceSession(path, profiled, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=disabled)
+    feeds = {i.name: feed[i.name].numpy() for i in session.get_inputs()}
+    for _ in range(3 + runs):  # the first 3 runs are the warm-up: their events are dropped below
+        session.run(None, feeds)
+    trace = session.end_profiling()
+    with open(trace) as file:
+        events = json.load(file)
+    os.remove(trace)
+    run_starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    after_warmup = run_starts[3] if len(run_starts) > 3 else 0
+    kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+               and e["ts"] >= after_warmup]
+    total = sum(e["dur"] for e in kernels) / runs / 1e6
+    gemm = sum(e["dur"] for e in kernels if e.get("args", {}).get("op_name") in GEMM_OPS_ORT) / runs / 1e6
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            model(**feed)
+    torch_gemm = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in GEMM_OPS_TORCH) / runs / 1e6
+    print(f"compute floor ({runs} profiled runs): ONNX Runtime kernels {total * 1e3:.2f} ms per run, of which GEMMs "
+          f"({'/'.join(GEMM_OPS_ORT)}) {gemm * 1e3:.2f} ms; eager's GEMM kernels ({', '.join(GEMM_OPS_TORCH)}) "
+          f"{torch_gemm * 1e3:.2f} ms of its {eager_s * 1e3:.2f} ms")
+    print(f"  the most any fp32 graph on ONNX Runtime's GEMMs can reach: eager / ORT GEMM time = "
+          f"{eager_s / gemm:.2f}x eager (GEMMs alone, every other op free)")
+
+
 def fusion_comparison(model, tokenizer, inputs, runs: int) -> None:
     """The ``--fusions`` table: eager, hfexport unfused and fused, the peer unfused and fused (see the docstring)."""
     import collections
@@ -138,6 +183,7 @@ def fusion_comparison(model, tokenizer, inputs, runs: int) -> None:
         session_note = f"; session without {', '.join(disabled[name])}" if disabled[name] else ""
         print(f"{name:22s} {median * 1e3:7.2f} {fastest * 1e3:7.2f} {eager / median:8.2f} {eager_min / fastest:6.2f} "
               f"{count:6d} {seconds[name]:8.1f} {diff:8.1e}  {ops}{session_note}")
+    gemm_floor(model, feed, paths["hfexport fused"], disabled["hfexport fused"], options, eager, runs)
     ours = statistics.median(times["hfexport fused"])
     peer = statistics.median(times["peer ort_fusions=cpu"])
     print(f"goal: hfexport fused >= 2.3x eager: {eager / ours:.2f}x ({'met' if eager / ours >= 2.3 else 'not met'}); "
