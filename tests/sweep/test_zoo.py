@@ -233,3 +233,25 @@ def test_a_router_left_all_zero_by_init_is_drawn_so_top_k_routing_has_no_ties():
     routers = {n: p for n, p in first.named_parameters() if "router" in n and p.dim() == 2}
     assert routers and all(p.abs().max() > 0 for p in routers.values())
     assert all(torch.equal(p, dict(second.named_parameters())[n]) for n, p in routers.items())
+
+
+@pytest.mark.parametrize("model_type, field, value", [
+    ("xlnet", "d_head", lambda c: c.d_model // c.n_head),  # "`d_head` (64) should be equal to `d_model // n_head`"
+    ("bamba", "mamba_d_head", lambda c: c.mamba_expand * c.hidden_size // c.mamba_n_heads),  # the Mamba-2 head split
+    ("inkling2", "vision_config.text_hidden_size", lambda c: c.text_config.hidden_size),  # a nested field
+])
+def test_tiny_configs_that_fail_their_architecture_check_are_repaired(model_type, field, value):
+    from hfexport_sweep.zoo import tiny_config
+
+    config = tiny_config(model_type)  # raised NotInstantiable ("tiny config fails: ...") before the repair
+    have = config
+    for part in field.split("."):
+        have = getattr(have, part)
+    assert have == value(config) and have < 1024, (field, have)
+
+
+def test_a_config_check_the_repair_does_not_understand_still_says_why():
+    from hfexport_sweep.zoo import NotInstantiable, tiny_config
+
+    with pytest.raises(NotInstantiable, match="tiny config fails: .*n_input_layers"):
+        tiny_config("dory")

@@ -598,11 +598,53 @@ def tiny_config(model_type: str, task: str | None = None) -> Any:
         for sub in (d, d.get("text_config")):
             if isinstance(sub, dict) and sub.get("pad_token_id") is None:
                 sub["pad_token_id"] = 0
-    try:
-        config = config_cls.from_dict(d)
-    except Exception as exc:  # noqa: BLE001
-        raise NotInstantiable(f"tiny config fails: {_fmt(exc)}") from exc
-    return config
+    repaired: list[str] = []
+    while True:
+        try:
+            return config_cls.from_dict(d)
+        except Exception as exc:  # noqa: BLE001
+            fix = _repair_tiny_config(d, str(exc)) if len(repaired) < _MAX_REPAIRS else None
+            if fix is None or fix in repaired:
+                raise NotInstantiable(f"tiny config fails: {_fmt(exc)}") from exc
+            repaired.append(fix)
+
+
+_MAX_REPAIRS = 6
+# A config validator that names the field and the value it wants: "`d_head` (64) should be equal to `d_model //
+# n_head` (16)", "`vision_config.text_hidden_size` (4608) must match `text_config.hidden_size` (64)",
+# "vision_config.out_hidden_size (1024) must equal text_config.hidden_size (64)".
+_WANTS_VALUE = re.compile(r"(?:^|: )`?(?P<field>[A-Za-z_][\w.]*)`? \((?P<have>-?\d+)\) (?:should be equal to|must equal|must match) "
+                          r"`?[^()]+?`? \((?P<want>-?\d+)\)")
+_MUST_BE = re.compile(r"(?:^|: )`?(?P<field>[A-Za-z_][\w.]*)`? must be (?P<want>-?\d+), got (?P<have>-?\d+)")
+
+
+def _repair_tiny_config(d: dict[str, Any], message: str) -> str | None:
+    """Make the shrunk config ``d`` satisfy the architecture check that ``message`` reports, in place.
+
+    Shrinking every size field to the same tiny value breaks the relations some configs validate (a head size that
+    must be ``d_model // n_head``, an adapter width that must match the text model's). The validators that name the
+    field and the value they want are answered with that value; the Mamba-2 head split (``heads * head_dim ==
+    expand * hidden``) is recomputed. Returns what was changed (``"field=value"``), or None when the message is
+    not one of these.
+    """
+    match = _WANTS_VALUE.search(message) or _MUST_BE.search(message)
+    if match is not None:
+        *parents, key = match["field"].split(".")
+        target: Any = d
+        for parent in parents:
+            target = target.get(parent) if isinstance(target, dict) else None
+        if isinstance(target, dict) and (key not in target or _is_int(target[key])):
+            target[key] = int(match["want"])
+            return f"{match['field']}={match['want']}"
+        return None
+    for heads, head_dim, expand in (("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                                    ("num_heads", "head_dim", "expand")):
+        if "head" in message.lower() and all(_is_int(d.get(k)) for k in (heads, head_dim, expand, "hidden_size")):
+            inner = d[expand] * d["hidden_size"]
+            if inner % d[heads] == 0 and d[heads] * d[head_dim] != inner:
+                d[head_dim] = inner // d[heads]
+                return f"{head_dim}={d[head_dim]}"
+    return None
 
 
 # --------------------------------------------------------------------------- inputs
