@@ -136,6 +136,10 @@ def main() -> int:
     parser.add_argument("--write-peer", action="store_true",
                         help="write the peer's records to reports/<backend>/peer.json for the sweep report")
     parser.add_argument("--reports", type=Path, default=Path("reports"), help="reports root (default reports/)")
+    parser.add_argument("--work", type=Path,
+                        help="keep the sweeps' results here (ours-<backend>/, peer-<backend>/) instead of a temporary "
+                             "directory, so that an interrupted comparison resumes where it stopped (run the same "
+                             "command again; --limit N compares the first N cases, and a larger N later extends it)")
     args = parser.parse_args()
     backends = args.backend or ["dynamo"]
     if args.ours_from and len(backends) > 1:
@@ -153,7 +157,8 @@ def main() -> int:
     command = shlex.join(["python", "benchmarks/bench_sweep.py", *sys.argv[1:]])
     preload = [PEER_BACKENDS[b][3] for b in backends] + ["bench_sweep"]
     failed = False
-    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
+        tmp = str(args.work) if args.work else scratch
         for backend in backends:
             started = time.perf_counter()
             try:
