@@ -162,6 +162,17 @@ def test_executorch_falls_back_to_a_static_export_and_says_so(tmp_path, capsys):
     assert "1 of the ok cases are static exports" in report and "`mamba/MambaModel`" in report
 
 
+def test_a_program_with_every_dim_static_is_told_apart_from_a_dynamic_one():
+    # AXK1 on ExecuTorch: torch.export's Dim.AUTO retrace specialized every dim, so the sweep checks it as static
+    class Exported:
+        def __init__(self, *shapes):
+            self.manifest = {"inputs": [{"name": f"x{i}", "dtype": "int64", "shape": s} for i, s in enumerate(shapes)]}
+
+    assert not sweep._has_dynamic_dim(Exported([2, 8], ["2", "8"]))
+    assert sweep._has_dynamic_dim(Exported([2, 8], ["s0", "s1"]))
+    assert sweep._has_dynamic_dim(Exported())  # no input shapes recorded: nothing says it is static
+
+
 # ── bad input is refused before any work ───────────────────────────────────────────────────────────────
 def test_unknown_backend_is_refused_before_any_work(tmp_path, capsys):
     assert cli.main(["sweep", "--backend", "nope", "--output", str(tmp_path / "o")]) == 2

@@ -476,7 +476,7 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
 
     On an ExecuTorch backend (:data:`STATIC_FALLBACK_PREFIXES`), a dynamic export that fails is tried again with
     ``dynamic=False`` and, when that one exports, verified at the traced shape instead (a static program takes
-    no other): the record says so with ``shapes: "static"`` and ``dynamic_error`` (the dynamic attempt's stage
+    no other); so is a dynamic export whose program came out with every dim static: the record says so with ``shapes: "static"`` and ``dynamic_error`` (the dynamic attempt's stage
     and cause), and the report counts those cases apart. Other backends have no such fallback: their criterion is
     the dynamic export only.
 
@@ -513,6 +513,10 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
         return failure_record("export_error", exc, stage="before the first stage",
                               export_s=round(time.perf_counter() - start, 3))
     export_s = round(time.perf_counter() - start, 3)
+    if backend.startswith(STATIC_FALLBACK_PREFIXES) and not _has_dynamic_dim(exported):
+        # torch.export specialized every dim (its Dim.AUTO retrace): the program is static, checked as such
+        return _verified_static(exported, inputs, export_s, "the dynamic export specialized every input dim to "
+                                "the traced shape (no dynamic dim left)", atol=atol, rtol=rtol)
     _phase("verify")
     # Python constants baked into the program (use_cache=False) are added to the eager call by the artifact.
     fixed = exported.manifest.get("fixed_kwargs", {})
@@ -547,7 +551,22 @@ def _static_fallback(model: Any, inputs: dict[str, Any], backend: str, dynamic_f
     except Exception as exc:
         static = failure_record("export_error", exc)
         return {**dynamic_failure, "static_error": f"{stage_label(exc, backend)}: {static['cause']}"}
-    export_s = round(time.perf_counter() - start, 3)
+    return _verified_static(exported, inputs, round(time.perf_counter() - start, 3), dynamic_error, atol=atol,
+                            rtol=rtol)
+
+
+def _has_dynamic_dim(exported: Any) -> bool:
+    """Whether any tensor input of the export has a dynamic dim: a symbol (``"s0"``) in a manifest input's shape,
+    where static dims are ints (or digits). A manifest without input shapes counts as dynamic (nothing to say)."""
+    shapes = [entry["shape"] for entry in exported.manifest.get("inputs") or [] if entry.get("shape") is not None]
+    if not shapes:
+        return True
+    return any(not (isinstance(dim, int) or str(dim).isdigit()) for shape in shapes for dim in shape)
+
+
+def _verified_static(exported: Any, inputs: dict[str, Any], export_s: float, dynamic_error: str, *, atol: float,
+                     rtol: float) -> dict[str, Any]:
+    """Verify a static ExecuTorch program at the traced shape (the only one it takes) and say why it is static."""
     _phase("verify (static)")
     fixed = exported.manifest.get("fixed_kwargs", {})
     traced = {k: v for k, v in inputs.items() if not (k in fixed and fixed[k] == v)}
