@@ -412,3 +412,27 @@ def test_every_workaround_has_a_test_here():
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here
+
+
+class LinearThenUnsqueeze(torch.nn.Module):
+    """``unsqueeze(-1)`` of a ``[batch, seq, 8]`` activation: an ``unsqueeze_copy`` with two dynamic dims."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x).unsqueeze(-1)
+        return (y * y).sum(-1)
+
+
+def test_unsqueeze_with_two_dynamic_dims_stays_on_portable_kernels():
+    model = LinearThenUnsqueeze().eval()
+    traced = {"x": torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))}
+    exported = export(model, traced, dynamic=True)
+    assert exported.manifest["executorch"]["delegated_fraction"] > 0  # the Linear and the multiply stay delegated
+    for shape in ((3, 7, 8), (1, 2, 8)):
+        assert_matches(exported, model, {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(1))})
+
+    with pytest.raises(hfexport.ExportError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        export(model, traced, disable=("_patch_unsqueeze_one_dynamic_dim",), dynamic=True)

@@ -1,5 +1,6 @@
 """What runs where in a lowered program: the delegation report, the portable kernels linked into the runtime,
-and the memory ExecuTorch plans (executorch is imported inside the functions)."""
+the memory ExecuTorch plans, and the XNNPACK partitioner check that keeps what XNNPACK cannot serialize on
+portable kernels (executorch is imported inside the functions)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hfexport.plugin import ExportContext
+from hfexport.plugin import ExportContext, register_patch
 
 __all__ = ["DEFAULT_DIM_UPPER_BOUND", "DelegationReport", "delegation_report", "planned_memory_bytes",
            "portable_kernel_for", "portable_kernel_names", "rejected_by_edge", "report_planned_memory"]
@@ -190,3 +191,32 @@ def report_planned_memory(ctx: ExportContext, planned: int, bounds: Any) -> None
     user_given = all(info["source"] in ("max_batch", "max_seq_len") for info in bounds.roles.values())
     log = logger.info if user_given and bounds.roles and planned <= PLANNED_MEMORY_WARNING_BYTES else logger.warning
     log(message)
+
+
+@register_patch("executorch.xnnpack.internals",
+                "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints")
+def _patch_unsqueeze_one_dynamic_dim(original: Any) -> Any:
+    """Leave to portable kernels an ``unsqueeze_copy`` whose output has more than one dynamic dim.
+
+    **Why**: XNNPACK serializes ``unsqueeze_copy`` as a static reshape, which takes at most one dynamic dim
+    (executorch 1.5.1 ``operators/op_squeeze.py``: "XNNPACK reshape only supports 1 dynamic dimension"), but
+    ``UnsqueezeCopyConfig.check_constraints`` only checks the unsqueezed dim, so the partitioner takes the node
+    and ``to_edge_transform_and_lower`` then fails. With a dynamic batch and sequence this fails the whole export
+    of any model that unsqueezes a ``[batch, seq, ...]`` activation (Aya Vision in the sample sweep; a Linear
+    followed by ``unsqueeze(-1)`` in the test). The replacement also refuses those nodes, which then run on the
+    portable kernel, and the rest of the graph is delegated as before.
+    **Upstream**: pytorch/executorch, the partitioner config and the serializer disagree (no issue found; the
+    config is unchanged on main).
+    **Remove when**: ``UnsqueezeCopyConfig`` checks the dynamic dims of its output (the test's module exports with
+    ``disable=("_patch_unsqueeze_one_dynamic_dim",)``).
+    """
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        value = node.meta.get("val")
+        return value is None or sum(1 for size in value.shape if free_symbols(size)) <= 1
+
+    return check_constraints
