@@ -18,6 +18,7 @@ REPRESENTATIVE = [
     ("vit/ViTForImageClassification", "vision"),
     ("t5/T5ForConditionalGeneration", "text2text"),
     ("whisper/WhisperForConditionalGeneration", "speech"),
+    ("llava/LlavaModel", "multimodal"),  # text and one image
 ]
 
 
