@@ -18,6 +18,7 @@ REPRESENTATIVE = [
     ("vit/ViTForImageClassification", "vision"),
     ("t5/T5ForConditionalGeneration", "text2text"),
     ("whisper/WhisperForConditionalGeneration", "speech"),
+    ("llava/LlavaModel", "multimodal"),  # text and one image
 ]
 
 
@@ -200,8 +201,10 @@ def test_zoo_builds_inputs_with_dynamo_dummy_inputs(monkeypatch):
 
     monkeypatch.setattr(hfexport_dynamo.inputs, "dummy_inputs", spy)
     model, inputs, _ = zoo.build_case("qwen3_vl/Qwen3VLModel")
-    assert calls == ["multimodal", "multimodal"]  # the zoo's modality: a multimodal model gets text only
+    assert calls[:2] == ["multimodal", "multimodal"]  # the text, then the images' attempt ("vision")
+    # Qwen3-VL's vision tower needs image_grid_thw, which the generic image recipe does not make: text only
     assert set(inputs) == {"input_ids", "attention_mask"}
+    assert not zoo.image_inputs(model).used and zoo.image_inputs(model).reason
     image_token = model.config.image_token_id
     assert not (inputs["input_ids"] == image_token).any()  # special tokens are never drawn
 
@@ -255,3 +258,59 @@ def test_a_config_check_the_repair_does_not_understand_still_says_why():
 
     with pytest.raises(NotInstantiable, match="tiny config fails: .*n_input_layers"):
         tiny_config("dory")
+def test_a_llava_case_gets_one_image_and_its_placeholder_tokens():
+    """LLaVA's vision tower yields 64 features for a 64x64 image in 8x8 patches (the CLS token dropped): the first
+    row starts with 64 image tokens, the others with 64 text tokens; the image is the same size at both shapes."""
+    model, inputs, alt_inputs = zoo.build_case("llava/LlavaModel")
+    images = zoo.image_inputs(model)
+    assert images == zoo.ImageInputs(True, tokens_per_image=64)
+    image_token = model.config.image_token_id
+    for x, batch, text in ((inputs, 2, zoo.SEQ_LEN), (alt_inputs, 3, zoo.ALT_SEQ_LEN)):
+        assert tuple(x["pixel_values"].shape) == (1, 3, 64, 64)
+        assert tuple(x["input_ids"].shape) == tuple(x["attention_mask"].shape) == (batch, 64 + text)
+        assert (x["input_ids"][0, :64] == image_token).all()
+        assert int((x["input_ids"] == image_token).sum()) == 64  # nowhere else
+        assert bool(x["attention_mask"].all())
+    assert zoo.check_instantiable("llava/LlavaModel") is None
+
+
+def test_a_llava_case_reads_its_pixels():
+    """The eager forward uses the image: other pixels give other hidden states on the image's row and after."""
+    model, inputs, _ = zoo.build_case("llava/LlavaModel")
+    with torch.no_grad():
+        out = model(**inputs).last_hidden_state
+        moved = model(**{**inputs, "pixel_values": -inputs["pixel_values"]}).last_hidden_state
+    assert (out[0] - moved[0]).abs().max() > 1e-3
+    assert torch.equal(out[1], moved[1])  # the text-only row attends to no image token
+
+
+def test_a_text_only_fallback_says_why_and_keeps_the_text_inputs():
+    """A model whose vision tower needs more than pixels (Qwen2-VL: image_grid_thw) keeps text-only inputs, the
+    same bytes as before images were tried; a case that is not multimodal has no image record."""
+    model, inputs, alt_inputs = zoo.build_case("qwen2_vl/Qwen2VLModel")
+    images = zoo.image_inputs(model)
+    assert images is not None and not images.used and images.tokens_per_image == 0
+    assert images.reason and "\n" not in images.reason
+    assert "pixel_values" not in inputs and "pixel_values" not in alt_inputs
+    assert tuple(inputs["input_ids"].shape) == (2, zoo.SEQ_LEN)
+    assert zoo.image_inputs(zoo.build_case("llama/LlamaForCausalLM")[0]) is None
+
+
+def test_a_model_without_placeholder_tokens_gets_one_image_per_row():
+    model, inputs, alt_inputs = zoo.build_case("git/GitModel")
+    assert zoo.image_inputs(model) == zoo.ImageInputs(True, tokens_per_image=0)
+    assert inputs["pixel_values"].shape[0] == 2 and alt_inputs["pixel_values"].shape[0] == 3
+    assert inputs["input_ids"].shape == (2, zoo.SEQ_LEN)
+
+
+def test_a_llava_case_exports_dynamic_and_verifies_at_the_alt_inputs():
+    """The vision tower is in the exported program: a dynamic .pt2 of tiny LLaVA traced at batch 2 x 72 tokens
+    verifies at batch 3 x 76, image features included."""
+    import hfexport
+
+    model, inputs, alt_inputs = zoo.build_case("llava/LlavaModel")
+    exported = hfexport.export(model, inputs, backend="dynamo", dynamic=True)
+    result = exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)
+    assert result.passed, result
+    outputs = exported(**alt_inputs)
+    assert tuple(outputs["image_outputs"]["pooler_output"][0].shape) == (64, model.config.text_config.hidden_size)

@@ -645,7 +645,13 @@ def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: 
         return {"status": "not_instantiable", "reason": exc.reason, "cause": exc.reason, "where": _where(exc)}
     _phase("export")
     extra = {"options": dict(options)} if options else {}
-    return _load_runner(runner)(model, inputs, alt_inputs, backend, atol, rtol, **extra)
+    outcome = _load_runner(runner)(model, inputs, alt_inputs, backend, atol, rtol, **extra)
+    images = zoo.image_inputs(model)
+    if images is not None and isinstance(outcome, dict):  # a multimodal case: whether its vision tower was traced
+        outcome["images"] = (f"one image, {images.tokens_per_image} placeholder tokens" if images.used
+                             and images.tokens_per_image else "one image per row" if images.used
+                             else f"text only: {images.reason}")
+    return outcome
 
 
 def _case_process(job: dict[str, Any], result_path: str, log_path: str) -> None:

@@ -283,6 +283,13 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
             by_error[cause_key({"cause": r.get("dynamic_error")})].append(r["case_id"])  # dynamic_error has the stage
         for error, cases in sorted(by_error.items(), key=lambda kv: -len(kv[1])):
             lines.append(f"| {len(cases)} | {_md(error[:200])} | {', '.join(f'`{c}`' for c in cases[:3])} |")
+    with_images = [r for r in records if "images" in r]
+    if with_images:  # multimodal cases: was the vision tower traced?
+        used = [r for r in with_images if not r["images"].startswith("text only")]
+        lines += ["", f"Multimodal cases: {len(used)} of {len(with_images)} exported with an image (so their "
+                  f"vision towers were traced; {sum(r['status'] == 'ok' for r in used)} of them ok), the others "
+                  "with text only because the zoo's image recipe does not run them eagerly (`images` in "
+                  "results.jsonl says why)."]
     # per modality
     lines += ["", "### By modality", "", "| modality | tried | instantiable | ok | export_error | runtime_error | "
               "mismatch | timeout | skipped |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

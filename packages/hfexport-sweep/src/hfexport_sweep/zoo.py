@@ -10,7 +10,9 @@ text / vision / audio sub-configs included, the model is instantiated with
 ``torch.manual_seed(0)`` and put in eval mode, and two sets of dummy forward
 kwargs are produced: ``inputs`` (batch 2) and ``alt_inputs`` (batch 3 and, where
 the modality allows it, a different sequence length) for checking dynamic
-exports.
+exports. A multimodal case gets an image where the recipe runs eagerly (LLaVA and
+the like: one image and its placeholder tokens in the first row; GIT, ViLT: one
+image per row), else text only; the model's :func:`image_inputs` says which, and why.
 
 Nothing here touches the network or the Hugging Face Hub: configs come from the
 config classes' defaults and weights are randomly initialised.
@@ -43,11 +45,13 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ImageInputs",
     "NotInstantiable",
     "UnknownCaseError",
     "ZooCase",
     "build_case",
     "check_instantiable",
+    "image_inputs",
     "list_cases",
     "sample_cases",
     "tiny_config",
@@ -178,8 +182,8 @@ class ZooCase:
             ``"feature-extraction"`` for base models.
         modality: The kind of dummy inputs it gets: ``"text"``, ``"text2text"``
             (encoder-decoder), ``"speech"``, ``"audio"``, ``"vision"``, ``"multimodal"``
-            (given text-only inputs), ``"dual-encoder"`` (text and image) or ``"other"``
-            (no input recipe; never instantiable).
+            (text and, where the recipe works, an image: see :func:`image_inputs`),
+            ``"dual-encoder"`` (text and image) or ``"other"`` (no input recipe; never instantiable).
     """
 
     case_id: str
@@ -660,10 +664,10 @@ def _fmt(exc: BaseException) -> str:
 def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(inputs, alt_inputs)`` from hfexport-dynamo's dummy-input builder, both drawn from ``gen``.
 
-    The zoo's choices: the modality of the case (a multimodal model gets text only), no padding, a decoder
-    sequence shorter at the alt shape than at the traced one, token types wherever forward takes them, ids
-    below the tiny vocab, 64x64 images where the config names no size, and ``use_cache=False`` (a decoder
-    returns no cache to compare).
+    The zoo's choices: the modality of the case, no padding, a decoder sequence shorter at the alt shape than at
+    the traced one, token types wherever forward takes them, ids below the tiny vocab, 64x64 images where the
+    config names no size, and ``use_cache=False`` (a decoder returns no cache to compare). A multimodal case
+    gets text here; :func:`_add_image_inputs` then adds images where its recipe works.
     """
     from hfexport_dynamo import dummy_inputs, forward_parameters
 
@@ -680,6 +684,157 @@ def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) ->
             inputs["use_cache"] = False
         both.append(inputs)
     return both[0], both[1]
+
+
+# --------------------------------------------------------------------------- images of multimodal cases
+
+IMAGE_INPUTS_ATTR = "_hfexport_zoo_image_inputs"
+"""Attribute of a built multimodal case's model holding its :class:`ImageInputs` (see :func:`image_inputs`)."""
+
+_IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """Whether a multimodal zoo case got images, and why not when it did not.
+
+    Attributes:
+        used: ``inputs`` and ``alt_inputs`` hold ``pixel_values`` and the eager forward reads them (its first
+            output changes with the pixels).
+        tokens_per_image: image placeholder tokens in ``input_ids`` (as many as the vision tower yields
+            features for the one image, at the start of the first row); 0 for a model that takes no
+            placeholders (one image per row), or when unused.
+        reason: why the case kept text-only inputs (one line), None when ``used``.
+    """
+
+    used: bool
+    tokens_per_image: int = 0
+    reason: str | None = None
+
+
+def image_inputs(model: torch.nn.Module) -> ImageInputs | None:
+    """What :func:`build_case` did about images for this model: an :class:`ImageInputs` for a multimodal case,
+    None for other cases (and models not built by the zoo)."""
+    return getattr(model, IMAGE_INPUTS_ATTR, None)
+
+
+def _image_token_id(config: Any) -> int | None:
+    for sub in (config, getattr(config, "text_config", None)):
+        for key in _IMAGE_TOKEN_KEYS:
+            value = getattr(sub, key, None) if sub is not None else None
+            if _is_int(value) and value >= 0:
+                return value
+    return None
+
+
+def _image_feature_count(model: torch.nn.Module, pixel_values: torch.Tensor) -> int:
+    """Features (text-embedding rows) the model's ``get_image_features`` yields for ``pixel_values``
+    ``[images, C, H, W]``, all images together.
+
+    Raises:
+        ValueError: the model has no ``get_image_features``, or its result is not a whole number of
+            text-embedding rows.
+    """
+    owner = next((m for m in (model, getattr(model, "model", None)) if hasattr(m, "get_image_features")), None)
+    if owner is None:
+        raise ValueError(f"{type(model).__name__} has no get_image_features")
+    with torch.no_grad():
+        features = owner.get_image_features(pixel_values=pixel_values)
+    if isinstance(features, Mapping) or hasattr(features, "pooler_output"):
+        features = getattr(features, "pooler_output", None)  # transformers 5: the projected image features
+    tensors = [features] if isinstance(features, torch.Tensor) else list(features or [])
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError(f"get_image_features gives no tensors ({type(features).__name__})")
+    width = model.get_input_embeddings().weight.shape[-1]
+    total = sum(t.numel() for t in tensors)
+    if total == 0 or total % width:
+        raise ValueError(f"get_image_features gives {total} values, not rows of the text width {width}")
+    return total // width
+
+
+def _with_image_tokens(inputs: dict[str, Any], pixel_values: torch.Tensor, image_token: int,
+                       filler_ids: torch.Tensor) -> dict[str, Any]:
+    """``inputs`` with one image (``pixel_values [1, C, H, W]``) in the first row: its ``k`` placeholder tokens
+    prefixed to that row's text, and ``filler_ids`` (``[batch - 1, k]`` text ids) to the other rows'; the other
+    token inputs get ``k`` ones (``attention_mask``) or zeros (token types) in front."""
+    out = dict(inputs)
+    out["pixel_values"] = pixel_values
+    from hfexport_dynamo.inputs import TOKEN_INPUTS
+
+    tokens = filler_ids.shape[1]
+    for name in TOKEN_INPUTS:
+        value = out.get(name)
+        if not (isinstance(value, torch.Tensor) and value.dim() == 2):
+            continue
+        if name == "input_ids":
+            prefix = torch.cat([torch.full((1, tokens), image_token, dtype=value.dtype), filler_ids.to(value.dtype)])
+        else:
+            prefix = torch.full((value.shape[0], tokens), 1 if name == "attention_mask" else 0, dtype=value.dtype)
+        out[name] = torch.cat([prefix, value], dim=1)
+    return out
+
+
+def _first_float_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output if output.is_floating_point() else None
+    values = output.values() if isinstance(output, Mapping) else output if isinstance(output, list | tuple) else ()
+    return next((t for v in values if (t := _first_float_tensor(v)) is not None), None)
+
+
+def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
+                      alt_inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], ImageInputs]:
+    """``(inputs, alt_inputs, what was done)``: the text inputs of a multimodal case with images added.
+
+    ``pixel_values`` have the size the vision config names and come from a generator of their own (so the text
+    is the same as without images). A model with an image placeholder token (``config.image_token_id`` /
+    ``image_token_index``: LLaVA and the models sharing its recipe) gets one image, in the first row: as many
+    placeholders before that row's text as ``get_image_features`` yields for it, and as many extra text tokens
+    before the other rows' text. The image and its tokens are the same number at both shapes (only the batch
+    and the text part vary): LLaVA's ``get_image_features`` turns the features into a list of one tensor per
+    image (``list(image_features)``), which makes torch.export specialize the number of images, and its output
+    (``image_outputs.pooler_output``) holds that list. A model without a placeholder token (GIT, ViLT) pairs each
+    row with an image (``pixel_values [batch, C, H, W]``).
+
+    The eager forward then runs at both shapes and once with other pixels: if anything fails, gives NaNs, or
+    the first output ignores the pixels, the text-only inputs are returned unchanged with the reason.
+    """
+    from hfexport_dynamo import dummy_inputs, forward_parameters
+
+    def fallback(reason: str) -> tuple[dict[str, Any], dict[str, Any], ImageInputs]:
+        return inputs, alt_inputs, ImageInputs(False, reason=" ".join(reason.split()))
+
+    if "pixel_values" not in forward_parameters(model)[0]:
+        return fallback("forward takes no pixel_values")
+    gen = torch.Generator().manual_seed(SEED + 1)
+    image_token = _image_token_id(model.config)
+
+    def pixels(images: int) -> torch.Tensor:
+        return dummy_inputs(model, images, SEQ_LEN, generator=gen, modality="vision",
+                            default_image_size=TINY_IMAGE)["pixel_values"]
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        try:
+            if image_token is None:
+                tokens = 0
+                with_images = [{**x, "pixel_values": pixels(x["input_ids"].shape[0])} for x in (inputs, alt_inputs)]
+            else:
+                image = [pixels(1), pixels(1)]
+                tokens = _image_feature_count(model, image[0])
+                with_images = [_with_image_tokens(x, p, image_token, dummy_inputs(
+                    model, x["input_ids"].shape[0] - 1, tokens, generator=gen, modality="text",
+                    max_vocab=TINY_VOCAB)["input_ids"]) for x, p in zip((inputs, alt_inputs), image, strict=True)]
+            other = {**with_images[0], "pixel_values": with_images[0]["pixel_values"] + 1.0}
+            with torch.no_grad():
+                outs = [model(**kwargs) for kwargs in (*with_images, other)]
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the text-only inputs, with its reason
+            return fallback(_first_line(exc))
+    if any(_has_nan(out) for out in outs):
+        return fallback("eager forward with images gives NaN outputs")
+    first, moved = _first_float_tensor(outs[0]), _first_float_tensor(outs[2])
+    if first is None or moved is None or first.shape != moved.shape or torch.equal(first, moved):
+        return fallback("the first output does not depend on pixel_values")
+    return with_images[0], with_images[1], ImageInputs(True, tokens_per_image=tokens)
 
 
 # --------------------------------------------------------------------------- building
@@ -735,7 +890,9 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
     Raises:
         UnknownCaseError: If ``case_id`` is not listed.
         NotInstantiable: If the tiny config, the model or its inputs cannot be built.
-            The eager forward is not run here; see :func:`check_instantiable`.
+            The eager forward is not run here (see :func:`check_instantiable`), except on a multimodal case's
+            inputs with images, which it keeps only if that forward works; :func:`image_inputs` of the model
+            says whether the case got images, and why not.
     """
     case = get_case(case_id)
     if case.modality == "other":
@@ -753,6 +910,9 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
         _draw_zero_routers(model)
     model = model.float().eval()
     inputs, alt_inputs = _make_inputs(case, model, torch.Generator().manual_seed(SEED))
+    if case.modality == "multimodal":
+        inputs, alt_inputs, images = _add_image_inputs(model, inputs, alt_inputs)
+        setattr(model, IMAGE_INPUTS_ATTR, images)
     return model, inputs, alt_inputs
 
 
