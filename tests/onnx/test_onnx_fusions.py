@@ -231,3 +231,50 @@ def test_cli_no_ort_fusions_exports_plain_onnx_and_other_backends_refuse_it(tmp_
     assert cli.main(["export", str(tmp_path / "bert"), "--backend", "dynamo", "--no-ort-fusions",
                      "--output", str(tmp_path / "dynamo")]) == 2
     assert "backend 'dynamo' does not take the option ort_fusions" in capsys.readouterr().err
+
+
+def _batch_transposed_matmul(x_shape, y_shape):
+    """A model of one FusedMatMul(x, y, transBatchA=1), as onnxscript's fused_matmul rules write it."""
+    import onnx_ir as ir
+
+    x = ir.Input("x", shape=ir.Shape(x_shape), type=ir.TensorType(ir.DataType.FLOAT))
+    y = ir.Input("y", shape=ir.Shape(y_shape), type=ir.TensorType(ir.DataType.FLOAT))
+    node = ir.node("FusedMatMul", [x, y], attributes={"transBatchA": 1, "alpha": 0.5}, domain="com.microsoft")
+    node.outputs[0].name = "out"
+    graph = ir.Graph([x, y], node.outputs, nodes=[node], opset_imports={"": 18, "com.microsoft": 1})
+    return ir.Model(graph, ir_version=10)
+
+
+def test_a_batch_transpose_onnx_runtime_refuses_is_written_as_a_transpose():
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime
+
+    from hfexport_onnx._fusions import repair_batch_transposes
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 2, 3, 5), dtype=np.float32), rng.standard_normal((5, 6), dtype=np.float32)
+    expected = 0.5 * np.transpose(x, (1, 2, 0, 3)) @ y  # transBatchA: [d0, d1, d2, d3] -> [d1, d2, d0, d3]
+
+    def run(model):
+        session = onnxruntime.InferenceSession(ir.to_proto(model).SerializeToString(),
+                                               providers=["CPUExecutionProvider"])
+        return session.run(None, {"x": x, "y": y})[0]
+
+    model = _batch_transposed_matmul(x.shape, y.shape)
+    with pytest.raises(Exception, match="same rank and rank >= 3"):  # microsoft/onnxscript#2331's rank-4 x rank-2
+        run(model)
+    assert repair_batch_transposes(model) == 1
+    np.testing.assert_allclose(run(model), expected, rtol=1e-5, atol=1e-5)
+    assert repair_batch_transposes(_batch_transposed_matmul((4, 2, 3, 5), (4, 2, 5, 6))) == 0  # ORT takes this one
+
+
+@pytest.mark.slow  # the zoo's tiny SigLIP vision tower, exported once; about 15 s
+def test_siglip_vision_tower_fused_for_onnx_runtime_runs_at_another_batch():
+    from hfexport_sweep.zoo import build_case
+
+    model, inputs, alt_inputs = build_case("siglip_vision_model/SiglipVisionModel")
+    exported = hfexport.export(model, inputs, backend="onnx", dynamic=True)
+    assert exported.manifest["onnx"]["fusions"]["undone"].get("FusedMatMul transBatch (as Transpose)", 0) > 0
+    report = exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)
+    assert report.passed, str(report)

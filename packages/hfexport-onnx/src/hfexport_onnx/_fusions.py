@@ -32,7 +32,7 @@ from ._model import TORCHLIB_OPSET, node_count, stamp_metadata
 
 __all__ = ["CPU_SESSION_DISABLED_OPTIMIZERS", "CPU_SLOWER_THAN_UNFUSED", "ORT_FUSIONS_DISABLE", "ORT_FUSION_TARGETS",
            "OrtFusionFallbackWarning", "check_ort_fusions", "fuse_and_open", "fuse_for_ort", "fused_op_counts",
-           "undo_skip_norms"]
+           "repair_batch_transposes", "undo_skip_norms"]
 
 # The execution providers hfexport fuses for (the value of ``OnnxConfig.ort_fusions``).
 ORT_FUSION_TARGETS: tuple[str, ...] = ("cpu",)
@@ -120,6 +120,40 @@ def undo_skip_norms(model: ir.Model, op_types: Any = tuple(CPU_SLOWER_THAN_UNFUS
     return dict(done)
 
 
+def repair_batch_transposes(model: ir.Model) -> int:
+    """Give every ``FusedMatMul`` whose ``transBatchA``/``transBatchB`` ONNX Runtime would refuse an explicit
+    ``Transpose`` instead; returns the number of inputs repaired.
+
+    **Why**: onnxscript's ``fused_matmul_rule_sets`` (microsoft/onnxscript#2331) fold a ``Transpose`` that moves the
+    first dim to the second-to-last position into ``transBatchA``/``transBatchB`` without checking the other input's
+    rank, but ONNX Runtime's CPU kernel takes a batch transpose only when both inputs have the same rank >= 3
+    (``matmul_helper.h``: "Two inputs should have same rank and rank >= 3 if transBatchA or transBatchB is true"). The
+    fused model then fails on every call (SigLIP's vision tower, XLNet's relative attention in the ONNX sample
+    sweep). ``transBatch`` on an input of rank ``n`` is the permutation ``[1, ..., n - 2, 0, n - 1]``, so that input
+    gets that ``Transpose`` and the flag goes back to 0 (``transA``/``transB`` and ``alpha`` stay): the same values,
+    MatMul's broadcasting rules. Inputs of unknown rank are left as they are.
+    **Remove when**: onnxscript checks the ranks before folding (its rules are unchanged on main).
+    """
+    repaired = 0
+    for node in list(model.graph):
+        if node.domain != _MS or node.op_type != "FusedMatMul" or len(node.inputs) < 2:
+            continue
+        ranks = [len(v.shape) if v is not None and v.shape is not None else None for v in node.inputs[:2]]
+        if None in ranks or (ranks[0] == ranks[1] and ranks[0] >= 3):
+            continue  # unknown ranks, or a batch transpose ONNX Runtime takes
+        for index, flag in enumerate(("transBatchA", "transBatchB")):
+            if not node.attributes.get_int(flag, 0):
+                continue
+            rank = ranks[index]
+            perm = [*range(1, rank - 1), 0, rank - 1]
+            transpose = ir.node("Transpose", [node.inputs[index]], attributes={"perm": perm})
+            model.graph.insert_before(node, transpose)
+            node.replace_input_with(index, transpose.outputs[0])
+            node.attributes[flag] = ir.AttrInt64(flag, 0)
+            repaired += 1
+    return repaired
+
+
 def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -> dict[str, Any]:
     """Fuse ``model`` in place for ONNX Runtime's ``target`` provider; returns the report (the manifest's
     ``onnx.fusions``).
@@ -132,7 +166,8 @@ def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -
     Returns:
         ``fired`` (onnxscript's count of each fusion that matched; some are steps of a later one: ``sdpa`` becomes
         ``MultiHeadAttention`` through ``mha*`` or ``sdpa_via_mha``, and ``rotary_embedding`` is inlined back
-        unless ``cos_sin_cache`` fires too), ``undone`` (fused ops written back for the provider), ``ops`` (ONNX
+        unless ``cos_sin_cache`` fires too), ``undone`` (fused ops written back for the provider, and batch transposes ONNX Runtime refuses written as
+        ``Transpose``: :func:`repair_batch_transposes`), ``ops`` (ONNX
         Runtime's ops in the result: what the file holds), ``nodes_before``/``nodes_after``,
         ``session_disabled_optimizers`` (for the runner) and ``seconds``.
     """
@@ -144,6 +179,9 @@ def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -
     if fused is not model:  # onnxscript rewrites in place and returns the model: a copy would lose the caller's
         raise RuntimeError("onnxscript's optimize_for_ort returned another model than it was given")
     undone = undo_skip_norms(model) if target == "cpu" else {}
+    repaired = repair_batch_transposes(model)
+    if repaired:
+        undone = {**undone, "FusedMatMul transBatch (as Transpose)": repaired}
     return {"target": target, "applied": True, "not_fused_because": None,
             "fired": {name: count for name, count in fired.items() if count},
             "undone": undone, "ops": fused_op_counts(model), "nodes_before": before, "nodes_after": node_count(model),
