@@ -515,19 +515,26 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
     export_s = round(time.perf_counter() - start, 3)
     if backend.startswith(STATIC_FALLBACK_PREFIXES) and not _has_dynamic_dim(exported):
         # torch.export specialized every dim (its Dim.AUTO retrace): the program is static, checked as such
-        return _verified_static(exported, inputs, export_s, "the dynamic export specialized every input dim to "
-                                "the traced shape (no dynamic dim left)", atol=atol, rtol=rtol)
+        _phase("verify (static)")
+        return _verify_at(exported, inputs, export_s, atol=atol, rtol=rtol, shapes="static", dynamic_error=(
+            "the dynamic export specialized every input dim to the traced shape (no dynamic dim left)"))
     _phase("verify")
+    return _verify_at(exported, alt_inputs, export_s, atol=atol, rtol=rtol)
+
+
+def _verify_at(exported: Any, inputs: dict[str, Any], export_s: float, *, atol: float, rtol: float,
+               **fields: Any) -> dict[str, Any]:
+    """The record fields of ``exported.verify(inputs)`` (``ok``, ``mismatch`` or ``runtime_error``), plus ``fields``."""
     # Python constants baked into the program (use_cache=False) are added to the eager call by the artifact.
     fixed = exported.manifest.get("fixed_kwargs", {})
-    alt = {k: v for k, v in alt_inputs.items() if not (k in fixed and fixed[k] == v)}
+    checked = {k: v for k, v in inputs.items() if not (k in fixed and fixed[k] == v)}
     start = time.perf_counter()
     try:
-        report = exported.verify(alt, atol=atol, rtol=rtol)
+        report = exported.verify(checked, atol=atol, rtol=rtol)
     except Exception as exc:
-        return failure_record("runtime_error", exc, export_s=export_s,
-                              verify_s=round(time.perf_counter() - start, 3))
-    return _verified(report, export_s, round(time.perf_counter() - start, 3), atol=atol, rtol=rtol)
+        return failure_record("runtime_error", exc, export_s=export_s, verify_s=round(time.perf_counter() - start, 3),
+                              **fields)
+    return {**_verified(report, export_s, round(time.perf_counter() - start, 3), atol=atol, rtol=rtol), **fields}
 
 
 # Backends whose sweep criterion falls back to a static export when the dynamic one fails (issue 12: "ExecuTorch
@@ -551,8 +558,9 @@ def _static_fallback(model: Any, inputs: dict[str, Any], backend: str, dynamic_f
     except Exception as exc:
         static = failure_record("export_error", exc)
         return {**dynamic_failure, "static_error": f"{stage_label(exc, backend)}: {static['cause']}"}
-    return _verified_static(exported, inputs, round(time.perf_counter() - start, 3), dynamic_error, atol=atol,
-                            rtol=rtol)
+    _phase("verify (static)")
+    return _verify_at(exported, inputs, round(time.perf_counter() - start, 3), atol=atol, rtol=rtol, shapes="static",
+                      dynamic_error=dynamic_error)
 
 
 def _has_dynamic_dim(exported: Any) -> bool:
@@ -562,22 +570,6 @@ def _has_dynamic_dim(exported: Any) -> bool:
     if not shapes:
         return True
     return any(not (isinstance(dim, int) or str(dim).isdigit()) for shape in shapes for dim in shape)
-
-
-def _verified_static(exported: Any, inputs: dict[str, Any], export_s: float, dynamic_error: str, *, atol: float,
-                     rtol: float) -> dict[str, Any]:
-    """Verify a static ExecuTorch program at the traced shape (the only one it takes) and say why it is static."""
-    _phase("verify (static)")
-    fixed = exported.manifest.get("fixed_kwargs", {})
-    traced = {k: v for k, v in inputs.items() if not (k in fixed and fixed[k] == v)}
-    start = time.perf_counter()
-    try:
-        report = exported.verify(traced, atol=atol, rtol=rtol)
-    except Exception as exc:
-        return failure_record("runtime_error", exc, export_s=export_s, shapes="static", dynamic_error=dynamic_error,
-                              verify_s=round(time.perf_counter() - start, 3))
-    verified = _verified(report, export_s, round(time.perf_counter() - start, 3), atol=atol, rtol=rtol)
-    return {**verified, "shapes": "static", "dynamic_error": dynamic_error}
 
 
 def _verified(report: Any, export_s: float, verify_s: float, *, atol: float, rtol: float) -> dict[str, Any]:
