@@ -243,3 +243,17 @@ def test_complex_output_fails_with_a_clear_error():
                                           r"a complex tensor \(return torch.view_as_real\(z\) instead\): the onnx "
                                           r"backend has no complex dtype"):
         hfexport.export(ComplexOutput(), {"x": torch.randn(3, 2)}, backend="onnx")
+
+
+@pytest.mark.slow  # two ONNX exports of the zoo's tiny LLaVA with an image; about 40 s
+def test_is_all_true_translation_lets_llava_with_an_image_export():
+    from hfexport_sweep.zoo import build_case, image_inputs
+
+    model, inputs, alt_inputs = build_case("llava/LlavaModel")
+    assert image_inputs(model).used and "pixel_values" in inputs  # its torch._check on the image tokens is traced
+    exported = hfexport.export(model, inputs, backend="onnx", dynamic=True)
+    report = exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)  # batch 3, another text length, the same image
+    assert report.passed, str(report)
+
+    with pytest.raises(ExportError, match=r"No ONNX function found for <OpOverload\(op='aten\._is_all_true'"):
+        hfexport.export(model, inputs, backend="onnx", dynamic=True, disable=("_aten_is_all_true",))

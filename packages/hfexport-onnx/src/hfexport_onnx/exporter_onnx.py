@@ -501,6 +501,22 @@ def _aten_sort_stable(self: Any, stable: bool | None = None, dim: int = -1, desc
     return values, indices
 
 
+@register_workaround("onnx_translation", "onnx", target=aten._is_all_true.default)
+def _aten_is_all_true(self: Any) -> Any:
+    """``aten._is_all_true`` → ``Cast(ReduceMin(Cast(x, int64)), bool)``: a 0-d bool, true for an empty tensor
+    (ReduceMin's identity is the largest int64), as ``torch.all``.
+
+    **Why**: torchlib has no function for it: ``DispatchError: No ONNX function found for
+    <OpOverload(op='aten._is_all_true', overload='default')>``. torch.export writes it for a ``torch._check`` on a
+    tensor condition, such as the LLaVA family's check that the image placeholder tokens match the image features
+    (``get_placeholder_mask``), so every vision-language model of that family fed an image failed on ONNX.
+    **Upstream**: none found in microsoft/onnxscript (torchlib has no ``_is_all_true``).
+    **Remove when**: torchlib translates ``aten._is_all_true`` (the zoo's LLaVA exports with
+    ``disable=("_aten_is_all_true",)``).
+    """
+    return op.Cast(op.ReduceMin(op.Cast(self, to=ir.DataType.INT64), keepdims=0), to=ir.DataType.BOOL)
+
+
 @register_workaround("onnx_translation", "onnx", target=aten.searchsorted.Tensor)
 def _aten_searchsorted(sorted_sequence: Any, self: Any, *, out_int32: bool = False, right: bool = False,
                        side: str | None = None, sorter: Any = None) -> Any:
