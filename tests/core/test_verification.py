@@ -273,3 +273,17 @@ def test_manifest_inputs_draw_token_type_ids_from_the_segment_vocabulary():
     inputs = inputs_from_manifest(section, {"vocab_size": 30522, "type_vocab_size": 2})
     assert int(inputs["token_type_ids"].max()) < 2 and int(inputs["input_ids"].max()) >= 2
     assert bool((inputs["attention_mask"] == 1).all())
+
+
+def test_outputs_in_another_order_are_compared_by_name_and_a_missing_tensor_fails_the_output():
+    # A ModelOutput rebuilt from the program's output spec lists its fields in declaration order, eager's in the
+    # order forward set them; a None where eager has a tensor is a failed output, not a crash of the check.
+    eager = {"last_hidden_state": torch.ones(2, 3), "hidden_states": (torch.zeros(1),), "pooler_output": torch.ones(2)}
+    exported = {"last_hidden_state": torch.ones(2, 3), "pooler_output": torch.ones(2), "hidden_states": (torch.zeros(1),)}
+    report = compare_outputs("dynamo", eager, exported, 1e-4, 1e-3)
+    assert report.passed and [o.name for o in report.outputs] == ["last_hidden_state", "hidden_states.0", "pooler_output"]
+
+    report = compare_outputs("dynamo", eager, {**exported, "pooler_output": None}, 1e-4, 1e-3)
+    failed = [o for o in report.outputs if not o.ok]
+    assert not report.passed and [o.name for o in failed] == ["pooler_output"]
+    assert failed[0].note == "None in the export where eager has a tensor"
