@@ -407,7 +407,7 @@ def test_every_workaround_has_a_test_here():
     tested = {"prepare_for_xnnpack", "_patch_nonzero", "_patch_dim_order_from_stride",
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
-              "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output",
+              "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
@@ -436,3 +436,17 @@ def test_unsqueeze_with_two_dynamic_dims_stays_on_portable_kernels():
 
     with pytest.raises(hfexport.ExportError, match="XNNPACK reshape only supports 1 dynamic dimension"):
         export(model, traced, disable=("_patch_unsqueeze_one_dynamic_dim",), dynamic=True)
+
+
+@pytest.mark.slow  # two ExecuTorch exports of the zoo's tiny Data2Vec-Vision; about 40 s
+def test_views_after_attention_survive_the_edge_retrace():
+    from hfexport_sweep.zoo import build_case
+
+    model, inputs, alt_inputs = build_case("data2vec-vision/Data2VecVisionForImageClassification")
+    exported = hfexport.export(model, inputs, backend="executorch-xnnpack", dynamic=True)
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=1e-3)  # batch 3
+    assert report.passed, str(report)
+
+    with pytest.raises(hfexport.ExportError, match="Cannot view a tensor with shape"):
+        hfexport.export(model, inputs, backend="executorch-xnnpack", dynamic=True,
+                        disable=("_fix_view_as_reshape",))

@@ -746,6 +746,27 @@ def _fix_sym_pow(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replaces ``aten.view`` by ``aten.reshape`` before ``to_edge``, which re-traces the program.
+
+    **Why**: the re-trace inside ``to_edge_transform_and_lower`` (``run_decompositions``) decomposes
+    ``scaled_dot_product_attention`` into ops whose output is contiguous in ``[B, H, L, E]``, where the CPU kernel
+    that torch.export traced lays it out as ``[B, L, H, E]``. A model's ``attn.transpose(1, 2).reshape(B, L, H * E)``
+    was recorded as a ``view`` of the traced layout and fails on the new one: ``ValueError: Cannot view a tensor with
+    shape [s, n, 4, 16] and strides (64*n, 16, 16*n, 1)`` (Data2Vec-Vision, AfMoE, Cohere2-Vision in the sample
+    sweep, dynamic or static). ``reshape`` is a view wherever the strides allow one, and a copy where they do not.
+    **Upstream**: pytorch/pytorch#136543 (the SDPA decomposition's strides); ExecuTorch's Arm backend does the
+    same rewrite for its own passes (pytorch/executorch#15269).
+    **Remove when**: ``run_decompositions`` keeps the traced strides of SDPA (the zoo's tiny Data2Vec-Vision
+    exports with ``disable=("_fix_view_as_reshape",)``).
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.view.default:
+        return False
+    node.target = torch.ops.aten.reshape.default
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_sym_ne(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replaces ``operator.ne(a, b)`` on SymInts by ``(a - b) * (a - b) > 0`` (sub, mul and gt only).
 
