@@ -476,9 +476,9 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
 
     On an ExecuTorch backend (:data:`STATIC_FALLBACK_PREFIXES`), a dynamic export that fails is tried again with
     ``dynamic=False`` and, when that one exports, verified at the traced shape instead (a static program takes
-    no other); so is a dynamic export whose program came out with every dim static: the record says so with ``shapes: "static"`` and ``dynamic_error`` (the dynamic attempt's stage
-    and cause), and the report counts those cases apart. Other backends have no such fallback: their criterion is
-    the dynamic export only.
+    no other); so is a dynamic export whose program came out with every dim static. The record says so with
+    ``shapes: "static"`` and ``dynamic_error`` (why the dynamic export is not possible), and the report counts
+    those cases apart. Other backends have no such fallback: their criterion is the dynamic export only.
 
     Args:
         model: the tiny eval-mode model.
