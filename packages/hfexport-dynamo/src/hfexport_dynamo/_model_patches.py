@@ -202,8 +202,9 @@ def _real_dft_2d(hidden_states: torch.Tensor) -> torch.Tensor:
     With the DFT matrix ``W_N = C_N - i S_N`` (``C_N[k, n] = cos(2 pi k n / N)``, ``S_N`` the sine), the 2-D DFT
     is ``W_seq @ x @ W_hidden`` (both symmetric) and its real part is ``C_seq @ x @ C_hidden - S_seq @ x @ S_hidden``.
     The angles ``2 pi k n / N`` are computed in float64 (``k n`` reaches ``N^2``, where float32 would lose 1e-4
-    of a radian at N = 512) and the matrices cast to the dtype of ``hidden_states``; ``O(seq^2 hidden + seq hidden^2)`` where the FFT is ``O(seq hidden log)``, which at FNet's
-    sizes (sequence <= 512) is a few matmuls per layer.
+    of a radian at N = 512) and the matrices cast to the dtype of ``hidden_states``. The cost is
+    ``O(seq^2 hidden + seq hidden^2)`` where the FFT's is ``O(seq hidden log)``: at FNet's sizes (sequence <= 512)
+    a few matmuls per layer.
     """
 
     def cos_sin(n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -166,8 +166,8 @@ def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -
     Returns:
         ``fired`` (onnxscript's count of each fusion that matched; some are steps of a later one: ``sdpa`` becomes
         ``MultiHeadAttention`` through ``mha*`` or ``sdpa_via_mha``, and ``rotary_embedding`` is inlined back
-        unless ``cos_sin_cache`` fires too), ``undone`` (fused ops written back for the provider, and batch transposes ONNX Runtime refuses written as
-        ``Transpose``: :func:`repair_batch_transposes`), ``ops`` (ONNX
+        unless ``cos_sin_cache`` fires too), ``undone`` (fused ops written back for the provider, and the batch
+        transposes ONNX Runtime refuses, written as ``Transpose``: :func:`repair_batch_transposes`), ``ops`` (ONNX
         Runtime's ops in the result: what the file holds), ``nodes_before``/``nodes_after``,
         ``session_disabled_optimizers`` (for the runner) and ``seconds``.
     """
