@@ -510,7 +510,8 @@ def _aten_is_all_true(self: Any) -> Any:
     <OpOverload(op='aten._is_all_true', overload='default')>``. torch.export writes it for a ``torch._check`` on a
     tensor condition, such as the LLaVA family's check that the image placeholder tokens match the image features
     (``get_placeholder_mask``), so every vision-language model of that family fed an image failed on ONNX.
-    **Upstream**: none found in microsoft/onnxscript (torchlib has no ``_is_all_true``).
+    **Upstream**: torchlib's ATen coverage tracker, microsoft/onnxscript#258, has no entry for ``_is_all_true``
+    (no issue of its own found).
     **Remove when**: torchlib translates ``aten._is_all_true`` (the zoo's LLaVA exports with
     ``disable=("_aten_is_all_true",)``).
     """
