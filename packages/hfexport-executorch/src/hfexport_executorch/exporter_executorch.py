@@ -753,8 +753,8 @@ def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     ``scaled_dot_product_attention`` into ops whose output is contiguous in ``[B, H, L, E]``, where the CPU kernel
     that torch.export traced lays it out as ``[B, L, H, E]``. A model's ``attn.transpose(1, 2).reshape(B, L, H * E)``
     was recorded as a ``view`` of the traced layout and fails on the new one: ``ValueError: Cannot view a tensor with
-    shape [s, n, 4, 16] and strides (64*n, 16, 16*n, 1)`` (Data2Vec-Vision, AfMoE, Cohere2-Vision in the sample
-    sweep, dynamic or static). ``reshape`` is a view wherever the strides allow one, and a copy where they do not.
+    shape [s, n, 4, 16] and strides (64*n, 16, 16*n, 1)`` (Data2Vec-Vision and AfMoE in the sample sweep,
+    dynamic or static; Cohere2-Vision's view of a pixel-shuffled size, made inside a decomposition, still fails). ``reshape`` is a view wherever the strides allow one, and a copy where they do not.
     **Upstream**: pytorch/pytorch#136543 (the SDPA decomposition's strides); ExecuTorch's Arm backend does the
     same rewrite for its own passes (pytorch/executorch#15269).
     **Remove when**: ``run_decompositions`` keeps the traced strides of SDPA (the zoo's tiny Data2Vec-Vision
