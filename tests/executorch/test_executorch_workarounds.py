@@ -186,6 +186,31 @@ def test_non_core_aten_policy_decomposes_or_names_the_op():
     assert "Rewrite that step of the model" in str(info.value) and "ET_DECOMPOSITIONS" in str(info.value)
 
 
+class CheckedPlaceholders(torch.nn.Module):
+    """LLaVA's placeholder check (transformers' ``torch_compilable_check`` on a tensor condition)."""
+
+    def forward(self, embeds, ids, features):
+        mask = (ids == 7).unsqueeze(-1)
+        torch._check_tensor_all(mask.sum() * embeds.shape[-1] == features.numel())
+        return embeds.masked_scatter(mask, features), torch.ops.aten._is_all_true(ids >= 0)
+
+
+def test_fix_sym_ite_of_tensor_check_and_is_all_true():
+    """A tensor check traces to ``_is_all_true``, ``item`` and ``torch.sym_ite``: the edge verifier rejects the
+    ``sym_ite`` with a bare AssertionError, and ``_is_all_true`` lowers through ET_DECOMPOSITIONS (not any(not t))."""
+    inputs = {"embeds": torch.randn(2, 6, 4), "ids": torch.tensor([[7, 7, 1, 2, 3, 4], [0, 7, 1, 1, 1, 1]]),
+              "features": torch.randn(3, 4)}
+    with pytest.raises(hfexport.ExportError, match=r"to_edge_transform_and_lower\) failed for CheckedPlaceholders: "
+                                                   r"AssertionError"):
+        export(CheckedPlaceholders(), inputs, disable=("_fix_sym_ite_of_tensor_check",), dynamic=True)
+    exported = export(CheckedPlaceholders(), inputs, dynamic=True)
+    assert_matches(exported, CheckedPlaceholders(), inputs)  # all ids >= 0: True
+    other = {"embeds": torch.randn(3, 5, 4), "ids": torch.tensor([[7, -1, 1, 2, 3], [0, 1, 1, 7, 1], [1] * 5]),
+             "features": torch.randn(2, 4)}
+    assert exported(**copy.deepcopy(other))[1].item() is False  # a negative id: False, at another shape
+    assert_matches(exported, CheckedPlaceholders(), other)
+
+
 class PrefilledCache(torch.nn.Module):
     def __init__(self):
         super().__init__()

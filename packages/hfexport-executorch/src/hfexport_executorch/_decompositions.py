@@ -103,6 +103,16 @@ def _decompose_searchsorted(sorted_sequence: torch.Tensor, input: Any, *, out_in
     return count_below(sorted_sequence, values, right or side == "right", out_int32)
 
 
+def _decompose_is_all_true(input: torch.Tensor) -> torch.Tensor:
+    """``aten._is_all_true(input)`` (a 0-dim bool: every element true) as ``not any(not input)``.
+
+    ``torch._check(t.all())`` on a tensor traces to it (the LLaVA family checks its image tokens so); it is not
+    Core ATen and has no portable kernel, while ``logical_not`` and ``any`` are and have
+    (microsoft/onnxscript#258 tracks the same op for ONNX).
+    """
+    return torch.logical_not(torch.any(torch.logical_not(input)))
+
+
 # Decompositions we own, for ops that neither Core ATen decompositions nor portable kernels cover.
 ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.sort.stable: _decompose_sort_stable,  # not Core ATen, no portable kernel
@@ -113,6 +123,7 @@ ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.bucketize.Scalar: _decompose_bucketize,
     aten.searchsorted.Tensor: _decompose_searchsorted,
     aten.searchsorted.Scalar: _decompose_searchsorted,
+    aten._is_all_true.default: _decompose_is_all_true,  # not Core ATen, no portable kernel
 }
 
 

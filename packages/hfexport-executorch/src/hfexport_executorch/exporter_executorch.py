@@ -71,7 +71,7 @@ from ._delegation import (
     portable_kernel_for,
     report_planned_memory,
 )
-from ._graph import emit, is_symint_arg, replace_with_chain
+from ._graph import emit, is_symint_arg, replace_with_chain, value
 from ._quantize import (
     quantization_section,
     quantize_program,
@@ -788,6 +788,49 @@ def _fix_sym_ne(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         new = emit(gm, node, operator.gt, emit(gm, node, operator.mul, diff, diff), 0)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_sym_ite_of_tensor_check(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replaces ``torch.sym_ite(item(t), a, b)`` on a bool tensor ``t`` by ``b + (a - b) * item(t.to(int64))``.
+
+    ``torch._check_tensor_all(t)`` (transformers' ``torch_compilable_check`` on a tensor condition, as the LLaVA
+    family checks its image tokens) traces to ``_is_all_true(t)``, ``item``, ``torch.sym_ite(item, 1, 0)`` and
+    ``_assert_scalar`` on the result. The rewrite reads the bool as an int tensor, so the check keeps its meaning
+    with ops ExecuTorch has (``_to_copy``, ``_local_scalar_dense``, ``executorch_prim`` add/sub/mul).
+    **Why**: the edge verifier accepts only ``alloc`` among plain Python function targets
+    (``assert op.__name__ in ("alloc",)``, a bare ``AssertionError`` in ``to_edge``), although
+    ``executorch_prim_ops_registry`` maps ``torch.sym_ite`` to ``executorch_prim::sym_ite.Scalar`` for the
+    emitter. Every LLaVA-style model fed an image failed so (LLaVA, DeepSeek-VL in the sample sweep).
+    **Upstream**: pytorch/executorch#11988 (the same gap for ``sym_max``); none found for ``sym_ite``.
+    **Remove when**: the edge verifier accepts ``torch.sym_ite`` (the zoo's tiny LLaVA with an image lowers with
+    ``disable=("_fix_sym_ite_of_tensor_check",)``).
+    """
+    if node.op != "call_function" or node.target is not torch.sym_ite or len(node.args) != 3:
+        return False
+    condition, if_true, if_false = node.args
+    if not (isinstance(condition, torch.fx.Node) and condition.target is torch.ops.aten.item.default
+            and is_symint_arg(if_true) and is_symint_arg(if_false)):
+        return False
+    tensor = condition.args[0]
+    fake = value(tensor)
+    if not isinstance(fake, torch.Tensor) or fake.dtype is not torch.bool or fake.numel() != 1:
+        return False
+    with gm.graph.inserting_before(node):
+        as_int = gm.graph.call_function(torch.ops.aten._to_copy.default, (tensor,), {"dtype": torch.int64})
+        as_int.meta = {k: v for k, v in tensor.meta.items() if k != "val"}
+        as_int.meta["val"] = fake.to(torch.int64)
+        flag = gm.graph.call_function(torch.ops.aten.item.default, (as_int,))
+        flag.meta = dict(node.meta)  # the sym_ite's SymInt: the same value, 0 or 1 for (1, 0)
+        result = flag
+        if (if_true, if_false) != (1, 0):
+            result = emit(gm, node, operator.add, if_false,
+                          emit(gm, node, operator.mul, emit(gm, node, operator.sub, if_true, if_false), flag))
+    node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
+    if not condition.users:
+        gm.graph.erase_node(condition)
     return True
 
 
