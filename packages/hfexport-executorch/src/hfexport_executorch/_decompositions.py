@@ -167,11 +167,16 @@ def sdpa_delegable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     lowest finite value where masked) and an attention mask of any dtype gives a row factor: 0 where a query row
     masks every key, as eager's safe softmax gives (an all ``-inf`` row would be NaN). Those two are small
     portable ops on the mask ``[b, 1, L, S]``; CSE shares them between layers. Dropout, ``is_causal``, grouped
-    heads and other dtypes keep torch's decomposition.
+    heads and other dtypes keep torch's decomposition (``_scaled_dot_product_attention_math``, which adds the mask
+    it gets: a boolean mask is made additive for it first, as ``F.scaled_dot_product_attention`` does).
     """
     if (dropout_p != 0.0 or is_causal or query.dim() != 4 or key.dim() != 4 or value.dim() != 4
             or query.dtype != torch.float32 or key.shape[1] != query.shape[1] or value.shape[1] != query.shape[1]
             or not isinstance(query.shape[-1], int)):
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # The math op adds its mask: a boolean one must be made additive first, as the public op does
+            # (added as 0/1, it gave Falcon's multi-query heads a max abs diff of 2.5 on executorch-xnnpack).
+            attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
         return aten._scaled_dot_product_attention_math.default(  # torch's own path (not .decompose(): recursion)
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
     batch, heads, length, dim = query.shape
