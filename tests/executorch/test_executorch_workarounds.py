@@ -463,6 +463,55 @@ def test_unsqueeze_with_two_dynamic_dims_stays_on_portable_kernels():
         export(model, traced, disable=("_patch_unsqueeze_one_dynamic_dim",), dynamic=True)
 
 
+class TanhGelu(torch.nn.Module):
+    def forward(self, x):
+        return F.gelu(x * 1.0, approximate="tanh") + F.gelu(x)  # transformers' gelu_pytorch_tanh, and exact GELU
+
+
+def test_patch_gelu_tanh_not_delegated():
+    """XNNPACK runs every gelu as the erf form: the tanh form differs by up to 4.7e-4 (near x = -2.7)."""
+    inputs = {"x": torch.linspace(-4.0, 4.0, 96).reshape(3, 32)}
+    expected = TanhGelu()(**inputs)
+    without = export(TanhGelu(), inputs, disable=("_patch_gelu_tanh_not_delegated",), verify=False)
+    assert (without(**inputs) - expected).abs().max() > 4e-4
+    with_it = export(TanhGelu(), inputs)
+    torch.testing.assert_close(with_it(**inputs), expected, atol=1e-6, rtol=0)
+    section = with_it.manifest["executorch"]
+    assert "aten::gelu.default" in section["portable_ops"], section  # the tanh form, on the portable kernel
+    assert section["delegates"] == 2, section  # the multiply before it, the exact GELU and the add after it
+
+
+class PatchesIntoPixelShuffle(torch.nn.Module):
+    """SigLIP's patch embedding (``flatten(2).transpose(1, 2)``: the patch dim has stride 1) into a LayerNorm, then
+    Cohere2-Vision's pixel shuffle: two reshapes, the second merging dims that only a contiguous tensor can view."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 16, 2, stride=2)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, pixels):
+        patches = self.embed(pixels).flatten(2).transpose(1, 2)  # [b, n, 16]
+        h = self.norm(patches + 1.0)
+        b, n, c = h.shape
+        return h.reshape(b, 4, n // 4, c).reshape(b, 4, n // 8, 2 * c).permute(0, 2, 1, 3)
+
+
+def test_layer_norm_decomposition_is_contiguous_like_eager():
+    """Eager's layer norm returns a contiguous tensor for a transposed input; XNNPACK_DECOMPOSITIONS' elementwise
+    form would keep the transposed layout, and the pixel shuffle's view (made when ``to_edge`` first
+    decomposes the reshape) failed with "Cannot view a tensor" on the next re-trace."""
+    from hfexport_executorch._decompositions import layer_norm_delegable
+
+    transposed = torch.randn(2, 16, 6).transpose(1, 2)
+    weight, bias = torch.randn(16), torch.randn(16)
+    out, _, _ = layer_norm_delegable(transposed, [16], weight, bias)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, F.layer_norm(transposed, [16], weight, bias), atol=1e-5, rtol=0)
+    model, inputs = PatchesIntoPixelShuffle(), {"pixels": torch.randn(1, 3, 8, 8)}
+    assert_matches(export(model, inputs), model, inputs)
+
+
 @pytest.mark.slow  # two ExecuTorch exports of the zoo's tiny Data2Vec-Vision; about 40 s
 def test_views_after_attention_survive_the_edge_retrace():
     from hfexport_sweep.zoo import build_case

@@ -143,7 +143,9 @@ def layer_norm_delegable(input: torch.Tensor, normalized_shape: Any, weight: tor
     if input.dim() != 3 or len(normalized_shape) != 1 or input.dtype != torch.float32 \
             or sum(not isinstance(size, int) for size in input.shape) > 1:
         return NotImplemented
-    x = input.unsqueeze(-1)  # [b, s, h, 1]
+    # eager's kernel returns a contiguous tensor whatever the input's strides; elementwise ops keep a transposed
+    # input's layout instead, and a later view of the output, traced as contiguous, then fails to re-trace
+    x = input.contiguous().unsqueeze(-1)  # [b, s, h, 1]
     mean = x.mean(dim=[2, 3], keepdim=True)  # [b, s, 1, 1]
     centered = x - mean
     rstd = torch.rsqrt((centered * centered).mean(dim=[2, 3], keepdim=True) + eps)

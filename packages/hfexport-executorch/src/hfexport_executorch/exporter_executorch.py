@@ -754,7 +754,9 @@ def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     that torch.export traced lays it out as ``[B, L, H, E]``. A model's ``attn.transpose(1, 2).reshape(B, L, H * E)``
     was recorded as a ``view`` of the traced layout and fails on the new one: ``ValueError: Cannot view a tensor with
     shape [s, n, 4, 16] and strides (64*n, 16, 16*n, 1)`` (Data2Vec-Vision and AfMoE in the sample sweep,
-    dynamic or static; Cohere2-Vision's view of a pixel-shuffled size, made inside a decomposition, still fails). ``reshape`` is a view wherever the strides allow one, and a copy where they do not.
+    dynamic or static). ``reshape`` is a view wherever the strides allow one, and a copy where they do not. A view
+    that ``to_edge``'s first decomposition makes of a reshape is out of its reach: Cohere2-Vision's was one, mended
+    by making ``layer_norm_delegable`` contiguous as eager's kernel is.
     **Upstream**: pytorch/pytorch#136543 (the SDPA decomposition's strides); ExecuTorch's Arm backend does the
     same rewrite for its own passes (pytorch/executorch#15269).
     **Remove when**: ``run_decompositions`` keeps the traced strides of SDPA (the zoo's tiny Data2Vec-Vision
