@@ -512,6 +512,30 @@ def test_layer_norm_decomposition_is_contiguous_like_eager():
     assert_matches(export(model, inputs), model, inputs)
 
 
+class VmappedMask(torch.nn.Module):
+    """transformers' mask construction with a custom mask function (Gemma3's): vmapped over the indices."""
+
+    def forward(self, x):
+        n = x.shape[1]
+
+        def causal_or_near(q, k):
+            return (k <= q) | ((q - k).abs() < 2)
+
+        mask = torch.vmap(torch.vmap(causal_or_near, in_dims=(None, 0)), in_dims=(0, None))(torch.arange(n),
+                                                                                             torch.arange(n))
+        return (x.view(x.shape[0], n, -1) * mask.sum(-1, keepdim=True)).view(x.shape)
+
+
+def test_dead_code_elimination_keeps_vmap_levels():
+    """The FX node fixes' dead-code elimination (hfexport/_fx.py) keeps the pre-dispatch vmap level calls: without
+    them ``to_edge``'s re-trace failed with "your tensor may have escaped from inside a function being vmapped"
+    (Gemma3 in the sample sweep). ``_fix_view_as_reshape`` fires here, so the elimination runs."""
+    model, inputs = VmappedMask(), {"x": torch.randn(2, 6, 4)}
+    exported = export(model, inputs, dynamic=True)
+    assert exported.manifest["workarounds"]["fixes"]["hfexport_executorch.exporter_executorch._fix_view_as_reshape"]
+    assert_matches(exported, model, {"x": torch.randn(3, 9, 4)})  # 9 x 9 mask, not the traced 6 x 6
+
+
 @pytest.mark.slow  # two ExecuTorch exports of the zoo's tiny Data2Vec-Vision; about 40 s
 def test_views_after_attention_survive_the_edge_retrace():
     from hfexport_sweep.zoo import build_case

@@ -16,6 +16,19 @@ __all__ = ["FixReport", "apply_fx_node_fixes", "apply_fx_program_fixes", "iter_g
 
 logger = logging.getLogger("hfexport")
 
+# torch.export's pre-dispatch IR records vmap (and jvp) as calls that enter and leave a functorch level
+# (pytorch/pytorch#154650); they have no users, and FX's dead-code elimination does not count them as side
+# effects (not in torch.fx.node._side_effectful_functions). Removing them leaves ``_add_batch_dim`` outside any
+# vmap level, and the next re-trace fails ("your tensor may have escaped from inside a function being vmapped":
+# transformers' vmapped attention masks, Gemma3 on ExecuTorch). No upstream issue found.
+_FUNCTORCH_LEVEL_CALLS_MODULE = "torch._functorch.predispatch"
+
+
+def _is_impure(node: torch.fx.Node) -> bool:
+    """FX's own test, plus the pre-dispatch functorch level calls, which must survive dead-code elimination."""
+    return node.is_impure() or (node.op == "call_function"
+                                and getattr(node.target, "__module__", None) == _FUNCTORCH_LEVEL_CALLS_MODULE)
+
 
 @dataclass
 class FixReport:
@@ -74,7 +87,7 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
                     break
         if changed:
             try:
-                module.graph.eliminate_dead_code()
+                module.graph.eliminate_dead_code(is_impure_node=_is_impure)
             except Exception as exc:  # never fatal: the graph is valid, only larger; but never silent
                 logger.warning("dead-code elimination failed on %s: %s", type(module).__name__, exc)
             module.graph.lint()
