@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import hfexport
 from helpers import tiny_model
@@ -207,3 +208,29 @@ def test_manifest_names_cache_outputs():
     names = [o["name"] for o in exported.manifest["outputs"]]
     assert names[0] == "logits"
     assert names[1:] == [f"cache.layers.{i}.{kv}" for i in range(2) for kv in ("keys", "values")]
+
+
+class PooledAfterConstruction(torch.nn.Module):
+    """The LLaVA family's vision output: ``pooler_output`` set after the ModelOutput is built, and a
+    ``hidden_states`` tuple that holds None."""
+
+    def forward(self, x):
+        out = BaseModelOutputWithPooling(last_hidden_state=x + 1.0, hidden_states=(None, None, x * 2.0))
+        out.pooler_output = x.mean(dim=1)
+        return out
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_model_output_with_a_field_set_after_construction_keeps_each_value_in_its_field(backend):
+    """transformers' ModelOutput flattens in insertion order and unflattens in field order; every re-trace used to
+    put ``pooler_output``'s value in ``hidden_states[2]`` (Aya Vision). Each field now holds eager's value."""
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+    model, inputs = PooledAfterConstruction(), {"x": torch.randn(2, 5, 4)}
+    exported = hfexport.export(model, copy.deepcopy(inputs), backend=backend, dynamic=True)
+    other = {"x": torch.randn(3, 7, 4)}
+    out, expected = exported(**copy.deepcopy(other)), model(**other)
+    assert out.pooler_output.shape == (3, 4) and out.hidden_states[2].shape == (3, 7, 4)
+    torch.testing.assert_close(out.pooler_output, expected.pooler_output, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.hidden_states[2], expected.hidden_states[2], atol=1e-6, rtol=0)
+    assert out.hidden_states[:2] == (None, None)

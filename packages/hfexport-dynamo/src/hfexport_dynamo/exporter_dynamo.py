@@ -141,7 +141,15 @@ def _check_dynamic_shape_spec(spec: Any, where: str) -> None:
 
 
 class _ExportSignature(torch.nn.Module):
-    """Calls ``model(**dict(zip(names, args)), **fixed_kwargs)``; forward gets an explicit signature."""
+    """Calls ``model(**dict(zip(names, args)), **fixed_kwargs)``; forward gets an explicit signature.
+
+    The output goes once through ``tree_flatten``/``tree_unflatten`` before it is returned. transformers'
+    ``ModelOutput`` flattens its keys in insertion order and unflattens them in field order, so a field set after
+    construction (the LLaVA family's ``image_outputs.pooler_output``) made the two disagree: every re-trace of the
+    program (``run_decompositions``, ``to_edge``) listed the output leaves in field order under a spec that
+    says insertion order, and the artifact returned ``pooler_output`` in the slot of ``hidden_states[2]`` (Aya
+    Vision, InternVL). After one round trip the order is the field order both ways. No upstream issue found.
+    """
 
     def __init__(self, model: torch.nn.Module, names: list[str], fixed_kwargs: dict[str, Any]):
         super().__init__()
@@ -150,7 +158,8 @@ class _ExportSignature(torch.nn.Module):
         self.fixed_kwargs = dict(fixed_kwargs)
 
     def forward(self, *args: Any) -> Any:
-        return self.model(**dict(zip(self.input_names, args, strict=True)), **self.fixed_kwargs)
+        output = self.model(**dict(zip(self.input_names, args, strict=True)), **self.fixed_kwargs)
+        return pytree.tree_unflatten(*pytree.tree_flatten(output))
 
 
 def _with_signature(model: torch.nn.Module, names: list[str], fixed: dict[str, Any]) -> _ExportSignature:
