@@ -512,6 +512,22 @@ def test_layer_norm_decomposition_is_contiguous_like_eager():
     assert_matches(export(model, inputs), model, inputs)
 
 
+class MaxOverDims(torch.nn.Module):
+    def forward(self, x):  # x [b, c, h, w]
+        return (x.max(dim=-1).values.sum() + x.max(dim=1, keepdim=True).values
+                + x.max(dim=-1, keepdim=True).values * 2.0 + x.max(dim=3, keepdim=True).values)
+
+
+def test_patch_max_dim_serializable():
+    """XNNPACK's partitioner takes any 4-D ``max.dim``; its serializer only dims 2 or 3 (as given) with keepdim."""
+    model, inputs = MaxOverDims(), {"x": torch.randn(2, 3, 4, 5)}
+    with pytest.raises(hfexport.ExportError, match="amax.default only supports keep_dim == True"):
+        export(model, inputs, disable=("_patch_max_dim_serializable",))
+    exported = export(model, inputs)
+    assert_matches(exported, model, inputs)
+    assert exported.manifest["executorch"]["portable_ops"]["aten::max.dim"] == 3  # dim 3 with keepdim: delegated
+
+
 class VmappedMask(torch.nn.Module):
     """transformers' mask construction with a custom mask function (Gemma3's): vmapped over the indices."""
 

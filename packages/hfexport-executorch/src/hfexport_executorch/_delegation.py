@@ -243,3 +243,32 @@ def _patch_gelu_tanh_not_delegated(original: Any) -> Any:
         return approximate == "none" and original(self, node, ep)
 
     return check_constraints
+
+
+@register_patch("executorch.xnnpack.internals",
+                "executorch.backends.xnnpack.partition.config.node_configs.MaxDimConfig.check_constraints")
+def _patch_max_dim_serializable(original: Any) -> Any:
+    """Leave to portable kernels a ``max.dim`` that XNNPACK's serializer would refuse: a dim other than 2 or 3 of
+    the 4-D input (a negative one too: it reads the argument as given), or ``keepdim=False``.
+
+    **Why**: ``MaxDimConfig.check_constraints`` only checks the rank and the dtypes, so the partitioner takes such a
+    node, and ``to_edge_transform_and_lower`` then fails the whole export in the serializer (executorch 1.5.1
+    ``operators/op_max_dim.py``: "amax.default only supports dim == 2 or dim == 3", "amax.default only supports
+    keep_dim == True"): GPT-OSS and MiMo-V2-Flash (a max over the last dim of the attention sinks' scores, no
+    keepdim), Hiera in the sample sweep. The replacement also refuses those nodes; they run on the portable
+    kernel and the rest of the graph is delegated as before.
+    **Upstream**: pytorch/executorch, the partitioner config and the serializer disagree (no issue found;
+    pytorch/executorch#11988 tracks the same kind of gap for other ops).
+    **Remove when**: ``MaxDimConfig`` checks the dim and keepdim (the test's module exports with
+    ``disable=("_patch_max_dim_serializable",)``).
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        return len(node.args) == 3 and keepdim is True and dim in (2, 3)  # the serializer reads args, unnormalized
+
+    return check_constraints
