@@ -433,7 +433,7 @@ def test_every_workaround_has_a_test_here():
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
-              "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars"}
+              "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here
