@@ -795,12 +795,12 @@ def _fix_sym_ne(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 @register_fx_node_fix("executorch")
 def _fix_sym_ite_of_tensor_check(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Replaces ``torch.sym_ite(item(t), a, b)`` on a bool tensor ``t`` by ``b + (a - b) * item(t.to(int64))``.
+    """Replaces ``torch.sym_ite(item(t), 1, 0)`` on a one-element bool tensor ``t`` by ``item(t.to(int64))``.
 
     ``torch._check_tensor_all(t)`` (transformers' ``torch_compilable_check`` on a tensor condition, as the LLaVA
     family checks its image tokens) traces to ``_is_all_true(t)``, ``item``, ``torch.sym_ite(item, 1, 0)`` and
     ``_assert_scalar`` on the result. The rewrite reads the bool as an int tensor, so the check keeps its meaning
-    with ops ExecuTorch has (``_to_copy``, ``_local_scalar_dense``, ``executorch_prim`` add/sub/mul).
+    with ops ExecuTorch has (``_to_copy``, ``_local_scalar_dense``).
     **Why**: the edge verifier accepts only ``alloc`` among plain Python function targets
     (``assert op.__name__ in ("alloc",)``, a bare ``AssertionError`` in ``to_edge``), although
     ``executorch_prim_ops_registry`` maps ``torch.sym_ite`` to ``executorch_prim::sym_ite.Scalar`` for the
@@ -813,7 +813,7 @@ def _fix_sym_ite_of_tensor_check(gm: torch.fx.GraphModule, node: torch.fx.Node) 
         return False
     condition, if_true, if_false = node.args
     if not (isinstance(condition, torch.fx.Node) and condition.target is torch.ops.aten.item.default
-            and is_symint_arg(if_true) and is_symint_arg(if_false)):
+            and (if_true, if_false) == (1, 0)):  # the form torch._check_tensor_all traces to
         return False
     tensor = condition.args[0]
     fake = value(tensor)
@@ -824,12 +824,8 @@ def _fix_sym_ite_of_tensor_check(gm: torch.fx.GraphModule, node: torch.fx.Node) 
         as_int.meta = {k: v for k, v in tensor.meta.items() if k != "val"}
         as_int.meta["val"] = fake.to(torch.int64)
         flag = gm.graph.call_function(torch.ops.aten.item.default, (as_int,))
-        flag.meta = dict(node.meta)  # the sym_ite's SymInt: the same value, 0 or 1 for (1, 0)
-        result = flag
-        if (if_true, if_false) != (1, 0):
-            result = emit(gm, node, operator.add, if_false,
-                          emit(gm, node, operator.mul, emit(gm, node, operator.sub, if_true, if_false), flag))
-    node.replace_all_uses_with(result)
+        flag.meta = dict(node.meta)  # the sym_ite's SymInt: the same value, 1 or 0
+    node.replace_all_uses_with(flag)
     gm.graph.erase_node(node)
     if not condition.users:
         gm.graph.erase_node(condition)
