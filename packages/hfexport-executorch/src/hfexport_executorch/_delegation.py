@@ -8,6 +8,7 @@ import functools
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +194,17 @@ def report_planned_memory(ctx: ExportContext, planned: int, bounds: Any) -> None
     log(message)
 
 
+def _narrowed(original: Any, accepts: Callable[[torch.fx.Node], bool]) -> Any:
+    """An XNNPACK partitioner config's ``check_constraints`` that also requires ``accepts(node)``: a node it
+    refuses stays on the portable kernel, and the rest of the graph is delegated as before."""
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
+        return original(self, node, ep) and accepts(node)
+
+    return check_constraints
+
+
 @register_patch("executorch.xnnpack.internals",
                 "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints")
 def _patch_unsqueeze_one_dynamic_dim(original: Any) -> Any:
@@ -212,14 +224,11 @@ def _patch_unsqueeze_one_dynamic_dim(original: Any) -> Any:
     """
     from torch.fx.experimental.symbolic_shapes import free_symbols
 
-    @functools.wraps(original)
-    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
-        if not original(self, node, ep):
-            return False
+    def at_most_one_dynamic_dim(node: torch.fx.Node) -> bool:
         value = node.meta.get("val")
         return value is None or sum(1 for size in value.shape if free_symbols(size)) <= 1
 
-    return check_constraints
+    return _narrowed(original, at_most_one_dynamic_dim)
 
 
 @register_patch("executorch.xnnpack.internals",
@@ -237,12 +246,10 @@ def _patch_gelu_tanh_not_delegated(original: Any) -> Any:
     with ``disable=("_patch_gelu_tanh_not_delegated",)``).
     """
 
-    @functools.wraps(original)
-    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
-        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-        return approximate == "none" and original(self, node, ep)
+    def exact(node: torch.fx.Node) -> bool:
+        return node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "none"
 
-    return check_constraints
+    return _narrowed(original, exact)
 
 
 @register_patch("executorch.xnnpack.internals",
@@ -263,12 +270,7 @@ def _patch_max_dim_serializable(original: Any) -> Any:
     ``disable=("_patch_max_dim_serializable",)``).
     """
 
-    @functools.wraps(original)
-    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
-        if not original(self, node, ep):
-            return False
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-        return len(node.args) == 3 and keepdim is True and dim in (2, 3)  # the serializer reads args, unnormalized
+    def serializable(node: torch.fx.Node) -> bool:  # the serializer reads the positional args, unnormalized
+        return len(node.args) == 3 and node.args[2] is True and node.args[1] in (2, 3)
 
-    return check_constraints
+    return _narrowed(original, serializable)
