@@ -211,6 +211,42 @@ def test_fix_sym_ite_of_tensor_check_and_is_all_true():
     assert_matches(exported, CheckedPlaceholders(), other)
 
 
+class LastEosPooling(torch.nn.Module):
+    """The BART family's sequence-classification pooling: each row's hidden state at its last <eos> (id 2), after
+    checking that every row has as many of them (MBart, PLBart, UMT5)."""
+
+    def forward(self, hidden, ids):
+        eos_mask = ids.eq(2)
+        torch._check(torch.unique_consecutive(eos_mask.sum(1)).numel() == 1)
+        selected = hidden[eos_mask, :]
+        torch._check(selected.shape[0] // hidden.shape[0] >= 1)
+        return selected.view(hidden.shape[0], -1, hidden.shape[-1])[:, -1, :]
+
+
+def test_fix_assertion_only_non_core_op():
+    """``unique_consecutive`` (not Core ATen, no portable kernel) feeds only assertions on its size: they go, as
+    ExecuTorch removes every graph assertion before emission, and the op goes with them."""
+    inputs = {"hidden": torch.randn(2, 6, 4), "ids": torch.tensor([[5, 2, 7, 7, 2, 1], [2, 9, 9, 2, 1, 1]])}
+    with pytest.raises(hfexport.ExportError, match=r"aten.unique_consecutive.default is not in Core ATen"):
+        export(LastEosPooling(), inputs, disable=("_fix_assertion_only_non_core_op",), dynamic=True)
+    exported = export(LastEosPooling(), inputs, dynamic=True)
+    assert "_fix_assertion_only_non_core_op" in fixes(exported)
+    assert_matches(exported, LastEosPooling(), inputs)
+    other = {"hidden": torch.randn(3, 5, 4), "ids": torch.tensor([[2, 1, 1, 1, 1], [1, 1, 1, 1, 2], [1, 2, 1, 1, 1]])}
+    assert_matches(exported, LastEosPooling(), other)  # another batch, sequence and <eos> count
+
+
+def test_patch_view_larger_than_base():
+    """``selected.view(batch, -1, h)`` of a boolean index ``[u, h]`` is bounded by ``8 x (u_max // 2) x h``, more
+    than its base: as a view sharing the base's memory, the program does not load."""
+    inputs = {"hidden": torch.randn(2, 6, 4), "ids": torch.tensor([[5, 2, 7, 7, 2, 1], [2, 9, 9, 2, 1, 1]])}
+    with pytest.raises(hfexport.ExportError, match=r"Failed to load method forward, error: 0x:?21"):
+        export(LastEosPooling(), inputs, disable=("_patch_view_larger_than_base",), dynamic=True)
+    exported = export(LastEosPooling(), inputs, dynamic=True)
+    assert "_patch_view_larger_than_base" in patches(exported)
+    assert_matches(exported, LastEosPooling(), {"hidden": torch.randn(8, 3, 4), "ids": torch.full((8, 3), 2)})
+
+
 class PrefilledCache(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -433,7 +469,8 @@ def test_every_workaround_has_a_test_here():
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
-              "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check"}
+              "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
+              "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here

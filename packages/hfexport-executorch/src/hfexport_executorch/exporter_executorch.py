@@ -461,6 +461,43 @@ def _patch_xnnpack_quantizer_integer_scalars(original: Any) -> Any:
     return convert_scalars_to_attrs
 
 
+@register_patch("executorch.internals", "executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy")
+def _patch_view_larger_than_base(original: Any) -> Any:
+    """Keeps a ``view_copy`` as a copy when its planned size (the upper bound of its shape) exceeds its base's.
+
+    ``to_executorch`` turns every ``view_copy`` that is not a graph output into a view that shares its base's
+    memory. Both are planned at the upper bounds of their shapes, and the view's can be larger: the BART family's
+    ``hidden[eos_mask].view(batch, -1, hidden)`` views ``[u, h]`` (``u <= 512``) as ``[b, u // b, h]``, bounded by
+    ``8 x 256 x h`` when ``b <= 8``, four times its base. The program then fails to load: ``offset_bytes (0) +
+    size_bytes (32768) >= allocator size (16896)``, ``Failed to load method forward, error: 0x21``. The pass's own
+    ``ensures`` check goes through the same predicate, so it agrees with the copies kept.
+    **Why**: a view's planned bytes must fit in its base's; with unbacked sizes their bounds are not related.
+    **Upstream**: none found; the pass is ``executorch/exir/passes/replace_view_copy_with_view_pass.py``.
+    **Remove when**: the view pass (or memory planning) bounds a view by its base (the test module loads with
+    ``disable=("_patch_view_larger_than_base",)``).
+    """
+    from executorch.exir.sym_util import eval_shape_upper_bound
+    from executorch.exir.tensor import num_bytes_from_shape_and_dtype
+
+    def planned_bytes(node: Any) -> int | None:
+        fake = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(fake, torch.Tensor):
+            return None
+        try:
+            return num_bytes_from_shape_and_dtype(torch.Size(eval_shape_upper_bound(fake.shape)), fake.dtype)
+        except Exception:  # an unbounded size: the planner fails on it by itself, with its own message
+            return None
+
+    @functools.wraps(original)
+    def _is_view_copy(node: torch.fx.Node) -> bool:
+        if not original(node):
+            return False
+        view, base = planned_bytes(node), planned_bytes(node.args[0])
+        return view is None or base is None or view <= base
+
+    return _is_view_copy
+
+
 @register_patch("executorch.internals",
                 "executorch.exir.tensor.dim_order_from_stride",
                 "executorch.exir.tensor_layout.dim_order_from_stride",
@@ -829,6 +866,73 @@ def _fix_sym_ite_of_tensor_check(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     gm.graph.erase_node(node)
     if not condition.users:
         gm.graph.erase_node(condition)
+    return True
+
+
+# The graph assertions ExecuTorch's RemoveGraphAssertsPass deletes before emission (exir/passes/
+# remove_graph_asserts_pass.py): the runtime checks none of them.
+_GRAPH_ASSERTS = frozenset({
+    torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_async.msg,
+    torch.ops.aten.sym_constrain_range_for_size.default, torch.ops.aten.sym_constrain_range.default,
+})
+
+
+def _assertion_only_users(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The graph assertions that ``node``'s results reach, if they reach nothing else; else ``None``.
+
+    The path to an assertion may go through ``getitem`` (a tuple result), ``sym_size``/``sym_numel`` and Python
+    symbolic arithmetic and comparisons (``operator.ge``, ``operator.eq`` ... on ``SymInt``/``SymBool``).
+    """
+    asserts: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+    pending = list(node.users)
+    while pending:
+        user = pending.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op != "call_function":
+            return None
+        if user.target in _GRAPH_ASSERTS:
+            asserts.append(user)
+            continue
+        passes_size_only = (user.target in (operator.getitem, torch.ops.aten.sym_size.int,
+                                            torch.ops.aten.sym_numel.default)
+                            or (getattr(user.target, "__module__", None) == "_operator"
+                                and isinstance(user.meta.get("val"), (torch.SymInt, torch.SymBool))))
+        if not passes_size_only:
+            return None
+        pending.extend(user.users)
+    return asserts
+
+
+@register_fx_node_fix("executorch")
+def _fix_assertion_only_non_core_op(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Removes the graph assertions on the size of a non-Core-ATen op's result when nothing else uses it.
+
+    The op is then dead, and the dead-code elimination after the fixes removes it. transformers' BART family
+    checks ``torch.unique_consecutive(eos_mask.sum(1)).numel() == 1`` ("All examples must have the same number of
+    <eos> tokens") in its sequence-classification head (MBart, PLBart, UMT5): the op's only users are
+    ``_assert_scalar`` on its size. ExecuTorch deletes every graph assertion before emission anyway
+    (``RemoveGraphAssertsPass`` in ``to_executorch``: "remove all the assert ops until runtime decides to address
+    it"), so the program loses no check the runtime would have made; doing it first keeps the op from the edge
+    verifier.
+    **Why**: ``to_edge`` rejects the op (``SpecViolationError: aten.unique_consecutive.default is not in Core
+    ATen``), and the portable library has no kernel for it.
+    **Upstream**: pytorch/executorch#11320 (portable library Core ATen coverage); the assertions are removed by
+    ExecuTorch's ``RemoveGraphAssertsPass``, which runs only after ``to_edge``'s verifier.
+    **Remove when**: ``to_edge`` removes graph assertions before it verifies the opset (the BART-family test lowers
+    with ``disable=("_fix_assertion_only_non_core_op",)``).
+    """
+    target = node.target
+    if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten"
+            or torch.Tag.core in target.tags or not node.users):
+        return False
+    asserts = _assertion_only_users(node)
+    if not asserts:
+        return False
+    for assertion in asserts:
+        gm.graph.erase_node(assertion)
     return True
 
 
