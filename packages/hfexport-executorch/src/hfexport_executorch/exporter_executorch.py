@@ -466,9 +466,10 @@ def _patch_view_larger_than_base(original: Any) -> Any:
     """Keeps a ``view_copy`` as a copy when its planned size (the upper bound of its shape) exceeds its base's.
 
     ``to_executorch`` turns every ``view_copy`` that is not a graph output into a view that shares its base's
-    memory. Both are planned at the upper bounds of their shapes, and the view's can be larger: the BART family's
-    ``hidden[eos_mask].view(batch, -1, hidden)`` views ``[u, h]`` (``u <= 512``) as ``[b, u // b, h]``, bounded by
-    ``8 x 256 x h`` when ``b <= 8``, four times its base. The program then fails to load: ``offset_bytes (0) +
+    memory. Both are planned at the upper bounds of their shapes, and the view's can be larger: with a batch
+    ``b`` in [2, 8] and a sequence of at most 64, the BART family's ``hidden[eos_mask].view(b, -1, h)`` views
+    ``[u, h]`` (``u <= 512``) as ``[b, u // b, h]``, bounded by ``8 x 256 x h``: four times its base. Plain
+    ``torch.export`` and ``to_executorch`` give a program that fails to load: ``offset_bytes (0) +
     size_bytes (32768) >= allocator size (16896)``, ``Failed to load method forward, error: 0x21``. The pass's own
     ``ensures`` check goes through the same predicate, so it agrees with the copies kept.
     **Why**: a view's planned bytes must fit in its base's; with unbacked sizes their bounds are not related.
