@@ -216,6 +216,8 @@ def main() -> int:
                 if sample is not None:
                     selection += (f" in the seeded sample of one class per model type (--sample --seed {sample}, "
                                   f"{len(in_sample)} cases)")
+                if args.limit:
+                    selection = f"the first {args.limit} (by case id) of {selection}"
                 if args.with_our_failures:
                     selection += ", plus every instantiable case hfexport does not pass"
                 note = (f"compared on {selection}; hfexport's side " +
