@@ -1,6 +1,7 @@
 """Quantized ONNX exports, ``quantize="int8-dynamic"`` (ONNX Runtime's dynamic int8 after the optimizer): the real
 all-MiniLM-L6-v2 at about a quarter of the float artifact with its sentence embeddings kept; a tiny Llama that
-generates; the verification against float eager by cosine similarity; and the refusals before any work."""
+generates, and in ``int4`` (``MatMulNBits`` bits=4) loads in a new process; the verification against float eager by
+cosine similarity; and the refusals before any work."""
 
 from __future__ import annotations
 
@@ -154,10 +155,56 @@ def test_int8_dynamic_per_tensor_writes_the_qoperator_form():
     assert exported.manifest["verification"]["passed"]
 
 
+# ── int4 (MatMulNBits bits=4) ──────────────────────────────────────────────────────────────────────────────
+@pytest.fixture(scope="module")
+def llama_int4(tmp_path_factory):
+    """The tiny Llama, an ``int4`` export of it with blocks of 16 (not the default 32: the option must reach the
+    graph) saved to a directory, and the manifest."""
+    model = tiny_model("llama")
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    exported = hfexport.export(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, backend="onnx",
+                               dynamic=True, quantize=hfexport.Quantization("int4", group_size=16))
+    return model, exported.save_pretrained(tmp_path_factory.mktemp("int4") / "int4"), exported.manifest
+
+
+def test_int4_writes_matmulnbits_with_4_bits_and_the_block_size_asked_for(llama_int4):
+    import onnx
+
+    _, path, manifest = llama_int4
+    proto = onnx.load(str(path / "model.onnx"), load_external_data=False)
+    nbits = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in proto.graph.node
+             if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 15  # 2 layers x (q, k, v, o, gate, up, down) + lm_head
+    assert all(a["bits"] == 4 and a["block_size"] == 16 and a["accuracy_level"] == 4 for a in nbits)
+    section = manifest["quantization"]
+    assert section["recipe"] == "int4" and section["group_size"] == 16 and section["weights"].startswith("int4")
+    assert section["steps"][0].startswith("onnxruntime.quantization.MatMulNBitsQuantizer(bits=4, block_size=16")
+    assert section["quantized"] == {"MatMul": 15, "Gather": 1}  # the embedding table int8 (quantize_dynamic)
+    assert section["kept_float"]["MatMul with a constant weight"] == 0
+    assert manifest["verification"]["metric"] == "quantized" and manifest["verification"]["passed"]
+    from hfexport_onnx._quantize import resolve_onnx_quantization
+
+    assert resolve_onnx_quantization("int4").group_size == 32  # the default: ONNX Runtime GenAI's block size
+
+
+def test_int4_loads_in_a_fresh_process_close_to_float_eager(llama_int4, tmp_path):
+    model, path, _ = llama_int4
+    ids = torch.randint(3, 100, (3, 9), generator=torch.Generator().manual_seed(1))  # other shapes than traced
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    got = load_in_fresh_process({"int4": (path, inputs)}, tmp_path)["int4"][1][0]  # logits
+    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+    top1 = (got.argmax(-1) == expected.argmax(-1)).float().mean()
+    print(f"\nONNX int4 (block 16) tiny Llama in a fresh process: logits cosine {cosine:.5f}, top-1 {top1:.0%}")
+    assert got.shape == expected.shape
+    assert cosine >= 0.99  # measured 0.9959 (int8-dynamic: 0.9999); top-1 85%: near-tied random logits
+
+
 # ── bad input ──────────────────────────────────────────────────────────────────────────────────────────
 def test_a_recipe_the_backend_does_not_support_names_those_it_does():
     with pytest.raises(ValueError, match=r"backend 'onnx' does not support quantize='8da4w': it supports "
-                                         r"'int8-dynamic', 'int8-dynamic-per-tensor', 'int8-static'"):
+                                         r"'int8-dynamic', 'int4', 'int8-dynamic-per-tensor', 'int8-static'"):
         hfexport.export(tiny_model("bert"), backend="onnx", quantize="8da4w")
     with pytest.raises(TypeError, match="DynamoConfig does not take 'quantize'"):
         hfexport.export(tiny_model("bert"), backend="dynamo", quantize="int8-dynamic")
@@ -172,6 +219,8 @@ def test_options_the_recipe_does_not_take_are_refused():
         hfexport.export(tiny_model("bert"), backend="onnx", quantize=hfexport.Quantization("int8-static", group_size=32))
     with pytest.raises(ValueError, match=r"group_size .* must be 16, 32, 64, 128 or 256 .* got 48"):
         hfexport.export(tiny_model("bert"), backend="onnx", quantize=hfexport.Quantization("int8-dynamic", group_size=48))
+    with pytest.raises(ValueError, match=r"int4 group_size .* must be 16, 32, 64, 128 or 256 .* got 8"):
+        hfexport.export(tiny_model("llama"), backend="onnx", quantize=hfexport.Quantization("int4", group_size=8))
     with pytest.raises(TypeError, match="quantize must be a recipe name"):
         hfexport.export(tiny_model("bert"), backend="onnx", quantize=8)
     with pytest.raises(TypeError, match=r"min_cosine must be a number in \(0, 1\]"):

@@ -732,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default min(max_position_embeddings, 256))")
     p.add_argument("--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 4)")
     p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic, "
-                   "int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
+                   "int4, int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
                    "verified against float eager by cosine similarity")
     p.set_defaults(func=_cmd_export, demo=None)
 

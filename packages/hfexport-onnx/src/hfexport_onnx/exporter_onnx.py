@@ -107,8 +107,9 @@ class OnnxConfig(DynamoConfig):
             plain ONNX ops. A class in ``ORT_FUSIONS_DISABLE``, a fusion that fails or a fused graph ONNX Runtime
             refuses exports unfused, with a warning; ``optimize_fallback=False`` makes those errors.
         quantize: a quantization recipe (or an ``hfexport.Quantization``), applied last in stage 5, before the
-            session opens: ``"int8-dynamic"`` (ONNX Runtime's MatMulNBits, 8-bit, blockwise),
-            ``"int8-dynamic-per-tensor"`` or ``"int8-static"`` (QDQ, calibrated): ``_quantize.py``. The export is then
+            session opens: ``"int8-dynamic"`` (ONNX Runtime's MatMulNBits, 8-bit, blockwise), ``"int4"`` (the same,
+            4-bit, blocks of 32, for decoders), ``"int8-dynamic-per-tensor"`` or ``"int8-static"`` (QDQ, calibrated):
+            ``_quantize.py``. The export is then
             verified against float eager by cosine similarity (``hfexport._quantization``).
     """
 
