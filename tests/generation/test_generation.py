@@ -1,6 +1,8 @@
-"""Decoders exported for ``task="text-generation"``: greedy ``generate`` over the exported prefill and decode
-programs returns exactly eager ``model.generate(do_sample=False)``'s token ids, on every backend, after
-``save_pretrained`` and ``hfexport.load`` in a new process; and bad input is refused before any program runs."""
+"""Decoders exported for ``task="text-generation"``: greedy ``generate`` over the exported ``decoder`` program (one
+program for prefill and decode, over a KV cache of fixed capacity) returns exactly eager
+``model.generate(do_sample=False)``'s token ids, on every backend, after ``save_pretrained`` and ``hfexport.load`` in
+a new process; the weights are stored once and the cache is written in place; bad input is refused before any
+program runs."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
 @pytest.mark.parametrize("backend,kind", CASES)
 def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path):
     model = tiny_model(kind)
-    exported = hfexport.export(model, backend=backend, task="text-generation")
+    exported = hfexport.export(model, backend=backend, task="text-generation", max_batch=2)
     exported.save_pretrained(tmp_path / "artifact")
     cases = prompts()
     got = generate_in_fresh_process({"run": (tmp_path / "artifact", cases, {"max_new_tokens": NEW_TOKENS})},
@@ -82,14 +84,51 @@ def test_the_manifest_records_the_task_components_and_bounds(llama_generation, t
     exported.save_pretrained(tmp_path / "a")
     manifest = json.loads((tmp_path / "a" / "export.json").read_text())
     assert manifest["task"] == "text-generation"
-    assert list(manifest["components"]) == ["prefill", "decode"]
-    assert manifest["components"]["decode"]["program_file"] == "decode/model.pt2"
-    assert {"prefill/model.pt2", "decode/model.pt2", "config.json"} <= set(manifest["files"])
+    assert list(manifest["components"]) == ["decoder"]
+    assert manifest["components"]["decoder"]["program_file"] == "decoder/model.pt2"
+    assert {"decoder/model.pt2", "config.json"} <= set(manifest["files"])
     generation = manifest["generation"]
     assert (generation["max_cache_len"], generation["max_batch"], generation["cache_layers"]) == (40, 2, 2)
-    decode_inputs = {i["name"]: i for i in manifest["components"]["decode"]["inputs"]}
-    assert list(decode_inputs) == ["input_ids", "attention_mask", "position_ids", "cache"]
-    assert decode_inputs["attention_mask"]["dynamic_dims"]["1"]["max"] == 40
+    assert generation["prefill_chunk"] == 40  # min(256, max_cache_len)
+    assert generation["cache"] == {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": False,
+                                   "static_batch": False, "dtype": "float32", "shapes": [[[2, 40, 8], [2, 40, 8]]] * 2}
+    inputs = {i["name"]: i for i in manifest["components"]["decoder"]["inputs"]}
+    assert list(inputs) == ["input_ids", "attention_mask", "position_ids", "past_length", "cache"]
+    assert inputs["input_ids"]["dynamic_dims"]["1"]["max"] == 40
+    assert inputs["attention_mask"]["shape"][1] == 40  # the whole cache, static
+
+
+def test_a_prompt_longer_than_prefill_chunk_is_prefilled_in_chunks():
+    model = tiny_model("llama")
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_batch=2, prefill_chunk=4)
+    inputs = {i["name"]: i for i in exported.manifest["components"]["decoder"]["inputs"]}
+    assert inputs["input_ids"]["dynamic_dims"]["1"]["max"] == 4
+    for ids, mask in prompts():  # 5, 9 and 7 tokens: two or three chunks
+        assert torch.equal(exported.generate(ids, mask, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, mask))
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ({"max_position_embeddings": 64}, 64),  # the model's positions
+    ({"max_position_embeddings": 32768}, 4096),  # capped
+    ({"max_position_embeddings": 32768, "sliding_window": 1024}, 1024),  # Mistral: at most the window
+])
+def test_max_cache_len_defaults_to_the_models_positions_capped_at_4096(overrides, expected):
+    from hfexport_dynamo.generation import plan_task
+
+    model = tiny_model("mistral" if "sliding_window" in overrides else "llama", layers=1, **overrides)
+    plan = plan_task(model, "text-generation")
+    assert plan.manifest["generation"]["max_cache_len"] == expected
+    assert plan.components[0].inputs["attention_mask"].shape[1] == expected
+
+
+def test_the_weights_are_stored_once(tmp_path):
+    """One program for prefill and decode: the artifact holds each weight once (it held two full copies)."""
+    model = tiny_model("llama", hidden_size=64, intermediate_size=128, vocab_size=16000)  # the graph is ~0.6 MB
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=64)
+    exported.save_pretrained(tmp_path / "a")
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "a").rglob("*") if f.is_file())
+    assert on_disk <= 1.15 * weights, (on_disk, weights)
 
 
 # ── bad input ───────────────────────────────────────────────────────────────────────────────────────────
@@ -154,3 +193,33 @@ def test_max_batch_1_exports_a_static_batch_that_generates_eagers_ids():
     assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, mask))
     with pytest.raises(ValueError, match="batch of 2 exceeds this export's max_batch=1"):
         exported.generate(prompts()[2][0], max_new_tokens=2)
+
+
+def test_onnx_runtime_writes_the_new_positions_into_the_cache_in_place():
+    """The ``decoder`` program's cache outputs are bound to its cache inputs' memory (IO binding over ScatterND):
+    a decode step returns the memory it was given, with only the new position written."""
+    from hfexport_dynamo.generation import new_cache
+
+    model = tiny_model("llama")
+    exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=32)
+    section = exported.manifest["components"]["decoder"]["onnx"]
+    assert sorted(section["in_place_outputs"].values()) == sorted(
+        n for n in section["input_leaves"] if n and n.startswith("cache."))
+    ids = torch.tensor([[5, 6, 7]])
+    mask = torch.zeros(1, 32, dtype=torch.long)
+    mask[:, :3] = 1
+    cache = new_cache(exported.manifest["generation"], 1)
+    out = exported.run("decoder", input_ids=ids, attention_mask=mask, position_ids=torch.arange(3)[None],
+                       past_length=torch.tensor(0), cache=cache)
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(torch.utils._pytree.tree_leaves(out["cache"]),
+                                       torch.utils._pytree.tree_leaves(cache), strict=True))
+    before = [t.clone() for t in torch.utils._pytree.tree_leaves(cache)]
+    mask[:, 3] = 1
+    second = exported.run("decoder", input_ids=torch.tensor([[8]]), attention_mask=mask,
+                          position_ids=torch.tensor([[3]]), past_length=torch.tensor(3), cache=cache)
+    for old, new in zip(before, torch.utils._pytree.tree_leaves(cache), strict=True):
+        changed = (old != new).any(-1).any(1)[0]  # per position
+        assert changed.nonzero().flatten().tolist() == [3]
+    with torch.no_grad():
+        eager = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[:, -1]
+    torch.testing.assert_close(second["logits"], eager, atol=1e-4, rtol=1e-3)

@@ -33,13 +33,15 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         dynamic: make every input dimension dynamic (``Dim.AUTO``); torch.export specializes those it must.
         config: the backend's config object (``OnnxConfig(...)``); ``options`` override its fields.
         progress: called with a ``StageEvent`` at the start and end of every stage.
-        task: export the programs a task runs instead of one forward pass: ``"text-generation"`` (a prefill
-            and a decode program with the KV cache as inputs and outputs), ``"text2text-generation"`` and
+        task: export the programs a task runs instead of one forward pass: ``"text-generation"`` (one
+            ``decoder`` program for prefill and decode, over a KV cache of ``max_cache_len`` positions that the
+            runtime updates in place), ``"text2text-generation"`` and
             ``"automatic-speech-recognition"`` (an encoder, a first decoder step and a decode step); the
             artifact then has :meth:`ExportedModel.generate`. ``inputs`` (optional) are the prompt's.
         **options: fields of the backend's config (``opset_version=18``, ``dynamic_shapes={...}``), and with a
             ``task`` the task's options: ``max_cache_len`` (the most tokens a sequence may hold, prompt and new
-            ones; default ``min(max_position_embeddings, 256)``), ``max_batch`` (default 4).
+            ones; default ``max_position_embeddings`` capped at 4,096; encoder-decoders 256), ``max_batch``
+            (default 1), ``prefill_chunk`` (the most prompt tokens one call takes, default 256).
         verify: every export is verified: the artifact runs on its runtime and the model in eager PyTorch on
             (copies of) the traced inputs, once each per program, and the report goes into
             ``manifest["verification"]`` (and each program's section, with the inputs and eager outputs that
@@ -72,7 +74,7 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         options["dynamic"] = True
     task_options = {}
     if task is not None:
-        names = _keyword_names(getattr(exporter_class.tracer, "plan_task", None))
+        names = _keyword_names(getattr(exporter_class.tracer, "plan_task", None)) - {"stateful"}  # the backend's
         task_options = {name: options.pop(name) for name in list(options) if name in names}
     exporter = exporter_class(config, **options)
     checks = {"verify": verify, "atol": atol, "rtol": rtol}

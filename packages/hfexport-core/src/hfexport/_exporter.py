@@ -415,6 +415,10 @@ class Exporter:
     # in another precision sets its own (executorch-cuda: bfloat16).
     verify_atol: ClassVar[float] = 1e-4
     verify_rtol: ClassVar[float] = 1e-3
+    # Whether the runtime keeps the buffers a program mutates from one call to the next, in place (ExecuTorch's
+    # mutable buffers). A task plan then keeps state (a KV cache) in the program's buffers; otherwise state crosses
+    # the program boundary as inputs and outputs (ONNX has no mutable state; a .pt2 would store the buffers).
+    stateful_programs: ClassVar[bool] = False
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         """Raises:

@@ -10,6 +10,7 @@ folder of its own name, so that backends keep their fixed file names.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -113,6 +114,8 @@ def export_task(exporter: Any, model: Any, task: str, inputs: Mapping[str, Any] 
         raise ValueError(f"backend {exporter.name!r} exports single programs only (its tracer plans no tasks); "
                          f"export without task={task!r}")
     start = time.perf_counter()
+    if "stateful" in inspect.signature(plan_task).parameters:  # where the plan keeps state: the runtime's say
+        task_options["stateful"] = exporter.stateful_programs
     plan: TaskPlan = plan_task(model, task, inputs, **task_options)
     exported: list[tuple[str, ExportedModel]] = []
     for part in plan.components:

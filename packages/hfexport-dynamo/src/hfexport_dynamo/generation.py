@@ -1,17 +1,29 @@
-"""Generation: the programs a generative model runs (a prefill and a decode step, with the KV cache as program
-inputs and outputs) and greedy decoding over them on any backend's runtime.
+"""Generation: the one program a generative decoder runs (prefill and decode alike, over a KV cache of fixed
+capacity that the runtime updates in place) and greedy decoding over it on any backend's runtime.
 
-A decoder (``task="text-generation"``) is exported as two components of one :class:`CausalLMStep` wrapper:
+A decoder (``task="text-generation"``) is exported as one component, ``decoder``, of a :class:`CausalLMStep`:
 
-* ``prefill``: ``input_ids``, ``attention_mask``, ``position_ids`` ``int64 [batch, prompt]`` -> ``logits``
-  ``float32 [batch, vocab]`` (the last position's) and ``cache``, one ``(key, value)`` pair per layer, each
-  ``[batch, kv_heads, prompt, head_dim]``;
-* ``decode``: one new token (``input_ids``, ``position_ids`` ``[batch, 1]``), ``attention_mask`` ``[batch, past + 1]``
-  and the ``cache`` of ``past`` positions -> ``logits`` and the cache of ``past + 1`` positions.
+* inputs: ``input_ids`` ``int64 [batch, seq]`` (the prompt, or a chunk of it, for a prefill; one token for a decode
+  step), ``attention_mask`` ``int64 [batch, max_cache_len]`` (1 at every cached or new position that holds a real
+  token, 0 at left padding and at positions not written yet), ``position_ids`` ``int64 [batch, seq]`` (when the
+  model's forward takes them), ``past_length`` ``int64 []`` (the positions already in the cache; the new keys and
+  values are written at ``past_length .. past_length + seq - 1``);
+* output: ``logits`` ``float32 [batch, vocab]`` (the last position's).
 
-The cache crosses the program boundary as tensors and is a transformers ``DynamicCache`` inside (built from the
-config, so sliding-window layers keep their type); the batch, prompt and past lengths are dynamic ``Dim`` s
-bounded by ``max_batch`` and ``max_cache_len`` (ExecuTorch plans its memory for those bounds).
+The cache holds ``max_cache_len`` positions per layer, ``[batch, kv_heads, max_cache_len, head_dim]`` keys and values,
+and attention reads it whole under the mask, so a token costs the same at every context length. Where it lives
+depends on the runtime (:attr:`hfexport.plugin.Exporter.stateful_programs`):
+
+* in the program's mutable buffers (ExecuTorch): written in place with ``index_put_``, which ExecuTorch's re-inplace
+  pass keeps in place; the batch is then static (``max_batch``: the loop pads a smaller batch with copies of a row);
+* as program inputs and outputs otherwise (ONNX, ``.pt2``): an input ``cache`` and an output ``cache``,
+  ``((keys, values), ...)`` per layer; the write is one ``ScatterND`` from the input to the output, and the ONNX
+  Runtime runner binds each output to its input's memory (``manifest["components"]["decoder"]["onnx"]
+  ["in_place_outputs"]``), so nothing but the new position is copied.
+
+Weights are stored once (one program), and a prompt longer than ``prefill_chunk`` tokens is prefilled in chunks
+(the bound of the ``seq`` dim: ExecuTorch plans its memory for ``max_batch x prefill_chunk x max_cache_len``
+attention scores).
 
 :func:`generate` is the greedy loop; transformers supplies its logits processors (``_get_logits_processor``
 from the stored generation config: repetition penalty, suppressed tokens, minimum length ...) and its stopping
@@ -43,51 +55,123 @@ from ._decoding import (
     token_id_list,
 )
 
-__all__ = ["TASKS", "CausalLMStep", "GenerationStats", "generate", "plan_task"]
+__all__ = ["DECODER", "TASKS", "CausalLMStep", "GenerationStats", "generate", "plan_task"]
 
 
-DEFAULT_MAX_CACHE_LEN = 256
-DEFAULT_MAX_BATCH = 4
+DECODER = "decoder"  # the component name of a decoder's one program
+DEFAULT_MAX_CACHE_LEN = 4096  # the cap of the default (the model's positions, else this)
+SEQ2SEQ_DEFAULT_MAX_CACHE_LEN = 256  # encoder-decoders still export prefill + decode with a growing cache
+DEFAULT_MAX_BATCH = 1
+DEFAULT_PREFILL_CHUNK = 256
 _STORED: Any = type("_Stored", (), {"__repr__": lambda self: "<the generation config's>"})()  # eos_token_id left out
 _TRACE_BATCH, _TRACE_PROMPT = 2, 6  # not 0 or 1: torch.export specializes those sizes
 
 
+def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, in_place: bool) -> Any:
+    """A transformers cache layer over ``keys``/``values`` of ``max_cache_len`` positions that writes the new
+    positions at ``past_length`` (in place into buffers, or into new tensors for a program's outputs).
+
+    It is a ``StaticLayer`` for the mask code (``get_mask_sizes`` gives the whole capacity, ``get_seq_length`` the
+    tensor ``past_length``), with its own ``update``: ``StaticLayer.update`` counts positions in its own state and
+    writes with ``index_copy_``, which the ONNX exporter lowers as Transpose, ScatterND, Transpose (two copies of the
+    whole cache); ``index_put`` over the leading (batch, head, position) indices is one ScatterND on the cache.
+    """
+    from transformers.cache_utils import StaticLayer
+
+    class CapacityLayer(StaticLayer):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            batch, heads, seq = key_states.shape[:3]
+            device = key_states.device
+            index = (torch.arange(batch, device=device)[:, None, None], torch.arange(heads, device=device)[None, :, None],
+                     (torch.arange(seq, device=device) + self.cumulative_length)[None, None, :])
+            if in_place:
+                self.keys.index_put_(index, key_states)
+                self.values.index_put_(index, value_states)
+            else:
+                self.keys = torch.ops.aten.index_put(self.keys, index, key_states)
+                self.values = torch.ops.aten.index_put(self.values, index, value_states)
+            return self.keys, self.values
+
+    layer = CapacityLayer(max_cache_len=keys.shape[2])
+    layer.keys, layer.values, layer.cumulative_length = keys, values, past_length
+    layer.batch_size, layer.num_heads, _, layer.k_head_dim = keys.shape
+    layer.v_head_dim, layer.device, layer.dtype = values.shape[-1], keys.device, keys.dtype
+    layer.is_initialized = True
+    return layer
+
+
 class CausalLMStep(torch.nn.Module):
-    """One forward of a decoder with its KV cache as tensors: the module ``prefill`` and ``decode`` export.
+    """One forward of a decoder over a KV cache of ``max_cache_len`` positions: the ``decoder`` program.
 
     Args:
         model: a ``PreTrainedModel`` with a language-modeling head (``...ForCausalLM``).
+        cache_shapes: per layer, the ``(keys, values)`` shapes ``[batch, kv_heads, max_cache_len, head_dim]``.
+        dtype: the cache's dtype (the model's).
+        in_buffers: keep the cache in this module's buffers (``cache_keys_<i>``, ``cache_values_<i>``, zeros),
+            mutated in place, instead of taking it as the ``cache`` input and returning it.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
-        attention_mask: ``int64 [batch, past + seq]``, 0 at left padding.
+        attention_mask: ``int64 [batch, max_cache_len]``, 1 at the cached and new positions that hold tokens.
         position_ids: ``int64 [batch, seq]`` (only when the model's forward takes them).
-        cache: ``((key, value), ...)`` per layer, ``[batch, kv_heads, past, head_dim]``; ``None`` for a prefill.
+        past_length: ``int64 []``, the positions already cached (where the new ones are written).
+        cache: ``((keys, values), ...)`` per layer (without ``in_buffers``).
 
     Returns:
-        ``{"logits": float [batch, vocab] (last position), "cache": ((key, value), ...) with past + seq}``.
+        ``{"logits": float [batch, vocab] (last position)}``, and ``"cache"`` with the new positions written
+        (without ``in_buffers``).
+
+    Raises:
+        hfexport.InvalidInputError: the model returned no cache (it was not loaded as a decoder).
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
+                 dtype: torch.dtype = torch.float32, in_buffers: bool = False):
         super().__init__()
         self.model = model
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
+        self.in_buffers = in_buffers
+        self.layers = len(cache_shapes or ())
+        if in_buffers:
+            for i, (key_shape, value_shape) in enumerate(cache_shapes or ()):
+                self.register_buffer(f"cache_keys_{i}", torch.zeros(key_shape, dtype=dtype), persistent=False)
+                self.register_buffer(f"cache_values_{i}", torch.zeros(value_shape, dtype=dtype), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
+                past_length: torch.Tensor | None = None,
                 cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None) -> dict[str, Any]:
-        from transformers import DynamicCache
+        from transformers.cache_utils import Cache
 
-        kv = DynamicCache(cache, config=self.model.config)
+        if self.in_buffers:
+            cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
+                          for i in range(self.layers))
+        past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
+        kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers) for k, v in cache])
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
                          logits_to_keep=1, **extra)
-        if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
-            raise InvalidInputError(f"{type(self.model).__name__} returned no KV cache with use_cache=True, so "
-                                    "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
-                                    "for BERT-like models) or export it without a task")
-        return {"logits": out.logits[:, -1, :],
-                "cache": tuple((layer.keys, layer.values) for layer in out.cache.layers)}
+        result = {"logits": out.logits[:, -1, :]}
+        if not self.in_buffers:
+            result["cache"] = tuple((layer.keys, layer.values) for layer in kv.layers)
+        return result
+
+
+def _probe_cache(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
+    """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
+    their own head dims or layer kinds report theirs)."""
+    from transformers import DynamicCache
+
+    extra = {"position_ids": positions_from_mask(mask)} if takes_position_ids else {}
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True,
+                    logits_to_keep=1, **extra)
+    if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
+        raise InvalidInputError(f"{type(model).__name__} returned no KV cache with use_cache=True, so "
+                                "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
+                                "for BERT-like models) or export it without a task")
+    return [(layer.keys.shape, layer.values.shape) for layer in out.cache.layers]
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
@@ -112,12 +196,18 @@ def _check_generative(model: Any, task: str) -> None:
         raise _refuse(model, task, "it is a decoder without an encoder", "export it with task='text-generation'")
 
 
-def _bounds(model: Any, max_cache_len: int | None, max_batch: int | None) -> tuple[int, int]:
+def _bounds(model: Any, max_cache_len: int | None, max_batch: int | None, *,
+            default_cap: int = DEFAULT_MAX_CACHE_LEN) -> tuple[int, int]:
+    """``(max_cache_len, max_batch)`` checked against the model: the default length is the model's positions
+    (``max_position_embeddings``), capped at ``default_cap`` and at a sliding window."""
     config = model.config.get_text_config(decoder=True)
     positions = (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
                  or getattr(config, "max_target_positions", None))  # Whisper's decoder
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    sliding = bool(window) and ("sliding_attention" in layer_types or getattr(config, "use_sliding_window", True))
     if max_cache_len is None:
-        max_cache_len = min(positions or DEFAULT_MAX_CACHE_LEN, DEFAULT_MAX_CACHE_LEN)
+        max_cache_len = min(positions or default_cap, default_cap, *((window,) if sliding else ()))
     max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
     for name, value, least in (("max_cache_len", max_cache_len, _TRACE_PROMPT + 2), ("max_batch", max_batch, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -125,10 +215,7 @@ def _bounds(model: Any, max_cache_len: int | None, max_batch: int | None) -> tup
     if positions and max_cache_len > positions:
         raise ValueError(f"max_cache_len={max_cache_len} exceeds the model's {positions} positions "
                          "(max_position_embeddings): lower it")
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    if window and ("sliding_attention" in layer_types or getattr(config, "use_sliding_window", True)) \
-            and window < max_cache_len:
+    if sliding and window < max_cache_len:
         raise ValueError(f"max_cache_len={max_cache_len} exceeds the sliding window ({window} tokens), past "
                          "which the cache rolls over: export with max_cache_len <= sliding_window")
     return max_cache_len, max_batch
@@ -154,17 +241,21 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
-              max_batch: int | None = None) -> Any:
-    """The components to export for ``task``: for ``"text-generation"``, ``prefill`` and ``decode`` of a
-    :class:`CausalLMStep` (see the module docstring for their inputs, outputs and dynamic dims).
+              max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False) -> Any:
+    """The components to export for ``task``: for ``"text-generation"``, the one ``decoder`` program of a
+    :class:`CausalLMStep` (see the module docstring for its inputs, outputs, cache and dynamic dims).
 
     Args:
         model: a Transformers model with a generation head.
         task: one of :data:`TASKS`.
         inputs: an example prompt (``input_ids``, ``attention_mask``); default: 2 x 6 seeded tokens.
-        max_cache_len: the most positions a sequence may hold, prompt and new tokens (default:
-            ``min(max_position_embeddings, 256)``); the upper bound of the prompt and past ``Dim`` s.
-        max_batch: the largest batch (default 4).
+        max_cache_len: the most positions a sequence may hold, prompt and new tokens: the cache's capacity
+            (default: ``max_position_embeddings``, capped at 4,096 and at a sliding window).
+        max_batch: the largest batch (default 1).
+        prefill_chunk: the most tokens one call takes, the bound of the ``seq`` dim (default
+            ``min(256, max_cache_len)``); a longer prompt is prefilled in chunks of this size.
+        stateful: the backend's runtime keeps a program's mutated buffers between calls
+            (``Exporter.stateful_programs``): the cache then lives in the program's buffers and the batch is static.
 
     Raises:
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
@@ -178,39 +269,52 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     if task != TEXT_GENERATION:
         from ._seq2seq import plan_seq2seq
 
-        return plan_seq2seq(model, task, inputs, *_bounds(model, max_cache_len, max_batch))
+        return plan_seq2seq(model, task, inputs,
+                            *_bounds(model, max_cache_len, max_batch, default_cap=SEQ2SEQ_DEFAULT_MAX_CACHE_LEN))
     max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
-    step = CausalLMStep(model)
+    prefill_chunk = min(DEFAULT_PREFILL_CHUNK, max_cache_len) if prefill_chunk is None else prefill_chunk
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 2 <= prefill_chunk <= max_cache_len:
+        raise ValueError(f"prefill_chunk must be an int from 2 to max_cache_len={max_cache_len}, got {prefill_chunk!r}")
     ids, mask = _prompt(model, inputs)
     if inputs is not None and ids.shape[0] > max_batch:
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
-    if max_batch == 1:
-        ids, mask = ids[:1], mask[:1]
-    elif ids.shape[0] == 1:  # torch.export specializes a dim of size 1: trace a batch of 2
-        ids, mask = ids.repeat(2, 1), mask.repeat(2, 1)
-    prefill_inputs = {"input_ids": ids, "attention_mask": mask}
-    if step.takes_position_ids:
-        prefill_inputs["position_ids"] = positions_from_mask(mask)
-    with torch.no_grad():
-        cache = step(**prefill_inputs)["cache"]
+    # torch.export specializes a dim of size 1: trace a batch of 2 (a batch of 1 is static), a chunk of >= 2
+    rows = 1 if max_batch == 1 else (max_batch if stateful else 2)
+    ids, mask = (t[:1].repeat(rows, 1) if t.shape[0] < rows else t[:rows] for t in (ids, mask))
+    ids, mask = ids[:, -min(prefill_chunk, ids.shape[1]):], mask[:, -min(prefill_chunk, ids.shape[1]):]
+    if ids.shape[1] < 2:
+        ids, mask = ids.repeat(1, 2), mask.repeat(1, 2)
+    takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
+    shapes = [(torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
+              for k, v in _probe_cache(model, ids, mask, takes_position_ids)]
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    step = CausalLMStep(model, shapes, dtype, in_buffers=stateful)
+    prompt = ids.shape[1]
+    full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
+    full_mask[:, :prompt] = mask
+    example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
+    if takes_position_ids:
+        example["position_ids"] = positions_from_mask(mask)
+    example["past_length"] = torch.tensor(0)
+    if not stateful:
+        example["cache"] = tuple((torch.zeros(k, dtype=dtype), torch.zeros(v, dtype=dtype)) for k, v in shapes)
     from torch.export import Dim
 
-    batch = {0: Dim("batch", min=1, max=max_batch)} if max_batch > 1 else {}  # a batch of 1 is static
-    prompt = Dim("prompt", min=1, max=max_cache_len)
-    past = Dim("past", min=1, max=max_cache_len - 1)
-    decode_inputs = {"input_ids": ids[:, -1:], "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], -1)}
-    if step.takes_position_ids:
-        decode_inputs["position_ids"] = prefill_inputs["position_ids"][:, -1:] + 1
-    decode_inputs["cache"] = cache
-    prefill_shapes = {name: {**batch, 1: prompt} for name in prefill_inputs}
-    decode_shapes = {"input_ids": dict(batch) or None, "attention_mask": {**batch, 1: past + 1},
-                     "cache": tuple(({**batch, 2: past}, {**batch, 2: past}) for _ in cache)}
-    if step.takes_position_ids:
-        decode_shapes["position_ids"] = dict(batch) or None
-    return TaskPlan(task, [ComponentPlan("prefill", step, prefill_inputs, prefill_shapes),
-                           ComponentPlan("decode", step, decode_inputs, decode_shapes)],
-                    manifest={"generation": generation_manifest(model, max_cache_len, max_batch, len(cache))},
-                    model=model)
+    batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
+    seq = Dim("seq", min=1, max=prefill_chunk)
+    dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": dict(batch) or None}
+    if takes_position_ids:
+        dynamic_shapes["position_ids"] = {**batch, 1: seq}
+    dynamic_shapes["past_length"] = None
+    if not stateful:
+        dynamic_shapes["cache"] = tuple((dict(batch) or None, dict(batch) or None) for _ in shapes)
+    cache = {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": stateful,
+             "static_batch": stateful or rows == 1, "dtype": str(dtype).removeprefix("torch."),
+             "shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    manifest = generation_manifest(model, max_cache_len, max_batch, len(shapes))
+    manifest.update(prefill_chunk=prefill_chunk, cache=cache)
+    return TaskPlan(task, [ComponentPlan(DECODER, step, example, dynamic_shapes)],
+                    manifest={"generation": manifest}, model=model)
 
 
 # ── greedy decoding ─────────────────────────────────────────────────────────────────────────────────────
@@ -264,17 +368,56 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
     processors = logits_processors(config, section, input_ids.shape[1], None)
     criteria = stopping_criteria(input_ids.shape[1] + config.max_new_tokens, eos)
 
-    prefill_names = input_names(exported, "prefill")
+    sequences, prefill_s, decode_s, steps = _greedy(exported, section, input_ids, attention_mask, processors,
+                                                     criteria, pad)
+    exported.generation_stats = GenerationStats(
+        prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
+        decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"))
+    return sequences
+
+
+def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """A zeroed cache for the ``decoder`` program's ``cache`` input: per layer ``(keys, values)``, each
+    ``[batch, kv_heads, max_cache_len, head_dim]`` of the manifest's ``generation.cache.dtype``."""
+    layout = section["cache"]
+    dtype = getattr(torch, layout["dtype"])
+    return tuple((torch.zeros((batch, *k), dtype=dtype), torch.zeros((batch, *v), dtype=dtype))
+                 for k, v in layout["shapes"])
+
+
+def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            processors: Any, criteria: Any, pad: int | None) -> tuple[torch.Tensor, float, float, int]:
+    """The prefill (in chunks of ``prefill_chunk``) and decode steps over the ``decoder`` program; returns the
+    sequences, the prefill and decode seconds and the number of decode steps."""
+    names = input_names(exported, DECODER)
+    rows, prompt = input_ids.shape
+    batch = section["max_batch"] if section["cache"]["static_batch"] else rows
+    if batch > rows:  # a static batch: the extra rows repeat the last one, and their tokens are dropped
+        input_ids = torch.cat([input_ids, input_ids[-1:].expand(batch - rows, -1)])
+        attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(batch - rows, -1)])
+    mask = torch.zeros(batch, section["max_cache_len"], dtype=torch.long)
+    mask[:, :prompt] = attention_mask
     positions = positions_from_mask(attention_mask)
+    cache = new_cache(section, batch) if "cache" in names else None
+    chunk = section["prefill_chunk"]
+
+    def step(ids: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
+        nonlocal cache
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids,
+                "past_length": torch.tensor(past), "cache": cache}
+        out = exported.run(DECODER, **{k: v for k, v in feed.items() if k in names})
+        cache = out.get("cache", cache)
+        return out["logits"][:rows]
+
     start = time.perf_counter()
-    feed = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
-    out = exported.run("prefill", **{k: v for k, v in feed.items() if k in prefill_names})
+    for past in range(0, prompt, chunk):
+        logits = step(input_ids[:, past:past + chunk], positions[:, past:past + chunk], past)
     prefill_s = time.perf_counter() - start
-    decode_names = input_names(exported, "decode")
-    sequences, unfinished, steps = input_ids, torch.ones(input_ids.shape[0], dtype=torch.bool), 0
+    sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
+    position, past = positions[:, -1:], prompt
     start = time.perf_counter()
-    while True:
-        scores = processors(sequences, out["logits"].float())
+    while True:  # stopping_criteria ends it: max length, or every row at EOS
+        scores = processors(sequences, logits.float())
         next_tokens = scores.argmax(-1)
         if pad is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
@@ -282,16 +425,11 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
         unfinished &= ~criteria(sequences, scores)
         if not bool(unfinished.any()):
             break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], -1)
-        positions = positions[:, -1:] + 1
-        feed = {"input_ids": next_tokens[:, None], "attention_mask": attention_mask, "position_ids": positions,
-                "cache": out["cache"]}
-        out = exported.run("decode", **{k: v for k, v in feed.items() if k in decode_names})
-        steps += 1
-    decode_s = time.perf_counter() - start
-    exported.generation_stats = GenerationStats(
-        prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
-        decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"))
-    return sequences
+        mask[:, past] = 1
+        position = position + 1
+        ids = torch.cat([next_tokens, next_tokens[-1:].expand(batch - rows)])[:, None]
+        logits = step(ids, position, past)
+        past, steps = past + 1, steps + 1
+    return sequences, prefill_s, time.perf_counter() - start, steps
 
 

@@ -166,6 +166,7 @@ class ExecutorchExporter(Exporter):
     variant: ClassVar[str | None] = None
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
+    stateful_programs: ClassVar[bool] = True  # mutable buffers live in planned memory across method calls
     # executorch.quantization: installed by quantize="int8" only (stage 4), listed so that `disable=` and
     # `hfexport workarounds --check` know it
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals", "executorch.quantization")
@@ -248,9 +249,17 @@ class ExecutorchExporter(Exporter):
         delegation.check_kernels()
         planning = {"alloc_graph_input": config.alloc_graph_input, "alloc_graph_output": config.alloc_graph_output,
                     "alloc_mutable_buffers": config.alloc_mutable_buffers, **preparation.memory_planning_options}
-        with ctx.step("to_executorch"):
+        # A program that writes into its buffers with index_put (a KV cache of fixed capacity) writes in place:
+        # ExecuTorch's re-inplace pass turns the functional index_put on a mutable buffer back into index_put_
+        # (without it, each call copies the whole buffer twice: into index_put's output, then back)
+        backend_options = {"run_reinplace_pass": bool(ctx.program.graph_signature.buffers_to_mutate),
+                           **preparation.backend_config_options}
+        # no_grad: the passes after the re-inplace pass run index_put_ on the buffer's example value, which autograd
+        # refuses for a leaf that requires grad ("a leaf Variable that requires grad is being used in an in-place
+        # operation"); the program is inference-only
+        with ctx.step("to_executorch"), torch.no_grad():
             manager = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(**planning),
-                                                                 **preparation.backend_config_options))
+                                                                 **backend_options))
         dtypes = input_dtypes(ctx.inputs)
         runner = ctx.extras["executorch_runner"] = ExecutorchRunner.from_program_manager(manager, input_dtypes=dtypes)
         bounds, planned = ctx.extras.get("executorch_dim_bounds") or DimBounds(), planned_memory_bytes(manager)

@@ -73,6 +73,7 @@ from ._runner import (
     OnnxRunner,
     available_providers,
     check_external_data,
+    in_place_outputs,
     providers_for,
 )
 
@@ -207,10 +208,13 @@ class OnnxExporter(Exporter):
             again.optimize()
             return again.model
 
+        def open_runner(model: ir.Model, fusions: dict[str, Any]) -> OnnxRunner:
+            final = quantize_model(ctx, model) if config.quantize else model  # quantized last, if asked
+            return OnnxRunner.from_model(final, config.providers, {**ctx.extras["onnx_io"], "fusions": fusions,
+                                                                   "in_place_outputs": in_place_outputs(final)})
+
         model, ctx.extras["onnx_runner"], fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
-            ctx, program.model, unfused, lambda model, fusions: OnnxRunner.from_model(  # quantized last, if asked
-                quantize_model(ctx, model) if config.quantize else model, config.providers,
-                {**ctx.extras["onnx_io"], "fusions": fusions}), target=config.ort_fusions,
+            ctx, program.model, unfused, open_runner, target=config.ort_fusions,
             not_optimized_because=not_optimized_because, strict=not config.optimize_fallback)
         ctx.extras["onnx_manifest"] = {
             "model_file": MODEL_FILE,
@@ -227,6 +231,7 @@ class OnnxExporter(Exporter):
             "translations": ctx.extras.get("onnx_translations", []),
             "fixes_after_decomposition": ctx.extras["onnx_decomposition_fixes"].applied,
             **ctx.extras["onnx_io"],
+            "in_place_outputs": ctx.extras["onnx_runner"].io["in_place_outputs"],
         }
 
     # ── the toolchain steps of stages 4 and 5 ─────────────────────────────────────────────────────────
