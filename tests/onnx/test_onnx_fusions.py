@@ -175,19 +175,22 @@ def test_a_fused_graph_onnxruntime_refuses_falls_back_to_the_unfused_model(monke
     assert exported.manifest["verification"]["passed"] is True
 
 
-def test_llama_prefill_and_decode_are_fused_and_generate_eagers_ids():
+@pytest.fixture(scope="module")
+def llama_decoder():
+    """A tiny Llama's one ``decoder`` program (prefill and decode), max_batch=2 for a padded batch of 2."""
     model = tiny_model("llama")
-    # (With max_batch=2 torch.export gives the decode's query and cache two batch symbols, and onnxscript's SDPA
-    # rule, which checks that they are one, leaves that attention unfused: correct, only slower.)
-    exported = hfexport.export(model, backend="onnx", task="text-generation")
-    for name in ("prefill", "decode"):
-        ops = _op_counts(exported.components[name].runner.path)
-        assert ops[("", "SimplifiedLayerNormalization")] == 5, (name, ops)  # 2 layers x 2 + the final norm
-        assert ops[(MS, "MultiHeadAttention")] == 2, (name, ops)
-        assert ops[("", "ReduceMean")] == 0 and ops[("", "Pow")] == 0, (name, ops)
-        fusions = exported.manifest["components"][name]["onnx"]["fusions"]
-        assert fusions["applied"] and fusions["fired"]["rms_normalization"] == 5, (name, fusions)
-        assert fusions["undone"] == {"SkipSimplifiedLayerNormalization": 4}, (name, fusions)
+    return model, hfexport.export(model, backend="onnx", task="text-generation", max_batch=2)
+
+
+def test_llama_decoder_norms_are_fused_and_it_generates_eagers_ids(llama_decoder):
+    model, exported = llama_decoder
+    assert list(exported.manifest["components"]) == ["decoder"]
+    ops = _op_counts(exported.components["decoder"].runner.path)
+    assert ops[("", "SimplifiedLayerNormalization")] == 5, ops  # 2 layers x 2 + the final norm
+    assert ops[("", "ReduceMean")] == 0 and ops[("", "Pow")] == 0, ops
+    fusions = exported.manifest["components"]["decoder"]["onnx"]["fusions"]
+    assert fusions["applied"] and fusions["fired"]["rms_normalization"] == 5, fusions
+    assert fusions["undone"] == {"SkipSimplifiedLayerNormalization": 4}, fusions
     ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(2, 7, dtype=torch.long)
     ids[1, :3], mask[1, :3] = 0, 0  # a left-padded row: its padding rows see no key
@@ -196,6 +199,14 @@ def test_llama_prefill_and_decode_are_fused_and_generate_eagers_ids():
         with torch.no_grad():
             expected = model.generate(input_ids=prompt, attention_mask=prompt_mask, do_sample=False, max_new_tokens=12)
         assert torch.equal(got, expected), (got, expected)
+
+
+def test_llama_decoder_attention_is_fused(llama_decoder):
+    """Each layer's attention becomes one ``MultiHeadAttention`` (as it did in the prefill and decode programs the
+    decoder replaced, which read their cache by Concat; the decoder writes it with ScatterND)."""
+    _, exported = llama_decoder
+    ops = _op_counts(exported.components["decoder"].runner.path)
+    assert ops[(MS, "MultiHeadAttention")] == 2, ops
 
 
 def test_undo_skip_norms_writes_the_ops_they_fuse():
