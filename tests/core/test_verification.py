@@ -225,15 +225,15 @@ def test_a_task_export_verifies_each_component_and_keeps_each_report(tmp_path):
     exported = hfexport.export(tiny_model("llama", layers=1), task="text-generation", max_cache_len=32, atol=2e-4)
     sections = exported.manifest["components"]
     assert "verification" not in exported.manifest  # one report per component, none for the whole
-    for name in ("prefill", "decode"):
-        report = sections[name]["verification"]
-        assert report["passed"] is True and report["atol"] == 2e-4, (name, report)
-        assert report["stored"]["data_file"] == f"{name}/verification.safetensors"
+    assert list(sections) == ["decoder"]  # a decoder's one program (prefill and decode)
+    report = sections["decoder"]["verification"]
+    assert report["passed"] is True and report["atol"] == 2e-4, report
+    assert report["stored"]["data_file"] == "decoder/verification.safetensors"
     directory = exported.save_pretrained(tmp_path / "gen")
     manifest = json.loads((directory / MANIFEST_NAME).read_text())
-    assert {"prefill/verification.safetensors", "decode/verification.safetensors"} <= set(manifest["files"])
+    assert "decoder/verification.safetensors" in manifest["files"]
     reports = hfexport.load(directory).verify_stored()
-    assert sorted(reports) == ["decode", "prefill"] and all(r.passed for r in reports.values())
+    assert sorted(reports) == ["decoder"] and all(r.passed for r in reports.values())
 
 
 def test_cli_export_exits_3_on_a_mismatch_and_no_verify_saves_it_with_the_report(tmp_path, monkeypatch, capsys):

@@ -82,14 +82,14 @@ def test_tiny_llama_8da4w_generates_and_leaves_the_model_float(capsys):
     exported = hfexport.export(model, backend=BACKEND, task="text-generation", max_cache_len=32, quantize="8da4w")
     assert all(type(p) is torch.nn.Parameter and p.dtype == torch.float32 for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    for name in ("prefill", "decode"):
-        section = exported.manifest["components"][name]
-        quantization = section["quantization"]
-        assert quantization["recipe"] == "8da4w" and quantization["group_size"] == 32
-        # the 37-wide MLP input: int8 per channel (XNNPACK's int4 kernels take whole groups of 32)
-        assert [n.removeprefix("model.") for n in quantization["int8_per_channel_layers"]] == [
-            "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]  # the component wraps the model
-        assert section["verification"]["metric"] == "quantized" and section["verification"]["passed"]
+    assert list(exported.manifest["components"]) == ["decoder"]  # one program for prefill and decode
+    section = exported.manifest["components"]["decoder"]
+    quantization = section["quantization"]
+    assert quantization["recipe"] == "8da4w" and quantization["group_size"] == 32
+    # the 37-wide MLP input: int8 per channel (XNNPACK's int4 kernels take whole groups of 32)
+    assert [n.removeprefix("model.") for n in quantization["int8_per_channel_layers"]] == [
+        "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]  # the component wraps the model
+    assert section["verification"]["metric"] == "quantized" and section["verification"]["passed"]
     prompt = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(0))
     got = exported.generate(prompt, max_new_tokens=10, eos_token_id=None)
     with torch.no_grad():
@@ -98,8 +98,8 @@ def test_tiny_llama_8da4w_generates_and_leaves_the_model_float(capsys):
     agreement = first_token_agreement(got, expected, prompt.shape[1])
     with capsys.disabled():
         print(f"\nExecuTorch 8da4w tiny Llama: first 10 greedy tokens agree with float eager at {agreement:.0%} "
-              f"({got[0, 6:].tolist()} vs {expected[0, 6:].tolist()}); decode logits' top-1 agreement on the "
-              f"verification inputs {exported.manifest['components']['decode']['verification']['top1_agreement']}")
+              f"({got[0, 6:].tolist()} vs {expected[0, 6:].tolist()}); the decoder's logits' top-1 agreement on the "
+              f"verification inputs {section['verification']['top1_agreement']}")
     assert got.shape == expected.shape == (1, 16) and torch.equal(got[:, :6], prompt)
 
 
@@ -122,12 +122,12 @@ def test_tiny_llama_8da4w_with_4w_embeddings_is_smaller_and_generates_in_a_new_p
         path = exported.save_pretrained(tmp_path / name)
         sizes[name] = artifact_bytes(path, (".pte",))
         generated[name] = exported.generate(prompt, max_new_tokens=10, eos_token_id=None)
-    decode = exported.manifest["components"]["decode"]
-    assert decode["quantization"]["embedding"] == "4w" and decode["quantization"]["quantized"]["embedding"] == 1
-    assert decode["quantization"]["kept_float"] == {"embedding": 0}
+    decoder = exported.manifest["components"]["decoder"]
+    assert decoder["quantization"]["embedding"] == "4w" and decoder["quantization"]["quantized"]["embedding"] == 1
+    assert decoder["quantization"]["kept_float"] == {"embedding": 0}
     # fused by to_executorch into ExecuTorch's quantized kernel, not left as torchao's dequantize (no kernel)
-    assert "quantized_decomposed::embedding_4bit.out" in program_operators(tmp_path / "8da4w+4w" / "decode")
-    assert decode["verification"]["passed"]
+    assert "quantized_decomposed::embedding_4bit.out" in program_operators(tmp_path / "8da4w+4w" / "decoder")
+    assert decoder["verification"]["passed"]
     # a new process: hfexport.load registers the quantized kernels before the programs open
     fresh = generate_in_fresh_process({"q": (tmp_path / "8da4w+4w", [(prompt, None)],
                                              {"max_new_tokens": 10, "eos_token_id": None})}, tmp_path)["q"][0]
