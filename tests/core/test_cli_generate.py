@@ -86,7 +86,8 @@ def _run(*args):
 def test_export_then_generate_in_fresh_processes_equals_eager_generate(llama, tmp_path):
     model, directory = llama
     out = tmp_path / "gen"
-    export = _run("export", directory, "--task", "text-generation", "--max-cache-len", MAX_CACHE_LEN, "-o", out)
+    export = _run("export", directory, "--task", "text-generation", "--max-cache-len", MAX_CACHE_LEN,
+                  "--max-batch", MAX_BATCH, "-o", out)  # a batch of 2 below (the default max_batch is 1)
     assert export.returncode == 0, export.stderr
     assert "exporting LlamaForCausalLM" in export.stderr  # the head config.architectures names
     assert export.stdout.startswith("PASSED: token ids equal eager LlamaForCausalLM.generate(do_sample=False)")
@@ -103,7 +104,7 @@ def test_export_then_generate_in_fresh_processes_equals_eager_generate(llama, tm
 def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artifact):
     manifest = json.loads((artifact / "export.json").read_text())
     assert manifest["task"] == "text-generation" and manifest["model_class"] == "LlamaForCausalLM"
-    assert list(manifest["components"]) == ["prefill", "decode"]
+    assert list(manifest["components"]) == ["decoder"]  # one program for prefill and decode
     assert manifest["generation"]["max_cache_len"] == MAX_CACHE_LEN and manifest["generation"]["max_batch"] == MAX_BATCH
     check = manifest["verification"]
     assert check["kind"] == "generation" and check["passed"] is True and check["first_difference"] is None
@@ -222,13 +223,13 @@ def test_generate_refuses_an_artifact_exported_without_a_task(tmp_path, capsys):
 
 def test_generate_runtime_failure_exits_1_with_one_line(artifact, tmp_path, capsys):
     broken = shutil.copytree(artifact, tmp_path / "broken")
-    program = next(p for p in (broken / "decode").iterdir() if p.is_file())
+    program = next(p for p in (broken / "decoder").iterdir() if p.is_file())
     data = bytearray(program.read_bytes())
     data[len(data) // 2] ^= 0xFF  # the manifest's SHA-256 no longer matches
     program.write_bytes(bytes(data))
     assert cli.main(["generate", str(broken), "--input-ids", "1,2", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "decode/" in err[0] and "--debug" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: ") and "decoder/" in err[0] and "--debug" in err[0]
 
 
 def test_generate_help_teaches_by_example():
