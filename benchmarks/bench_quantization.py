@@ -13,7 +13,8 @@ both backends, saves every artifact, loads it back, and prints per artifact:
 
 Then a seeded tiny Llama (tests/helpers.py ``tiny_model("llama")``) as a text-generation export with each recipe
 that suits a decoder: program size, the first 10 greedy tokens' agreement with float eager ``generate`` (prompt of
-6), the decode program's top-1 agreement on its verification inputs, and the median time of a 10-token ``generate``.
+6), the ``decoder`` program's top-1 agreement on its verification inputs (its one program, prefill and decode), and
+the median time of a 10-token ``generate``.
 
 Run: HF_HUB_OFFLINE=1 uv run python benchmarks/bench_quantization.py [--runs 30] [--no-executorch] [--no-llama]
 """
@@ -145,7 +146,7 @@ def main() -> None:
 
 
 def llama_table(args) -> None:
-    """The tiny Llama rows: size, first-10-token agreement, decode top-1 agreement, 10-token generate time."""
+    """The tiny Llama rows: size, first-10-token agreement, decoder top-1 agreement, 10-token generate time."""
     import statistics
 
     import torch
@@ -182,13 +183,13 @@ def llama_table(args) -> None:
                 start = time.perf_counter()
                 exported.generate(prompt, max_new_tokens=10, eos_token_id=None)
                 times.append(time.perf_counter() - start)
-            top1 = exported.manifest["components"]["decode"]["verification"].get("top1_agreement")
+            top1 = exported.manifest["components"]["decoder"]["verification"].get("top1_agreement")
             rows.append((backend, recipe, size, first_token_agreement(got, expected, prompt.shape[1]), top1,
                          statistics.median(times)))
             print(f"exported tiny Llama {backend} {recipe}: {size / 1e3:.0f} kB", flush=True)
     floats = {r[0]: r[2] for r in rows if r[1] == "float"}
     print("\n## tiny seeded Llama (vocab 100, hidden 32, 2 layers), text-generation, prompt 6, 10 greedy tokens")
-    print("| artifact | size kB | size / float | first 10 tokens = float eager | decode top-1 (verification) | "
+    print("| artifact | size kB | size / float | first 10 tokens = float eager | decoder top-1 (verification) | "
           "generate 10 tokens ms |")
     print("|---|---:|---:|---:|---:|---:|")
     for backend, recipe, size, agreement, top1, seconds in rows:
