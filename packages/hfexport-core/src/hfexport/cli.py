@@ -27,7 +27,7 @@ examples:
   hfexport verify out/dynamo --model ./my-model           check a saved artifact (hashes, paths) and re-run it
   hfexport verify org/name --subfolder hfexport/dynamo    ... one on the Hub (fetches only the files it names)
   hfexport export ./my-llm --task text-generation --max-cache-len 128 -o out/gen
-                                                          prefill + decode programs, checked by generation
+                                                          one decoder program, checked by generation
   hfexport generate out/gen --input-ids 1,306,4966 --max-new-tokens 20
   hfexport generate out/gen --prompt "Hello" --tokenizer ./my-llm --max-new-tokens 20
 
@@ -150,7 +150,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 GENERATE_EPILOG = """\
 examples:
-  # first, a task export (prefill + decode programs; the model directory's tokenizer files are copied along)
+  # first, a task export (one decoder program for prefill and decode, the weights stored once; the model
+  # directory's tokenizer files are copied along)
   hfexport export ./my-llm --task text-generation --max-cache-len 128 -o out/gen
   # one prompt as token ids
   hfexport generate out/gen --input-ids 1,306,4966 --max-new-tokens 20
@@ -162,11 +163,13 @@ examples:
   # an artifact on the Hub (push_to_hub's folder)
   hfexport generate org/name --subfolder hfexport/dynamo --input-ids 1,2,3 --max-new-tokens 8
 
-Greedy decoding (do_sample=False) over the artifact's exported programs (prefill, then one decode step per new
-token, the KV cache passed between them) on its backend's runtime: the same token ids as eager
-model.generate(do_sample=False). Prints every row's token ids (prompt | new), the text with a tokenizer, the
-prefill latency and the decode throughput. The prompt plus --max-new-tokens must fit the export's
-max_cache_len, and the batch its max_batch (export.json, "generation").
+Greedy decoding (do_sample=False) over the artifact's exported programs on its backend's runtime: the same
+token ids as eager model.generate(do_sample=False). A decoder runs its one program for the prefill (the prompt,
+in chunks of prefill_chunk tokens) and then once per new token, over a KV cache of max_cache_len positions
+(written in place on ONNX Runtime, which binds the cache outputs to the inputs' memory, and on ExecuTorch, in the
+program's mutable buffers); an encoder-decoder runs its encoder, prefill and decode programs. Prints every row's token
+ids (prompt | new), the text with a tokenizer, the prefill latency and the decode throughput. The prompt plus
+--max-new-tokens must fit the export's max_cache_len, and the batch its max_batch (export.json, "generation").
 Exit status: 0 ok, 1 a runtime failure, 2 bad usage (no or two kinds of prompt, an artifact exported
 without --task, a prompt beyond the export's bounds, --prompt without a tokenizer).
 """
@@ -724,13 +727,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on an error, show the full (chained) traceback, not only the one-line message")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
     p.add_argument("--task", help="export the programs a task runs instead of one forward pass: text-generation "
-                                  "(a decoder: prefill + decode, the KV cache as inputs and outputs), "
-                                  "text2text-generation, automatic-speech-recognition (encoder-decoders); verified "
-                                  "by greedy generation against eager model.generate. Run it with `hfexport generate`")
+                                  "(a decoder: one program for prefill and decode, its weights stored once, over a "
+                                  "KV cache of --max-cache-len positions, written in place on ONNX Runtime and "
+                                  "ExecuTorch; a prompt is prefilled in chunks of up to 256 tokens), "
+                                  "text2text-generation, automatic-speech-recognition (encoder-decoders: encoder, "
+                                  "prefill and decode programs); verified by greedy "
+                                  "generation against eager model.generate. Run it with `hfexport generate`")
     p.add_argument("--max-cache-len", type=int, metavar="N",
-                   help="with --task: the most tokens a sequence may hold, prompt and new ones "
-                        "(default min(max_position_embeddings, 256))")
-    p.add_argument("--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 4)")
+                   help="with --task: the most tokens a sequence may hold, prompt and new ones: the KV cache's "
+                        "capacity (default: max_position_embeddings, capped at 4096 and at a sliding window; "
+                        "capped at 256 for the encoder-decoder tasks)")
+    p.add_argument("--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 1; on "
+                   "ExecuTorch a decoder's batch is static: every call runs this many rows)")
     p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic, "
                    "int4, int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
                    "verified against float eager by cosine similarity")
