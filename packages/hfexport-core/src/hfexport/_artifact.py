@@ -147,10 +147,11 @@ class FileRunner:
 class Component:
     """One program of an artifact, with the runner that runs it.
 
-    An artifact has one (``"model"``) or several (a prefill and a decode program; an encoder and a decoder).
+    An artifact has one (``"model"``; a decoder's ``"decoder"`` for text-generation) or several (an encoder-decoder's
+    encoder, prefill and decode programs).
 
     Attributes:
-        name: the component name (``"model"``, ``"prefill"``, ``"decode"``, ``"encoder"``).
+        name: the component name (``"model"``, ``"decoder"``, ``"encoder"``, ``"prefill"``, ``"decode"``).
         runner: runs the program: ``run(args) -> flat outputs``.
         out_spec: the pytree ``TreeSpec`` that rebuilds the outputs (``None``: read from the manifest).
         write: writes the component's file(s) into a directory; returns their names.

@@ -1,5 +1,6 @@
-"""Task exports: several programs from one model (a prefill and a decode step; an encoder and a decoder), run
-through the same backend one by one and packaged as one artifact of named components.
+"""Task exports: the programs of a task from one model (a decoder's one ``decoder`` program; an encoder-decoder's
+encoder, first decoder step and decode step), run through the same backend one by one and packaged as one artifact
+of named components.
 
 The kernel knows no task: the exporter's tracer plans one (:meth:`Tracer.plan_task` returns a :class:`TaskPlan`
 of modules, example inputs and dynamic shapes) and runs it (:meth:`Tracer.generate`). The kernel exports each
@@ -28,7 +29,8 @@ class ComponentPlan:
     """One program of a task export.
 
     Attributes:
-        name: the component name (``"prefill"``, ``"decode"``, ``"encoder"``); also its folder in the artifact.
+        name: the component name (``"decoder"``, ``"encoder"``, ``"prefill"``, ``"decode"``); also its folder in the
+            artifact.
         module: the ``nn.Module`` to export (a wrapper that calls the model and flattens its cache).
         inputs: example forward keyword arguments to trace with.
         dynamic_shapes: ``torch.export`` dynamic shapes keyed by input name (``Dim`` objects with bounds).
