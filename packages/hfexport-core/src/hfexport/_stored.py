@@ -5,8 +5,16 @@ The file holds flat tensors keyed ``inputs.<input name>.<leaf index>`` and ``out
 ``verification.stored`` says how to rebuild them::
 
     {"data_file": "verification.safetensors",
-     "inputs": [{"name": "input_ids", "leaves": 1}, {"name": "cache", "leaves": 4, "spec": "<treespec JSON>"}],
-     "outputs": ["last_hidden_state", "pooler_output"]}
+     "inputs": [{"name": "input_ids", "leaves": 1},
+                {"name": "cache", "leaves": 4, "spec": "<treespec JSON>",
+                 "zero_leaves": {"0": {"shape": [1, 2, 4096, 64], "dtype": "float32"}, ...}}],
+     "outputs": ["logits"], "state_outputs": ["cache"]}
+
+Two things are left out of the file, so that a generation artifact stays the size of its weights: an input leaf
+of zeros (a KV cache of fixed capacity before its first write) is described by its shape and dtype
+(``zero_leaves``) and rebuilt as zeros; an output that carries an input's state forward (its name is an input's:
+the ``cache`` a decoder returns) is compared when the model is exported but not stored (``state_outputs``): the
+stored outputs computed from it (the logits) check it on a re-run.
 
 Loading it runs no code: safetensors holds only tensors; a pytree input's structure is a ``treespec_dumps`` string
 whose types must be registered pytree nodes (:func:`hfexport._trust.check_treespec`); every key, input name and
@@ -24,6 +32,14 @@ from ._trust import check_treespec
 __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "verification_tensors", "write_stored"]
 
 VERIFICATION_FILE = "verification.safetensors"
+_ZERO_LEAF_MIN_NUMEL = 4096  # smaller zero leaves are stored as they are
+_ZERO_LEAVES_MAX_BYTES = 8 * 2**30  # a 0.5-8 B model's KV cache of 4,096 positions fits
+
+
+def _zero_dtypes() -> tuple[Any, ...]:
+    import torch
+
+    return (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool)
 
 
 def verification_tensors(inputs: Mapping[str, Any], input_names: list[str], named_outputs: list[tuple[str, Any]]
@@ -50,14 +66,51 @@ def verification_tensors(inputs: Mapping[str, Any], input_names: list[str], name
             except Exception as exc:  # a pytree type registered without a serialized name
                 return f"input {name!r} is a {type(value).__name__} whose structure has no serialized form ({exc})"
         for i, leaf in enumerate(leaves):
-            tensors[f"inputs.{name}.{i}"] = leaf.detach().to("cpu").clone().contiguous()
+            if leaf.numel() >= _ZERO_LEAF_MIN_NUMEL and leaf.dtype in _zero_dtypes() and not bool(leaf.any()):
+                entry.setdefault("zero_leaves", {})[str(i)] = {"shape": list(leaf.shape),
+                                                              "dtype": str(leaf.dtype).removeprefix("torch.")}
+            else:
+                tensors[f"inputs.{name}.{i}"] = leaf.detach().to("cpu").clone().contiguous()
         entries.append(entry)
-    outputs = []
+    outputs, state = [], []
     for name, leaf in named_outputs:
-        if isinstance(leaf, torch.Tensor):
+        if name.split(".", 1)[0] in input_names:  # the state an input carries, updated: compared, not stored
+            state.append(name)
+        elif isinstance(leaf, torch.Tensor):
             tensors[f"outputs.{name}"] = leaf.detach().to("cpu").clone().contiguous()
             outputs.append(name)
-    return tensors, {"data_file": VERIFICATION_FILE, "inputs": entries, "outputs": outputs}
+    stored = {"data_file": VERIFICATION_FILE, "inputs": entries, "outputs": outputs}
+    if state:
+        stored["state_outputs"] = sorted({n.split(".", 1)[0] for n in state})
+    return tensors, stored
+
+
+def _zero_leaves(entry: Mapping[str, Any], where: str) -> dict[int, Any]:
+    """The zero tensors an input entry describes (``zero_leaves``), each checked before it is allocated: a leaf
+    index of the entry, a shape of non-negative ints, a dtype of :func:`_zero_dtypes`, and at most
+    :data:`_ZERO_LEAVES_MAX_BYTES` in all (a crafted manifest cannot make a load allocate without bound)."""
+    import torch
+
+    described = entry.get("zero_leaves", {})
+    if not isinstance(described, dict):
+        raise ValueError(f"{where}: stored input {entry['name']!r} has zero_leaves that are not an object")
+    zeros, total = {}, 0
+    dtypes = {str(d).removeprefix("torch."): d for d in _zero_dtypes()}
+    for key, spec in described.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < entry["leaves"] and isinstance(spec, dict)
+                and isinstance(spec.get("shape"), list) and spec.get("dtype") in dtypes
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in spec["shape"])):
+            raise ValueError(f"{where}: stored input {entry['name']!r} has a malformed zero leaf {key!r}: {spec!r}")
+        dtype = dtypes[spec["dtype"]]
+        numel = 1
+        for d in spec["shape"]:
+            numel *= d
+        total += numel * dtype.itemsize
+        if total > _ZERO_LEAVES_MAX_BYTES:
+            raise ValueError(f"{where}: stored input {entry['name']!r} describes more than "
+                             f"{_ZERO_LEAVES_MAX_BYTES} bytes of zeros")
+        zeros[int(key)] = (spec["shape"], dtype)
+    return {i: torch.zeros(shape, dtype=dtype) for i, (shape, dtype) in zeros.items()}
 
 
 def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
@@ -103,7 +156,9 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
     if unknown:
         raise ValueError(f"{where}: the stored outputs {unknown} are not outputs of the program "
                          f"({list(recorded)})")
-    expected_keys = {f"inputs.{e['name']}.{i}" for e in entries for i in range(e["leaves"])}
+    zero_leaves = {e["name"]: _zero_leaves(e, where) for e in entries}
+    expected_keys = {f"inputs.{e['name']}.{i}" for e in entries for i in range(e["leaves"])
+                     if i not in zero_leaves[e["name"]]}
     expected_keys |= {f"outputs.{o}" for o in outputs}
     missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
     if missing or extra:
@@ -112,7 +167,8 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
                                                        f"not named by it {extra}" if extra else "") if part))
     inputs: dict[str, Any] = {}
     for entry in entries:
-        leaves = [tensors[f"inputs.{entry['name']}.{i}"] for i in range(entry["leaves"])]
+        leaves = [zero_leaves[entry["name"]].get(i) if i in zero_leaves[entry["name"]]
+                  else tensors[f"inputs.{entry['name']}.{i}"] for i in range(entry["leaves"])]
         spec = entry.get("spec")
         if spec is None:
             if len(leaves) != 1:

@@ -44,7 +44,8 @@ def generation_manifest(model: Any, max_cache_len: int, max_batch: int, cache_la
 
 class GenerationStats(dict):
     """Timings of the last :func:`generate` call: ``prefill_s``, ``decode_s``, ``new_tokens`` (per row),
-    ``decode_steps``, ``decode_tokens_per_s`` (new tokens of the whole batch per second of decode)."""
+    ``decode_steps``, ``decode_tokens_per_s`` (new tokens of the whole batch per second of decode) and, for decoders,
+    ``decode_step_s`` (the seconds of each decode step, in order: step ``k`` writes cache position ``prompt + k``)."""
 
 
 def merged_generation_config(section: Mapping[str, Any], options: Mapping[str, Any]) -> Any:

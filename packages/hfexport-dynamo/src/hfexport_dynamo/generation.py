@@ -368,11 +368,12 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
     processors = logits_processors(config, section, input_ids.shape[1], None)
     criteria = stopping_criteria(input_ids.shape[1] + config.max_new_tokens, eos)
 
-    sequences, prefill_s, decode_s, steps = _greedy(exported, section, input_ids, attention_mask, processors,
-                                                     criteria, pad)
+    sequences, prefill_s, decode_s, steps, ends = _greedy(exported, section, input_ids, attention_mask, processors,
+                                                           criteria, pad)
     exported.generation_stats = GenerationStats(
         prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
-        decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"))
+        decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"),
+        decode_step_s=[b - a for a, b in zip(ends, ends[1:], strict=False)])
     return sequences
 
 
@@ -386,9 +387,9 @@ def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tenso
 
 
 def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            processors: Any, criteria: Any, pad: int | None) -> tuple[torch.Tensor, float, float, int]:
+            processors: Any, criteria: Any, pad: int | None) -> tuple[torch.Tensor, float, float, int, list[float]]:
     """The prefill (in chunks of ``prefill_chunk``) and decode steps over the ``decoder`` program; returns the
-    sequences, the prefill and decode seconds and the number of decode steps."""
+    sequences, the prefill and decode seconds, the number of decode steps and the clock at the end of each."""
     names = input_names(exported, DECODER)
     rows, prompt = input_ids.shape
     batch = section["max_batch"] if section["cache"]["static_batch"] else rows
@@ -416,6 +417,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
     position, past = positions[:, -1:], prompt
     start = time.perf_counter()
+    step_ends = [start]
     while True:  # stopping_criteria ends it: max length, or every row at EOS
         scores = processors(sequences, logits.float())
         next_tokens = scores.argmax(-1)
@@ -430,6 +432,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
         ids = torch.cat([next_tokens, next_tokens[-1:].expand(batch - rows)])[:, None]
         logits = step(ids, position, past)
         past, steps = past + 1, steps + 1
-    return sequences, prefill_s, time.perf_counter() - start, steps
+        step_ends.append(time.perf_counter())
+    return sequences, prefill_s, time.perf_counter() - start, steps, step_ends
 
 
