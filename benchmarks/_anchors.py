@@ -230,6 +230,7 @@ def decode_timings(loaded: Loaded, prompt_ids: list[int], new_tokens: int) -> di
         if len(window) >= PROBE_WINDOW:  # the run covers the position (at least half the window)
             at[position] = statistics.median(window)
     return {"ids": ids, "new_tokens": len(ids), "first_token_s": stamps[0] - start, "decode_steps": steps,
+            "step_s": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
             "decode_s": decode_s, "decode_tok_s": steps / decode_s if decode_s > 0 else float("nan"),
             "ms_per_token_at": at}
 

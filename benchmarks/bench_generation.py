@@ -1,25 +1,31 @@
-"""Generation benchmark: greedy decoding of a seeded Llama over the exported prefill and decode programs
-(``hfexport.export(..., task="text-generation")``) on each backend's runtime, against eager PyTorch ``generate``.
+"""Generation benchmark: greedy decoding of a seeded Llama-family model with hfexport's exported ``decoder`` program
+(``hfexport.export(..., task="text-generation")``) on each backend's runtime, against eager PyTorch ``generate`` and
+the engines users would pick instead, measured in the same run: ONNX Runtime GenAI (its model builder; fp32, int4)
+and CTranslate2 (fp32, int8) from ``benchmarks/_anchors.py``.
 
-Prints, measured in this run (batch 1, a prompt of 32 seeded tokens, 64 new tokens, ``eos_token_id=None`` so that
-every run generates all of them):
-  * export wall time per backend (both components; toolchains imported and, by default, one tiny export per
-    backend done first, so that first-import and first-trace costs go to no timed export);
-  * prefill latency: the exported prefill program (``generation_stats["prefill_s"]``, input checks included)
-    against one eager forward of the prompt (``use_cache=True, logits_to_keep=1``, as ``generate`` calls it);
-  * decode tokens/s: 63 decode steps (the first new token comes from the prefill) over the time from the
-    first to the last token (``generation_stats``; for eager, a logits processor stamps each step of
-    ``model.generate(do_sample=False, max_new_tokens=64, eos_token_id=None)``), and the ratio to eager
-    (goal: >= 1.5x on ONNX Runtime and ExecuTorch);
-  * whether each backend's token ids equal eager's exactly (they must);
-  * ExecuTorch's planned memory (prefill + decode programs, for the bounds ``max_batch`` x ``max_cache_len``);
-  * a breakdown of one decode call on each runtime (input checks, flattening and copies, the runtime itself).
+Every engine gets the same model directory (``save_pretrained``) and the same token ids; batch 1, one thread
+(``--threads``), ``eos_token_id=None`` so that every run generates all its tokens. Prints, per engine:
+  * export: wall time and peak resident memory of the export, each in its own process (model loading, tracing,
+    lowering, the verification run and saving for hfexport; the converter's command for the anchors), and the
+    artifact's bytes on disk with their ratio to the model's weight bytes (goal: <= 1.15x);
+  * loaded: the resident memory a loaded hfexport artifact adds (a fresh process: RSS after importing the
+    toolchain, then the peak after loading and a short generate), with its ratio to weights + the planned cache
+    (goal: <= 1.3x);
+  * decode tok/s at each working point (``--points``, default prompt 32 + 64 new and 512 + 512): decode steps / the
+    time from the first new token to the last;
+  * ms per token near 64 and near 1,000 cached positions (median of the steps within 16 positions), and their ratio
+    (goal: <= 1.25x: a token's cost does not grow with the context beyond attention's reads);
+  * whether the token ids equal eager's exactly (float engines must; quantized ones report top-1 agreement).
 
-Medians of ``--repeats`` interleaved rounds (one call of each runtime per round) after a warm-up round. torch,
-ONNX Runtime (intra-op) and ExecuTorch (XNNPACK threadpool) run on ``--threads`` threads, printed.
+Rounds are interleaved: each round runs every engine once per working point; medians over ``--repeats`` rounds.
+Sizes: ``--size toy`` (hidden 512, 8 layers, vocab 32k, 58 M parameters), ``small`` (a quick check) and ``0.5b``
+(Qwen2-0.5B-shaped: hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151,936, 494 M parameters; one round is
+enough there).
 
-Run: HF_HUB_OFFLINE=1 uv run python benchmarks/bench_generation.py [--small] [--repeats 3] [--threads 1]
-     [--backends dynamo onnx executorch-xnnpack] [--max-cache-len 128] [--json out.json]
+Run: HF_HUB_OFFLINE=1 uv run --group bench python benchmarks/bench_generation.py [--size toy|small|0.5b]
+     [--backends onnx executorch-xnnpack dynamo] [--quantized onnx:int4 onnx:int8-dynamic]
+     [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8] [--points 32+64 512+512]
+     [--repeats 3] [--threads 1] [--max-cache-len N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,81 +34,136 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BACKENDS = ("dynamo", "onnx", "executorch-xnnpack")
+BACKENDS = ("onnx", "executorch-xnnpack", "dynamo")
 FULL = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
         "intermediate_size": 1376, "vocab_size": 32000}
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
          "intermediate_size": 172, "vocab_size": 1000}
+QWEN2_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864, "vocab_size": 151936}
+SIZES = {"toy": FULL, "small": SMALL, "0.5b": QWEN2_05B}
+ANCHORS = ("ort-genai:fp32", "ort-genai:int4", "ctranslate2:float32", "ctranslate2:int8")
+PROBES = (64, 1000)
+PROBE_WINDOW = 16
 
 
 def seeded_llama(sizes: dict, seed: int = 0):
+    """A seeded ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` for the 0.5B shape, with tied embeddings as Qwen2-0.5B)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
+    if sizes is QWEN2_05B:
+        config = Qwen2Config(**sizes, max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=1,
+                             eos_token_id=2, pad_token_id=0, rope_theta=1e6)
+        return Qwen2ForCausalLM(config).eval()
     config = LlamaConfig(**sizes, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     return LlamaForCausalLM(config).eval()
 
 
-def timed(fn):
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters, each storage counted once (tied embeddings once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def dir_bytes(path: str | Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def run_child(args: list[str]) -> tuple[float, int, str]:
+    """Run this script with ``args`` in a fresh process; (wall s, that process's peak RSS bytes, output tail)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    log = tempfile.TemporaryFile()
     start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
+    process = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=log,
+                               stderr=subprocess.STDOUT, env=env)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    log.seek(0)
+    tail = log.read().decode(errors="replace")[-4000:]
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} failed:\n{tail}")
+    return wall, usage.ru_maxrss * 1024, tail
 
 
-def warm_toolchains(backends) -> float:
-    """Import every toolchain before any timed export (the first ExecuTorch import costs tens of seconds)."""
-    start = time.perf_counter()
-    import hfexport_dynamo.exporter_dynamo  # noqa: F401
+# ── children: one export, one load ──────────────────────────────────────────────────────────────────────────
+def export_child(backend: str, quantize: str, hf_dir: str, out_dir: str, max_cache_len: int, threads: int) -> None:
+    """What a user runs: load the saved model, export it for generation (verified), save the artifact."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    if "onnx" in backends:
+    import hfexport
+
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    options = {"task": "text-generation", "max_cache_len": max_cache_len or None}
+    if quantize != "none":
+        options["quantize"] = quantize
+    exported = hfexport.export(model, backend=backend, **options)
+    exported.save_pretrained(out_dir)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def load_child(out_dir: str, backend: str) -> None:
+    """RSS after importing the toolchain, then the peak after loading the artifact and a short generate (JSON)."""
+    import resource
+
+    import torch
+
+    import hfexport
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    if backend == "onnx":
         import onnxruntime  # noqa: F401
-
-        import hfexport_onnx.exporter_onnx  # noqa: F401
-    if any(b.startswith("executorch") for b in backends):
-        import executorch.exir  # noqa: F401
+    elif backend.startswith("executorch"):
         from executorch.runtime import Runtime
 
-        import hfexport_executorch.exporter_executorch  # noqa: F401
-
         Runtime.get()
-    return time.perf_counter() - start
+    before = rss_bytes()
+    exported = hfexport.load(out_dir)
+    exported.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4, eos_token_id=None)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print("LOAD " + json.dumps({"before": before, "peak": peak}))
 
 
-def set_ort_threads(exported, threads: int) -> list[tuple[int, int]]:
-    """Reopen each component's ONNX Runtime session with ``threads`` intra-op threads (the runner takes an
-    ``onnxruntime.SessionOptions``; an export's runner is made with the default options, which use every
-    physical core). Returns the (intra, inter) settings the sessions report."""
-    import onnxruntime
-
-    settings = []
-    for component in exported.components.values():
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        component.runner.session_options = options
-        component.runner.open()
-        reported = component.runner.session.get_session_options()
-        settings.append((reported.intra_op_num_threads, reported.inter_op_num_threads))
-    return settings
-
-
-def planned_memory(exported) -> dict[str, int] | None:
-    """ExecuTorch's planned (non-constant) bytes per component, as the exporter records them."""
-    sections = exported.manifest.get("components", {})
-    planned = {name: section.get("executorch", {}).get("planned_memory_bytes") for name, section in sections.items()}
-    return planned if planned and all(isinstance(v, int) for v in planned.values()) else None
+# ── timing ──────────────────────────────────────────────────────────────────────────────────────────────────
+def probe_ms(step_s: list[float], prompt: int) -> dict[int, float]:
+    """Median ms of the decode steps within ``PROBE_WINDOW`` of each probe position (step k writes position
+    prompt + k), for the probes a run covers (at least half its window)."""
+    at = {}
+    for position in PROBES:
+        window = [s * 1e3 for k, s in enumerate(step_s) if abs(prompt + k - position) <= PROBE_WINDOW]
+        if len(window) >= PROBE_WINDOW:
+            at[position] = statistics.median(window)
+    return at
 
 
 class StepClock:
-    """A logits processor that changes nothing and stamps the time of each step of eager ``generate``: the first
-    call comes right after the prefill forward, each later one after a decode forward."""
+    """A logits processor that changes nothing and stamps each step of eager ``generate``."""
 
     def __init__(self):
         self.stamps: list[float] = []
@@ -112,110 +173,68 @@ class StepClock:
         return scores
 
 
-def eager_generate(model, ids, mask, new_tokens: int):
+def eager_run(model, prompt_ids: list[int], new_tokens: int) -> dict:
     import torch
     from transformers import LogitsProcessorList
 
-    clock = StepClock()
+    clock, ids = StepClock(), torch.tensor([prompt_ids])
     with torch.no_grad():
-        start = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-                             eos_token_id=None, logits_processor=LogitsProcessorList([clock]))
-        total = time.perf_counter() - start
-    steps = len(clock.stamps) - 1
-    return out, {"generate_s": total, "decode_s": clock.stamps[-1] - clock.stamps[0], "decode_steps": steps}
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=new_tokens, eos_token_id=None, logits_processor=LogitsProcessorList([clock]))
+    steps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False)]
+    return {"ids": out[0, len(prompt_ids):].tolist(), "step_s": steps}
 
 
-def eager_prefill(model, ids, mask) -> float:
+def hfexport_run(exported, prompt_ids: list[int], new_tokens: int) -> dict:
     import torch
 
-    with torch.no_grad():
-        _, seconds = timed(lambda: model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1))
-    return seconds
+    out = exported.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, eos_token_id=None)
+    return {"ids": out[0, len(prompt_ids):].tolist(), "step_s": list(exported.generation_stats["decode_step_s"])}
 
 
-def decode_breakdown(backend: str, exported, ids, mask, past_tokens: int, repeats: int) -> dict[str, float]:
-    """Median microseconds of one decode call at ``past_tokens`` cached positions, split into what
-    ``ExportedModel.run`` does: the manifest input checks, the runner (pytree flattening, contiguous CPU copies,
-    the runtime call, output conversion or copies) and the bare runtime call on prepared inputs."""
-    import torch
-    import torch.utils._pytree as pytree
-
-    from hfexport._input_check import check_call_inputs
-    from hfexport_dynamo.generation import positions_from_mask
-
-    exported.generate(ids, mask, max_new_tokens=past_tokens - ids.shape[1], eos_token_id=None)  # a realistic past
-    positions = positions_from_mask(mask)
-    out = exported.run("prefill", input_ids=ids, attention_mask=mask, position_ids=positions)
-    cache = out["cache"]
-    token = out["logits"].argmax(-1)[:, None]
-    step_mask, step_pos = mask, positions[:, -1:]
-    for _ in range(past_tokens - ids.shape[1]):  # grow the cache to past_tokens positions
-        step_mask = torch.cat([step_mask, step_mask.new_ones((step_mask.shape[0], 1))], -1)
-        step_pos = step_pos + 1
-        out = exported.run("decode", input_ids=token, attention_mask=step_mask, position_ids=step_pos, cache=cache)
-        cache, token = out["cache"], out["logits"].argmax(-1)[:, None]
-    step_mask = torch.cat([step_mask, step_mask.new_ones((step_mask.shape[0], 1))], -1)
-    feed = {"input_ids": token, "attention_mask": step_mask, "position_ids": step_pos + 1, "cache": cache}
-    part = exported.components["decode"]
-    section = exported.manifest["components"]["decode"]
-    names = [i["name"] for i in section["inputs"]]
-    args = tuple(feed[n] for n in names)
-    runner = part.runner
-    if hasattr(runner, "flat_inputs"):  # file-backed runtimes: leaves detached, on the CPU, contiguous, cast
-        def flatten():
-            return runner.flat_inputs(args, getattr(runner, "input_dtypes", ()))
-    else:  # the .pt2 program's module flattens its own inputs
-        def flatten():
-            return pytree.tree_leaves(args)
-    flat = flatten()
-    calls = {
-        "ExportedModel.run": lambda: exported.run("decode", **feed),
-        "input checks": lambda: check_call_inputs(section["inputs"], feed, "bench"),
-        "runner.run": lambda: runner.run(args),
-        "flatten": flatten,
-    }
-    if backend == "onnx":
-        np_feed = {name: leaf.numpy() for name, leaf in zip(runner.input_leaves, flat, strict=True) if name}
-        out_names = [n for n in runner.output_leaves if n is not None]
-        calls["runtime (session.run)"] = lambda: runner.session.run(out_names, np_feed)
-    elif backend.startswith("executorch"):
-        calls["runtime (method.execute)"] = lambda: runner.method.execute(flat)
-        outputs = runner.method.execute(flat)
-        calls["output clones"] = lambda: [o.clone() for o in outputs if isinstance(o, torch.Tensor)]
-    else:
-        def bare():
-            with torch.no_grad():
-                return runner._module(*args)
-        calls["runtime (module call)"] = bare
-    result = exported.run("decode", **feed)
-    calls["unflatten outputs"] = lambda: pytree.tree_unflatten(pytree.tree_leaves(result),
-                                                                pytree.tree_structure(result))
-    samples = {name: [] for name in calls}
-    for fn in calls.values():
-        fn()
-    for _ in range(max(repeats, 20)):
-        for name, fn in calls.items():
-            _, seconds = timed(fn)
-            samples[name].append(seconds * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+def anchor_run(anchors, loaded, prompt_ids: list[int], new_tokens: int) -> dict:
+    timing = anchors.decode_timings(loaded, prompt_ids, new_tokens)
+    return {"ids": timing["ids"], "step_s": timing["step_s"]}
 
 
+def set_ort_threads(exported, threads: int) -> None:
+    """Reopen each ONNX Runtime session with ``threads`` intra-op threads and one inter-op thread."""
+    import onnxruntime
+
+    for component in exported.components.values():
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.log_severity_level = 3
+        component.runner.session_options = options
+        component.runner.open()
+
+
+# ── main ────────────────────────────────────────────────────────────────────────────────────────────────────
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help="backends to measure")
+    parser.add_argument("--size", choices=list(SIZES), default="toy", help="the seeded model (default toy)")
+    parser.add_argument("--backends", nargs="*", default=["onnx", "executorch-xnnpack"],
+                        help=f"hfexport backends, float ({', '.join(BACKENDS)})")
+    parser.add_argument("--quantized", nargs="*", default=[], metavar="BACKEND:RECIPE",
+                        help="hfexport quantized exports, e.g. onnx:int4 onnx:int8-dynamic executorch-xnnpack:8da4w")
+    parser.add_argument("--anchors", nargs="*", default=list(ANCHORS), metavar="ENGINE:VARIANT",
+                        help=f"engines users would pick instead (needs `--group bench`): {', '.join(ANCHORS)}")
+    parser.add_argument("--points", nargs="+", default=["32+64", "512+512"], metavar="PROMPT+NEW",
+                        help="working points: prompt tokens + new tokens")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round (median)")
-    parser.add_argument("--threads", type=int, default=1, help="threads for torch, ONNX Runtime and ExecuTorch")
-    parser.add_argument("--max-cache-len", type=int, default=128, help="the export's max_cache_len")
-    parser.add_argument("--max-batch", type=int, default=4, help="the export's max_batch (hfexport's default)")
-    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens to generate")
-    parser.add_argument("--small", action="store_true", help="a quick check: hidden 64, 2 layers, vocab 1000")
-    parser.add_argument("--no-warm-export", action="store_true",
-                        help="skip the untimed tiny export per backend (the first export then pays first-trace costs)")
-    parser.add_argument("--no-breakdown", action="store_true", help="skip the per-call breakdown of a decode step")
-    parser.add_argument("--json", metavar="PATH", help="also write the table (and settings) as JSON")
+    parser.add_argument("--threads", type=int, default=1, help="threads of every engine")
+    parser.add_argument("--max-cache-len", type=int, default=0,
+                        help="hfexport's max_cache_len (default: hfexport's own, the model's positions capped at 4096)")
+    parser.add_argument("--no-eager", action="store_true", help="skip eager timing (its ids are still the reference)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--export-child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--load-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.export_child:
+        backend, quantize, hf_dir, out_dir, max_cache_len, threads = args.export_child
+        return export_child(backend, quantize, hf_dir, out_dir, int(max_cache_len), int(threads))
+    if args.load_child:
+        return load_child(*args.load_child)
 
     import torch
 
@@ -223,138 +242,156 @@ def main() -> None:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    sizes = SMALL if args.small else FULL
-    versions = hfexport._artifact.versions_of(("torch", "transformers", "onnxruntime", "executorch"))
-    print(f"# bench_generation: {', '.join(f'{k} {v}' for k, v in versions.items())}; {os.cpu_count()} CPUs")
-    described = ", ".join(f"{k.replace('_size', '').replace('num_', '')} {v}" for k, v in sizes.items())
-    print(f"seeded Llama ({described}),"
-          f" batch 1, prompt {args.prompt}, {args.new_tokens} new tokens (eos_token_id=None), max_cache_len "
-          f"{args.max_cache_len}, max_batch {args.max_batch}; median of {args.repeats} rounds after 1 warm-up")
-    print(f"toolchain import: {warm_toolchains(args.backends):.1f} s (not counted below)")
-    threads = {"torch intra-op": torch.get_num_threads(), "torch inter-op": torch.get_num_interop_threads()}
-    if any(b.startswith("executorch") for b in args.backends):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if any(b.startswith("executorch") for b in args.backends + args.quantized):
         from executorch.extension.pybindings import portable_lib
 
-        portable_lib._unsafe_reset_threadpool(args.threads)
-        threads["ExecuTorch threadpool"] = portable_lib._threadpool_get_thread_count()
-
+        portable_lib._unsafe_reset_threadpool(args.threads)  # before any program loads: resetting later crashes
+    sizes = SIZES[args.size]
+    points = [tuple(int(x) for x in p.split("+")) for p in args.points]
+    versions = hfexport._artifact.versions_of(("torch", "transformers", "onnxruntime", "executorch",
+                                               "onnxruntime-genai", "ctranslate2"))
+    print(f"# bench_generation: {', '.join(f'{k} {v}' for k, v in versions.items())}; {os.cpu_count()} CPUs, "
+          f"{args.threads} thread(s), load average {os.getloadavg()[0]:.2f}")
     model = seeded_llama(sizes)
+    weights = weight_bytes(model)
+    print(f"seeded {type(model).__name__} ({', '.join(f'{k} {v}' for k, v in sizes.items())}): "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters, {weights / 1e6:.0f} MB of weights; "
+          f"batch 1, working points {', '.join(args.points)}; median of {args.repeats} rounds after 1 warm-up")
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, sizes["vocab_size"], (1, args.prompt), generator=generator)
-    mask = torch.ones_like(ids)
-    options = {"task": "text-generation", "max_cache_len": args.max_cache_len, "max_batch": args.max_batch}
+    longest = max(p for p, _ in points)
+    prompt_all = torch.randint(3, sizes["vocab_size"], (longest,), generator=generator).tolist()
+    prompts = {p: prompt_all[:p] for p, _ in points}
 
-    if not args.no_warm_export:
-        tiny = seeded_llama({**SMALL, "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64,
-                             "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 100})
-        _, seconds = timed(lambda: [hfexport.export(tiny, backend=b, task="text-generation", max_cache_len=16)
-                                    for b in args.backends])
-        print(f"warm-up exports of a 1-layer Llama: {seconds:.1f} s (not counted below)")
+    engines: dict[str, dict] = {}  # name -> {"kind", "run", exports figures...}
+    results: dict[str, dict] = {}
+    work = tempfile.mkdtemp(prefix="bench-generation-")
+    hf_dir = os.path.join(work, "hf")
+    model.save_pretrained(hf_dir)
+    max_cache_len = args.max_cache_len or 0
 
-    rows: dict[str, dict] = {}
-    exports = {}
-    for backend in args.backends:
-        exported, seconds = timed(lambda b=backend: hfexport.export(model, backend=b, **options))
-        exports[backend] = exported
-        rows[backend] = {"export_s": seconds, "planned_bytes": planned_memory(exported)}
+    hfexport_jobs = [(b, "none") for b in args.backends] + [tuple(q.split(":", 1)) for q in args.quantized]
+    for backend, quantize in hfexport_jobs:
+        name = f"hfexport {backend}" + ("" if quantize == "none" else f" {quantize}")
+        out_dir = os.path.join(work, name.replace(" ", "_"))
+        row = results[name] = {"kind": "hfexport", "backend": backend, "quantize": quantize}
+        try:
+            wall, peak, _ = run_child(["--export-child", backend, quantize, hf_dir, out_dir, str(max_cache_len),
+                                       str(args.threads)])
+            _, _, tail = run_child(["--load-child", out_dir, backend])
+        except RuntimeError as error:
+            row["error"] = str(error)[-2000:]
+            print(f"{name}: FAILED\n{row['error']}")
+            continue
+        loaded = json.loads(tail[tail.rindex("LOAD ") + 5:].splitlines()[0])
+        exported = hfexport.load(out_dir)
         if backend == "onnx":
-            settings = set_ort_threads(exported, args.threads)
-            threads["ONNX Runtime intra-op / inter-op (prefill, decode)"] = settings
-        print(f"exported {backend}: {seconds:.1f} s")
+            set_ort_threads(exported, args.threads)
+        section = exported.manifest["generation"]
+        cache_bytes = sum(section["max_batch"] * section["max_cache_len"] * (k[0] * k[2] + v[0] * v[2]) * 4
+                          for k, v in section["cache"]["shapes"])
+        row.update(export_s=wall, export_peak_rss=peak, disk_bytes=dir_bytes(out_dir),
+                   loaded_rss=loaded["peak"] - loaded["before"], cache_bytes=cache_bytes,
+                   max_cache_len=section["max_cache_len"])
+        engines[name] = {"run": lambda p, n, e=exported: hfexport_run(e, p, n)}
+        print(f"{name}: exported in {wall:.1f} s, peak RSS {peak / 2**20:.0f} MiB, {row['disk_bytes'] / 1e6:.0f} MB "
+              f"on disk ({row['disk_bytes'] / weights:.2f}x weights), loaded +{row['loaded_rss'] / 2**20:.0f} MiB "
+              f"(max_cache_len {section['max_cache_len']}, cache {cache_bytes / 2**20:.0f} MiB)", flush=True)
 
-    # ── warm-up round: token ids against eager ────────────────────────────────────────────────────────
-    reference, _ = eager_generate(model, ids, mask, args.new_tokens)
-    eager_prefill(model, ids, mask)
-    for backend, exported in exports.items():
-        out = exported.generate(ids, mask, max_new_tokens=args.new_tokens, eos_token_id=None)
-        rows[backend]["ids_equal"] = bool(out.shape == reference.shape and torch.equal(out, reference))
-        if not rows[backend]["ids_equal"]:
-            new = out[0, args.prompt:] if out.shape == reference.shape else out[0]
-            first = next((i for i, (a, b) in enumerate(zip(new.tolist(), reference[0, args.prompt:].tolist(),
-                                                           strict=False)) if a != b), None)
-            print(f"  {backend}: token ids differ from eager's (first new token that differs: {first})")
+    if args.anchors:
+        import _anchors
 
-    # ── timed rounds, interleaved ────────────────────────────────────────────────────────────────────────
-    samples: dict[str, dict[str, list[float]]] = {name: {"prefill_s": [], "decode_s": [], "generate_s": []}
-                                                  for name in ("eager", *exports)}
-    steps = {}
-    for _ in range(args.repeats):
-        _, stats = eager_generate(model, ids, mask, args.new_tokens)
-        samples["eager"]["prefill_s"].append(eager_prefill(model, ids, mask))
-        samples["eager"]["decode_s"].append(stats["decode_s"])
-        samples["eager"]["generate_s"].append(stats["generate_s"])
-        steps["eager"] = stats["decode_steps"]
-        for backend, exported in exports.items():
-            _, seconds = timed(lambda e=exported: e.generate(ids, mask, max_new_tokens=args.new_tokens,
-                                                              eos_token_id=None))
-            stats = exported.generation_stats
-            samples[backend]["prefill_s"].append(stats["prefill_s"])
-            samples[backend]["decode_s"].append(stats["decode_s"])
-            samples[backend]["generate_s"].append(seconds)
-            steps[backend] = stats["decode_steps"]
+        for spec in args.anchors:
+            engine, variant = spec.split(":", 1)
+            name = f"{engine} {variant}"
+            out_dir = os.path.join(work, name.replace(" ", "_"))
+            row = results[name] = {"kind": "anchor"}
+            try:
+                converted = _anchors.convert(engine, hf_dir, out_dir, variant)
+            except Exception as error:
+                row["error"] = str(error)[-2000:]
+                print(f"{name}: FAILED\n{row['error']}")
+                continue
+            row.update(export_s=converted["wall_s"], export_peak_rss=converted["peak_rss_bytes"],
+                       disk_bytes=converted["disk_bytes"])
+            loaded = _anchors.load(engine, out_dir, args.threads)
+            engines[name] = {"run": lambda p, n, a=loaded: anchor_run(_anchors, a, p, n)}
+            print(f"{name}: converted in {converted['wall_s']:.1f} s, peak RSS "
+                  f"{converted['peak_rss_bytes'] / 2**20:.0f} MiB, {converted['disk_bytes'] / 1e6:.0f} MB on disk",
+                  flush=True)
 
-    table = []
-    eager_tok_s = steps["eager"] / statistics.median(samples["eager"]["decode_s"])
-    for name in ("eager", *exports):
-        row = rows.get(name, {"export_s": None, "planned_bytes": None, "ids_equal": True})
-        decode_s = statistics.median(samples[name]["decode_s"])
-        tok_s = steps[name] / decode_s
-        planned = row["planned_bytes"]
-        table.append({
-            "backend": "eager PyTorch generate" if name == "eager" else name,
-            "export_s": row["export_s"],
-            "prefill_ms": statistics.median(samples[name]["prefill_s"]) * 1e3,
-            "decode_tok_s": tok_s,
-            "x_eager": tok_s / eager_tok_s,
-            "ids_equal": row["ids_equal"],
-            "planned_mib": sum(planned.values()) / 2**20 if planned else None,
-            "planned_bytes": planned,
-            "decode_steps": steps[name],
-            "decode_ms_per_token": decode_s / steps[name] * 1e3,
-            "generate_ms": statistics.median(samples[name]["generate_s"]) * 1e3,
-        })
+    reference = {}
+    eager_runs: dict = {}
+    for prompt, new in points:
+        start = time.perf_counter()
+        run = eager_run(model, prompts[prompt], new)
+        reference[(prompt, new)] = run["ids"]
+        eager_runs[(prompt, new)] = [run]
+        print(f"eager generate {prompt}+{new}: {time.perf_counter() - start:.1f} s", flush=True)
+    if not args.no_eager:
+        engines = {"eager generate": {"run": lambda p, n: eager_run(model, p, n)}, **engines}
+        results["eager generate"] = {"kind": "eager"}
 
-    def cell(value, spec):
-        return format("-", ">" + spec.split(".")[0]) if value is None else format(value, spec)
+    samples: dict = {name: {point: [] for point in points} for name in engines}
+    for round_index in range(args.repeats + 1):  # round 0 warms up and checks ids
+        for point in points:
+            prompt, new = point
+            for name, engine in engines.items():
+                if round_index == 0 and name == "eager generate":
+                    run = eager_runs[point][0]
+                else:
+                    run = engine["run"](prompts[prompt], new)
+                if round_index == 0:
+                    expected = reference[point]
+                    agree = sum(a == b for a, b in zip(run["ids"], expected, strict=False)) / len(expected)
+                    results[name].setdefault("ids", {})[f"{prompt}+{new}"] = {
+                        "equal": run["ids"] == expected, "agreement": agree}
+                else:
+                    samples[name][point].append(run["step_s"])
+        print(f"round {round_index} done", flush=True)
 
-    print(f"\n{'backend':<24} | {'export s':>8} | {'prefill ms':>10} | {'decode tok/s':>12} | {'x eager':>7} | "
-          f"{'ids equal':>9} | {'planned MiB':>11}")
-    print("-" * 100)
-    for r in table:
-        print(f"{r['backend']:<24} | {cell(r['export_s'], '8.1f')} | {r['prefill_ms']:>10.2f} | "
-              f"{r['decode_tok_s']:>12.1f} | {r['x_eager']:>6.2f}x | {str(r['ids_equal']):>9} | "
-              f"{cell(r['planned_mib'], '11.2f')}")
-    print(f"\ndecode tok/s = {steps['eager']} decode steps / time from the first new token to the last (batch 1); "
-          "prefill: the exported prefill program vs one eager forward of the prompt (logits_to_keep=1)")
-    print("whole generate call, median ms: " + ", ".join(f"{r['backend']} {r['generate_ms']:.1f}" for r in table))
-    for r in table:
-        if r["planned_bytes"]:
-            print(f"{r['backend']} planned memory (max_batch {args.max_batch} x max_cache_len {args.max_cache_len}): "
-                  + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in r["planned_bytes"].items())
-                  + " (manifest['components'][...]['executorch']['planned_memory_bytes'])")
-    print("threads in effect: " + "; ".join(f"{k} {v}" for k, v in threads.items()))
-    goal = [r for r in table if r["backend"] in ("onnx", "executorch-xnnpack")]
-    if goal:
-        print("goal decode >= 1.5x eager: " + ", ".join(
-            f"{r['backend']} {'met' if r['x_eager'] >= 1.5 else 'NOT met'} ({r['x_eager']:.2f}x)" for r in goal))
+    for name in engines:
+        row = results[name]
+        for (prompt, new), runs in samples[name].items():
+            key = f"{prompt}+{new}"
+            tok_s = statistics.median(len(s) / sum(s) for s in runs if s)
+            row.setdefault("tok_s", {})[key] = tok_s
+            for position, ms in probe_ms([statistics.median(col) for col in zip(*runs, strict=False)], prompt).items():
+                row.setdefault("ms_at", {})[position] = ms
 
-    breakdown = {}
-    if not args.no_breakdown:
-        past = min(args.prompt + args.new_tokens // 2, args.max_cache_len - 1)
-        print(f"\n## One decode call at {past} cached positions, median us (eager generate: "
-              f"{table[0]['decode_ms_per_token'] * 1e3:.0f} us per decode step, loop included)")
-        for backend, exported in exports.items():
-            breakdown[backend] = decode_breakdown(backend, exported, ids, mask, past, args.repeats)
-            row = next(r for r in table if r["backend"] == backend)
-            print(f"{backend:<20} per step in generate {row['decode_ms_per_token'] * 1e3:>8.0f}  | "
-                  + "  ".join(f"{k} {v:.0f}" for k, v in breakdown[backend].items()))
+    def cell(value, spec, scale=1.0):
+        return "-" if value is None else format(value / scale, spec)
 
+    keys = [f"{p}+{n}" for p, n in points]
+    header = (f"{'engine':<34} | {'export s':>8} | {'peak MiB':>8} | {'disk MB':>7} | {'x wts':>5} | {'load MiB':>8} | "
+              + " | ".join(f"{k + ' tok/s':>13}" for k in keys)
+              + f" | {'ms@64':>6} | {'ms@1000':>7} | {'1000/64':>7} | ids equal eager (top-1 agreement)")
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, row in results.items():
+        if "error" in row:
+            print(f"{name:<34} | FAILED: {row['error'].strip().splitlines()[-1][:150]}")
+            continue
+        ms = row.get("ms_at", {})
+        ratio = ms[1000] / ms[64] if 64 in ms and 1000 in ms else None
+        ids = ", ".join(f"{'yes' if v['equal'] else 'no'} ({v['agreement']:.2f})" for v in row.get("ids", {}).values())
+        print(f"{name:<34} | {cell(row.get('export_s'), '8.1f')} | {cell(row.get('export_peak_rss'), '8.0f', 2**20)} | "
+              f"{cell(row.get('disk_bytes'), '7.0f', 1e6)} | {cell(row.get('disk_bytes'), '5.2f', weights)} | "
+              f"{cell(row.get('loaded_rss'), '8.0f', 2**20)} | "
+              + " | ".join(f"{cell(row.get('tok_s', {}).get(k), '13.1f')}" for k in keys)
+              + f" | {cell(ms.get(64), '6.2f')} | {cell(ms.get(1000), '7.2f')} | {cell(ratio, '7.2f')} | {ids}")
+    print(f"\nweights {weights / 1e6:.0f} MB; 'x wts': bytes on disk / weight bytes (goal <= 1.15); 'load MiB': RSS a "
+          "loaded artifact adds after a 4-token generate (goal <= 1.3x weights + planned cache); ms@N: median decode "
+          "step near N cached positions; '1000/64' goal <= 1.25")
+    for name, row in results.items():
+        if row.get("kind") == "hfexport" and "loaded_rss" in row:
+            print(f"{name}: loaded RSS / (weights + cache {row['cache_bytes'] / 2**20:.0f} MiB) = "
+                  f"{row['loaded_rss'] / (weights + row['cache_bytes']):.2f}")
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"model": sizes, "batch": 1, "prompt": args.prompt, "new_tokens": args.new_tokens,
-                       "max_cache_len": args.max_cache_len, "max_batch": args.max_batch, "repeats": args.repeats,
-                       "versions": versions, "threads": {k: str(v) for k, v in threads.items()},
-                       "rows": table, "decode_call_breakdown_us": breakdown}, file, indent=2)
+            json.dump({"size": args.size, "model": sizes, "weights_bytes": weights, "points": keys,
+                       "threads": args.threads, "repeats": args.repeats, "versions": versions,
+                       "results": {k: {kk: vv for kk, vv in v.items()} for k, v in results.items()}},
+                      file, indent=2, default=str)
         print(f"wrote {args.json}")
 
 
