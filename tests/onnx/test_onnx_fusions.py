@@ -201,12 +201,21 @@ def test_llama_decoder_norms_are_fused_and_it_generates_eagers_ids(llama_decoder
         assert torch.equal(got, expected), (got, expected)
 
 
-def test_llama_decoder_attention_is_fused(llama_decoder):
-    """Each layer's attention becomes one ``MultiHeadAttention`` (as it did in the prefill and decode programs the
-    decoder replaced, which read their cache by Concat; the decoder writes it with ScatterND)."""
+def test_llama_decoder_attention_reads_each_key_value_head_once(llama_decoder):
+    """Grouped-query attention over the fixed-capacity cache (``hfexport_dynamo.generation.grouped_query_attention``):
+    no node copies a cache-sized tensor per query head (``repeat_kv``'s Expand), and each layer's scores are one
+    MatMul of the query rows against the cache's key heads (fused with the key's transpose into ``FusedMatMul``).
+    MultiHeadAttention is not fused: onnxscript's attention patterns expect the past joined by Concat."""
+    import onnx_ir as ir
+
     _, exported = llama_decoder
+    model = ir.load(exported.components["decoder"].runner.path)
+    capacity = exported.manifest["generation"]["max_cache_len"]
+    copies = [n.name for n in model.graph if n.op_type == "Expand" and n.outputs[0].dtype == ir.DataType.FLOAT
+              and n.outputs[0].shape is not None and capacity in list(n.outputs[0].shape)]
+    assert copies == []  # (the mask's boolean [b, 1, groups, seq, capacity] is expanded, a cache is not)
     ops = _op_counts(exported.components["decoder"].runner.path)
-    assert ops[(MS, "MultiHeadAttention")] == 2, ops
+    assert ops[(MS, "FusedMatMul")] == 2, ops
 
 
 def test_undo_skip_norms_writes_the_ops_they_fuse():

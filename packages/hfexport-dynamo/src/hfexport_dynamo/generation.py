@@ -33,6 +33,7 @@ criteria (``MaxLengthCriteria``, ``EosTokenCriteria``), and rows that reached EO
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Mapping
@@ -100,6 +101,60 @@ def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch
     return layer
 
 
+def grouped_query_attention(original: Any) -> Any:
+    """transformers' ``sdpa`` attention function, computing grouped-query attention without ``repeat_kv``.
+
+    ``repeat_kv`` expands each key/value head to its ``num_key_value_groups`` query heads: over a cache of
+    ``max_cache_len`` positions that is a copy of ``groups`` times the whole cache per layer and per token (7x for
+    Qwen2-0.5B's 14 heads over 2), which every runtime then executes. Here the query heads of a group are folded
+    into the query rows instead: ``query [b, kv * g, s, d]`` is read as ``[b, kv, g * s, d]`` (a free reshape), so
+    each key/value head is read once by one ``MatMul``; the boolean mask ``[b, 1, s, l]`` is repeated over the
+    ``g`` row blocks (``s x l``, no cache-sized copy). Masked scores take the dtype's minimum, not ``-inf``: a row
+    with every key masked (a left-padding query) gets finite values instead of NaN, as transformers' eager path.
+
+    Anything else (no groups, no boolean mask, dropout, softcap, sinks, a position bias, a per-head mask) goes to
+    ``original``.
+    """
+
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                  dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                  **kwargs: Any) -> Any:
+        groups = getattr(module, "num_key_value_groups", 1)
+        unsupported = dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias"))
+        if groups == 1 or unsupported or not isinstance(attention_mask, torch.Tensor) \
+                or attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
+            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
+        batch, heads, seq, dim = query.shape
+        kv_heads, length = key.shape[1], key.shape[2]
+        rows = query.reshape(batch, kv_heads, groups * seq, dim)
+        scores = torch.matmul(rows, key.transpose(-1, -2)) * (scaling if scaling is not None else dim ** -0.5)
+        mask = attention_mask[:, :, None].expand(attention_mask.shape[0], 1, groups, seq, length)
+        scores = scores.masked_fill(~mask.reshape(mask.shape[0], 1, groups * seq, length), torch.finfo(scores.dtype).min)
+        out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, groups * seq, value dim]
+        return out.reshape(batch, heads, seq, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+@contextlib.contextmanager
+def _grouped_sdpa() -> Any:
+    """Route transformers' ``sdpa`` attention through :func:`grouped_query_attention` for the body (restored after,
+    also on error)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    had, before = "sdpa" in local, local.get("sdpa")
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped_query_attention(ALL_ATTENTION_FUNCTIONS["sdpa"])
+    try:
+        yield
+    finally:
+        if had:
+            local["sdpa"] = before
+        else:
+            del local["sdpa"]
+
+
 class CausalLMStep(torch.nn.Module):
     """One forward of a decoder over a KV cache of ``max_cache_len`` positions: the ``decoder`` program.
 
@@ -149,8 +204,9 @@ class CausalLMStep(torch.nn.Module):
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
         kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers) for k, v in cache])
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
-                         logits_to_keep=1, **extra)
+        with _grouped_sdpa():
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
+                             logits_to_keep=1, **extra)
         result = {"logits": out.logits[:, -1, :]}
         if not self.in_buffers:
             result["cache"] = tuple((layer.keys, layer.values) for layer in kv.layers)
