@@ -234,6 +234,27 @@ def test_a_task_export_verifies_each_component_and_keeps_each_report(tmp_path):
     assert "decoder/verification.safetensors" in manifest["files"]
     reports = hfexport.load(directory).verify_stored()
     assert sorted(reports) == ["decoder"] and all(r.passed for r in reports.values())
+    # the zero cache is described, not stored, and the cache the decoder returns is compared at export only
+    stored = manifest["components"]["decoder"]["verification"]["stored"]
+    cache = next(entry for entry in stored["inputs"] if entry["name"] == "cache")
+    assert sorted(cache["zero_leaves"], key=int) == [str(i) for i in range(cache["leaves"])]
+    assert cache["zero_leaves"]["0"] == {"shape": [1, 2, 32, 8], "dtype": "float32"}
+    assert stored["outputs"] == ["logits"] and stored["state_outputs"] == ["cache"]
+    assert (directory / "decoder" / "verification.safetensors").stat().st_size < 4096
+
+
+@pytest.mark.parametrize("zero_leaf,message", [
+    ({"shape": [2**20, 2**20], "dtype": "float32"}, "more than 8589934592 bytes of zeros"),
+    ({"shape": [2, -1], "dtype": "float32"}, "malformed zero leaf"),
+    ({"shape": [2, 2], "dtype": "object"}, "malformed zero leaf"),
+])
+def test_described_zero_inputs_are_checked_before_they_are_allocated(zero_leaf, message):
+    from hfexport._stored import stored_inputs_and_outputs
+
+    stored = {"inputs": [{"name": "x", "leaves": 1, "zero_leaves": {"0": zero_leaf}}], "outputs": []}
+    section = {"inputs": [{"name": "x"}], "outputs": []}
+    with pytest.raises(ValueError, match=message):
+        stored_inputs_and_outputs(stored, {}, section, "component 'm'")
 
 
 def test_cli_export_exits_3_on_a_mismatch_and_no_verify_saves_it_with_the_report(tmp_path, monkeypatch, capsys):

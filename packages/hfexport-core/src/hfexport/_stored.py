@@ -32,7 +32,7 @@ from ._trust import check_treespec
 __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "verification_tensors", "write_stored"]
 
 VERIFICATION_FILE = "verification.safetensors"
-_ZERO_LEAF_MIN_NUMEL = 4096  # smaller zero leaves are stored as they are
+_ZERO_LEAF_MIN_NUMEL = 256  # smaller zero leaves are stored as they are
 _ZERO_LEAVES_MAX_BYTES = 8 * 2**30  # a 0.5-8 B model's KV cache of 4,096 positions fits
 
 
