@@ -112,8 +112,10 @@ def grouped_query_attention(original: Any) -> Any:
     ``g`` row blocks (``s x l``, no cache-sized copy). Masked scores take the dtype's minimum, not ``-inf``: a row
     with every key masked (a left-padding query) gets finite values instead of NaN, as transformers' eager path.
 
-    Anything else (no groups, no boolean mask, dropout, softcap, sinks, a position bias, a per-head mask) goes to
-    ``original``.
+    Models without groups take it too: SDPA's decomposition fused into ONNX Runtime's ``MultiHeadAttention``
+    transposes the whole cache to ``[batch, seq, heads, dim]`` first (seeded Llama of 512 hidden units, 8 layers,
+    cache of 2,048 positions, 1 thread: 32.2 ms per decode step, 9.5 of them in Transpose; 23.0 ms this way).
+    Anything else (no boolean mask, dropout, softcap, sinks, a position bias, a per-head mask) goes to ``original``.
     """
 
     def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
@@ -121,7 +123,7 @@ def grouped_query_attention(original: Any) -> Any:
                   **kwargs: Any) -> Any:
         groups = getattr(module, "num_key_value_groups", 1)
         unsupported = dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias"))
-        if groups == 1 or unsupported or not isinstance(attention_mask, torch.Tensor) \
+        if unsupported or not isinstance(attention_mask, torch.Tensor) \
                 or attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
             return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
