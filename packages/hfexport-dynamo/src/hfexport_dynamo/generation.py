@@ -68,7 +68,8 @@ _STORED: Any = type("_Stored", (), {"__repr__": lambda self: "<the generation co
 _TRACE_BATCH, _TRACE_PROMPT = 2, 6  # not 0 or 1: torch.export specializes those sizes
 
 
-def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, in_place: bool) -> Any:
+def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, in_place: bool,
+                    shapes: tuple[torch.Size, torch.Size] | None = None) -> Any:
     """A transformers cache layer over ``keys``/``values`` of ``max_cache_len`` positions that writes the new
     positions at ``past_length`` (in place into buffers, or into new tensors for a program's outputs).
 
@@ -76,6 +77,12 @@ def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch
     tensor ``past_length``), with its own ``update``: ``StaticLayer.update`` counts positions in its own state and
     writes with ``index_copy_``, which the ONNX exporter lowers as Transpose, ScatterND, Transpose (two copies of the
     whole cache); ``index_put`` over the leading (batch, head, position) indices is one ScatterND on the cache.
+
+    In buffers (ExecuTorch, ``in_place``) ``keys``/``values`` are ``[batch * kv_heads, max_cache_len, head_dim]``
+    (``shapes`` gives their 4-D views) and the write is ``buffer[:, positions] = new``: ExecuTorch's in-place
+    ``index_put_`` kernel takes a single 1-D index and values of the buffer's rank ("Special case in-place index_put
+    only supports 1-dimensional index tensors"), and its passes drop the unit batch dim of 4-D values (batch 1:
+    "values.size(2) = 8, index_length = 6").
     """
     from transformers.cache_utils import StaticLayer
 
@@ -83,17 +90,21 @@ def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             batch, heads, seq = key_states.shape[:3]
             device = key_states.device
-            index = (torch.arange(batch, device=device)[:, None, None], torch.arange(heads, device=device)[None, :, None],
-                     (torch.arange(seq, device=device) + self.cumulative_length)[None, None, :])
+            positions = torch.arange(seq, device=device) + self.cumulative_length
             if in_place:
-                self.keys.index_put_(index, key_states)
-                self.values.index_put_(index, value_states)
+                self.flat_keys[:, positions] = key_states.reshape(batch * heads, seq, -1)
+                self.flat_values[:, positions] = value_states.reshape(batch * heads, seq, -1)
             else:
+                index = (torch.arange(batch, device=device)[:, None, None],
+                         torch.arange(heads, device=device)[None, :, None], positions[None, None, :])
                 self.keys = torch.ops.aten.index_put(self.keys, index, key_states)
                 self.values = torch.ops.aten.index_put(self.values, index, value_states)
             return self.keys, self.values
 
-    layer = CapacityLayer(max_cache_len=keys.shape[2])
+    layer = CapacityLayer(max_cache_len=(shapes[0] if shapes else keys.shape)[2])
+    if in_place and shapes is not None:
+        layer.flat_keys, layer.flat_values = keys, values
+        keys, values = keys.view(shapes[0]), values.view(shapes[1])
     layer.keys, layer.values, layer.cumulative_length = keys, values, past_length
     layer.batch_size, layer.num_heads, _, layer.k_head_dim = keys.shape
     layer.v_head_dim, layer.device, layer.dtype = values.shape[-1], keys.device, keys.dtype
@@ -128,13 +139,17 @@ def grouped_query_attention(original: Any) -> Any:
             return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
         batch, heads, seq, dim = query.shape
-        kv_heads, length = key.shape[1], key.shape[2]
-        rows = query.reshape(batch, kv_heads, groups * seq, dim)
-        scores = torch.matmul(rows, key.transpose(-1, -2)) * (scaling if scaling is not None else dim ** -0.5)
+        kv_heads, length, value_dim = key.shape[1], key.shape[2], value.shape[-1]
+        rows = query.reshape(batch * kv_heads, groups * seq, dim)
+        # keys x rows^T, then the small [rows, length] transpose: no cache-sized transpose (a copy on ExecuTorch)
+        scores = torch.bmm(key.reshape(batch * kv_heads, length, dim), rows.transpose(1, 2)).transpose(1, 2)
+        scores = scores.reshape(batch, kv_heads, groups * seq, length) * (scaling if scaling is not None else dim ** -0.5)
         mask = attention_mask[:, :, None].expand(attention_mask.shape[0], 1, groups, seq, length)
         scores = scores.masked_fill(~mask.reshape(mask.shape[0], 1, groups * seq, length), torch.finfo(scores.dtype).min)
-        out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, groups * seq, value dim]
-        return out.reshape(batch, heads, seq, value.shape[-1]).transpose(1, 2).contiguous(), None
+        probs = torch.softmax(scores, dim=-1).reshape(batch * kv_heads, groups * seq, length)
+        # bmm on 3-D views, not matmul, whose 4-D decomposition expands (copies) the values on ExecuTorch
+        out = torch.bmm(probs, value.reshape(batch * kv_heads, length, value_dim))
+        return out.reshape(batch, heads, seq, value_dim).transpose(1, 2).contiguous(), None
 
     return attention
 
@@ -164,8 +179,9 @@ class CausalLMStep(torch.nn.Module):
         model: a ``PreTrainedModel`` with a language-modeling head (``...ForCausalLM``).
         cache_shapes: per layer, the ``(keys, values)`` shapes ``[batch, kv_heads, max_cache_len, head_dim]``.
         dtype: the cache's dtype (the model's).
-        in_buffers: keep the cache in this module's buffers (``cache_keys_<i>``, ``cache_values_<i>``, zeros),
-            mutated in place, instead of taking it as the ``cache`` input and returning it.
+        in_buffers: keep the cache in this module's buffers (``cache_keys_<i>``, ``cache_values_<i>``, zeros,
+            ``[batch * kv_heads, max_cache_len, head_dim]``), mutated in place, instead of taking it as the ``cache``
+            input and returning it.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
@@ -191,9 +207,12 @@ class CausalLMStep(torch.nn.Module):
         self.in_buffers = in_buffers
         self.layers = len(cache_shapes or ())
         if in_buffers:
-            for i, (key_shape, value_shape) in enumerate(cache_shapes or ()):
-                self.register_buffer(f"cache_keys_{i}", torch.zeros(key_shape, dtype=dtype), persistent=False)
-                self.register_buffer(f"cache_values_{i}", torch.zeros(value_shape, dtype=dtype), persistent=False)
+            for i, (key_shape, value_shape) in enumerate(cache_shapes or ()):  # [batch * kv_heads, length, dim]
+                self.register_buffer(f"cache_keys_{i}", torch.zeros(key_shape[0] * key_shape[1], *key_shape[2:],
+                                                                    dtype=dtype), persistent=False)
+                self.register_buffer(f"cache_values_{i}", torch.zeros(value_shape[0] * value_shape[1],
+                                                                      *value_shape[2:], dtype=dtype), persistent=False)
+        self.cache_shapes = list(cache_shapes or ())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
                 past_length: torch.Tensor | None = None,
@@ -204,7 +223,8 @@ class CausalLMStep(torch.nn.Module):
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
                           for i in range(self.layers))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
-        kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers) for k, v in cache])
+        kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None)
+                           for (k, v), shapes in zip(cache, self.cache_shapes, strict=True)])
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         with _grouped_sdpa():
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,

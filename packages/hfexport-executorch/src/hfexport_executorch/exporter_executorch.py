@@ -252,7 +252,9 @@ class ExecutorchExporter(Exporter):
         # A program that writes into its buffers with index_put (a KV cache of fixed capacity) writes in place:
         # ExecuTorch's re-inplace pass turns the functional index_put on a mutable buffer back into index_put_
         # (without it, each call copies the whole buffer twice: into index_put's output, then back)
-        backend_options = {"run_reinplace_pass": bool(ctx.program.graph_signature.buffers_to_mutate),
+        # (the lowered programs' signatures: ctx.program's lists no mutated buffer of the generation wrapper)
+        mutates = any(edge.exported_program(name).graph_signature.buffers_to_mutate for name in edge.methods)
+        backend_options = {"run_reinplace_pass": mutates,
                            **preparation.backend_config_options}
         # no_grad: the passes after the re-inplace pass run index_put_ on the buffer's example value, which autograd
         # refuses for a leaf that requires grad ("a leaf Variable that requires grad is being used in an in-place
