@@ -223,3 +223,23 @@ def test_onnx_runtime_writes_the_new_positions_into_the_cache_in_place():
     with torch.no_grad():
         eager = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[:, -1]
     torch.testing.assert_close(second["logits"], eager, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_executorch_keeps_the_cache_in_buffers_written_in_place(tmp_path):
+    """On ExecuTorch the cache is the program's mutable buffers: no cache input, and the program writes them with the
+    in-place ``index_put_`` (no functional ``index_put`` followed by a ``copy_`` of the whole buffer back)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    model = tiny_model("llama")
+    exported = hfexport.export(model, backend="executorch-xnnpack", task="text-generation", max_cache_len=32)
+    assert exported.manifest["generation"]["cache"]["in_program_buffers"] is True
+    inputs = [i["name"] for i in exported.manifest["components"]["decoder"]["inputs"]]
+    assert inputs == ["input_ids", "attention_mask", "position_ids", "past_length"]
+    directory = exported.save_pretrained(tmp_path / "a")
+    program = deserialize_pte_binary((directory / "decoder" / "model.pte").read_bytes())
+    program = getattr(program, "program", program)
+    ops = {op.name for plan in program.execution_plan for op in plan.operators}
+    assert "aten::index_put_" in ops and not {"aten::index_put", "aten::copy_"} & ops, sorted(ops)
+    ids, _ = prompts()[1]
+    assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, None))
