@@ -319,10 +319,6 @@ class DynamoExporter(Exporter):
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
         program = own_mutated_buffers(ctx.program)  # not the model's tensors: later eager calls change nothing here
-        # torch.export.save would pickle the example inputs into the archive (data/sample_inputs): bytes the runtime
-        # never reads (a generation program's example holds a whole KV cache of zeros) and a pickle to vet on
-        # load; the verification inputs are stored apart, as safetensors
-        program.example_inputs = None
 
         def write(directory: Path) -> list[str]:
             torch.export.save(program, directory / PROGRAM_FILE)
