@@ -119,8 +119,8 @@ def grouped_query_attention(original: Any) -> Any:
     ``max_cache_len`` positions that is a copy of ``groups`` times the whole cache per layer and per token (7x for
     Qwen2-0.5B's 14 heads over 2), which every runtime then executes. Here the query heads of a group are folded
     into the query rows instead: ``query [b, kv * g, s, d]`` is read as ``[b, kv, g * s, d]`` (a free reshape), so
-    each key/value head is read once by one ``MatMul``; the boolean mask ``[b, 1, s, l]`` is repeated over the
-    ``g`` row blocks (``s x l``, no cache-sized copy). Masked scores take the dtype's minimum, not ``-inf``: a row
+    each key/value head is read once by one ``MatMul``; the boolean mask ``[b, 1, s, l]`` is tiled over the
+    ``g`` row blocks (``g x s x l``, no cache-sized copy). Masked scores take the dtype's minimum, not ``-inf``: a row
     with every key masked (a left-padding query) gets finite values instead of NaN, as transformers' eager path.
 
     Models without groups take it too: SDPA's decomposition fused into ONNX Runtime's ``MultiHeadAttention``
@@ -140,16 +140,19 @@ def grouped_query_attention(original: Any) -> Any:
                             is_causal=is_causal, **kwargs)
         batch, heads, seq, dim = query.shape
         kv_heads, length, value_dim = key.shape[1], key.shape[2], value.shape[-1]
-        rows = query.reshape(batch * kv_heads, groups * seq, dim)
+        # -1, not batch * kv_heads: each tensor's own batch (a cache input's batch is a symbol of its own, and a
+        # reshape to the query's batch becomes a divisibility guard that decode steps fail)
+        rows = query.reshape(-1, groups * seq, dim)
         # keys x rows^T, then the small [rows, length] transpose: no cache-sized transpose (a copy on ExecuTorch)
-        scores = torch.bmm(key.reshape(batch * kv_heads, length, dim), rows.transpose(1, 2)).transpose(1, 2)
-        scores = scores.reshape(batch, kv_heads, groups * seq, length) * (scaling if scaling is not None else dim ** -0.5)
-        mask = attention_mask[:, :, None].expand(attention_mask.shape[0], 1, groups, seq, length)
-        scores = scores.masked_fill(~mask.reshape(mask.shape[0], 1, groups * seq, length), torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1).reshape(batch * kv_heads, groups * seq, length)
+        scores = torch.bmm(key.reshape(-1, length, dim), rows.transpose(1, 2)).transpose(1, 2)
+        scores = scores.reshape(-1, kv_heads, groups * seq, length) * (scaling if scaling is not None else dim ** -0.5)
+        # the mask's rows tiled once per group (row g * seq + s is query head g's position s)
+        mask = attention_mask.repeat(1, 1, groups, 1) if groups > 1 else attention_mask
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1).reshape(-1, groups * seq, length)
         # bmm on 3-D views, not matmul, whose 4-D decomposition expands (copies) the values on ExecuTorch
-        out = torch.bmm(probs, value.reshape(batch * kv_heads, length, value_dim))
-        return out.reshape(batch, heads, seq, value_dim).transpose(1, 2).contiguous(), None
+        out = torch.bmm(probs, value.reshape(-1, length, value_dim))
+        return out.reshape(-1, heads, seq, value_dim).transpose(1, 2).contiguous(), None
 
     return attention
 
