@@ -117,6 +117,9 @@ def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artif
     (["--task", "text-generation", "--dynamic"], "drop --dynamic"),
     (["--task", "text-generation", "--max-batch", "0"], "--max-batch must be a positive number"),
     (["--task", "text-generaton"], "unknown task 'text-generaton'; tasks: text-generation"),
+    (["--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
+    (["--task", "text-generation", "--prefill-chunk", "1"], "prefill_chunk must be an int from 2 to max_cache_len=64"),
+    (["--task", "text2text-generation", "--prefill-chunk", "4"], "--prefill-chunk bounds a decoder's prompt chunks"),
     (["--task", "text-generation", "--max-cache-len", "65"],
      "max_cache_len=65 exceeds the model's 64 positions (max_position_embeddings): lower it"),
 ])

@@ -498,8 +498,8 @@ def _exporter(exporter_class: Any, args: argparse.Namespace, **options: Any) -> 
 
 def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -> None:
     """Refuse the options that belong to a task export without ``--task``, and those a task export ignores."""
-    bounds = [flag for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch))
-              if value is not None]
+    bounds = [flag for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch),
+                                       ("--prefill-chunk", args.prefill_chunk)) if value is not None]
     if task is None:
         if bounds:
             raise UsageError(f"{' and '.join(bounds)} bound{'s' if len(bounds) == 1 else ''} the programs of a task export: pass --task "
@@ -514,6 +514,9 @@ def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -
     for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive number of tokens or sequences, got {value}")
+    if args.prefill_chunk is not None and task != "text-generation":
+        raise UsageError(f"--prefill-chunk bounds a decoder's prompt chunks (--task text-generation); --task {task} "
+                         "exports an encoder-decoder, whose first decoder step takes the whole start sequence")
 
 
 # The tokenizer files an export for a task copies from the model directory into the artifact (hashed in its
@@ -552,8 +555,8 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
 
     start = time.perf_counter()
     model = _load_for_task(exporter_class, args.model, args.task)
-    options = {name: value for name, value in (("max_cache_len", args.max_cache_len),
-                                               ("max_batch", args.max_batch)) if value is not None}
+    options = {name: value for name, value in (("max_cache_len", args.max_cache_len), ("max_batch", args.max_batch),
+                                               ("prefill_chunk", args.prefill_chunk)) if value is not None}
     console.print(f"exporting {type(model).__name__} from {args.model} with backend {args.backend!r} for task "
                   f"{args.task!r}")
     progress = _Progress(console)
@@ -729,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", help="export the programs a task runs instead of one forward pass: text-generation "
                                   "(a decoder: one program for prefill and decode, its weights stored once, over a "
                                   "KV cache of --max-cache-len positions, written in place on ONNX Runtime and "
-                                  "ExecuTorch; a prompt is prefilled in chunks of up to 256 tokens), "
+                                  "ExecuTorch; a prompt is prefilled in chunks of --prefill-chunk tokens), "
                                   "text2text-generation, automatic-speech-recognition (encoder-decoders: encoder, "
                                   "prefill and decode programs); verified by greedy "
                                   "generation against eager model.generate. Run it with `hfexport generate`")
@@ -739,6 +742,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "capped at 256 for the encoder-decoder tasks)")
     p.add_argument("--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 1; on "
                    "ExecuTorch a decoder's batch is static: every call runs this many rows)")
+    p.add_argument("--prefill-chunk", type=int, metavar="N", help="with --task text-generation: the most prompt "
+                   "tokens one call takes (default min(256, max-cache-len)); a longer prompt is prefilled in chunks. "
+                   "ExecuTorch plans max-batch x N x max-cache-len attention scores")
     p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic, "
                    "int4, int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
                    "verified against float eager by cosine similarity")
