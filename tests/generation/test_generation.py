@@ -152,6 +152,12 @@ def test_bad_generation_options_are_refused_before_any_program_runs(llama_genera
         exported.generate(ids, **options)
 
 
+def test_an_empty_prompt_is_refused_before_any_program_runs(llama_generation):
+    _, exported = llama_generation
+    with pytest.raises(ValueError, match=r"input_ids holds no tokens \(shape \[1, 0\]\): give at least one token"):
+        exported.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+
+
 def test_a_batch_beyond_max_batch_names_the_bound(llama_generation):
     _, exported = llama_generation
     with pytest.raises(ValueError, match="batch of 3 exceeds this export's max_batch=2"):
@@ -243,3 +249,6 @@ def test_executorch_keeps_the_cache_in_buffers_written_in_place(tmp_path):
     assert "aten::index_put_" in ops and not {"aten::index_put", "aten::copy_"} & ops, sorted(ops)
     ids, _ = prompts()[1]
     assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, None))
+    from hfexport import cli
+
+    assert cli.main(["verify", str(directory)]) == 0  # the smoke run at the recorded shapes: positions, past 0

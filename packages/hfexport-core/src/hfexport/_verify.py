@@ -29,8 +29,9 @@ def _shape_text(inputs: Mapping[str, Any]) -> str:
 
 def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Inputs of the traced shapes and dtypes a component's manifest section describes: token ids below the
-    config's ``vocab_size``, masks of ones, floats from a seeded normal. ``None`` when an input is a pytree (a
-    cache) or its shape is not known."""
+    config's ``vocab_size``, masks of ones, positions ``0 .. seq - 1``, a scalar count (a decoder's
+    ``past_length``) of 0, floats from a seeded normal. ``None`` when an input is a pytree (a cache) or its shape is
+    not known."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
@@ -49,6 +50,10 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
             value = torch.randn(shape, generator=generator).to(dtype)
         elif "mask" in name:
             value = torch.ones(shape, dtype=dtype)
+        elif not shape or name == "past_length":  # a count of cached positions (a decoder's): none yet
+            value = torch.zeros(shape, dtype=dtype)
+        elif "position" in name:  # positions 0 .. seq - 1 (random ids would index past the position table)
+            value = torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous()
         elif name == "token_type_ids":  # ids of a segment vocabulary (BERT's has 2), not of the token vocabulary
             segments = int((config or {}).get("type_vocab_size") or 1)
             value = torch.randint(0, max(1, segments), shape, generator=generator, dtype=dtype)

@@ -132,6 +132,9 @@ def check_prompt(input_ids: Any, attention_mask: Any, config: Any, section: Mapp
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask has shape {list(attention_mask.shape)}, input_ids {list(input_ids.shape)}")
     batch, prompt = input_ids.shape
+    if prompt == 0:
+        raise ValueError(f"{what} holds no tokens (shape {list(input_ids.shape)}): give at least one token "
+                         "(a decoder's BOS token, for an empty prompt)")
     if decoder_len is not None and not 1 <= prompt <= section["max_source_len"]:
         raise ValueError(f"{what} of {prompt} tokens: this export's encoder takes 1 to "
                          f"max_source_len={section['max_source_len']} tokens")
