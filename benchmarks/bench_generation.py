@@ -289,7 +289,7 @@ def main() -> None:
             set_ort_threads(exported, args.threads)
         section = exported.manifest["generation"]
         cache_bytes = sum(section["max_batch"] * section["max_cache_len"] * (k[0] * k[2] + v[0] * v[2]) * 4
-                          for k, v in section["cache"]["shapes"])
+                          for k, v in section["cache"]["row_shapes"])
         row.update(export_s=wall, export_peak_rss=peak, disk_bytes=dir_bytes(out_dir),
                    loaded_rss=loaded["peak"] - loaded["before"], cache_bytes=cache_bytes,
                    max_cache_len=section["max_cache_len"])

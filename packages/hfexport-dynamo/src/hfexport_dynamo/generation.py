@@ -389,9 +389,10 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     dynamic_shapes["past_length"] = None
     if not stateful:
         dynamic_shapes["cache"] = tuple((dict(batch) or None, dict(batch) or None) for _ in shapes)
+    # row_shapes: per layer, the (keys, values) shape of one batch row, [kv_heads, max_cache_len, head_dim]
     cache = {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": stateful,
              "static_batch": stateful or rows == 1, "dtype": str(dtype).removeprefix("torch."),
-             "shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+             "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
     manifest = generation_manifest(model, max_cache_len, max_batch, len(shapes))
     manifest.update(prefill_chunk=prefill_chunk, cache=cache)
     return TaskPlan(task, [ComponentPlan(DECODER, step, example, dynamic_shapes)],
@@ -464,7 +465,7 @@ def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tenso
     layout = section["cache"]
     dtype = getattr(torch, layout["dtype"])
     return tuple((torch.zeros((batch, *k), dtype=dtype), torch.zeros((batch, *v), dtype=dtype))
-                 for k, v in layout["shapes"])
+                 for k, v in layout["row_shapes"])
 
 
 def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
