@@ -14,8 +14,9 @@ The cache holds ``max_cache_len`` positions per layer, ``[batch, kv_heads, max_c
 and attention reads it whole under the mask, so a token costs the same at every context length. Where it lives
 depends on the runtime (:attr:`hfexport.plugin.Exporter.stateful_programs`):
 
-* in the program's mutable buffers (ExecuTorch): written in place with ``index_put_``, which ExecuTorch's re-inplace
-  pass keeps in place; the batch is then static (``max_batch``: the loop pads a smaller batch with copies of a row);
+* in the program's mutable buffers (ExecuTorch), ``[batch * kv_heads, max_cache_len, head_dim]``: written with an
+  ``index_put`` that ExecuTorch's re-inplace pass turns into ``index_put_``; the batch is then static
+  (``max_batch``: the loop pads a smaller batch with copies of a row);
 * as program inputs and outputs otherwise (ONNX, ``.pt2``): an input ``cache`` and an output ``cache``,
   ``((keys, values), ...)`` per layer; the write is one ``ScatterND`` from the input to the output, and the ONNX
   Runtime runner binds each output to its input's memory (``manifest["components"]["decoder"]["onnx"]
@@ -23,7 +24,8 @@ depends on the runtime (:attr:`hfexport.plugin.Exporter.stateful_programs`):
 
 Weights are stored once (one program), and a prompt longer than ``prefill_chunk`` tokens is prefilled in chunks
 (the bound of the ``seq`` dim: ExecuTorch plans its memory for ``max_batch x prefill_chunk x max_cache_len``
-attention scores).
+attention scores). Attention folds a group's query heads into rows instead of repeating the cache per query head
+(:func:`grouped_query_attention`).
 
 :func:`generate` is the greedy loop; transformers supplies its logits processors (``_get_logits_processor``
 from the stored generation config: repetition penalty, suppressed tokens, minimum length ...) and its stopping
