@@ -55,7 +55,7 @@ from hfexport.plugin import (
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
 
 from ._bounds import DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
-from ._buffers import mutated_buffer_initial_value
+from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
 from ._decompositions import (
     ET_DECOMPOSITIONS,
     XNNPACK_DECOMPOSITIONS,
@@ -252,7 +252,7 @@ class ExecutorchExporter(Exporter):
         # A program that writes into its buffers with index_put (a KV cache of fixed capacity) writes in place:
         # ExecuTorch's re-inplace pass turns the functional index_put on a mutable buffer back into index_put_
         # (without it, each call copies the whole buffer twice: into index_put's output, then back)
-        backend_options = {"run_reinplace_pass": all(map(_index_puts_reinplaceable,
+        backend_options = {"run_reinplace_pass": all(map(index_puts_reinplaceable,
                                                          (edge.exported_program(n) for n in edge.methods))),
                            **preparation.backend_config_options}
         # no_grad: the passes after the re-inplace pass run index_put_ on the buffer's example value, which autograd
@@ -345,31 +345,6 @@ class CudaExporter(ExecutorchExporter):
     # project's CI (no GPU): tighten it with numbers from a GPU run.
     verify_atol: ClassVar[float] = 5e-2
     verify_rtol: ClassVar[float] = 5e-2
-
-
-def _index_puts_reinplaceable(program: Any) -> bool:
-    """Whether ExecuTorch's re-inplace pass may run on ``program``: it writes a mutable buffer with ``index_put``,
-    and every such write fits the only form ExecuTorch's in-place ``index_put_`` kernel runs: one 1-D index tensor
-    (the other indices ``None``) and values of the buffer's rank whose size at the indexed dim is the index's length
-    (op_index_put.cpp: "Special case in-place index_put only supports 1-dimensional index tensors"). Any other write
-    (the field case s34's ``cache[:, :, positions, :]`` with values of another rank) makes the re-inplaced program
-    fail at run time, so the pass is then left off. The lowered program's signature is read: the traced one lists
-    no mutated buffer of a task's wrapper module."""
-    signature = program.graph_signature
-    mutable = {placeholder for placeholder, buffer in signature.inputs_to_buffers.items()
-               if buffer in signature.buffers_to_mutate.values()}
-    writes = [n for n in program.graph.nodes if n.op == "call_function" and "index_put" in str(n.target)
-              and n.args and getattr(n.args[0], "op", None) == "placeholder" and n.args[0].target in mutable]
-    for node in writes:
-        base, indices, values = node.args[0].meta.get("val"), node.args[1], node.args[2].meta.get("val")
-        given = [(dim, index) for dim, index in enumerate(indices) if index is not None]
-        if base is None or values is None or len(given) != 1 or values.dim() != base.dim():
-            return False
-        dim, index = given[0]
-        index_value = index.meta.get("val")
-        if index_value is None or index_value.dim() != 1 or values.shape[dim] != index_value.shape[0]:
-            return False
-    return bool(writes)
 
 
 # ── Stage 1: Backend preparation ──
