@@ -2,7 +2,7 @@
 type, a config of another backend, unknown ``disable=`` names, misspelled backends, user patches that resolve to
 nothing, calls outside what a program takes, and the CLI's one-line errors and exit codes.
 
-README.md's table "Bad input and what hfexport says" lists what these tests cover.
+docs/guide.md's table "Bad input and what hfexport says" lists what these tests cover.
 """
 
 import subprocess

@@ -1,6 +1,6 @@
 """Bad inputs to the dynamo backend are named before any stage runs (float token ids, a zero-size batch, a tensor
 that would only reach ``**kwargs``), and a call of an exported program outside what it takes is named before the
-runtime runs. README.md's table "Bad input and what hfexport says" lists them."""
+runtime runs. docs/guide.md's table "Bad input and what hfexport says" lists them."""
 
 import pytest
 import torch
