@@ -210,7 +210,6 @@ class CausalLMStep(torch.nn.Module):
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
         self.in_buffers = in_buffers
-        self.layers = len(cache_shapes or ())
         if in_buffers:
             for i, (key_shape, value_shape) in enumerate(cache_shapes or ()):  # [batch * kv_heads, length, dim]
                 self.register_buffer(f"cache_keys_{i}", torch.zeros(key_shape[0] * key_shape[1], *key_shape[2:],
@@ -226,7 +225,7 @@ class CausalLMStep(torch.nn.Module):
 
         if self.in_buffers:
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
-                          for i in range(self.layers))
+                          for i in range(len(self.cache_shapes)))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
         kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None)
                            for (k, v), shapes in zip(cache, self.cache_shapes, strict=True)])
