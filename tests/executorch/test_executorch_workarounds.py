@@ -601,3 +601,24 @@ def test_views_after_attention_survive_the_edge_retrace():
     with pytest.raises(hfexport.ExportError, match="Cannot view a tensor with shape"):
         hfexport.export(model, inputs, backend="executorch-xnnpack", dynamic=True,
                         disable=("_fix_view_as_reshape",))
+
+
+class UnpackNibbles(torch.nn.Module):
+    """e06's pattern: int4 weights packed two to a uint8, unpacked with ``>>`` and ``&``, and the other spellings."""
+
+    def forward(self, packed, amounts):
+        lo, hi = packed & 0xF, packed >> 4
+        return (torch.stack([lo, hi], -1), (packed << 4) | (packed >> 4), packed >> amounts, 1 << amounts,
+                torch.bitwise_right_shift(-96, amounts.to(torch.int32)), torch.bitwise_left_shift(packed, 1))
+
+
+def test_bitwise_decompositions_cover_every_shift_spelling():
+    inputs = {"packed": torch.tensor([[0x00, 0x1F, 0xA7, 0xFF]], dtype=torch.uint8),
+              "amounts": torch.tensor([[0, 1, 4, 7]], dtype=torch.uint8)}
+    # the decompositions are entries of the table _patch_default_decomposition_table gives to_edge
+    with pytest.raises(hfexport.ExportError, match=r"__rshift__\.Scalar is not in Core ATen, has no decomposition"):
+        export(UnpackNibbles(), inputs, disable=("_patch_default_decomposition_table",))
+    with_it = export(UnpackNibbles(), inputs)
+    assert {"aten.bitwise_right_shift.Tensor", "aten.bitwise_left_shift.Tensor_Scalar"} <= set(
+        with_it.manifest["executorch"]["non_core_aten_on_portable_kernels"])
+    assert_matches(with_it, UnpackNibbles(), inputs)  # uint8 kept, wraps as eager, arithmetic >> on int32

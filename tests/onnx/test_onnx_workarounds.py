@@ -257,3 +257,40 @@ def test_is_all_true_translation_lets_llava_with_an_image_export():
 
     with pytest.raises(ExportError, match=r"No ONNX function found for <OpOverload\(op='aten\._is_all_true'"):
         hfexport.export(model, inputs, backend="onnx", dynamic=True, disable=("_aten_is_all_true",))
+
+
+# ── _fix_bitwise_shift_spellings, _aten_bitwise_right_shift, _aten_bitwise_left_shift (s50, s51) ───────────
+class ShiftSpellings(torch.nn.Module):
+    def forward(self, packed, amounts, signed):
+        return ((packed.unsqueeze(-1) >> amounts) & 3, (packed << 4) | (packed >> 4), 1 << amounts,
+                signed >> 3, torch.bitwise_right_shift(-96, amounts.to(torch.int32)))
+
+
+def _shift_inputs():
+    return {"packed": torch.tensor([0x00, 0x1F, 0xA7, 0xFF], dtype=torch.uint8),
+            "amounts": torch.tensor([0, 2, 4, 6], dtype=torch.uint8),
+            "signed": torch.tensor([-1000, -9, 7, 1000], dtype=torch.int32)}
+
+
+def _assert_exact(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
+        assert a.dtype == e.dtype and torch.equal(a, e), (a, e)
+
+
+def test_shift_fix_gives_torchlib_one_overload_per_direction():
+    inputs = _shift_inputs()
+    with pytest.raises(ExportError, match=r"No ONNX function found for <OpOverload\(op='aten.__rshift__', "
+                                          r"overload='Tensor'\)>"):
+        hfexport.export(ShiftSpellings(), inputs, backend="onnx", disable=("_fix_bitwise_shift_spellings",))
+    exported = hfexport.export(ShiftSpellings(), inputs, backend="onnx")
+    _assert_exact(exported(**inputs), ShiftSpellings()(**inputs))
+
+
+def test_shift_translations_keep_unsigned_dtypes():
+    inputs = _shift_inputs()
+    # torchlib's shifts: uint8 >> gives int8, and ONNX Runtime refuses BitwiseAnd(int8, uint8) at session creation
+    with pytest.raises(ExportError, match=r"BitwiseAnd.*\(tensor\(int8\) and tensor\(uint8\)"):
+        hfexport.export(ShiftSpellings(), inputs, backend="onnx", ort_fusions=None,
+                        disable=("_aten_bitwise_right_shift", "_aten_bitwise_left_shift"))
+    exported = hfexport.export(ShiftSpellings(), inputs, backend="onnx")
+    _assert_exact(exported(**inputs), ShiftSpellings()(**inputs))

@@ -113,8 +113,43 @@ def _decompose_is_all_true(input: torch.Tensor) -> torch.Tensor:
     return torch.logical_not(torch.any(torch.logical_not(input)))
 
 
+def _scalar_as_tensor(scalar: Any, like: torch.Tensor) -> torch.Tensor:
+    """``scalar`` as a tensor of the dtype eager gives ``scalar <op> like`` (a Python int keeps ``like``'s dtype)."""
+    dtype = torch.result_type(scalar, like)
+    return torch.scalar_tensor(scalar, dtype=dtype, device=like.device)
+
+
+def _bitwise_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Every spelling of a shift or a bitwise op on integer tensors, as the overload the runtime has a kernel for.
+
+    ``x >> k`` and ``x << k`` trace to ``aten.__rshift__``/``aten.__lshift__`` (``.Scalar``, ``.Tensor``):
+    not Core ATen, no decomposition in ``torch._decomp``, no portable kernel, while
+    ``bitwise_right_shift``/``bitwise_left_shift`` (``.Tensor``, ``.Tensor_Scalar``) have portable kernels (they
+    are admitted by ``_patch_aten_dialect_verifier``). ``__and__``/``__or__``/``__xor__`` become the Core ATen
+    ``bitwise_and``/``or``/``xor``. A scalar on the left (``1 << t``: ``.Scalar_Tensor``, no kernel) becomes a
+    0-d tensor of eager's result dtype. Same semantics as eager's: ``>>`` is arithmetic on signed integers, the
+    result dtype follows the usual promotion.
+    """
+    table: dict[Any, Callable[..., Any]] = {}
+    shifts = {"rshift": aten.bitwise_right_shift, "lshift": aten.bitwise_left_shift}
+    for name, target in shifts.items():
+        dunder = getattr(aten, f"__{name}__")
+        table[dunder.Scalar] = target.Tensor_Scalar
+        table[dunder.Tensor] = target.Tensor
+        table[target.Scalar_Tensor] = functools.partial(
+            lambda target, scalar, other: target.Tensor(_scalar_as_tensor(scalar, other), other), target)
+    for name in ("and", "or", "xor"):
+        dunder, target = getattr(aten, f"__{name}__"), getattr(aten, f"bitwise_{name}")
+        table[dunder.Scalar] = target.Scalar
+        table[dunder.Tensor] = target.Tensor
+        table[target.Scalar_Tensor] = functools.partial(
+            lambda target, scalar, other: target.Tensor(_scalar_as_tensor(scalar, other), other), target)
+    return table
+
+
 # Decompositions we own, for ops that neither Core ATen decompositions nor portable kernels cover.
 ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    **_bitwise_decompositions(),  # every shift and bitwise spelling (e06: int4 unpacked with >> and &)
     aten.sort.stable: _decompose_sort_stable,  # not Core ATen, no portable kernel
     aten.sort.default: _decompose_sort,  # Core ATen, but no portable kernel in executorch 1.5.1
     # not Core ATen, no portable kernel; torch._decomp's bucketize guards on log2(len(boundaries)) and has no

@@ -448,6 +448,27 @@ def _fix_sub_scalar_int_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
 
 
 @register_fx_node_fix("onnx")
+def _fix_bitwise_shift_spellings(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replaces every spelling of a shift (``__rshift__``/``__lshift__`` ``.Tensor``/``.Scalar``,
+    ``bitwise_*_shift.Tensor_Scalar``/``.Scalar_Tensor``) by ``bitwise_{right,left}_shift.Tensor(a, b)``, a scalar
+    operand as a 0-d tensor of the result's dtype (``_bitwise.shift_as_tensor_op``).
+
+    **Why**: torchlib registers ``__rshift__.Tensor`` and ``__lshift__.Tensor`` (``x >> amounts``, s50; the int2
+    unpacking ``(packed >> shifts) & 3``, s51) only as ``_operator::__rshift__``: ``DispatchError: No ONNX
+    function found for <OpOverload(op='aten.__rshift__', overload='Tensor')>``; and the other spellings would
+    reach torchlib's signed-only lowering, not ``_aten_bitwise_right_shift``. One overload per direction, one
+    translation each.
+    **Upstream**: none found for the missing registrations (torchlib ``ops/core.py``; tracker
+    microsoft/onnxscript#258).
+    **Remove when**: torchlib registers every shift overload with unsigned dtypes kept (s51 exports with
+    ``disable=("_fix_bitwise_shift_spellings",)``).
+    """
+    from ._bitwise import shift_as_tensor_op
+
+    return shift_as_tensor_op(gm, node)
+
+
+@register_fx_node_fix("onnx")
 def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: ExportContext | None = None) -> bool:
     """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
     complex node (``hfexport_dynamo.complex_to_real_pairs``, shared with ExecuTorch's fix of the same name).
@@ -617,6 +638,41 @@ def _aten_gelu(self: Any, approximate: str = "none") -> Any:
     erf = op.Erf(op.Div(self, op.CastLike(op.Constant(value_float=1.4142135623730951), self)))
     x_erf = op.Mul(self, op.Add(erf, op.CastLike(op.Constant(value_float=1.0), self)))
     return op.Mul(op.CastLike(op.Constant(value_float=0.5), self), x_erf)
+
+
+@register_workaround("onnx_translation", "onnx", target=aten.bitwise_right_shift.Tensor)
+def _aten_bitwise_right_shift(self: Any, other: Any) -> Any:
+    """``aten.bitwise_right_shift.Tensor`` → ``BitShift(x, k, "RIGHT")`` for unsigned dtypes, torchlib's arithmetic
+    shift for signed ones (``_bitwise.bitshift``); every other spelling of ``>>`` becomes this overload first
+    (``_fix_bitwise_shift_spellings``).
+
+    **Why**: torchlib casts every shift's result to the *signed* type of its width, so ``uint8 >> 4`` returns int8:
+    s50's nibble swap ``(flags >> 4) | (flags << 4)`` came back int8 (``239`` as ``-17``), and s51's
+    ``(packed >> shifts) & 3`` failed at session creation (``BitwiseAnd``: ``int8 != uint8``). The packed weights
+    of GPTQ/AWQ-style layers (e06) are uint8.
+    **Upstream**: none found for the unsigned result type (torchlib ``ops/core.py``, ``aten_bitwise_right_shift``;
+    the op family is tracked in microsoft/onnxscript#258).
+    **Remove when**: torchlib keeps unsigned dtypes in its shifts (s50 exports with
+    ``disable=("_aten_bitwise_right_shift", "_aten_bitwise_left_shift")``).
+    """
+    from ._bitwise import bitshift
+
+    return bitshift(self, other, "RIGHT")
+
+
+@register_workaround("onnx_translation", "onnx", target=aten.bitwise_left_shift.Tensor)
+def _aten_bitwise_left_shift(self: Any, other: Any) -> Any:
+    """``aten.bitwise_left_shift.Tensor`` → ``BitShift(x, k, "LEFT")`` keeping unsigned dtypes (bits shifted out
+    are dropped: wraps as eager), torchlib's for signed ones; ``_fix_bitwise_shift_spellings`` brings every
+    spelling of ``<<`` here.
+
+    **Why**: as ``_aten_bitwise_right_shift``: torchlib returns int8 for ``uint8 << 4``.
+    **Upstream**: none found (torchlib ``aten_bitwise_left_shift``; tracker microsoft/onnxscript#258).
+    **Remove when**: torchlib keeps unsigned dtypes in its shifts.
+    """
+    from ._bitwise import bitshift
+
+    return bitshift(self, other, "LEFT")
 
 
 def translation_table(disabled: Iterable[str] = (), opset_version: int = TORCHLIB_OPSET) -> dict[Any, Callable[..., Any]]:
