@@ -231,6 +231,53 @@ def test_onnx_runtime_writes_the_new_positions_into_the_cache_in_place():
     torch.testing.assert_close(second["logits"], eager, atol=1e-4, rtol=1e-3)
 
 
+def test_onnx_attention_reads_only_the_filled_positions_of_the_cache():
+    """Each layer's cache write and attention are one ONNX Runtime GroupQueryAttention, whose present buffers are
+    the past ones (IO binding) and which reads the first ``past_length + seq`` positions only: NaN written into the
+    cache past them changes no logit (attention over the whole capacity would turn the logits NaN: 0 x NaN)."""
+    import onnx
+
+    from hfexport_dynamo.generation import new_cache
+
+    model = tiny_model("qwen2")  # grouped query heads
+    exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=32)
+    assert exported.manifest["generation"]["cache"]["fused_attention"] is True
+    section = exported.manifest["components"]["decoder"]["onnx"]
+    graph = onnx.load(exported.components["decoder"].runner.path, load_external_data=False).graph
+    fused = [n for n in graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    assert len(fused) == model.config.num_hidden_layers
+    assert sorted(section["in_place_outputs"]) == sorted(o for n in fused for o in n.output[1:])
+    cache = new_cache(exported.manifest["generation"], 1)
+    for tensor in torch.utils._pytree.tree_leaves(cache):
+        tensor[:, :, 4:] = float("nan")
+    mask = torch.zeros(1, 32, dtype=torch.long)
+    mask[:, :4] = 1
+    out = exported.run("decoder", input_ids=torch.tensor([[5, 6, 7, 8]]), attention_mask=mask,
+                       position_ids=torch.arange(4)[None], past_length=torch.tensor(0), cache=cache)
+    with torch.no_grad():
+        eager = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[:, -1]
+    torch.testing.assert_close(out["logits"], eager, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("why,model_options,export_options", [
+    ("the model attends without sdpa", {"attn_implementation": "eager"}, {}),
+    ("plain ONNX ops asked for", {}, {"ort_fusions": None}),
+])
+def test_onnx_writes_and_attends_apart_where_the_fused_kernel_cannot_serve(why, model_options, export_options):
+    model = tiny_model("llama", **model_options)
+    exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=32, **export_options)
+    assert exported.manifest["generation"]["cache"]["fused_attention"] is False, why
+    import onnx
+
+    graph = onnx.load(exported.components["decoder"].runner.path, load_external_data=False).graph
+    assert not [n.name for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert {n.op_type for n in graph.node if n.domain == "com.microsoft"} <= (
+        {"MultiHeadAttention", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+         "RotaryEmbedding"} if export_options.get("ort_fusions", "cpu") else set())
+    ids, mask = prompts()[1]
+    assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, mask))
+
+
 @pytest.mark.slow
 def test_executorch_keeps_the_cache_in_buffers_written_in_place(tmp_path):
     """On ExecuTorch the cache is the program's mutable buffers: no cache input, and the program writes them with the

@@ -36,6 +36,7 @@ criteria (``MaxLengthCriteria``, ``EosTokenCriteria``), and rows that reached EO
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import time
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ import torch
 
 from hfexport.plugin import InvalidInputError
 
+from . import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 from ._decoding import (
     TASKS,
     TEXT_GENERATION,
@@ -71,7 +73,7 @@ _TRACE_BATCH, _TRACE_PROMPT = 2, 6  # not 0 or 1: torch.export specializes those
 
 
 def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, in_place: bool,
-                    shapes: tuple[torch.Size, torch.Size] | None = None) -> Any:
+                    shapes: tuple[torch.Size, torch.Size] | None = None, fused: bool = False) -> Any:
     """A transformers cache layer over ``keys``/``values`` of ``max_cache_len`` positions that writes the new
     positions at ``past_length`` (in place into buffers, or into new tensors for a program's outputs).
 
@@ -85,11 +87,23 @@ def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch
     ``index_put_`` kernel takes a single 1-D index and values of the buffer's rank ("Special case in-place index_put
     only supports 1-dimensional index tensors"), and its passes drop the unit batch dim of 4-D values (batch 1:
     "values.size(2) = 8, index_length = 6").
+
+    With ``fused``, ``update`` writes nothing and returns the new positions: the layer's attention writes them with
+    ``hfexport::cache_attention`` (:func:`grouped_query_attention`), or calls ``write`` where it cannot.
     """
     from transformers.cache_utils import StaticLayer
 
     class CapacityLayer(StaticLayer):
+        pending: tuple[torch.Tensor, torch.Tensor] | None = None  # new positions left to the fused attention
+
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if fused:  # hfexport::cache_attention writes them (grouped_query_attention), or write() does
+                self.pending = (key_states, value_states)
+                return key_states, value_states
+            return self.write(key_states, value_states)
+
+        def write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> Any:
+            self.pending = None
             batch, heads, seq = key_states.shape[:3]
             device = key_states.device
             positions = torch.arange(seq, device=device) + self.cumulative_length
@@ -136,8 +150,18 @@ def grouped_query_attention(original: Any) -> Any:
                   **kwargs: Any) -> Any:
         groups = getattr(module, "num_key_value_groups", 1)
         unsupported = dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias"))
-        if unsupported or not isinstance(attention_mask, torch.Tensor) \
-                or attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
+        unsupported = unsupported or not isinstance(attention_mask, torch.Tensor) \
+            or attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+        layer = _pending_layer(module, key)
+        if layer is not None:
+            if not unsupported and _fusable(query, key, value, layer, attention_mask):
+                layer.pending = None
+                out, layer.keys, layer.values = torch.ops.hfexport.cache_attention(
+                    query, key, value, layer.keys, layer.values, layer.cumulative_length, attention_mask,
+                    scaling if scaling is not None else query.shape[-1] ** -0.5)
+                return out, None
+            key, value = layer.write(key, value)
+        if unsupported:
             return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
         batch, heads, seq, dim = query.shape
@@ -157,6 +181,31 @@ def grouped_query_attention(original: Any) -> Any:
         return out.reshape(-1, heads, seq, value_dim).transpose(1, 2).contiguous(), None
 
     return attention
+
+
+_FUSED_CACHE: contextvars.ContextVar[Any] = contextvars.ContextVar("hfexport_fused_cache", default=None)
+
+
+def _pending_layer(module: Any, key: torch.Tensor) -> Any:
+    """The cache layer whose new positions ``key`` are, left to this attention to write (fused mode), or None."""
+    cache = _FUSED_CACHE.get()
+    index = getattr(module, "layer_idx", None)
+    if cache is None or not isinstance(index, int) or not 0 <= index < len(cache.layers):
+        return None
+    layer = cache.layers[index]
+    return layer if layer.pending is not None and layer.pending[0] is key else None
+
+
+def _fusable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: Any, mask: torch.Tensor) -> bool:
+    """Whether ``hfexport::cache_attention`` computes this layer: one head size, whole query groups, a float32 or
+    float16 cache (ONNX Runtime's CPU kernel), the mask over the whole capacity."""
+    return (query.shape[-1] == key.shape[-1] == value.shape[-1] and query.shape[1] % key.shape[1] == 0
+            and layer.keys.dtype in (torch.float32, torch.float16) and query.dtype == layer.keys.dtype
+            and mask.shape[-1] == layer.keys.shape[2])
+
+
+class FusedAttentionUnused(RuntimeError):
+    """A layer's new keys and values reached no :func:`grouped_query_attention` (the model attends another way)."""
 
 
 @contextlib.contextmanager
@@ -187,6 +236,9 @@ class CausalLMStep(torch.nn.Module):
         in_buffers: keep the cache in this module's buffers (``cache_keys_<i>``, ``cache_values_<i>``, zeros,
             ``[batch * kv_heads, max_cache_len, head_dim]``), mutated in place, instead of taking it as the ``cache``
             input and returning it.
+        fused_attention: each layer's cache write and attention are one ``hfexport::cache_attention`` node (for
+            a backend that lowers it to a fused kernel, ``Exporter.fused_cache_attention``); not with
+            ``in_buffers``. A forward raises :class:`FusedAttentionUnused` when a layer attends another way.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
@@ -204,8 +256,9 @@ class CausalLMStep(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
-                 dtype: torch.dtype = torch.float32, in_buffers: bool = False):
+                 dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: bool = False):
         super().__init__()
+        self.fused_attention = fused_attention and not in_buffers
         self.model = model
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
@@ -227,12 +280,21 @@ class CausalLMStep(torch.nn.Module):
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
                           for i in range(len(self.cache_shapes)))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
-        kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None)
+        kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
+                                           fused=self.fused_attention)
                            for (k, v), shapes in zip(cache, self.cache_shapes, strict=True)])
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
-        with _grouped_sdpa():
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
-                             logits_to_keep=1, **extra)
+        token = _FUSED_CACHE.set(kv if self.fused_attention else None)
+        try:
+            with _grouped_sdpa():
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
+                                 logits_to_keep=1, **extra)
+        finally:
+            _FUSED_CACHE.reset(token)
+        unwritten = [i for i, layer in enumerate(kv.layers) if layer.pending is not None]
+        if unwritten:
+            raise FusedAttentionUnused(f"layers {unwritten} of {type(self.model).__name__} attend without "
+                                       "transformers' sdpa attention function; export without fused_attention")
         result = {"logits": out.logits[:, -1, :]}
         if not self.in_buffers:
             result["cache"] = tuple((layer.keys, layer.values) for layer in kv.layers)
@@ -323,7 +385,8 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
-              max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False) -> Any:
+              max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False,
+              fused_cache_attention: bool = False) -> Any:
     """The components to export for ``task``: for ``"text-generation"``, the one ``decoder`` program of a
     :class:`CausalLMStep` (see the module docstring for its inputs, outputs, cache and dynamic dims).
 
@@ -338,6 +401,9 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
             ``min(256, max_cache_len)``); a longer prompt is prefilled in chunks of this size.
         stateful: the backend's runtime keeps a program's mutated buffers between calls
             (``Exporter.stateful_programs``): the cache then lives in the program's buffers and the batch is static.
+        fused_cache_attention: the backend lowers ``hfexport::cache_attention`` (``Exporter.fused_cache_attention``):
+            each layer's cache write and attention are traced as that one op where the model's attention allows it
+            (checked by one eager forward; otherwise the write and the attention stay apart).
 
     Raises:
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
@@ -380,6 +446,14 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     example["past_length"] = torch.tensor(0)
     if not stateful:
         example["cache"] = tuple((torch.zeros(k, dtype=dtype), torch.zeros(v, dtype=dtype)) for k, v in shapes)
+    attends_by_sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"  # grouped_query_attention's
+    if fused_cache_attention and attends_by_sdpa and not stateful:
+        step.fused_attention = True
+        try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
+            with torch.no_grad():
+                step(**example)
+        except Exception:  # the plain write and attention are exported instead (and raise what they raise)
+            step.fused_attention = False
     from torch.export import Dim
 
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
@@ -393,6 +467,7 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     # row_shapes: per layer, the (keys, values) shape of one batch row, [kv_heads, max_cache_len, head_dim]
     cache = {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": stateful,
              "static_batch": stateful or rows == 1, "dtype": str(dtype).removeprefix("torch."),
+             "fused_attention": step.fused_attention,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
     manifest = generation_manifest(model, max_cache_len, max_batch, len(shapes))
     manifest.update(prefill_chunk=prefill_chunk, cache=cache)

@@ -133,12 +133,12 @@ class DynamoTracer:
 
     def plan_task(self, model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
                   max_cache_len: int | None = None, max_batch: int | None = None, prefill_chunk: int | None = None,
-                  stateful: bool = False) -> Any:
+                  stateful: bool = False, fused_cache_attention: bool = False) -> Any:
         """The components a generative ``task`` exports (see :func:`hfexport_dynamo.generation.plan_task`)."""
         from .generation import plan_task
 
         return plan_task(model, task, inputs, max_cache_len=max_cache_len, max_batch=max_batch,
-                         prefill_chunk=prefill_chunk, stateful=stateful)
+                         prefill_chunk=prefill_chunk, stateful=stateful, fused_cache_attention=fused_cache_attention)
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
         """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.generation.generate`)."""

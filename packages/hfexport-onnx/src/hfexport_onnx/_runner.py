@@ -104,13 +104,16 @@ def check_external_data(model_path: str | Path, root: str | Path, listed: Sequen
 
 
 _METADATA_ONLY = ("Shape", "Size")  # ops that read a tensor's dims, not its values
+_GQA_PRESENTS = {1: 3, 2: 4}  # GroupQueryAttention's present_key / present_value outputs: their past inputs
 
 
 def in_place_outputs(model: ir.Model) -> dict[str, str]:
     """The graph outputs that ONNX Runtime can write into the memory of a graph input: ``{output: input}``.
 
     An output qualifies when a ``ScatterND`` writes it from a graph input of the same type and shape that nothing
-    else reads (a KV cache of fixed capacity with its new positions written: ``hfexport_dynamo.generation``).
+    else reads (a KV cache of fixed capacity with its new positions written: ``hfexport_dynamo.generation``), or
+    when it is a ``GroupQueryAttention``'s present key or value and its past one is such a graph input (the kernel
+    writes the new positions only when the two are one buffer: ``_attention.py``).
     ONNX Runtime's ScatterND copies its data input to its output only when their buffers differ, so with the two
     bound to one buffer it writes just the updates (measured on onnxruntime 1.32: 4 us against 560 us for a
     ``[1, 8, 4096, 64]`` float32 cache). Nothing else reads the input's values (``Shape`` and ``Size`` read its
@@ -121,9 +124,17 @@ def in_place_outputs(model: ir.Model) -> dict[str, str]:
     aliases: dict[str, str] = {}
     for name, value in outputs.items():
         node = value.producer()
-        if node is None or node.op_type != "ScatterND" or node.domain not in ("", "ai.onnx") or not node.inputs:
+        if node is None or not node.inputs:
             continue
-        data = node.inputs[0]
+        if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx"):
+            data = node.inputs[0]
+        elif node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+            index = next((i for i, out in enumerate(node.outputs) if out is value), None)
+            if index not in _GQA_PRESENTS or len(node.inputs) <= _GQA_PRESENTS[index]:
+                continue
+            data = node.inputs[_GQA_PRESENTS[index]]
+        else:
+            continue
         if data is None or data.name not in inputs or data.name in aliases.values() or data.type != value.type:
             continue
         readers = [use.node for use in data.uses() if use.node is not node]

@@ -55,6 +55,7 @@ from hfexport.plugin import (
 )
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
 
+from ._attention import lowerings
 from ._errors import (
     OnnxConversionError,
     OnnxSessionError,
@@ -156,6 +157,9 @@ class OnnxExporter(Exporter):
                                             "hfexport-onnx")
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "onnx": "1.23.2",
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
+    # A generation program's attention as ONNX Runtime's GroupQueryAttention (_attention.py), except for plain
+    # ONNX ops (ort_fusions=None)
+    fused_cache_attention = property(lambda self: self.config.ort_fusions is not None)  # type: ignore[assignment]
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Torch patches", '@register_patch("onnx", ...)', "stage_torch_patches"),
         Stage(2, "ONNX patches", '@register_patch("onnx.decomposition", ...)', "stage_onnx_patches"),
@@ -676,10 +680,11 @@ def _aten_bitwise_left_shift(self: Any, other: Any) -> Any:
 
 
 def translation_table(disabled: Iterable[str] = (), opset_version: int = TORCHLIB_OPSET) -> dict[Any, Callable[..., Any]]:
-    """The registered ONNX translations, ``{aten overload: function}``, minus those ``disabled`` names and those
-    that do not apply at ``opset_version``."""
-    return {r.data["target"]: r.func for r in workarounds_for(_ONNX_TRANSLATION_TABLE, ("onnx",), disabled)
-            if opset_version < r.data.get("below_opset", 10**6)}
+    """hfexport's own ops' lowerings (``_attention.py``) and the registered ONNX translations, ``{aten overload:
+    function}``, minus those ``disabled`` names and those that do not apply at ``opset_version``."""
+    return {**lowerings(), **{r.data["target"]: r.func for r in workarounds_for(_ONNX_TRANSLATION_TABLE, ("onnx",),
+                                                                               disabled)
+                              if opset_version < r.data.get("below_opset", 10**6)}}
 
 
 # ── Stage 5: ONNX IR fixes ──

@@ -1,0 +1,59 @@
+"""``hfexport::cache_attention``: attention that writes a step's keys and values into a KV cache of fixed capacity
+and reads only the positions filled so far, as one op that a backend lowers to its runtime's fused kernel.
+
+Traced as one node, it keeps the cache write and the attention together, so a backend whose runtime has such a
+kernel (ONNX Runtime's ``com.microsoft.GroupQueryAttention``, which writes into a present buffer shared with the
+past one and reads ``past_length + seq`` positions, not the whole capacity) can lower it to that kernel
+(``Exporter.fused_cache_attention``). Its eager implementation, used by the verification's eager run, is the
+plain computation: write, then attend over the cache under the mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["cache_attention"]
+
+
+@torch.library.custom_op("hfexport::cache_attention", mutates_args=())
+def cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor,
+                    past_value: torch.Tensor, past_length: torch.Tensor, mask: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped-query attention of ``seq`` new positions over a cache, with the cache write.
+
+    Args:
+        query: ``[batch, heads, seq, head_dim]``.
+        key: ``[batch, kv_heads, seq, head_dim]`` (the new positions', RoPE applied); ``heads % kv_heads == 0``.
+        value: ``[batch, kv_heads, seq, head_dim]``.
+        past_key: ``[batch, kv_heads, max_cache_len, head_dim]``, the cache (positions ``>= past_length`` unused).
+        past_value: as ``past_key``.
+        past_length: ``int64 []``, the positions already cached; the new ones go to ``past_length + i``.
+        mask: ``bool [batch, 1, seq, max_cache_len]``, True where a query may attend a position (causal, padding
+            and window applied); a row without any True key attends uniformly, as transformers' eager attention
+            with the dtype's minimum as the masked score.
+        scale: the score scale (``head_dim ** -0.5`` for most models).
+
+    Returns:
+        ``(out [batch, seq, heads, head_dim], present_key, present_value)``: the presents are the caches with the
+        new positions written (the same shapes as the pasts).
+    """
+    start = int(past_length)
+    seq = key.shape[2]
+    present_key, present_value = past_key.clone(), past_value.clone()
+    present_key[:, :, start:start + seq] = key
+    present_value[:, :, start:start + seq] = value
+    groups = query.shape[1] // key.shape[1]
+    keys = present_key.repeat_interleave(groups, dim=1)
+    values = present_value.repeat_interleave(groups, dim=1)
+    scores = (query @ keys.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    out = torch.softmax(scores.float(), dim=-1).to(query.dtype) @ values
+    return out.transpose(1, 2).contiguous(), present_key, present_value
+
+
+@cache_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
+      past_length: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, heads, seq, _ = query.shape
+    out = query.new_empty((batch, seq, heads, value.shape[-1]))
+    return out, torch.empty_like(past_key), torch.empty_like(past_value)

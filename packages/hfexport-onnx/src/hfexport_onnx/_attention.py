@@ -1,0 +1,81 @@
+"""The lowering of ``hfexport::cache_attention`` (a generation program's cache write and attention, one op:
+``hfexport_dynamo._cache_attention``) to ONNX Runtime's ``com.microsoft.GroupQueryAttention``.
+
+GroupQueryAttention writes the new positions into its present buffers and attends over the first
+``seqlens_k + 1`` positions only; when the present buffers are the past ones (IO binding: :func:`in_place_outputs`
+of ``_runner.py``) it copies nothing else. A decode step then costs what attention reads at the current context,
+not at the cache's capacity, as in ONNX Runtime GenAI's decoders. The kernel's contract (onnxruntime
+``contrib_ops/cpu/bert/gqa_attention_base.h``, ``docs/ContribOperators.md``): query ``[batch, seq, heads * dim]``,
+key/value ``[batch, seq, kv_heads * dim]``, past/present ``[batch, kv_heads, capacity, dim]``, ``seqlens_k`` int32
+``[batch]`` = total positions - 1, ``total_sequence_length`` int32 scalar, ``attention_bias`` ``[batch, 1, seq,
+total]`` added to the scores (the padding and window mask here; the kernel applies the causal one itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+from onnxscript.values import Op, Opset
+
+import hfexport_dynamo._cache_attention  # noqa: F401  (registers hfexport::cache_attention)
+
+__all__ = ["lowerings"]
+
+_MICROSOFT = Opset("com.microsoft", 1)
+
+
+def _gqa_schema() -> Any:
+    """GroupQueryAttention's signature, as far as this lowering uses it: onnxscript builds a node from a schema,
+    and the ``com.microsoft`` ones live in ONNX Runtime, not in ``onnx.defs``."""
+    from onnx.defs import OpSchema
+
+    def inputs(*names: str, optional: tuple[str, ...] = ()) -> list[Any]:
+        return [OpSchema.FormalParameter(n, "T" if n not in ("seqlens_k", "total_sequence_length") else "M", "",
+                                         param_option=OpSchema.FormalParameterOption.Optional if n in optional
+                                         else OpSchema.FormalParameterOption.Single) for n in names]
+
+    optional = ("key", "value", "past_key", "past_value", "cos_cache", "sin_cache", "position_ids", "attention_bias")
+    return OpSchema(
+        "GroupQueryAttention", "com.microsoft", 1,
+        inputs=inputs("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+                      "cos_cache", "sin_cache", "position_ids", "attention_bias", optional=optional),
+        outputs=inputs("output", "present_key", "present_value"),
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, ""),
+                    OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
+                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "")])
+
+
+def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, past_value: Any, past_length: Any,
+                            mask: Any, scale: float) -> Any:
+    """``hfexport::cache_attention`` as one GroupQueryAttention (plus the layout changes and the bias)."""
+    heads, dim = query.shape[1], query.shape[3]
+    kv_heads = key.shape[1]
+    to_bsh = op.Constant(value_ints=[0, 0, -1])  # [batch, seq, heads * dim] from [batch, seq, heads, dim]
+    q = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), to_bsh)
+    k = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), to_bsh)
+    v = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_bsh)
+    seq = op.Shape(query, start=2, end=3)  # int64 [1]
+    total = op.Add(op.Reshape(past_length, op.Constant(value_ints=[1])), seq)  # int64 [1]
+    seqlens_k = op.Cast(op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(query, start=0, end=1)),
+                        to=ir.DataType.INT32)
+    total_length = op.Cast(op.Squeeze(total, op.Constant(value_ints=[0])), to=ir.DataType.INT32)
+    visible = op.Slice(mask, op.Constant(value_ints=[0]), total, op.Constant(value_ints=[3]))
+    zero = op.CastLike(op.Constant(value_float=0.0), query)
+    lowest = op.CastLike(op.Constant(value_float=float(torch.finfo(torch.float16).min
+                                                       if query.dtype == ir.DataType.FLOAT16
+                                                       else torch.finfo(torch.float32).min)), query)
+    bias = op.Where(visible, zero, lowest)
+    gqa = Op(_MICROSOFT, "GroupQueryAttention", _gqa_schema())
+    out, present_key, present_value = gqa(q, k, v, past_key, past_value, seqlens_k, total_length, None, None, None,
+                                          bias, num_heads=heads, kv_num_heads=kv_heads, scale=float(scale))
+    out = op.Reshape(out, op.Constant(value_ints=[0, 0, heads, dim]))  # [batch, seq, heads, dim]
+    return out, present_key, present_value
+
+
+def lowerings() -> dict[Any, Any]:
+    """hfexport's own ops and their ONNX translations, for ``torch.onnx.export``'s ``custom_translation_table``."""
+    return {torch.ops.hfexport.cache_attention.default: _cache_attention_to_gqa}
