@@ -11,7 +11,7 @@ from ._artifact import DEFAULT_COMPONENT, Component, ExportedModel, read_manifes
 from ._discovery import get_backend
 from ._exporter import ExportConfig
 from ._stages import ProgressCallback
-from ._trust import check_integrity, check_treespec, import_type_modules, treespec_names, unregistered
+from ._trust import check_integrity, import_type_modules, load_treespec, treespec_names, unregistered
 
 __all__ = ["export", "load"]
 
@@ -140,7 +140,7 @@ def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder
     else:
         path = Path(path) / subfolder if subfolder else Path(path)
     manifest = read_manifest(path)
-    check_integrity(path, manifest)
+    check_integrity(path, manifest, trust_remote_code=trust_remote_code)
     return open_artifact(path, manifest, trust_remote_code=trust_remote_code)
 
 
@@ -181,19 +181,19 @@ def _call_trusting(function: Any, trust_remote_code: bool, *args: Any) -> Any:
 def _out_spec(name: str, section: Mapping[str, Any], trust_remote_code: bool) -> Any:
     """The component's output ``TreeSpec`` from its manifest section (``None`` without an ``output_spec``).
 
-    Its types must be registered pytree nodes; with ``trust_remote_code`` the modules of those that are not
-    are imported first (as their serialized names give them)."""
+    Read by :func:`hfexport._trust.load_treespec` (allow-listed types, nothing imported); with
+    ``trust_remote_code`` by torch's ``treespec_loads``, after importing the modules its type names give."""
     spec = section.get("output_spec")
     if spec is None:
         return None
     import torch.utils._pytree as pytree
 
     where = f"the output_spec of component {name!r}"
-    if trust_remote_code:
+    if trust_remote_code:  # the caller trusts the artifact: torch's reader, which imports what the spec names
         types, _ = treespec_names(spec)
         import_type_modules(unregistered(types))
-    check_treespec(spec, where)
-    return pytree.treespec_loads(spec)
+        return pytree.treespec_loads(spec)
+    return load_treespec(spec, where)
 
 
 def _copy_file(source: Path, target: Path) -> None:

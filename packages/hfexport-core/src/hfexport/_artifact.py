@@ -37,8 +37,8 @@ from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION, read_manifest: re-export
     HASHES_KEY,
     MANIFEST_NAME,
     SCHEMA_VERSION,
-    check_treespec,
     file_digests,
+    load_treespec,
     read_manifest,
 )
 
@@ -492,13 +492,10 @@ class ExportedModel:
         """The outputs' ``TreeSpec`` of ``component`` (default: the default one)."""
         component = component or self.default_component
         if component.out_spec is None:
-            import torch.utils._pytree as pytree
-
             section = self._section(component)
-            # No import by a name the artifact gives (``output_modules`` is informational): the types must be
-            # registered pytree nodes already (the tracer's ``prepare_load`` registers those it admits).
-            check_treespec(section["output_spec"], f"the output_spec of component {component.name!r}")
-            component.out_spec = pytree.treespec_loads(section["output_spec"])
+            # hfexport's own reader: allow-listed types, no import by a name the artifact gives
+            component.out_spec = load_treespec(section["output_spec"],
+                                               f"the output_spec of component {component.name!r}")
         return component.out_spec
 
     def __call__(self, **inputs: Any) -> Any:

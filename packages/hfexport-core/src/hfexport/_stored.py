@@ -17,7 +17,7 @@ the ``cache`` a decoder returns) is compared when the model is exported but not 
 stored outputs computed from it (the logits) check it on a re-run.
 
 Loading it runs no code: safetensors holds only tensors; a pytree input's structure is a ``treespec_dumps`` string
-whose types must be registered pytree nodes (:func:`hfexport._trust.check_treespec`); every key, input name and
+read by hfexport's own reader (:func:`hfexport._trust.load_treespec`: allow-listed types, nothing imported); every key, input name and
 output name is checked against the manifest before the runtime runs.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._trust import check_treespec
+from ._trust import load_treespec
 
 __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "verification_tensors", "write_stored"]
 
@@ -114,11 +114,14 @@ def _zero_leaves(entry: Mapping[str, Any], where: str) -> dict[int, Any]:
 
 
 def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
-    """Write ``tensors`` to ``path`` with safetensors (no pickle)."""
-    from safetensors.torch import save_file
+    """Write ``tensors`` to ``path`` with safetensors (no pickle), with the mode a plain ``open`` gives (safetensors'
+    ``save_file`` creates ``-rw-------``, unlike the artifact's other files)."""
+    from safetensors.torch import save
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(dict(tensors), str(path))
+    data = save(dict(tensors))
+    with open(path, "wb") as file:  # mode 0o666 less the umask, as every other file of the artifact
+        file.write(data)
 
 
 def read_stored(path: Path) -> dict[str, Any]:
@@ -178,8 +181,7 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
             continue
         if not isinstance(spec, str):
             raise ValueError(f"{where}: stored input {entry['name']!r} has a spec that is not a string")
-        check_treespec(spec, f"{where}: the structure of stored input {entry['name']!r}")
-        treespec = pytree.treespec_loads(spec)
+        treespec = load_treespec(spec, f"{where}: the structure of stored input {entry['name']!r}")
         if treespec.num_leaves != len(leaves):
             raise ValueError(f"{where}: stored input {entry['name']!r} has {len(leaves)} leaves where its "
                              f"structure has {treespec.num_leaves}")

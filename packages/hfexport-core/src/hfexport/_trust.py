@@ -5,10 +5,15 @@
   resolves inside the artifact directory: no absolute paths, no ``..``, and symlinks only to files within the
   directory (or, for an artifact in a Hugging Face cache snapshot, into that repository's ``blobs/``).
 - Every file's size and SHA-256 match the manifest's ``files_sha256``, checked before any runtime opens it.
-- No code runs from it: the types its output specs name must already be registered pytree nodes (a tracer's
-  ``prepare_load`` registers the ones its allow-list admits; no module is imported by a name the artifact
-  gives), and pickled bytes are admitted only when every global they load is in :data:`SAFE_PICKLE_GLOBALS`
-  (:func:`pickle_globals` reads them with ``pickletools``, without unpickling), unless the caller passes
+- Every file a runner opens is one the manifest names and hashes (:func:`artifact_file`): no default file names.
+  A schema-1 manifest (no hashes) is refused unless ``trust_remote_code=True`` (:func:`check_integrity`).
+- The manifest is bounded: at most :data:`MANIFEST_MAX_BYTES`, JSON nested at most :data:`JSON_MAX_DEPTH` deep,
+  integers of at most :data:`JSON_MAX_INT_DIGITS` digits (:func:`parse_json`); beyond, a :class:`ManifestError`.
+- No code runs from it: pytree specs are read by :func:`load_treespec`, hfexport's own reader, which admits only
+  the types of :func:`allowed_pytree_type` (builtins containers, and what a tracer allows through
+  :func:`allow_pytree_types`), refuses ``defaultdict`` and every context that names a module (an enum), and
+  imports nothing. Pickled bytes are unpickled only by a backend's restricted unpickler (``hfexport_dynamo``'s
+  ``.pt2`` reader), never by ``torch.load`` with ``weights_only=False``, unless the caller passes
   ``trust_remote_code=True``.
 
 Nothing here imports torch at import time (``hfexport --help`` stays fast).
@@ -29,11 +34,14 @@ MANIFEST_NAME = "export.json"
 SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 
 __all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
-           "UntrustedArtifactError", "check_file_paths", "check_integrity", "check_treespec", "file_digests",
-           "import_type_modules", "importable_prefixes", "manifest_file_refs", "pickle_globals", "read_manifest",
-           "treespec_names", "unregistered", "unsafe_pickle_globals", "validate_manifest"]
+           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_integrity", "check_treespec", "file_digests",
+           "import_type_modules", "importable_prefixes", "load_treespec", "manifest_file_refs", "parse_json", "pickle_globals",
+           "read_manifest", "treespec_names", "unregistered", "unsafe_pickle_globals", "validate_manifest"]
 
 HASHES_KEY = "files_sha256"
+MANIFEST_MAX_BYTES = 16 * 2**20  # a generation artifact's manifest is ~100 KB
+JSON_MAX_DEPTH = 64  # hfexport writes at most ~12 levels
+JSON_MAX_INT_DIGITS = 24  # a byte count or an int64 bound has at most 20 digits
 TRUST_HINT = ("hfexport.load runs no code from an artifact; pass trust_remote_code=True (CLI: --trust-remote-code) "
               "only for an artifact from a source you trust")
 
@@ -188,10 +196,11 @@ def validate_manifest(manifest: Any, where: Any = "export.json", *, supported: I
                     or isinstance(entry.get("size"), bool) or entry["size"] < 0:
                 problems.append(f"{HASHES_KEY}[{name!r}] must be {{'sha256': 64 hex digits, 'size': bytes}}, "
                                 f"got {entry!r:.80}")
-        if isinstance(files, list):
-            unhashed = [f for f in files if isinstance(f, str) and f != "export.json" and f not in hashes]
-            if unhashed:
-                problems.append(f"{HASHES_KEY} has no entry for {unhashed}")
+        # every file the manifest names (files, every *_file key) is hashed: a runner opens no other file
+        unhashed = sorted({f for _, f in manifest_file_refs(manifest) if f != MANIFEST_NAME and f not in hashes
+                           and _plain_relative(f)})  # the others: check_file_paths names them
+        if unhashed:
+            problems.append(f"{HASHES_KEY} has no entry for {unhashed}: the artifact is damaged or crafted")
     components = manifest.get("components")
     if isinstance(components, dict):
         if not components:
@@ -211,8 +220,9 @@ def validate_manifest(manifest: Any, where: Any = "export.json", *, supported: I
 def manifest_file_refs(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(where, file name)`` of every file the manifest names: ``files``, ``files_sha256`` and every ``*_file``
     key of every component (at any depth)."""
-    refs = [(f"files[{i}]", f) for i, f in enumerate(manifest.get("files") or []) if isinstance(f, str)]
-    refs += [(f"{HASHES_KEY}[{f!r}]", f) for f in manifest.get(HASHES_KEY) or {}]
+    files, hashes = manifest.get("files"), manifest.get(HASHES_KEY)
+    refs = [(f"files[{i}]", f) for i, f in enumerate(files if isinstance(files, list) else []) if isinstance(f, str)]
+    refs += [(f"{HASHES_KEY}[{f!r}]", f) for f in (hashes if isinstance(hashes, dict) else {})]
     # Every other key, at any depth (the top level repeats the default component's keys), but the records
     # that describe the export (the config's reprs, versions, workarounds, the verification report).
     sections = {k: v for k, v in manifest.items() if k not in _RECORD_KEYS}
@@ -236,6 +246,12 @@ def _allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
+def _plain_relative(name: str) -> bool:
+    pure = PurePosixPath(name)
+    return not (not name or "\\" in name or "\x00" in name or pure.is_absolute() or os.path.isabs(name)
+                or ".." in pure.parts or re.match(r"^[A-Za-z]:", name))
+
+
 def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
     """Refuse a manifest that names a file outside ``path``: an absolute path, a ``..`` component, a name that
     is not a plain relative path, or a symlink (anywhere on the way) that leads outside.
@@ -250,9 +266,7 @@ def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
         named.setdefault(name, []).append(where)
     bad = []
     for name, wheres in named.items():
-        pure = PurePosixPath(name)
-        if not name or "\\" in name or "\x00" in name or pure.is_absolute() or os.path.isabs(name) \
-                or ".." in pure.parts or re.match(r"^[A-Za-z]:", name):
+        if not _plain_relative(name):
             why = "absolute, '..' or not a plain relative path"
         else:
             resolved = (root / name).resolve()
@@ -280,17 +294,27 @@ def file_digests(directory: Path, names: Iterable[str]) -> dict[str, dict[str, A
             for name in sorted(set(names))}
 
 
-def check_integrity(path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+def check_integrity(path: Path, manifest: Mapping[str, Any], *, trust_remote_code: bool = False) -> dict[str, Any]:
     """Check every file's size and SHA-256 against ``manifest["files_sha256"]`` (sizes first: a truncated file
     costs no hashing).
 
+    A schema-1 manifest records no hashes: its files cannot be checked, so it is refused unless
+    ``trust_remote_code`` (the message says how to re-save it with hashes).
+
     Returns:
-        ``{"files": n, "bytes": total}`` of what was checked (``{"files": 0, ...}`` for a version-1 manifest,
-        which records no hashes).
+        ``{"files": n, "bytes": total}`` of what was checked (``{"files": 0, ...}`` for a trusted version-1
+        manifest).
 
     Raises:
         IntegrityError: the files that differ, each with expected and actual size or SHA-256.
+        UntrustedArtifactError: a schema-1 manifest without ``trust_remote_code``.
     """
+    if HASHES_KEY not in manifest and not trust_remote_code:
+        raise UntrustedArtifactError(
+            f"{path} has a schema-{manifest.get('schema_version', 1)} manifest, which records no file hashes: "
+            "hfexport cannot check what its runtime would read. If you trust its source, re-save it with hashes: "
+            f"hfexport.load({str(path)!r}, trust_remote_code=True).save_pretrained(NEW_DIR) (CLI: hfexport verify "
+            "DIR --trust-remote-code, then load and save it in Python)")
     hashes = manifest.get(HASHES_KEY) or {}
     problems, bad = [], []
     for name, entry in sorted(hashes.items()):
@@ -314,6 +338,184 @@ def check_integrity(path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
         raise IntegrityError(f"{path} is corrupt or was modified after it was saved: {'; '.join(problems)} "
                              "(re-export it, or copy it again from its source)", bad)
     return {"files": len(hashes), "bytes": sum(e["size"] for e in hashes.values())}
+
+
+def artifact_file(path: Path, manifest: Mapping[str, Any], name: Any, where: str) -> Path:
+    """The path of file ``name`` that a runner is about to open, after checking that the manifest hashes it
+    (``files_sha256``; ``files`` for a schema-1 manifest loaded with ``trust_remote_code``): a runner takes its
+    file names from the manifest only, never a default, so every byte it reads was checked on load.
+
+    Args:
+        path: the artifact directory.
+        manifest: its manifest (read by :func:`read_manifest`, checked by :func:`check_integrity`).
+        name: the file name the manifest gives (``None`` when the key is absent).
+        where: the manifest key that gives it (``components['model'].onnx.model_file``), for the message.
+
+    Raises:
+        ManifestError: no name, or a name the manifest does not hash (the artifact is damaged or crafted).
+    """
+    hashed = manifest.get(HASHES_KEY)
+    known = hashed if isinstance(hashed, dict) else [f for f in manifest.get("files") or [] if isinstance(f, str)]
+    if not isinstance(name, str) or not name:
+        raise ManifestError(Path(path) / MANIFEST_NAME, [f"{where} names no file ({name!r}): the runtime would need "
+                                                         "a default file name; the artifact is damaged or crafted"])
+    if name not in known or name == MANIFEST_NAME:
+        raise ManifestError(Path(path) / MANIFEST_NAME, [f"{where} names {name!r}, which {HASHES_KEY} does not "
+                                                         "hash: the artifact is damaged or crafted"])
+    return Path(path) / name
+
+
+class _JsonTooLarge(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > JSON_MAX_INT_DIGITS:
+        raise _JsonTooLarge(f"an integer of {len(text.lstrip('-')):,} digits (at most {JSON_MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _refuse_constant(text: str) -> Any:
+    raise _JsonTooLarge(f"{text} is not JSON")
+
+
+def parse_json(data: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
+    """``json.loads`` with bounds: nesting at most ``max_depth`` deep, integers of at most
+    :data:`JSON_MAX_INT_DIGITS` digits, no ``NaN``/``Infinity``. Costs one pass over the parsed value.
+
+    Raises:
+        ValueError: not JSON, or beyond a bound (says which).
+    """
+    try:
+        value = json.loads(data, parse_int=_bounded_int, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
+    except _JsonTooLarge as exc:
+        raise ValueError(str(exc)) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    todo = [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > max_depth:
+            raise ValueError(f"JSON nested deeper than {max_depth} levels")
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
+    return value
+
+
+# ── pytree specs: hfexport's own reader, allow-listed types, no import by name ──────────────────────────
+_BUILTIN_PYTREE_TYPES = {"builtins.tuple": tuple, "builtins.list": list, "builtins.dict": dict}
+_PYTREE_PREDICATES: list[Any] = []
+TREESPEC_MAX_NODES = 100_000
+
+
+def allow_pytree_types(predicate: Any) -> None:
+    """Admit the registered pytree types for which ``predicate(cls)`` is true in artifacts' specs (a tracer's
+    allow-list: transformers' ``ModelOutput`` subclasses and cache types). Nothing is imported to find them: a type
+    is admitted only when it is already registered in this process."""
+    if predicate not in _PYTREE_PREDICATES:
+        _PYTREE_PREDICATES.append(predicate)
+
+
+def allowed_pytree_type(name: Any) -> type | None:
+    """The Python type a serialized pytree type name stands for, when the allow-list admits it: ``tuple``,
+    ``list``, ``dict``, ``collections.OrderedDict``, and registered types a tracer admits
+    (:func:`allow_pytree_types`). ``None`` otherwise (``collections.defaultdict`` included: its context names a
+    module that torch imports)."""
+    if not isinstance(name, str):
+        return None
+    if name in _BUILTIN_PYTREE_TYPES:
+        return _BUILTIN_PYTREE_TYPES[name]
+    if name == "collections.OrderedDict":
+        import collections
+
+        return collections.OrderedDict
+    pytree = sys.modules.get("torch.utils._pytree")
+    cls = getattr(pytree, "SERIALIZED_TYPE_TO_PYTHON_TYPE", {}).get(name) if pytree is not None else None
+    if isinstance(cls, type) and any(_safe_predicate(p, cls) for p in _PYTREE_PREDICATES):
+        return cls
+    return None
+
+
+def _safe_predicate(predicate: Any, cls: type) -> bool:
+    try:
+        return bool(predicate(cls))
+    except Exception:  # noqa: BLE001 - a predicate that fails admits nothing
+        return False
+
+
+def _plain_json(value: Any) -> bool:
+    """JSON of strings, numbers, booleans, null and lists of them (a context naming no module or callable)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list):
+        return all(_plain_json(v) for v in value)
+    return False
+
+
+def load_treespec(spec: Any, where: str) -> Any:
+    """Read a ``treespec_dumps`` string with hfexport's own reader: every type admitted by
+    :func:`allowed_pytree_type`, every context plain JSON (no object, so no ``__enum__`` that names a module), or
+    the type's own ``from_dumpable_context`` for a tracer's types; nothing imported, at most
+    :data:`TREESPEC_MAX_NODES` nodes.
+
+    Raises:
+        UntrustedArtifactError: a type outside the allow-list, or a context that names a module or callable.
+        ValueError: not a serialized pytree spec.
+    """
+    import torch.utils._pytree as pytree
+
+    if not isinstance(spec, str):
+        raise ValueError(f"{where} is not a serialized pytree spec: {spec!r:.80}")
+    try:
+        protocol, schema = parse_json(spec, max_depth=2 * JSON_MAX_DEPTH)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where} is not a serialized pytree spec: {exc}") from None
+    if protocol != 1:
+        raise ValueError(f"{where} is a pytree spec of protocol {protocol!r}; hfexport reads protocol 1")
+    count = 0
+
+    def build(node: Any) -> Any:
+        nonlocal count
+        count += 1
+        if count > TREESPEC_MAX_NODES:
+            raise ValueError(f"{where} has more than {TREESPEC_MAX_NODES:,} nodes")
+        if not isinstance(node, dict) or not isinstance(node.get("children_spec"), list):
+            raise ValueError(f"{where} is not a serialized pytree spec")
+        name, context, children = node.get("type"), node.get("context"), node["children_spec"]
+        if name is None and context is None and not children:
+            return pytree._LEAF_SPEC if hasattr(pytree, "_LEAF_SPEC") else pytree.LeafSpec()
+        cls = allowed_pytree_type(name)
+        if cls is None:
+            raise UntrustedArtifactError(
+                f"{where} names pytree type {name!r:.120}, which hfexport does not admit from an artifact (it admits "
+                "tuple, list, dict, OrderedDict and the types its tracer allows; defaultdict and namedtuple name a "
+                "module or class): import and register it before hfexport.load, or pass trust_remote_code=True")
+        if not isinstance(context, str):
+            raise ValueError(f"{where}: the context of a {name} node is not a string")
+        node_def = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
+        if node_def is not None and node_def.from_dumpable_context is not None and cls not in (dict, list, tuple):
+            value = node_def.from_dumpable_context(context)
+        else:
+            try:
+                value = parse_json(context)
+            except ValueError as exc:
+                raise ValueError(f"{where}: the context of a {name} node: {exc}") from None
+            if not _plain_json(value):
+                raise UntrustedArtifactError(f"{where}: the context of a {name} node is {context!r:.120}, which is not "
+                                             "plain JSON (an enum names a module that reading it would import)")
+            if cls in (dict,) or name == "collections.OrderedDict" or cls not in (tuple, list):
+                if not isinstance(value, list) or len(value) != len(children):
+                    raise ValueError(f"{where}: the keys of a {name} node do not match its children")
+        return pytree.TreeSpec(cls, value, [build(child) for child in children])
+
+    try:
+        return build(schema)
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply") from None
 
 
 # ── output specs: only registered pytree types, no import by name ───────────────────────────────────────
@@ -414,15 +616,7 @@ def check_treespec(spec: str, where: str) -> None:
     Raises:
         UntrustedArtifactError: the names, and how to make them loadable.
     """
-    types, enums = treespec_names(spec)
-    missing = unregistered(types)
-    modules = sorted(m for m in enums if m not in sys.modules)
-    if missing or modules:
-        names = ", ".join(missing + [f"enum module {m}" for m in modules])
-        raise UntrustedArtifactError(
-            f"{where} names types that are not registered pytree nodes in this process: {names}. hfexport "
-            "imports no module an artifact names: import the package that defines them (it registers them) "
-            "before hfexport.load, or pass trust_remote_code=True to let hfexport import them")
+    load_treespec(spec, where)
 
 
 # ── pickles, read without unpickling ──────────────────────────────────────────────────────────────────────
@@ -555,10 +749,14 @@ def read_manifest(path: Path, *, check_present: bool = True) -> dict[str, Any]:
     manifest_path = path / MANIFEST_NAME
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{path} is not an hfexport artifact: it has no {MANIFEST_NAME}")
+    size = manifest_path.stat().st_size
+    if size > MANIFEST_MAX_BYTES:
+        raise ManifestError(manifest_path, [f"{size:,} bytes, over the {MANIFEST_MAX_BYTES:,} a manifest may have: "
+                                            "the artifact is damaged or crafted"])
     try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ManifestError(manifest_path, [f"not valid JSON: {exc}"]) from None
+        manifest = parse_json(manifest_path.read_bytes())
+    except ValueError as exc:
+        raise ManifestError(manifest_path, [f"{exc}: the artifact is damaged or crafted"]) from None
     validate_manifest(manifest, manifest_path, supported=range(1, SCHEMA_VERSION + 1))
     check_file_paths(path, manifest)
     missing = sorted({name for _, name in manifest_file_refs(manifest) if not (path / name).is_file()})

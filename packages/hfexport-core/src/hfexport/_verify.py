@@ -113,7 +113,7 @@ def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: 
     out(f"✅ manifest  schema {manifest['schema_version']}, backend {manifest['backend']}, "
         f"{manifest.get('model_class', '?')}, components: {', '.join(components)}")
     out(f"✅ paths     {len({n for _, n in manifest_file_refs(manifest)})} files named, all inside {path}")
-    checked = check_integrity(path, manifest)
+    checked = check_integrity(path, manifest, trust_remote_code=trust_remote_code)
     if checked["files"]:
         out(f"✅ hashes    {checked['files']} files, {checked['bytes']:,} bytes: sizes and SHA-256 match the manifest")
     else:

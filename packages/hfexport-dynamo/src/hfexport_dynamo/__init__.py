@@ -29,7 +29,7 @@ _LAZY = {
     "EXPORT_SKIPS": "skips",
     "dummy_inputs": "inputs", "forward_parameters": "inputs",
     "register_cache_type": "_pytree", "register_transformers_pytrees": "_pytree",
-    "inspect_pt2": "_pt2", "load_program": "_pt2",
+    "read_pt2": "_pt2", "load_program": "_pt2",
     "ComplexRewriteError": "rewrites", "complex_to_real_pairs": "rewrites", "involves_complex": "rewrites",
 }
 

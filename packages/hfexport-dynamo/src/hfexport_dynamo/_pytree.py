@@ -88,24 +88,22 @@ def _decode(value: Any) -> Any:
 
 
 def _decode_type(name: str) -> type:
-    """A class a saved cache context names (``module:qualname``): a registered cache type, or a class of a module
-    that is already imported or belongs to transformers or torch. No other module is imported by a name an
-    artifact gives (see ``hfexport._trust``)."""
+    """A class a saved cache context names (``module:qualname``): a registered cache type, or a class defined in a
+    transformers or torch module that is already imported, found in the module's own namespace (no module
+    ``__getattr__``, which would import lazily). Nothing is imported by a name an artifact gives."""
     from hfexport.plugin import UntrustedArtifactError
 
     for cls in _REGISTERED:
         if f"{cls.__module__}:{cls.__qualname__}" == name:
             return cls
     module, _, qualname = name.partition(":")
-    if module not in sys.modules and not (module in ("transformers", "torch")
-                                          or module.startswith(("transformers.", "torch."))):
-        raise UntrustedArtifactError(f"a saved cache context names class {name!r}, whose module is neither imported "
-                                     "nor part of transformers or torch: import it before hfexport.load")
-    obj: Any = importlib.import_module(module)
+    obj: Any = sys.modules.get(module) if module.split(".")[0] in ("transformers", "torch") else None
     for part in qualname.split("."):
-        obj = getattr(obj, part)
+        obj = vars(obj).get(part) if obj is not None and hasattr(obj, "__dict__") else None
     if not isinstance(obj, type):
-        raise ValueError(f"a saved cache context names {name!r}, which is not a class")
+        raise UntrustedArtifactError(f"a saved cache context names class {name!r:.120}, which is neither a registered "
+                                     "cache type nor a class of an imported transformers or torch module: hfexport "
+                                     "imports no module an artifact names")
     return obj
 
 
@@ -173,3 +171,22 @@ def register_transformers_pytrees() -> list[str]:
 
 def registered_types() -> list[type]:
     return list(_REGISTERED)
+
+
+def _admitted(cls: type) -> bool:
+    """The pytree types an artifact's specs may name (``hfexport.plugin.allow_pytree_types``): the cache types
+    registered here, and transformers' ``ModelOutput`` subclasses (transformers registers them on definition)."""
+    if cls in _REGISTERED:
+        return True
+    generic = sys.modules.get("transformers.utils.generic")
+    model_output = getattr(generic, "ModelOutput", None)
+    return isinstance(model_output, type) and issubclass(cls, model_output)
+
+
+def _allow() -> None:
+    from hfexport.plugin import allow_pytree_types
+
+    allow_pytree_types(_admitted)
+
+
+_allow()

@@ -37,6 +37,7 @@ from hfexport.plugin import (
     ExportedModel,
     Exporter,
     Stage,
+    artifact_file,
     component_manifest,
     register_patch,
     run_stages,
@@ -44,7 +45,7 @@ from hfexport.plugin import (
 
 from . import _model_patches  # noqa: F401  (registers the single-family model patches)
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
-from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module
+from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program
 from ._pytree import register_transformers_pytrees
 from ._recurrences import _patch_mamba_selective_scan  # noqa: F401 - registers the scan-op model patches
 from .inputs import forward_parameters, shared_dims
@@ -321,7 +322,7 @@ class DynamoExporter(Exporter):
         program = own_mutated_buffers(ctx.program)  # not the model's tensors: later eager calls change nothing here
 
         def write(directory: Path) -> list[str]:
-            torch.export.save(program, directory / PROGRAM_FILE)
+            save_program(program, directory / PROGRAM_FILE)  # a full disk is an OSError, not a SIGABRT
             return [PROGRAM_FILE]
 
         return self.artifact(ctx, [Component(DEFAULT_COMPONENT, DynamoRunner(program), program.call_spec.out_spec,
@@ -334,8 +335,8 @@ class DynamoExporter(Exporter):
         the file (pickles beyond tensors, shape expressions and guards beyond sizes, non-operator targets; see
         :func:`hfexport_dynamo.load_program`), unless ``trust_remote_code``."""
         section = component_manifest(manifest, component)
-        return DynamoRunner(load_program(Path(path) / section.get("program_file", PROGRAM_FILE),
-                                         trust_remote_code=trust_remote_code))
+        program = artifact_file(path, manifest, section.get("program_file"), f"components[{component!r}].program_file")
+        return DynamoRunner(load_program(program, trust_remote_code=trust_remote_code))
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:

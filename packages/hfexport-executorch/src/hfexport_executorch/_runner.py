@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import FileRunner
+from hfexport.plugin import FileRunner, IntegrityError
 
 from ._quiet import without_cpuinfo_lines
 
@@ -49,9 +49,14 @@ class ExecutorchRunner(FileRunner):
     def open(self) -> None:
         from executorch.runtime import Runtime
 
-        self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
-        with without_cpuinfo_lines():  # the threadpool's /sys report, printed when the first method loads
-            self.method = self.program.load_method(self.method_name)
+        try:  # the runtime verifies the flatbuffer (Verification.InternalConsistency, its default) before use
+            self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
+            with without_cpuinfo_lines():  # the threadpool's /sys report, printed when the first method loads
+                self.method = self.program.load_method(self.method_name)
+        except RuntimeError as exc:  # "Failed to load program, error: 0x23" names no file
+            files = [p.name for p in self.files]
+            raise IntegrityError(f"the ExecuTorch runtime cannot load {' with '.join(files)} ({exc}): the file is "
+                                 "damaged or crafted, or was written by another ExecuTorch version", files) from None
         if self.method is None:
             raise ValueError(f"{self.path} has no method {self.method_name!r}; it has "
                              f"{sorted(self.program.method_names)}")

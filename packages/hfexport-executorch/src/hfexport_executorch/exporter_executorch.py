@@ -45,6 +45,7 @@ from hfexport.plugin import (
     Exporter,
     Quantization,
     Stage,
+    artifact_file,
     check_quantization_inputs,
     component_manifest,
     is_disabled,
@@ -308,10 +309,12 @@ class ExecutorchExporter(Exporter):
         executorch = section.get("executorch", {})
         if section.get("quantization"):
             register_quantized_kernels()
+        where = f"components[{component!r}]"
+        program = artifact_file(path, manifest, executorch.get("program_file", section.get("program_file")),
+                                f"{where}.executorch.program_file")
         data = executorch.get("data_file")
-        return ExecutorchRunner(Path(path) / executorch.get("program_file", section.get("program_file", PROGRAM_FILE)),
-                                data_path=Path(path) / data if data else None,
-                                input_dtypes=executorch.get("input_dtypes"))
+        data_path = artifact_file(path, manifest, data, f"{where}.executorch.data_file") if data is not None else None
+        return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"))
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"

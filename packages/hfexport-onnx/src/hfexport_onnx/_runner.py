@@ -15,6 +15,7 @@ import torch
 from hfexport.plugin import FileRunner
 
 from ._errors import OnnxSessionError
+from ._untrusted import check_external_data, external_data_files  # re-exported: the checks moved there
 
 __all__ = ["DATA_FILE", "MODEL_FILE", "OnnxRunner", "available_providers", "check_external_data",
            "external_data_files", "in_place_outputs", "providers_for"]
@@ -41,66 +42,6 @@ def providers_for(section: Mapping[str, Any]) -> list[str]:
                       f"available; running on CPUExecutionProvider", stacklevel=3)
         providers = ["CPUExecutionProvider"]
     return providers
-
-
-def external_data_files(model_path: str | Path) -> set[str]:
-    """The external-data locations every tensor of an ONNX file names (initializers, constant attributes, sparse
-    tensors, subgraphs and functions), read without loading the data."""
-    import onnx
-
-    model = onnx.load(str(model_path), load_external_data=False)
-    locations: set[str] = set()
-
-    def tensors(graph: Any) -> Any:
-        yield from graph.initializer
-        for sparse in graph.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in graph.node:
-            yield from node_tensors(node)
-
-    def node_tensors(node: Any) -> Any:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from tensors(attribute.g)
-            for graph in attribute.graphs:
-                yield from tensors(graph)
-
-    all_tensors = list(tensors(model.graph))
-    for function in model.functions:
-        for node in function.node:
-            all_tensors += list(node_tensors(node))
-    for tensor in all_tensors:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                locations.add(entry.value)
-    return locations
-
-
-def check_external_data(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
-    """Refuse an ONNX file whose tensors name external-data files that the artifact's manifest does not list
-    (a listed file's path and SHA-256 were checked on load; any other file could lie anywhere).
-
-    Args:
-        model_path: the ONNX file, inside ``root``.
-        root: the artifact directory; ``listed`` names are relative to it.
-        listed: the manifest's ``files``.
-
-    Raises:
-        ValueError: the names, and the files the manifest lists.
-    """
-    import os
-
-    folder = os.path.relpath(Path(model_path).parent, root)
-    known = {os.path.normpath(name) for name in listed}
-    unlisted = sorted(location for location in external_data_files(model_path)
-                      if os.path.normpath(os.path.join(folder, location)) not in known)
-    if unlisted:
-        raise ValueError(f"{Path(model_path).name} reads external data from {unlisted}, which the artifact's "
-                         f"manifest does not list (it lists {sorted(listed)}): the artifact is damaged or crafted")
 
 
 _METADATA_ONLY = ("Shape", "Size")  # ops that read a tensor's dims, not its values

@@ -46,6 +46,7 @@ from hfexport.plugin import (
     Registration,
     Stage,
     apply_fx_node_fixes,
+    artifact_file,
     check_quantization_inputs,
     component_manifest,
     register_fx_node_fix,
@@ -73,10 +74,10 @@ from ._runner import (
     MODEL_FILE,
     OnnxRunner,
     available_providers,
-    check_external_data,
     in_place_outputs,
     providers_for,
 )
+from ._untrusted import check_onnx_file
 
 __all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE", "OnnxConfig", "OnnxConversionError",
            "OnnxExporter", "OnnxRunner", "OnnxSessionError", "OptimizerFallbackWarning", "OrtFusionFallbackWarning",
@@ -313,9 +314,13 @@ class OnnxExporter(Exporter):
         ``trust_remote_code`` changes nothing here.
         """
         section = component_manifest(manifest, component).get("onnx", {})
-        model_path = Path(path) / section.get("model_file", MODEL_FILE)
-        check_external_data(model_path, path, manifest.get("files") or [])
-        return OnnxRunner(model_path, providers_for(section), section)
+        where = f"components[{component!r}].onnx"
+        model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
+        data = section.get("data_file")
+        data_path = artifact_file(path, manifest, data, f"{where}.data_file") if data is not None else None
+        check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []))
+        return OnnxRunner(model_path, providers_for(section), section,
+                          data_path=data_path if data_path is not None and data_path.is_file() else None)
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:

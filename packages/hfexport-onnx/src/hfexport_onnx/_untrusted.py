@@ -1,0 +1,189 @@
+"""Reading an ONNX file as untrusted input, before ONNX Runtime opens it.
+
+ONNX Runtime runs no Python from a model, but it reads two things a crafted file controls: external-data files,
+named by any tensor (an initializer, a sparse initializer, a node attribute's ``t``/``tensors``/``sparse_tensor``/
+``sparse_tensors``, in the main graph, in every subgraph and in every local function), and local functions, which
+it inlines at session creation (nested calls grow exponentially: a file of a few KB can ask for billions of
+nodes). :func:`check_onnx_file` reads the file once with ``onnx`` (no external data loaded) and refuses:
+
+- an external-data location that is not a file the artifact's manifest hashes (so every byte ORT reads was
+  checked on load);
+- more than :data:`ONNX_MAX_NODES` nodes written in the file, or an inlined size (every function call replaced
+  by its body, recursively) over :data:`ONNX_INLINE_FACTOR` times the nodes written plus
+  :data:`ONNX_INLINE_SLACK`; a function that calls itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ONNX_INLINE_FACTOR", "ONNX_INLINE_SLACK", "ONNX_MAX_NODES", "check_external_data", "check_onnx_file",
+           "external_data_files", "onnx_tensors"]
+
+ONNX_MAX_NODES = 2_000_000  # a 70 B decoder exported by hfexport has ~20k nodes
+ONNX_INLINE_FACTOR = 16
+ONNX_INLINE_SLACK = 100_000
+
+
+def _load(model_path: str | Path) -> Any:
+    import onnx
+
+    try:
+        return onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RecursionError, ...
+        raise ValueError(f"{Path(model_path).name} is not an ONNX model onnx can read ({type(exc).__name__}: "
+                         f"{exc}): the artifact is damaged or crafted") from None
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: Any) -> Iterator[Any]:
+    for attribute in node.attribute:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        if attribute.HasField("sparse_tensor"):
+            yield attribute.sparse_tensor.values
+            yield attribute.sparse_tensor.indices
+        for sparse in attribute.sparse_tensors:
+            yield sparse.values
+            yield sparse.indices
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
+
+
+def onnx_tensors(model: Any) -> Iterator[Any]:
+    """Every ``TensorProto`` of a ``ModelProto``: initializers, sparse initializers (values and indices), node
+    attributes (``t``, ``tensors``, ``sparse_tensor``, ``sparse_tensors``), in the main graph, every subgraph and
+    every local function."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _locations(model: Any) -> set[str]:
+    locations: set[str] = set()
+    for tensor in onnx_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                locations.add(entry.value)
+        if tensor.data_location == 1 and not any(e.key == "location" for e in tensor.external_data):
+            locations.add("")  # EXTERNAL without a location: refused below
+    return locations
+
+
+def external_data_files(model_path: str | Path) -> set[str]:
+    """The external-data locations every tensor of an ONNX file names (:func:`onnx_tensors`), read without loading
+    the data."""
+    return _locations(_load(model_path))
+
+
+def _check_locations(model: Any, model_path: Path, root: str | Path, listed: Sequence[str]) -> None:
+    folder = os.path.relpath(model_path.parent, root)
+    known = {os.path.normpath(name) for name in listed}
+    unlisted = sorted(location for location in _locations(model)
+                      if not location or os.path.isabs(location)
+                      or os.path.normpath(os.path.join(folder, location)) not in known)
+    if unlisted:
+        raise ValueError(f"{model_path.name} reads external data from {unlisted}, which the artifact's "
+                         f"manifest does not hash (it hashes {sorted(listed)}): the artifact is damaged or crafted")
+
+
+def check_external_data(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
+    """Refuse an ONNX file whose tensors name external-data files that the artifact's manifest does not hash.
+
+    Raises:
+        ValueError: the names, and the files the manifest hashes.
+    """
+    _check_locations(_load(model_path), Path(model_path), root, listed)
+
+
+def _inlined_size(model: Any, bound: int, name: str) -> int:
+    """Nodes after ORT inlines every local function call (recursively, subgraphs included); stops counting past
+    ``bound``. Raises ValueError on a function that calls itself."""
+    functions = {(f.domain, f.name, getattr(f, "overload", "")): f for f in model.functions}
+    sizes: dict[tuple[str, str, str], int] = {}
+    active: set[tuple[str, str, str]] = set()
+
+    def nodes(node_list: Any) -> int:
+        total = 0
+        for node in node_list:
+            key = (node.domain, node.op_type, getattr(node, "overload", ""))
+            total += function_size(key) if key in functions else 1
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    total += nodes(attribute.g.node)
+                for graph in attribute.graphs:
+                    total += nodes(graph.node)
+            if total > bound:
+                return total
+        return total
+
+    def function_size(key: tuple[str, str, str]) -> int:
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise ValueError(f"{name}: local function {key[0]}::{key[1]} calls itself: the artifact is damaged or "
+                             "crafted")
+        active.add(key)
+        sizes[key] = nodes(functions[key].node)
+        active.discard(key)
+        return sizes[key]
+
+    return nodes(model.graph.node)
+
+
+def _written_nodes(model: Any) -> int:
+    count = 0
+    todo = [model.graph, *model.functions]
+    while todo:
+        graph = todo.pop()
+        for node in graph.node:
+            count += 1
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    todo.append(attribute.g)
+                todo.extend(attribute.graphs)
+    return count
+
+
+def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
+    """Check an ONNX file of an artifact before ONNX Runtime opens it (see the module docstring): external data
+    only from files the manifest hashes, at most :data:`ONNX_MAX_NODES` nodes written, and an inlined size of at
+    most ``ONNX_INLINE_FACTOR * nodes written + ONNX_INLINE_SLACK``.
+
+    Args:
+        model_path: the ONNX file, inside ``root``.
+        root: the artifact directory.
+        listed: the files the manifest hashes (``files_sha256``'s names), relative to ``root``.
+
+    Raises:
+        ValueError: what is refused, with the bound it exceeds.
+    """
+    model_path = Path(model_path)
+    model = _load(model_path)
+    _check_locations(model, model_path, root, listed)
+    written = _written_nodes(model)
+    if written > ONNX_MAX_NODES:
+        raise ValueError(f"{model_path.name} has {written:,} nodes, over the bound of {ONNX_MAX_NODES:,} "
+                         "(hfexport_onnx._untrusted.ONNX_MAX_NODES): the artifact is damaged or crafted")
+    bound = ONNX_INLINE_FACTOR * written + ONNX_INLINE_SLACK
+    inlined = _inlined_size(model, bound, model_path.name)
+    if inlined > bound:
+        raise ValueError(f"{model_path.name}'s local functions inline to over {bound:,} nodes ({ONNX_INLINE_FACTOR} "
+                         f"x the {written:,} nodes it holds + {ONNX_INLINE_SLACK:,}; hfexport_onnx._untrusted."
+                         "ONNX_INLINE_FACTOR): ONNX Runtime would build them at session creation; the artifact is "
+                         "damaged or crafted")
