@@ -6,12 +6,15 @@ verify`` says what it checked."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import pickle
 import shutil
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -322,3 +325,108 @@ def test_verify_names_a_corrupt_file(saved: dict[str, Any], tmp_path: Path,
     captured = capsys.readouterr()
     assert "✅ manifest" in captured.out and "✅ hashes" not in captured.out
     assert captured.err.startswith("error: ") and "model.pt2: SHA-256" in captured.err
+
+
+# ── loading by construction (issue 24): names only from the manifest, all hashed; bounds; allow-listed specs ──
+def test_schema_1_manifest_is_refused_unless_trusted(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    manifest["schema_version"] = 1
+    del manifest["files_sha256"]  # schema 1 records no hashes: nothing the runtime reads would be checked
+    _write_manifest(artifact, manifest)
+    with pytest.raises(UntrustedArtifactError, match=r"schema-1.*records no file hashes.*save_pretrained"):
+        hfexport.load(artifact)
+    hfexport.load(artifact, trust_remote_code=True)(**saved["mlp_inputs"])
+
+
+@pytest.mark.parametrize("how", ["unhashed", "no name"])
+def test_a_runner_opens_only_files_the_manifest_names_and_hashes(saved: dict[str, Any], tmp_path: Path,
+                                                                 how: str) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    shutil.copyfile(artifact / "model.pt2", artifact / "other.pt2")  # a file the hash check would not see
+    manifest = _manifest(artifact)
+    for section in (manifest, manifest["components"]["model"]):
+        if how == "unhashed":
+            section["program_file"] = "other.pt2"
+        else:  # the runner would fall back to a default name
+            section.pop("program_file", None)
+    _write_manifest(artifact, manifest)
+    match = "has no entry for \\['other.pt2'\\]" if how == "unhashed" else "names no file"
+    with pytest.raises(ManifestError, match=match):
+        hfexport.load(artifact)
+
+
+@pytest.mark.parametrize("how", ["size", "depth", "integer"])
+def test_manifest_bounds_are_a_manifest_error(saved: dict[str, Any], tmp_path: Path, how: str) -> None:
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    text = (artifact / "export.json").read_text()
+    if how == "size":
+        text = text[:-2] + " " * (17 * 2**20) + text[-2:]
+    elif how == "depth":  # json raises a bare RecursionError past ~1,000 levels
+        text = text[:-2] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + text[-2:]
+    else:  # int() of 100,000 digits is refused by Python itself; 4,000 digits are not
+        text = text[:-2] + ', "timings_s": {"x": ' + "9" * 4000 + "}" + text[-2:]
+    (artifact / "export.json").write_text(text)
+    start = time.perf_counter()
+    with pytest.raises(ManifestError, match="damaged or crafted"):
+        hfexport.load(artifact)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("context", ["enum", "defaultdict"])
+def test_output_spec_naming_a_module_is_refused_and_never_imported(saved: dict[str, Any], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   context: str) -> None:
+    marker = tmp_path / "marker"
+    module = f"hfexport_test_evil_spec_{context}"
+    (tmp_path / f"{module}.py").write_text(
+        f"import enum\nopen({str(marker)!r}, 'w').write('ran')\nclass E(enum.Enum):\n    A = 1\nf = list\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if context == "enum":  # a dict key that is an enum: torch's reader imports its module
+        node = {"type": "builtins.dict", "context": json.dumps([{"__enum__": True, "fqn": f"{module}:E",
+                                                                 "name": "A"}]),
+                "children_spec": [{"type": None, "context": None, "children_spec": []}]}
+    else:
+        node = {"type": "collections.defaultdict", "context": {"default_factory_module": module,
+                                                               "default_factory_name": "f", "dict_context": ["a"]},
+                "children_spec": [{"type": None, "context": None, "children_spec": []}]}
+    spec = json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [node, node]}])
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    for section in (manifest, manifest["components"]["model"]):
+        section["output_spec"] = spec
+    _write_manifest(artifact, manifest)
+    with pytest.raises(UntrustedArtifactError, match="not plain JSON|does not admit"):
+        hfexport.load(artifact)(**saved["mlp_inputs"])
+    assert not marker.exists()
+    pytree.treespec_loads(spec)  # torch's own reader imports it: the check is what stood between
+    assert marker.read_text() == "ran"
+
+
+def test_verification_file_has_the_mode_of_the_others(saved: dict[str, Any]) -> None:
+    modes = {p.name: p.stat().st_mode & 0o777 for p in saved["mlp_dir"].iterdir()}
+    assert "verification.safetensors" in modes and len(set(modes.values())) == 1, modes
+
+
+def _mount_tmpfs(path: Path) -> bool:
+    path.mkdir()
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_saving_onto_a_full_tmpfs_is_an_oserror_and_leaves_nothing(saved: dict[str, Any], tmp_path: Path) -> None:
+    """A 96 KiB tmpfs (root only: skipped elsewhere; ``tests/dynamo/test_pt2_untrusted.py`` covers torch's writer
+    with ``/dev/full``). The BERT artifact is ~600 KB."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        exported = hfexport.load(saved["bert_dir"])
+        with pytest.raises(OSError) as info:
+            exported.save_pretrained(disk / "out")
+        assert info.value.errno == errno.ENOSPC
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
