@@ -150,3 +150,24 @@ def test_fnet_exports_to_onnx_with_its_fourier_transform_as_real_matmuls():
     with pytest.raises(ExportError, match=r"ComplexRewriteError: aten\.fft_fftn"):
         hfexport.export(model, fnet_inputs(model, 2, 8), backend="onnx", dynamic=True,
                         disable=("_patch_fnet_fourier_transform",))
+
+
+class BiasAboveThreshold(torch.nn.Module):
+    """s52: an input ``[6]`` masked by a larger mask ``[rows, 6]`` (``masked_select`` broadcasts the input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 6))
+
+    def forward(self, x):
+        return self.bias.masked_select(x > 0.5)
+
+
+def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
+    x = torch.tensor([[0.9, 0.1, 0.7, 0.2, 0.8, 0.6], [0.6, 0.9, 0.1, 0.1, 0.7, 0.2]])  # 8 of 12 kept, > numel 6
+    model = BiasAboveThreshold().eval()
+    # torch bounds the unbacked length by the input's numel (6): the .pt2's own runtime assertion fails
+    with pytest.raises(ExportError, match=r"Runtime assertion failed for expression u\d+ <= 6"):
+        hfexport.export(model, {"x": x}, backend="dynamo", disable=("_patch_masked_select",))
+    exported = hfexport.export(model, {"x": x}, backend="dynamo")
+    torch.testing.assert_close(exported(x=x), model(x))

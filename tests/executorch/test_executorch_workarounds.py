@@ -622,3 +622,19 @@ def test_bitwise_decompositions_cover_every_shift_spelling():
     assert {"aten.bitwise_right_shift.Tensor", "aten.bitwise_left_shift.Tensor_Scalar"} <= set(
         with_it.manifest["executorch"]["non_core_aten_on_portable_kernels"])
     assert_matches(with_it, UnpackNibbles(), inputs)  # uint8 kept, wraps as eager, arithmetic >> on int32
+
+
+class WhereGather(torch.nn.Module):
+    """s53: ``torch.where(cond)`` (``nonzero(as_tuple=True)`` in torch) as indices of a gather."""
+
+    def forward(self, x, cond):
+        rows, cols = torch.where(cond)
+        return x[rows, cols] + rows.to(x.dtype), torch.where(cond, x, 0.0)
+
+
+def test_patch_nonzero_covers_one_argument_where():
+    inputs = {"x": torch.randn(3, 4), "cond": torch.tensor([[True, False, True, False], [False] * 4, [True] * 4])}
+    without = export(WhereGather(), inputs, disable=("_patch_nonzero",), verify=False)
+    with pytest.raises(RuntimeError, match="0x12"):  # slice_copy: "2 input tensors have different dim orders"
+        without(**inputs)
+    assert_matches(export(WhereGather(), inputs), WhereGather(), inputs)

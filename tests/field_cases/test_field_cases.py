@@ -7,14 +7,15 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import hfexport
 
-FIELD = Path(__file__).parent  # c*: ../shared/cases round one; d*: round two; s*: our sibling cases
-CASES = sorted(p.stem for p in FIELD.glob("[cds][0-9]*.py"))
+FIELD = Path(__file__).parent  # c*: ../shared/cases round one; d*: round two; e*: round three; s*: our siblings
+CASES = sorted(p.stem for p in FIELD.glob("[cdes][0-9]*.py"))
 BACKENDS = ["dynamo", "onnx", "executorch-xnnpack"]
 ATOL, RTOL = 1e-4, 1e-3
 
@@ -35,7 +36,7 @@ def as_kwargs(model, inputs):
     return dict(zip(names, inputs, strict=False))
 
 
-def assert_matches(actual, expected, where):
+def assert_matches(actual, expected, where, tol=(ATOL, RTOL)):
     if isinstance(expected, torch.Tensor) and not isinstance(actual, torch.Tensor):
         actual = actual.logits  # transformers cases compare the logits of the ModelOutput
     actual = actual if isinstance(actual, tuple | list) else (actual,)
@@ -45,16 +46,49 @@ def assert_matches(actual, expected, where):
         assert a.shape == e.shape, f"{where} output {i}: shape {tuple(a.shape)} != {tuple(e.shape)}"
         if e.is_floating_point():
             label = f"{where} output {i}"
-            torch.testing.assert_close(a.to(e.dtype), e, atol=ATOL, rtol=RTOL, msg=lambda m, label=label: f"{label}: {m}")
-        else:
-            assert torch.equal(a.to(e.dtype), e), f"{where} output {i}: {a} != {e}"
+            torch.testing.assert_close(a.to(e.dtype), e, atol=tol[0], rtol=tol[1],
+                                       msg=lambda m, label=label: f"{label}: {m}")
+        else:  # the dtype too: a uint8 shift returned as int8 wraps back to the right bytes
+            assert a.dtype == e.dtype and torch.equal(a, e), f"{where} output {i}: {a} != {e}"
+
+
+def export_options(module, inputs) -> dict:
+    """``hfexport.export`` options of a case: its ``HF_OPTIONS``, and ``DYNAMIC_SHAPES`` (per input name, or in
+    forward-parameter order)."""
+    options = dict(getattr(module, "HF_OPTIONS", {}))
+    shapes = getattr(module, "DYNAMIC_SHAPES", None)
+    if shapes is not None and "dynamic_shapes" not in options:
+        options["dynamic_shapes"] = shapes if isinstance(shapes, dict) else dict(zip(inputs, shapes, strict=False))
+    return options
+
+
+# Reported cases not fixed yet (issue 25), with what happens: an xfail runs and must fail (strict), a skip would
+# not finish in the suite's time.
+OPEN: dict[tuple[str, str], Any] = {
+    ("e02_vmap_over_submodule", "executorch-xnnpack"): pytest.mark.xfail(
+        strict=True, reason="XNNPACK's partition gives wrong values (the portable kernels are right)"),
+    ("e05_roberta_bf16", "onnx"): pytest.mark.xfail(
+        strict=True, reason="ONNX Runtime CPU has no bf16 Add kernel (NOT_IMPLEMENTED at session creation)"),
+    ("e11_swin_window_padding_dynamic", "dynamo"): pytest.mark.xfail(
+        strict=True, reason="a guard on the parity of the patch grid fails at the second size"),
+    ("e11_swin_window_padding_dynamic", "onnx"): pytest.mark.skip(reason="fails or does not finish (guard on parity)"),
+    ("e11_swin_window_padding_dynamic", "executorch-xnnpack"): pytest.mark.skip(
+        reason="lowering does not finish in minutes (Mod in symbolic views)"),
+    ("e12_cond_early_exit_submodules", "executorch-xnnpack"): pytest.mark.xfail(
+        strict=True, reason="aten.linear inside torch.cond's branches is neither decomposed nor delegated"),
+}
 
 
 def _params() -> list:
-    """Every case on every backend; in the -m "not slow" loop, the reported cases (c*, d*) on every backend and our
-    siblings (s*) on dynamo only (their ONNX and ExecuTorch runs are in the full suite)."""
-    return [pytest.param(case, backend, marks=pytest.mark.slow) if case.startswith("s") and backend != "dynamo"
-            else pytest.param(case, backend) for case in CASES for backend in BACKENDS]
+    """Every case on every backend; in the -m "not slow" loop, the reported cases (c*, d*, e*) on every backend and
+    our siblings (s*) on dynamo only (their ONNX and ExecuTorch runs are in the full suite)."""
+    params = []
+    for case in CASES:
+        for backend in BACKENDS:
+            marks = [pytest.mark.slow] if case.startswith("s") and backend != "dynamo" else []
+            marks += [OPEN[case, backend]] if (case, backend) in OPEN else []
+            params.append(pytest.param(case, backend, marks=marks))
+    return params
 
 
 @pytest.mark.parametrize("case,backend", _params())
@@ -62,11 +96,10 @@ def test_field_case(case, backend):
     module = load_case(case)
     model, inputs, expected = module.build()
     inputs = as_kwargs(model, inputs)
-    options = {}
-    if hasattr(module, "DYNAMIC_SHAPES"):
-        options["dynamic_shapes"] = dict(zip(inputs, module.DYNAMIC_SHAPES, strict=False))
-    exported = hfexport.export(model, copy.deepcopy(inputs), backend=backend, **options)
-    assert_matches(exported(**copy.deepcopy(inputs)), expected, f"{case} on {backend}")
+    exported = hfexport.export(model, copy.deepcopy(inputs), backend=backend, **export_options(module, inputs))
+    tol = getattr(module, "TOL", (ATOL, RTOL))
+    assert_matches(exported(**copy.deepcopy(inputs)), expected, f"{case} on {backend}", tol)
     if hasattr(module, "ALT_INPUTS"):
         alt_inputs, alt_expected = module.ALT_INPUTS()
-        assert_matches(exported(**as_kwargs(model, alt_inputs)), alt_expected, f"{case} on {backend} (second shape)")
+        assert_matches(exported(**as_kwargs(model, alt_inputs)), alt_expected, f"{case} on {backend} (second shape)",
+                       tol)

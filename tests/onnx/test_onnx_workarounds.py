@@ -294,3 +294,21 @@ def test_shift_translations_keep_unsigned_dtypes():
                         disable=("_aten_bitwise_right_shift", "_aten_bitwise_left_shift"))
     exported = hfexport.export(ShiftSpellings(), inputs, backend="onnx")
     _assert_exact(exported(**inputs), ShiftSpellings()(**inputs))
+
+
+# ── _aten_masked_select (e10) ────────────────────────────────────────────────────────────────────────────
+class AboveThreshold(torch.nn.Module):
+    def forward(self, scores, keep_row):
+        return scores.masked_select(scores > 0.5) * 1.5, scores.masked_select(keep_row.unsqueeze(-1))
+
+
+def test_masked_select_translation_as_compress():
+    g = torch.Generator().manual_seed(0)
+    inputs = {"scores": torch.rand(4, 6, generator=g), "keep_row": torch.tensor([True, False, True, True])}
+    with pytest.raises(ExportError, match=r"No ONNX function found for <OpOverload\(op='aten.masked_select'"):
+        hfexport.export(AboveThreshold(), inputs, backend="onnx", disable=("_aten_masked_select",))
+    exported = hfexport.export(AboveThreshold(), inputs, backend="onnx")
+    other = {"scores": torch.rand(4, 6, generator=g), "keep_row": torch.tensor([False, False, True, False])}
+    for sample in (inputs, other):  # 11 and another count of values: the length is the data's
+        for a, e in zip(exported(**sample), AboveThreshold()(**sample), strict=True):
+            torch.testing.assert_close(a, e, atol=ATOL, rtol=0)

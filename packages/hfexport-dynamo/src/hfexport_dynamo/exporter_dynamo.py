@@ -383,6 +383,38 @@ def trace(ctx: ExportContext) -> torch.export.ExportedProgram:
 
 
 # ── Model patches (stage 2) ────────────────────────────────────────────────────────────────────────────
+@register_patch("dynamo", "torch.masked_select", "torch.Tensor.masked_select")
+def _patch_masked_select(original: Any) -> Any:
+    """Traces ``masked_select(x, mask)`` as ``broadcast_tensors`` and a boolean index of both flattened,
+    ``x.reshape(-1)[mask.reshape(-1)]``: the same values in the same row-major order.
+
+    **Why**: torch's fake ``masked_select`` bounds its unbacked length by the *input's* numel, not by the broadcast
+    numel. An input that broadcasts against a larger mask (``bias[6].masked_select(x[rows, 6] > 0.5)``, s52) then
+    fails on every backend: the ``.pt2`` with ``Runtime assertion failed for expression u1 <= 6``, ExecuTorch (which
+    plans the output for that bound) with ``Attempted to resize a bounded tensor with a maximum capacity of 6
+    elements to 12 elements``. A boolean index is bounded by the mask's numel, the broadcast one; ONNX lowers it to
+    ``NonZero`` + ``GatherND`` either way.
+    **Upstream**: pytorch/executorch#13585 (the same resize failure for ``masked_select``, open).
+    **Remove when**: torch bounds ``masked_select`` by the broadcast numel (s52 runs on dynamo with
+    ``disable=("_patch_masked_select",)``).
+    """
+
+    @functools.wraps(original)
+    def masked_select(input: Any, mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or not isinstance(input, torch.Tensor) or not isinstance(mask, torch.Tensor):
+            return original(input, mask, *args, **kwargs)
+        # the input broadcasts when it has fewer dims or a static 1 against a mask dim that is not (no guard:
+        # static sizes only; a dynamic dim is never 1)
+        pairs = zip(reversed(input.shape), reversed(mask.shape), strict=False)
+        if input.dim() >= mask.dim() and not any(type(i) is int and i == 1 and not (type(m) is int and m == 1)
+                                                 for i, m in pairs):
+            return original(input, mask)  # the input's numel is the broadcast numel: its bound is right
+        values, keep = torch.broadcast_tensors(input, mask)
+        return values.reshape(-1)[keep.reshape(-1)]
+
+    return masked_select
+
+
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
 def _patch_nllb_moe_cast_classifier(original: Any) -> Any:
     """Skip NLLB-MoE's in-forward ``self.classifier = self.classifier.to(self.dtype)``.

@@ -399,12 +399,15 @@ def prepare_for_cuda(ctx: ExportContext) -> BackendPreparation:
 
 
 # ── Stage 2: Torch patches ──
-@register_patch("executorch", "torch.nonzero", "torch.Tensor.nonzero", "torch.argwhere", "torch.Tensor.argwhere")
+@register_patch("executorch", "torch.nonzero", "torch.Tensor.nonzero", "torch.argwhere", "torch.Tensor.argwhere",
+                "torch.where")
 def _patch_nonzero(original: Any) -> Any:
-    """Traces ``nonzero`` (and ``argwhere``) as a boolean index of ``arange`` plus ``%``/``//``, row-major.
+    """Traces ``nonzero`` (and ``argwhere``, one-argument ``torch.where``) as a boolean index of ``arange`` plus
+    ``%``/``//``, row-major.
 
     Replaces ``nonzero(x)`` by ``stack([(arange(numel)[x.flatten() != 0] // stride_d) % size_d for d], dim=1)``;
-    ``as_tuple=True`` unbinds that. Same values and order as eager (indices in row-major order).
+    ``as_tuple=True`` (and ``torch.where(x)``, ``nonzero(as_tuple=True)`` in torch) unbinds that. Same values and
+    order as eager (indices in row-major order). ``torch.where(cond, a, b)`` is left alone.
 
     **Why**: torch's fake ``nonzero`` returns a column-major ``[nnz, dim]`` tensor (strides ``(1, nnz)``), so
     ExecuTorch plans its output with dim order ``(1, 0)``, but the portable ``nonzero.out`` kernel writes row-major
@@ -419,15 +422,18 @@ def _patch_nonzero(original: Any) -> Any:
     """
 
     inside = threading.local()  # our own arange[mask] must not come back here
+    is_where = getattr(original, "__name__", "") == "where"  # torch.where(cond): nonzero(cond, as_tuple=True)
 
     @functools.wraps(original)
     def nonzero(input: Any, *args: Any, **kwargs: Any) -> Any:
-        as_tuple = kwargs.pop("as_tuple", False)
+        if is_where and (args or kwargs):
+            return original(input, *args, **kwargs)
+        as_tuple = kwargs.pop("as_tuple", False) or is_where
         # torch's own callers (the meta kernel of boolean indexing) keep the original: only the model's calls change
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if (args or kwargs or not isinstance(input, torch.Tensor) or input.dim() == 0
                 or getattr(inside, "active", False) or caller == "torch" or caller.startswith("torch.")):
-            if as_tuple:
+            if as_tuple and not is_where:
                 kwargs["as_tuple"] = as_tuple
             return original(input, *args, **kwargs)
         inside.active = True

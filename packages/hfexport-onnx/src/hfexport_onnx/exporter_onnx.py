@@ -649,6 +649,25 @@ def _aten_gelu(self: Any, approximate: str = "none") -> Any:
     return op.Mul(op.CastLike(op.Constant(value_float=0.5), self), x_erf)
 
 
+@register_workaround("onnx_translation", "onnx", target=aten.masked_select.default)
+def _aten_masked_select(self: Any, mask: Any) -> Any:
+    """``aten.masked_select(x, mask)`` → ``Compress(Reshape(Expand(x), [-1]), Reshape(Expand(mask), [-1]))``: both
+    broadcast to their common shape (``Expand`` broadcasts both ways), flattened, the elements where the mask
+    holds kept in row-major order; the length is the data's, as eager's.
+
+    **Why**: torchlib's ``aten_masked_select`` is a stub (``NotImplementedError``) and no decomposition applies:
+    ``DispatchError: No ONNX function found for aten.masked_select.default`` (e10: scores above a threshold; s52:
+    a ``[rows, 1]`` keep flag against ``[rows, 6]``). ONNX's ``Compress`` is the op for it.
+    **Upstream**: microsoft/onnxscript#1675 ("[torchlib] Implement aten.masked_select", closed; the function in
+    torchlib 0.7.2 still raises).
+    **Remove when**: torchlib implements ``masked_select`` (e10 exports with ``disable=("_aten_masked_select",)``).
+    """
+    values = op.Expand(self, op.Shape(mask))
+    keep = op.Expand(mask, op.Shape(values))
+    flat = op.Constant(value_ints=[-1])
+    return op.Compress(op.Reshape(values, flat), op.Reshape(keep, flat), axis=0)
+
+
 @register_workaround("onnx_translation", "onnx", target=aten.bitwise_right_shift.Tensor)
 def _aten_bitwise_right_shift(self: Any, other: Any) -> Any:
     """``aten.bitwise_right_shift.Tensor`` → ``BitShift(x, k, "RIGHT")`` for unsigned dtypes, torchlib's arithmetic
