@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,7 +14,7 @@ from hfexport.plugin import FileRunner, IntegrityError
 
 from ._quiet import without_cpuinfo_lines
 
-__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "input_dtypes"]
+__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes"]
 
 PROGRAM_FILE = "model.pte"
 DATA_FILE_SUFFIX = ".ptd"
@@ -23,6 +24,44 @@ def input_dtypes(inputs: Mapping[str, Any]) -> list[str | None]:
     """The dtype of every input leaf, in the order the runner flattens them (``None`` for non-tensor leaves)."""
     return [str(leaf.dtype).removeprefix("torch.") if isinstance(leaf, torch.Tensor) else None
             for leaf in pytree.tree_leaves(tuple(inputs.values()))]
+
+
+_PTE_IDENTIFIER = re.compile(rb"ET[0-9]{2}")
+
+
+def check_pte_header(path: Path) -> None:
+    """Check a ``.pte``'s headers before the runtime reads it: a crafted header aborts the interpreter inside the
+    runtime (``0xff`` over the first 16 bytes: SIGABRT, measured on executorch 1.5.1). The flatbuffer's root offset
+    lies inside the program, its file identifier is ``ET<nn>``, and the extended header (``eh00``, written by
+    ``executorch.exir._serialize._program``) gives a program size, a segment offset and a segment size that fit
+    the file.
+
+    Raises:
+        hfexport.IntegrityError: names the file and what does not fit.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        head = file.read(40)
+    problem = None
+    if len(head) < 40:
+        problem = f"{size} bytes, shorter than its headers"
+    else:
+        root = int.from_bytes(head[0:4], "little")
+        length = int.from_bytes(head[12:16], "little")
+        program_size = int.from_bytes(head[16:24], "little")
+        segment_base = int.from_bytes(head[24:32], "little")
+        segment_size = int.from_bytes(head[32:40], "little") if length > 24 else 0
+        if not _PTE_IDENTIFIER.fullmatch(head[4:8]):
+            problem = f"file identifier {bytes(head[4:8])!r}, not ET<nn>"
+        elif head[8:12] != b"eh00" or not 24 <= length <= 64:
+            problem = "no extended header (eh00)"
+        elif not (40 <= program_size <= size and root < program_size):
+            problem = f"a program of {program_size:,} bytes (root at {root:,}) in a file of {size:,}"
+        elif segment_size and not (program_size <= segment_base and segment_base + segment_size <= size):
+            problem = f"segments at {segment_base:,} of {segment_size:,} bytes in a file of {size:,}"
+    if problem is not None:
+        raise IntegrityError(f"{path.name} is not a .pte the ExecuTorch runtime can read safely: {problem}; the file "
+                             "is damaged or crafted", [path.name])
 
 
 class ExecutorchRunner(FileRunner):
@@ -49,6 +88,7 @@ class ExecutorchRunner(FileRunner):
     def open(self) -> None:
         from executorch.runtime import Runtime
 
+        check_pte_header(self.path)
         try:  # the runtime verifies the flatbuffer (Verification.InternalConsistency, its default) before use
             self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
             with without_cpuinfo_lines():  # the threadpool's /sys report, printed when the first method loads

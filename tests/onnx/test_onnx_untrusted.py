@@ -1,0 +1,119 @@
+"""An ONNX file is read as untrusted input before ONNX Runtime opens it (``hfexport_onnx._untrusted``): external
+data is walked in every kind of tensor, local functions that inline past a bound (or call themselves) are refused,
+and the runner takes its file names from the manifest only."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+from crafting import copy_artifact, manifest_of, rehash, write_manifest
+from onnx import TensorProto, helper
+
+import hfexport
+from helpers import TinyMLP
+from hfexport import ManifestError
+from hfexport_onnx._untrusted import ONNX_INLINE_FACTOR, external_data_files
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("onnx-untrusted")
+    x = torch.randn(2, 8)
+    return {"x": x, "dir": hfexport.export(TinyMLP().eval(), {"x": x}, backend="onnx").save_pretrained(base / "mlp")}
+
+
+def _external(name: str, location: str, dims: list[int]) -> TensorProto:
+    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(4 * max(1, dims[0])))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def _edit_model(artifact: Path, edit: Any) -> None:
+    model = onnx.load(str(artifact / "model.onnx"), load_external_data=False)
+    edit(model)
+    onnx.save(model, str(artifact / "model.onnx"))
+    rehash(artifact)
+
+
+@pytest.mark.parametrize("where", ["sparse_tensor attribute", "sparse initializer", "function attribute"])
+def test_external_data_in_every_kind_of_tensor_is_checked(saved: dict[str, Any], tmp_path: Path, where: str) -> None:
+    """The walk before issue 24 read ``attribute.t``/``tensors`` but not ``sparse_tensor(s)``."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    (artifact / "secret.data").write_bytes(b"\0" * 64)  # inside the directory, but hashed by no manifest entry
+
+    def edit(model: onnx.ModelProto) -> None:
+        values = _external("v", "secret.data", [2])
+        sparse = helper.make_sparse_tensor(values, helper.make_tensor("i", TensorProto.INT64, [2], [0, 1]), [4])
+        if where == "sparse initializer":
+            model.graph.sparse_initializer.append(sparse)
+            return
+        node = helper.make_node("Constant", [], ["unused_constant"], sparse_value=sparse)
+        if where == "sparse_tensor attribute":
+            model.graph.node.insert(0, node)
+        else:
+            function = helper.make_function("hfexport.test", "Evil", [], ["unused_constant"], [node],
+                                            [helper.make_opsetid("", 18)])
+            model.functions.append(function)
+            model.graph.node.insert(0, helper.make_node("Evil", [], ["unused_constant"], domain="hfexport.test"))
+            model.opset_import.append(helper.make_opsetid("hfexport.test", 1))
+
+    _edit_model(artifact, edit)
+    assert "secret.data" in external_data_files(artifact / "model.onnx")
+    with pytest.raises(ValueError, match=r"reads external data from \['secret.data'\]"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.parametrize("shape", ["exponential", "recursive"])
+def test_local_functions_that_inline_past_the_bound_are_refused_fast(saved: dict[str, Any], tmp_path: Path,
+                                                                     shape: str) -> None:
+    """40 functions, each calling the one before twice: ORT would build 2**40 nodes at session creation."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+
+    def edit(model: onnx.ModelProto) -> None:
+        opset = [helper.make_opsetid("", 18), helper.make_opsetid("hfexport.test", 1)]
+        if shape == "recursive":
+            body = [helper.make_node("F0", ["a"], ["b"], domain="hfexport.test")]
+            model.functions.append(helper.make_function("hfexport.test", "F0", ["a"], ["b"], body, opset))
+        else:
+            model.functions.append(helper.make_function(
+                "hfexport.test", "F0", ["a"], ["b"], [helper.make_node("Identity", ["a"], ["b"])], opset))
+            for i in range(1, 41):
+                body = [helper.make_node(f"F{i - 1}", ["a"], ["t"], domain="hfexport.test"),
+                        helper.make_node(f"F{i - 1}", ["t"], ["b"], domain="hfexport.test")]
+                model.functions.append(helper.make_function("hfexport.test", f"F{i}", ["a"], ["b"], body, opset))
+        top = "F0" if shape == "recursive" else "F40"
+        model.graph.node.append(helper.make_node(top, [model.graph.input[0].name], ["bomb"], domain="hfexport.test"))
+        model.opset_import.append(helper.make_opsetid("hfexport.test", 1))
+
+    _edit_model(artifact, edit)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="calls itself" if shape == "recursive" else f"{ONNX_INLINE_FACTOR} x"):
+        hfexport.load(artifact)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("key", ["model_file", "data_file"])
+def test_onnx_runner_takes_file_names_from_the_manifest_only(saved: dict[str, Any], tmp_path: Path, key: str) -> None:
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    manifest = manifest_of(artifact)
+    section = manifest["components"]["model"]["onnx"]
+    if key == "model_file":
+        del section["model_file"]  # the runner used to fall back to model.onnx
+        match = "model_file names no file"
+    else:
+        section["data_file"] = "unhashed.data"
+        (artifact / "unhashed.data").write_bytes(b"x")
+        match = "has no entry for \\['unhashed.data'\\]"
+    write_manifest(artifact, manifest)
+    with pytest.raises(ManifestError, match=match):
+        hfexport.load(artifact)
+    assert json.loads((artifact / "export.json").read_text())  # the manifest was read, nothing else
