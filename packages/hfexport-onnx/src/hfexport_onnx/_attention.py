@@ -58,9 +58,11 @@ def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, pas
     q = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), to_bsh)
     k = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), to_bsh)
     v = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_bsh)
-    seq = op.Shape(query, start=2, end=3)  # int64 [1]
+    # from the mask and past_length alone (not from this layer's tensors): the same nodes in every layer, which the
+    # optimizer's common-subexpression elimination then computes once per step
+    seq = op.Shape(mask, start=2, end=3)  # int64 [1]
     total = op.Add(op.Reshape(past_length, op.Constant(value_ints=[1])), seq)  # int64 [1]
-    seqlens_k = op.Cast(op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(query, start=0, end=1)),
+    seqlens_k = op.Cast(op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(mask, start=0, end=1)),
                         to=ir.DataType.INT32)
     total_length = op.Cast(op.Squeeze(total, op.Constant(value_ints=[0])), to=ir.DataType.INT32)
     visible = op.Slice(mask, op.Constant(value_ints=[0]), total, op.Constant(value_ints=[3]))
