@@ -20,7 +20,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.values import Op, Opset
 
-import hfexport_dynamo._cache_attention  # noqa: F401  (registers hfexport::cache_attention)
+from hfexport_dynamo import cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 
 __all__ = ["lowerings"]
 
