@@ -470,7 +470,7 @@ def test_every_workaround_has_a_test_here():
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
-              "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base"}
+              "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here
@@ -638,3 +638,25 @@ def test_patch_nonzero_covers_one_argument_where():
     with pytest.raises(RuntimeError, match="0x12"):  # slice_copy: "2 input tensors have different dim orders"
         without(**inputs)
     assert_matches(export(WhereGather(), inputs), WhereGather(), inputs)
+
+
+class Bf16Island(torch.nn.Module):
+    """s54: a bfloat16 projection inside a float32 model (the XNNPACK variant moves the weights to float32)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = torch.nn.Linear(8, 16).to(torch.bfloat16)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.inner(x.to(torch.bfloat16))).float())
+
+
+def test_fix_float_casts_to_variant_dtype():
+    inputs = {"x": torch.randn(4, 8, generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(hfexport.ExportError, match="mismatched dtypes"):
+        export(Bf16Island(), inputs, disable=("_fix_float_casts_to_variant_dtype",))
+    with_it = export(Bf16Island(), inputs, atol=1e-2, rtol=1e-2)
+    assert "_fix_float_casts_to_variant_dtype" in fixes(with_it)
+    torch.testing.assert_close(with_it(**inputs), Bf16Island()(**inputs), atol=1e-2, rtol=1e-2)

@@ -67,8 +67,6 @@ def export_options(module, inputs) -> dict:
 OPEN: dict[tuple[str, str], Any] = {
     ("e02_vmap_over_submodule", "executorch-xnnpack"): pytest.mark.xfail(
         strict=True, reason="XNNPACK's partition gives wrong values (the portable kernels are right)"),
-    ("e05_roberta_bf16", "onnx"): pytest.mark.xfail(
-        strict=True, reason="ONNX Runtime CPU has no bf16 Add kernel (NOT_IMPLEMENTED at session creation)"),
     ("e11_swin_window_padding_dynamic", "dynamo"): pytest.mark.xfail(
         strict=True, reason="a guard on the parity of the patch grid fails at the second size"),
     ("e11_swin_window_padding_dynamic", "onnx"): pytest.mark.skip(reason="fails or does not finish (guard on parity)"),

@@ -312,3 +312,30 @@ def test_masked_select_translation_as_compress():
     for sample in (inputs, other):  # 11 and another count of values: the length is the data's
         for a, e in zip(exported(**sample), AboveThreshold()(**sample), strict=True):
             torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
+
+
+# ── _fix_ir_bfloat16_as_float32 (e05) ───────────────────────────────────────────────────────────────────
+class Bf16Island(torch.nn.Module):
+    """s54: a bfloat16 projection inside a float32 model; its output is rounded to bfloat16 as eager's."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = torch.nn.Linear(8, 16).to(torch.bfloat16)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.inner(x.to(torch.bfloat16))).float()), self.inner.weight.sum()
+
+
+def test_bfloat16_fix_computes_in_float32_on_the_cpu():
+    inputs = {"x": torch.randn(4, 8, generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(ExportError, match=r"NOT_IMPLEMENTED : Could not find an implementation for (MatMul|Gemm)"):
+        hfexport.export(Bf16Island(), inputs, backend="onnx", ort_fusions=None,
+                        disable=("_fix_ir_bfloat16_as_float32",))
+    exported = hfexport.export(Bf16Island(), inputs, backend="onnx", atol=1e-2, rtol=1e-2)
+    assert exported.manifest["onnx"]["ir_fixes"]["_fix_ir_bfloat16_as_float32"] > 0  # recorded in the manifest
+    actual, expected = exported(**inputs), Bf16Island()(**inputs)
+    torch.testing.assert_close(actual[0], expected[0], atol=1e-2, rtol=1e-2)
+    assert actual[1].dtype == torch.float32  # a bfloat16 output comes back as float32, of the same value
+    torch.testing.assert_close(actual[1], expected[1].float(), atol=1e-2, rtol=1e-2)

@@ -28,6 +28,7 @@ backends and ``hfexport --help`` stay fast, and a missing install is reported by
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import sys
@@ -822,6 +823,43 @@ def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target is not torch.ops.aten.view.default:
         return False
     node.target = torch.ops.aten.reshape.default
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_float_casts_to_variant_dtype(gm: torch.fx.GraphModule, node: torch.fx.Node,
+                                      ctx: ExportContext | None = None) -> bool:
+    """Replaces a cast to a narrower float (``x.to(torch.bfloat16)``, ``float16``) by a cast to the variant's dtype
+    (float32 for XNNPACK), so that a lower-precision island computes in the dtype the model was moved to.
+
+    **Why**: ``prepare_for_xnnpack`` moves the parameters to float32, but a model's own ``x.to(torch.bfloat16)``
+    stays in the graph: its ``Linear`` then takes a bfloat16 input and a float32 weight, and ``to_edge`` raises
+    ``SpecViolationError: These operators are taking Tensor inputs with mismatched dtypes`` (s54, a bfloat16
+    projection inside a float32 model; e05's sibling kind). XNNPACK has no bfloat16 kernels either.
+    **Upstream**: pytorch/executorch#19854 (tracker of bfloat16 in the XNNPACK delegate; executorch 1.5.1 has none),
+    pytorch/executorch#8614 (a model's own casts left in another dtype than the one the export moved it to).
+    **Remove when**: never while a variant moves the model to one dtype; a variant that keeps mixed dtypes
+    disables it (``executorch-cuda`` keeps bfloat16: the fix leaves casts to the variant's own dtype alone).
+    """
+    preparation = ctx.extras.get("executorch_preparation") if ctx is not None else None
+    dtype = getattr(preparation, "dtype", None)
+    if node.op != "call_function" or dtype is None or not dtype.is_floating_point:
+        return False
+    if node.target is aten._to_copy.default and node.kwargs.get("dtype") in (torch.bfloat16, torch.float16):
+        if node.kwargs["dtype"] == dtype:
+            return False
+        node.kwargs = {**node.kwargs, "dtype": dtype}
+    elif node.target is aten.to.dtype and len(node.args) > 1 and node.args[1] in (torch.bfloat16, torch.float16):
+        if node.args[1] == dtype:
+            return False
+        node.args = (node.args[0], dtype, *node.args[2:])
+    else:
+        return False
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        fake_mode = getattr(val, "fake_mode", None)
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            node.meta["val"] = val.to(dtype)
     return True
 
 

@@ -740,6 +740,28 @@ def _fix_ir_topk_sorted(graph: ir.Graph | ir.Function) -> int:
     return changed
 
 
+@register_workaround("onnx_ir_fix", "onnx")
+def _fix_ir_bfloat16_as_float32(graph: ir.Graph | ir.Function) -> int:
+    """Computes a bfloat16 model (or a bfloat16 island of a float32 one) in float32: bfloat16 initializers,
+    constants and values become float32, and each ``Cast(to=bfloat16)`` of the model is followed by a
+    ``Cast(to=float)``, so the model's own rounding points stay (``_dtypes.bfloat16_as_float32``). bfloat16 graph
+    inputs and outputs become float32 (the runner feeds and returns float32); the count of rewrites is in the
+    manifest (``onnx.ir_fixes``).
+
+    **Why**: ONNX Runtime's CPU provider has no bfloat16 kernels for most ops: a model ``.to(torch.bfloat16)``
+    exports, then fails at session creation, ``NOT_IMPLEMENTED : Could not find an implementation for Add(14)``
+    (e05, a whole Roberta), ``MatMul(13)`` (a bfloat16 matmul island in a float32 model, s54). ``Cast`` to and from
+    bfloat16 has CPU kernels. float16 is left alone (ONNX Runtime's CPU runs the same Roberta in float16).
+    **Upstream**: pytorch/pytorch#143643 ("Full bfloat16 ONNX export fails"), microsoft/onnxruntime#26311
+    (bfloat16 MatMul NOT_IMPLEMENTED on CPU).
+    **Remove when**: ONNX Runtime's CPU provider runs bfloat16 ``Add``/``MatMul``/``LayerNormalization``/``Softmax``
+    (e05 exports with ``disable=("_fix_ir_bfloat16_as_float32",)``); a bfloat16-capable provider can disable it now.
+    """
+    from ._dtypes import bfloat16_as_float32
+
+    return bfloat16_as_float32(graph)
+
+
 def apply_ir_fixes(model: ir.Model, fixes: Iterable[Registration]) -> dict[str, int]:
     """Apply each ``_fix_ir_*`` to the main graph and every function; returns ``{name: rewrites}`` (fired only)."""
     applied: dict[str, int] = {}
