@@ -125,10 +125,20 @@ def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
 
 
 def read_stored(path: Path) -> dict[str, Any]:
-    """The tensors of a ``verification.safetensors`` (safetensors runs no code: header JSON and raw bytes)."""
+    """The tensors of a ``verification.safetensors`` (safetensors runs no code: header JSON and raw bytes).
+
+    Raises:
+        hfexport.IntegrityError: safetensors cannot read it (names the file).
+    """
     from safetensors.torch import load_file
 
-    return load_file(str(path))
+    from ._trust import IntegrityError
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError on a malformed file
+        raise IntegrityError(f"{Path(path).name} is not a safetensors file safetensors can read ({exc}): the file is "
+                             "damaged or crafted", [Path(path).name]) from None
 
 
 def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, Any], section: Mapping[str, Any],

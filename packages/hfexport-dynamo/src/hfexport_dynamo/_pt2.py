@@ -667,10 +667,11 @@ def _check_program(node: Any, what: str, symbols: dict[str, Any], key: str = "")
                                                  f"the program would call it). {TRUST_HINT}")
             elif child_key in ("in_spec", "out_spec") and isinstance(value, str) and value:
                 load_treespec(value, f"{what}: a module call {child_key}")
-            elif isinstance(value, str) and (child_key in ("name", "fqn") or child_key.endswith("_name")
-                                             or key == "graph_signature") and not _IDENTIFIER_TEXT.fullmatch(value):
-                raise UntrustedArtifactError(f"{what}: {child_key} {value!r:.120} is not a name (torch.fx would write "
-                                             f"it into the code it generates). {TRUST_HINT}")
+            elif (child_key in ("name", "fqn") or child_key.endswith(("_name", "_names")) or key == "graph_signature") \
+                    and any(isinstance(v, str) and not _IDENTIFIER_TEXT.fullmatch(v)
+                            for v in (value if isinstance(value, list) else [value])):
+                raise UntrustedArtifactError(f"{what}: {child_key} {value!r:.120} is not a name (torch writes names into "
+                                             f"the code it generates: fx's forward, the input guards). {TRUST_HINT}")
             else:
                 _check_program(value, what, symbols, key if key == "graph_signature" else child_key)
     elif isinstance(node, list):
