@@ -416,17 +416,22 @@ def _mount_tmpfs(path: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
-def test_saving_onto_a_full_tmpfs_is_an_oserror_and_leaves_nothing(saved: dict[str, Any], tmp_path: Path) -> None:
-    """A 96 KiB tmpfs (root only: skipped elsewhere; ``tests/dynamo/test_pt2_untrusted.py`` covers torch's writer
-    with ``/dev/full``). The BERT artifact is ~600 KB."""
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack"])
+def test_saving_onto_a_full_tmpfs_is_an_oserror_and_leaves_nothing(tmp_path: Path, backend: str) -> None:
+    """A 96 KiB tmpfs filled but for 8 KiB (root only: skipped elsewhere; ``tests/dynamo/test_pt2_untrusted.py``
+    covers torch's writer with ``/dev/full``): the free-space check passes (the weights need ~1 KB), and the write
+    fails mid-file (torch's .pt2 writer, ONNX's and ExecuTorch's copies)."""
+    if backend == "executorch-xnnpack":
+        pytest.importorskip("executorch")
+    exported = hfexport.export(TinyMLP().eval(), {"x": torch.randn(2, 8)}, backend=backend)
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk):
         pytest.skip("mounting a tmpfs needs root")
     try:
-        exported = hfexport.load(saved["bert_dir"])
+        (disk / "filler").write_bytes(b"\0" * (88 * 1024))
         with pytest.raises(OSError) as info:
             exported.save_pretrained(disk / "out")
         assert info.value.errno == errno.ENOSPC
-        assert list(disk.iterdir()) == []
+        assert [p.name for p in disk.iterdir()] == ["filler"]
     finally:
         subprocess.run(["umount", str(disk)], check=False)
