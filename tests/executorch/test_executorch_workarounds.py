@@ -470,7 +470,8 @@ def test_every_workaround_has_a_test_here():
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
-              "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype"}
+              "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
+              "_fix_decompose_inside_control_flow"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     assert registered == tested | untestable_here
@@ -660,3 +661,28 @@ def test_fix_float_casts_to_variant_dtype():
     with_it = export(Bf16Island(), inputs, atol=1e-2, rtol=1e-2)
     assert "_fix_float_casts_to_variant_dtype" in fixes(with_it)
     torch.testing.assert_close(with_it(**inputs), Bf16Island()(**inputs), atol=1e-2, rtol=1e-2)
+
+
+class EarlyExit(torch.nn.Module):
+    """e12: ``torch.cond`` whose branches call ``nn.Linear`` (kept whole for XNNPACK, which skips the branches)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.exit_head, self.last_head = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return torch.cond(h.mean() > 0, lambda h: self.exit_head(h), lambda h: self.last_head(torch.relu(h)), (h,))
+
+
+def test_fix_decompose_inside_control_flow():
+    inputs = {"x": torch.randn(3, 8, generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(hfexport.ExportError, match="aten_linear_default .* was not decomposed or delegated"):
+        export(EarlyExit(), inputs, disable=("_fix_decompose_inside_control_flow",))
+    with_it = export(EarlyExit(), inputs, dynamic_shapes={"x": {0: Dim("batch", min=2, max=8)}})
+    assert "_fix_decompose_inside_control_flow" in fixes(with_it)
+    assert_matches(with_it, EarlyExit(), inputs)
+    direction = EarlyExit().stem.weight.sum(0).detach()
+    for shift in (-3.0, 3.0):  # both branches, another batch
+        assert_matches(with_it, EarlyExit(), {"x": torch.randn(5, 8) + shift * direction})

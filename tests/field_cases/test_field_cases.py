@@ -72,8 +72,6 @@ OPEN: dict[tuple[str, str], Any] = {
     ("e11_swin_window_padding_dynamic", "onnx"): pytest.mark.skip(reason="fails or does not finish (guard on parity)"),
     ("e11_swin_window_padding_dynamic", "executorch-xnnpack"): pytest.mark.skip(
         reason="lowering does not finish in minutes (Mod in symbolic views)"),
-    ("e12_cond_early_exit_submodules", "executorch-xnnpack"): pytest.mark.xfail(
-        strict=True, reason="aten.linear inside torch.cond's branches is neither decomposed nor delegated"),
 }
 
 

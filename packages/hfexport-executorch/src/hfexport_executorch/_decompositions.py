@@ -16,7 +16,8 @@ import torch
 
 from ._delegation import rejected_by_edge
 
-__all__ = ["ET_DECOMPOSITIONS", "XNNPACK_DECOMPOSITIONS", "count_below", "layer_norm_delegable", "nonzero_row_major",
+__all__ = ["ET_DECOMPOSITIONS", "XNNPACK_DECOMPOSITIONS", "count_below", "decompose_in_branches",
+           "is_control_flow", "layer_norm_delegable", "nonzero_row_major",
            "rejected_ops_with_decomposition", "sdpa_delegable", "sort_pairwise", "unsupported_op_message"]
 
 aten = torch.ops.aten
@@ -160,6 +161,86 @@ ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.searchsorted.Scalar: _decompose_searchsorted,
     aten._is_all_true.default: _decompose_is_all_true,  # not Core ATen, no portable kernel
 }
+
+
+# ── ops inside the branches and bodies of higher-order ops (torch.cond, while_loop, map, scan) ────────────
+_CONTROL_FLOW = ("cond", "while_loop", "map_impl", "scan", "associative_scan")
+
+
+def _linear_as_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    out = torch.matmul(input, weight.t())
+    return out if bias is None else out + bias
+
+
+def _prelu_as_where(input: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    slope = weight if weight.numel() == 1 or input.dim() < 2 else weight.reshape(-1, *([1] * (input.dim() - 2)))
+    return torch.where(input > 0, input, input * slope)
+
+
+def _max_pool2d_with_indices(input: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
+                             dilation: Any = 1, ceil_mode: bool = False) -> torch.Tensor:
+    return aten.max_pool2d_with_indices.default(input, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+# Decompositions of non-Core-ATen ops that partitioners keep whole (``ops_to_not_decompose``: XNNPACK's linear,
+# prelu, max_pool2d, hardswish, upsample_bilinear2d) where torch's table has none at the aten level (its
+# ``op.decompose`` returns NotImplemented inside a branch's re-trace; its ``prelu`` emits ``prims`` ops).
+_BRANCH_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.linear.default: _linear_as_matmul,
+    aten.prelu.default: _prelu_as_where,
+    aten.max_pool2d.default: _max_pool2d_with_indices,
+}
+
+
+@functools.cache
+def _decomposed_call(op: Any) -> Callable[..., Any] | None:
+    """A plain function that computes ``op`` from other ops (traced through by ``to_edge``'s re-trace), or None."""
+    from torch._decomp import decomposition_table
+
+    fn = _BRANCH_DECOMPOSITIONS.get(op) or decomposition_table.get(op)
+    if fn is None or getattr(fn, "__module__", "").startswith("torch._refs"):  # prims ops: not for the edge dialect
+        return None
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"decomposed_{op._schema.name.split('::')[-1]}_{op._overloadname}"
+    return call
+
+
+def is_control_flow(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a higher-order op with graph arguments (``torch.cond``, ``while_loop``, ...)."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+            and node.target.name() in _CONTROL_FLOW)
+
+
+def decompose_in_branches(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[str]:
+    """Makes every non-Core-ATen aten op inside the branches (bodies) of the higher-order op ``node`` a call of its
+    decomposition (nested ones too), so that ``to_edge``'s re-trace decomposes it; returns the ops rewritten.
+
+    ``to_edge_transform_and_lower`` leaves out of its decomposition table the ops a partitioner keeps whole
+    (XNNPACK's ``linear``, ``hardswish``, ``prelu``, ...), but partitioners do not reach into the branches of a
+    ``torch.cond``: such an op in a branch is then neither decomposed nor delegated.
+    """
+    done: list[str] = []
+    for arg in node.args:
+        if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+            continue
+        branch = getattr(gm, str(arg.target), None)
+        if not isinstance(branch, torch.fx.GraphModule):
+            continue
+        for inner in list(branch.graph.nodes):
+            target = inner.target
+            if is_control_flow(inner):
+                done += decompose_in_branches(branch, inner)
+            elif (inner.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+                  and target.namespace == "aten" and torch.Tag.core not in target.tags):
+                call = _decomposed_call(target)
+                if call is not None:
+                    inner.target = call
+                    done.append(str(target))
+        branch.recompile()
+    return done
 
 
 # ── XNNPACK: ops its partitioner does not take, as ops it does ─────────────────────────────────────────

@@ -28,7 +28,6 @@ backends and ``hfexport --help`` stay fast, and a missing install is reported by
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 import sys
@@ -856,11 +855,41 @@ def _fix_float_casts_to_variant_dtype(gm: torch.fx.GraphModule, node: torch.fx.N
     else:
         return False
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        fake_mode = getattr(val, "fake_mode", None)
-        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+    if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
+        with val.fake_mode:
             node.meta["val"] = val.to(dtype)
     return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_decompose_inside_control_flow(gm: torch.fx.GraphModule, node: torch.fx.Node,
+                                       ctx: ExportContext | None = None) -> bool:
+    """Replaces each non-Core-ATen op inside the branches of ``torch.cond`` (and the bodies of ``while_loop``,
+    ``map``, ``scan``; nested too) by a call of its decomposition (``_decompositions.decompose_in_branches``):
+    ``linear(x, w, b)`` becomes ``matmul(x, w.t()) + b``, which ``to_edge`` decomposes to Core ATen. The ops
+    rewritten are noted in the export's notes.
+
+    **Why**: ``to_edge_transform_and_lower`` leaves the ops a partitioner keeps whole (XNNPACK's ``linear``,
+    ``hardswish``, ``prelu``, ``max_pool2d``, ``upsample_bilinear2d``) out of its decomposition table, expecting the
+    partitioner to delegate them; partitioners do not reach into the branches of higher-order ops, so
+    ``torch.cond(pred, exit_fn, continue_fn, (h,))`` with ``nn.Linear`` in its branches fails: ``RuntimeError:
+    Node aten_linear_default ... was not decomposed or delegated`` (e12). The branches then run on portable
+    kernels (the top-level graph is still delegated).
+    **Upstream**: pytorch/executorch#12270 (the same "was not decomposed or delegated" for a ``linear`` a partitioner
+    kept and did not take); pytorch/executorch#15364 (the Arm partitioner partitions control-flow submodules,
+    XNNPACK's does not); pytorch/pytorch#143192 (the early-exit ``torch.cond`` model).
+    **Remove when**: ``to_edge_transform_and_lower`` decomposes or partitions inside ``torch.cond`` branches (e12
+    lowers with ``disable=("_fix_decompose_inside_control_flow",)``).
+    """
+    from ._decompositions import decompose_in_branches, is_control_flow
+
+    if not is_control_flow(node):
+        return False
+    done = decompose_in_branches(gm, node)
+    if done and ctx is not None:
+        ctx.note(f"decomposed inside {node.target.name()} branches (portable kernels there): "
+                 + ", ".join(sorted(set(done))))
+    return bool(done)
 
 
 @register_fx_node_fix("executorch")
