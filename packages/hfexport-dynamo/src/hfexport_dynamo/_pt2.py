@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from hfexport.plugin import (
+    IntegrityError,
     UntrustedArtifactError,
     import_type_modules,
     load_treespec,
@@ -424,7 +425,8 @@ class _Members:
             self.zip = zipfile.ZipFile(source)
             infos = self.zip.infolist()
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-            raise ValueError(f"{what} is not a zip archive ({exc})") from None
+            raise IntegrityError(f"{what} is not a zip archive ({exc}): the file is damaged or crafted",
+                                 [what.split(":")[0]]) from None
         if len(infos) > PT2_MAX_MEMBERS:
             raise ValueError(f"{what} has {len(infos):,} members (at most {PT2_MAX_MEMBERS:,})")
         self.records: dict[str, zipfile.ZipInfo] = {}
@@ -462,7 +464,8 @@ class _Members:
         try:
             return self.zip.read(self.records[record])
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-            raise ValueError(f"{self.what}: member {record!r} is damaged ({exc})") from None
+            raise IntegrityError(f"{self.what}: member {record!r} is damaged ({exc}): the file is damaged or crafted",
+                                 [self.what.split(":")[0]]) from None
 
     def unused(self) -> list[str]:
         return sorted(set(self.records) - self.used)
