@@ -279,23 +279,35 @@ def test_onnx_writes_and_attends_apart_where_the_fused_kernel_cannot_serve(why, 
 
 
 @pytest.mark.slow
-def test_executorch_keeps_the_cache_in_buffers_written_in_place(tmp_path):
-    """On ExecuTorch the cache is the program's mutable buffers: no cache input, and the program writes them with the
-    in-place ``index_put_`` (no functional ``index_put`` followed by a ``copy_`` of the whole buffer back)."""
+@pytest.mark.parametrize("max_batch,kernels", [
+    (1, {"llama::update_cache", "llama::custom_sdpa"}),  # ExecuTorch's LLM kernels: filled positions only
+    (2, {"aten::index_put_"}),  # a padding mask: the masked attention over the whole capacity
+])
+def test_executorch_keeps_the_cache_in_buffers_written_in_place(max_batch, kernels, tmp_path):
+    """On ExecuTorch the cache is the program's mutable buffers: no cache input, and the program writes them in place
+    (no functional ``index_put`` followed by a ``copy_`` of the whole buffer back). At ``max_batch=1`` each layer
+    writes and attends with ExecuTorch's LLM kernels, which read only the filled positions and take no padding
+    mask: ``generate`` runs a left-padded row without its padding, with eager's ids, in a new process."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     model = tiny_model("llama")
-    exported = hfexport.export(model, backend="executorch-xnnpack", task="text-generation", max_cache_len=32)
-    assert exported.manifest["generation"]["cache"]["in_program_buffers"] is True
+    exported = hfexport.export(model, backend="executorch-xnnpack", task="text-generation", max_cache_len=32,
+                               max_batch=max_batch)
+    cache = exported.manifest["generation"]["cache"]
+    assert cache["in_program_buffers"] is True
+    assert cache["fused_attention"] is cache["ignores_padding"] is (max_batch == 1)
     inputs = [i["name"] for i in exported.manifest["components"]["decoder"]["inputs"]]
     assert inputs == ["input_ids", "attention_mask", "position_ids", "past_length"]
     directory = exported.save_pretrained(tmp_path / "a")
     program = deserialize_pte_binary((directory / "decoder" / "model.pte").read_bytes())
     program = getattr(program, "program", program)
     ops = {op.name for plan in program.execution_plan for op in plan.operators}
-    assert "aten::index_put_" in ops and not {"aten::index_put", "aten::copy_"} & ops, sorted(ops)
-    ids, _ = prompts()[1]
-    assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), eager_generate(model, ids, None))
+    assert kernels <= ops and not {"aten::index_put", "aten::copy_"} & ops, sorted(ops)
+    padded = (torch.tensor([[0, 0, 0, 11, 12, 13, 14]]), torch.tensor([[0, 0, 0, 1, 1, 1, 1]]))
+    cases = [prompts()[1], padded]
+    got = generate_in_fresh_process({"run": (directory, cases, {"max_new_tokens": NEW_TOKENS})}, tmp_path)["run"]
+    for (ids, mask), ids_out in zip(cases, got, strict=True):
+        assert torch.equal(ids_out, eager_generate(model, ids, mask)), ids.tolist()
     from hfexport import cli
 
     assert cli.main(["verify", str(directory)]) == 0  # the smoke run at the recorded shapes: positions, past 0

@@ -40,7 +40,7 @@ import contextvars
 import inspect
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -60,7 +60,7 @@ from ._decoding import (
     token_id_list,
 )
 
-__all__ = ["DECODER", "TASKS", "CausalLMStep", "GenerationStats", "generate", "plan_task"]
+__all__ = ["DECODER", "TASKS", "CausalLMStep", "GenerationStats", "InPlaceCacheAttention", "generate", "plan_task"]
 
 
 DECODER = "decoder"  # the component name of a decoder's one program
@@ -118,7 +118,10 @@ def _capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch
             return self.keys, self.values
 
     layer = CapacityLayer(max_cache_len=(shapes[0] if shapes else keys.shape)[2])
-    if in_place and shapes is not None:
+    if in_place and fused:  # buffers [batch, max_cache_len, kv_heads, head_dim], written by the runtime's kernel
+        layer.key_buffer, layer.value_buffer = keys, values
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    elif in_place and shapes is not None:
         layer.flat_keys, layer.flat_values = keys, values
         keys, values = keys.view(shapes[0]), values.view(shapes[1])
     layer.keys, layer.values, layer.cumulative_length = keys, values, past_length
@@ -153,6 +156,15 @@ def grouped_query_attention(original: Any) -> Any:
         unsupported = unsupported or not isinstance(attention_mask, torch.Tensor) \
             or attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
         layer = _pending_layer(module, key)
+        if layer is not None and getattr(layer, "kernel", None) is not None:  # a runtime's in-place kernel
+            if dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias")) \
+                    or not query.shape[-1] == key.shape[-1] == value.shape[-1]:
+                raise FusedAttentionUnused(f"layer {module.layer_idx}: the fused kernel computes plain causal "
+                                           "attention only")
+            layer.pending = None
+            out = layer.kernel(query, key, value, layer.key_buffer, layer.value_buffer, layer.start,
+                               scaling if scaling is not None else query.shape[-1] ** -0.5)
+            return out, None
         if layer is not None:
             if not unsupported and _fusable(query, key, value, layer, attention_mask):
                 layer.pending = None
@@ -202,6 +214,20 @@ def _fusable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer:
     return (query.shape[-1] == key.shape[-1] == value.shape[-1] and query.shape[1] % key.shape[1] == 0
             and layer.keys.dtype in (torch.float32, torch.float16) and query.dtype == layer.keys.dtype
             and mask.shape[-1] == layer.keys.shape[2])
+
+
+class InPlaceCacheAttention(Protocol):
+    """A runtime's fused kernel over a KV cache in a program's buffers (``Exporter.fused_cache_attention`` of a
+    stateful backend): writes ``key``/``value`` at ``start`` into the buffers and attends causally over the
+    positions ``[0, start + i]`` for query row ``i``.
+
+    Args: ``query [batch, heads, seq, dim]``, ``key``/``value [batch, kv_heads, seq, dim]`` (RoPE applied), the
+    buffers ``[batch, max_cache_len, kv_heads, dim]`` (mutated), ``start`` (a SymInt), ``scale``.
+    Returns: ``[batch, seq, heads, dim]``.
+    """
+
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, start: Any, scale: float) -> torch.Tensor: ...
 
 
 class FusedAttentionUnused(RuntimeError):
@@ -256,19 +282,24 @@ class CausalLMStep(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
-                 dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: bool = False):
+                 dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False):
         super().__init__()
-        self.fused_attention = fused_attention and not in_buffers
+        # with in_buffers, a kernel (InPlaceCacheAttention) or nothing; otherwise a bool
+        self.fused_attention = fused_attention if not in_buffers or callable(fused_attention) else False
         self.model = model
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
         self.in_buffers = in_buffers
         if in_buffers:
-            for i, (key_shape, value_shape) in enumerate(cache_shapes or ()):  # [batch * kv_heads, length, dim]
-                self.register_buffer(f"cache_keys_{i}", torch.zeros(key_shape[0] * key_shape[1], *key_shape[2:],
-                                                                    dtype=dtype), persistent=False)
-                self.register_buffer(f"cache_values_{i}", torch.zeros(value_shape[0] * value_shape[1],
-                                                                      *value_shape[2:], dtype=dtype), persistent=False)
+            for i, (key_shape, value_shape) in enumerate(cache_shapes or ()):
+                if self.fused_attention:  # [batch, length, kv_heads, dim]: the kernel's layout
+                    key_shape = (key_shape[0], key_shape[2], key_shape[1], key_shape[3])
+                    value_shape = (value_shape[0], value_shape[2], value_shape[1], value_shape[3])
+                else:  # [batch * kv_heads, length, dim]
+                    key_shape = (key_shape[0] * key_shape[1], *key_shape[2:])
+                    value_shape = (value_shape[0] * value_shape[1], *value_shape[2:])
+                self.register_buffer(f"cache_keys_{i}", torch.zeros(key_shape, dtype=dtype), persistent=False)
+                self.register_buffer(f"cache_values_{i}", torch.zeros(value_shape, dtype=dtype), persistent=False)
         self.cache_shapes = list(cache_shapes or ())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -281,8 +312,14 @@ class CausalLMStep(torch.nn.Module):
                           for i in range(len(self.cache_shapes)))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
         kv = Cache(layers=[_capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
-                                           fused=self.fused_attention)
+                                           fused=bool(self.fused_attention))
                            for (k, v), shapes in zip(cache, self.cache_shapes, strict=True)])
+        if self.in_buffers and self.fused_attention:
+            start = past_length.item()  # the kernel's start position, a SymInt bounded by the capacity
+            torch._check(start >= 0)
+            torch._check(start + input_ids.shape[1] <= self.cache_shapes[0][0][2])
+            for layer in kv.layers:
+                layer.kernel, layer.start = self.fused_attention, start
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         token = _FUSED_CACHE.set(kv if self.fused_attention else None)
         try:
@@ -386,7 +423,7 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
               max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False,
-              fused_cache_attention: bool = False) -> Any:
+              fused_cache_attention: Any = False) -> Any:
     """The components to export for ``task``: for ``"text-generation"``, the one ``decoder`` program of a
     :class:`CausalLMStep` (see the module docstring for its inputs, outputs, cache and dynamic dims).
 
@@ -401,9 +438,11 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
             ``min(256, max_cache_len)``); a longer prompt is prefilled in chunks of this size.
         stateful: the backend's runtime keeps a program's mutated buffers between calls
             (``Exporter.stateful_programs``): the cache then lives in the program's buffers and the batch is static.
-        fused_cache_attention: the backend lowers ``hfexport::cache_attention`` (``Exporter.fused_cache_attention``):
-            each layer's cache write and attention are traced as that one op where the model's attention allows it
-            (checked by one eager forward; otherwise the write and the attention stay apart).
+        fused_cache_attention: ``Exporter.fused_cache_attention``: ``True``, the backend lowers
+            ``hfexport::cache_attention`` (each layer's cache write and attention are traced as that one op); with
+            ``stateful``, an :class:`InPlaceCacheAttention`, the runtime's kernel over the cache buffers (used at
+            ``max_batch=1``: it attends causally without a padding mask). Either applies where the model's attention
+            allows it (checked by one eager forward; otherwise the write and the attention stay apart).
 
     Raises:
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
@@ -447,13 +486,18 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     if not stateful:
         example["cache"] = tuple((torch.zeros(k, dtype=dtype), torch.zeros(v, dtype=dtype)) for k, v in shapes)
     attends_by_sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"  # grouped_query_attention's
-    if fused_cache_attention and attends_by_sdpa and not stateful:
-        step.fused_attention = True
+    # a runtime's in-place kernel computes causal attention without a padding mask: a static batch of one row
+    in_place_kernel = stateful and callable(fused_cache_attention) and rows == 1 and max_batch == 1
+    if fused_cache_attention and attends_by_sdpa and (in_place_kernel or not stateful):
+        fused = CausalLMStep(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention)
         try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
             with torch.no_grad():
-                step(**example)
+                fused(**example)
+            step = fused
         except Exception:  # the plain write and attention are exported instead (and raise what they raise)
-            step.fused_attention = False
+            pass
+        for buffer in step.buffers(recurse=False):
+            buffer.zero_()
     from torch.export import Dim
 
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
@@ -465,9 +509,12 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     if not stateful:
         dynamic_shapes["cache"] = tuple((dict(batch) or None, dict(batch) or None) for _ in shapes)
     # row_shapes: per layer, the (keys, values) shape of one batch row, [kv_heads, max_cache_len, head_dim]
-    cache = {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": stateful,
+    kernel = stateful and bool(step.fused_attention)
+    layout = "[batch, max_cache_len, kv_heads, head_dim]" if kernel else "[batch, kv_heads, max_cache_len, head_dim]"
+    # ignores_padding: causal attention over the filled positions without a mask (generate trims a row's padding)
+    cache = {"layout": layout, "in_program_buffers": stateful,
              "static_batch": stateful or rows == 1, "dtype": str(dtype).removeprefix("torch."),
-             "fused_attention": step.fused_attention,
+             "fused_attention": bool(step.fused_attention), "ignores_padding": kernel,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
     manifest = generation_manifest(model, max_cache_len, max_batch, len(shapes))
     manifest.update(prefill_chunk=prefill_chunk, cache=cache)
@@ -521,6 +568,9 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
 
         return generate_seq2seq(exported, input_ids, attention_mask, config, section)
     input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, section)
+    padding = None
+    if section["cache"].get("ignores_padding"):  # a kernel without a padding mask: run the row without its padding
+        padding, input_ids, attention_mask = _split_left_padding(input_ids, attention_mask)
     eos = token_id_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
     processors = logits_processors(config, section, input_ids.shape[1], None)
@@ -528,11 +578,29 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
 
     sequences, prefill_s, decode_s, steps, ends = _greedy(exported, section, input_ids, attention_mask, processors,
                                                            criteria, pad)
+    if padding is not None:
+        sequences, input_ids = torch.cat([padding, sequences], -1), torch.cat([padding, input_ids], -1)
     exported.generation_stats = GenerationStats(
         prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
         decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"),
         decode_step_s=[b - a for a, b in zip(ends, ends[1:], strict=False)])
     return sequences
+
+
+def _split_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(padding ids, ids, mask)`` of a one-row prompt: the leading masked positions split off. A row's tokens
+    attend exactly as eager's (padding is masked out there, and positions count tokens only).
+
+    Raises:
+        ValueError: the mask hides a position after the first token (not left padding).
+    """
+    width = int((attention_mask[0].cumsum(-1) == 0).sum())
+    if not bool(attention_mask[0, width:].all()):
+        raise ValueError("this export attends causally without a padding mask (ExecuTorch's fused attention, "
+                         "max_batch=1): attention_mask may only hide left padding, and it hides positions after the "
+                         "first token; pass such a prompt without them")
+    return input_ids[:, :width], input_ids[:, width:], attention_mask[:, width:]
 
 
 def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:

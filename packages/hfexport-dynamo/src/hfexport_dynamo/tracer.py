@@ -133,7 +133,7 @@ class DynamoTracer:
 
     def plan_task(self, model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
                   max_cache_len: int | None = None, max_batch: int | None = None, prefill_chunk: int | None = None,
-                  stateful: bool = False, fused_cache_attention: bool = False) -> Any:
+                  stateful: bool = False, fused_cache_attention: Any = False) -> Any:
         """The components a generative ``task`` exports (see :func:`hfexport_dynamo.generation.plan_task`)."""
         from .generation import plan_task
 

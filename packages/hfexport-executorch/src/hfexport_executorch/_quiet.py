@@ -5,6 +5,9 @@ Two sources, both from importing or starting ExecuTorch, neither of which says a
 - torchao (imported by executorch) registers its Enum classes as pytree constants, and torch logs one
   deprecation warning per class (``<enum 'KernelPreference'> is an Enum subclass and is now natively
   supported ...``). Only records about torchao's own classes are dropped.
+- ExecuTorch's LLM kernels (``llama::custom_sdpa``, used by generation programs) ask the runtime for a temporary
+  allocator, which the Python runtime does not provide, log ``No temp allocator provided`` from C++ to file
+  descriptor 2 at every call, and allocate for themselves. Dropped from every method call's output.
 - ExecuTorch's threadpool logs what it reads from ``/sys`` when it starts (``[cpuinfo_utils.cpp:71] Reading
   file /sys/devices/soc0/image_version``, ``Failed to open midr file``), from C++ straight to file descriptor 2,
   at the first ``load_method`` of an XNNPACK program in a process. Every other line is passed on.
@@ -18,8 +21,9 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["quiet_torchao_pytree_warnings", "without_cpuinfo_lines"]
+__all__ = ["quiet_torchao_pytree_warnings", "without_cpuinfo_lines", "without_temp_allocator_lines"]
 
 _NOISE = "cpuinfo_utils.cpp"
 
@@ -54,6 +58,38 @@ def without_cpuinfo_lines() -> Iterator[None]:
             captured.seek(0)
             kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
                     if _NOISE not in line]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+_TEMP_ALLOCATOR = "No temp allocator provided"
+_captured: Any = None  # one file for every call's output (a new temporary file per call costs ~0.1 ms)
+
+
+@contextlib.contextmanager
+def without_temp_allocator_lines() -> Iterator[None]:
+    """Run the body (a method call, or an eager call of the LLM kernels) with file descriptor 2 captured; then pass on
+    every line but the kernels' ``No temp allocator provided`` and the threadpool's ``cpuinfo_utils.cpp`` report,
+    which the eager kernels start too (also when the body raises)."""
+    global _captured
+    if _captured is None:
+        _captured = tempfile.TemporaryFile()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    _captured.seek(0)
+    _captured.truncate()
+    os.dup2(_captured.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        _captured.seek(0)
+        output = _captured.read()
+        if output:
+            kept = [line for line in output.decode(errors="replace").splitlines(keepends=True)
+                    if _TEMP_ALLOCATOR not in line and _NOISE not in line]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()

@@ -12,7 +12,8 @@ import torch.utils._pytree as pytree
 
 from hfexport.plugin import FileRunner, IntegrityError
 
-from ._quiet import without_cpuinfo_lines
+from ._attention import register_llm_kernels
+from ._quiet import without_cpuinfo_lines, without_temp_allocator_lines
 
 __all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes"]
 
@@ -88,6 +89,7 @@ class ExecutorchRunner(FileRunner):
     def open(self) -> None:
         from executorch.runtime import Runtime
 
+        register_llm_kernels()  # generation programs call ExecuTorch's LLM kernels (_attention.py)
         check_pte_header(self.path)
         try:  # the runtime verifies the flatbuffer (Verification.InternalConsistency, its default) before use
             self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
@@ -131,6 +133,7 @@ class ExecutorchRunner(FileRunner):
         flat = self.flat_inputs(args, self.input_dtypes)
         if self.input_dtypes and len(flat) != len(self.input_dtypes):
             raise TypeError(f"expected {len(self.input_dtypes)} input leaves after flattening, got {len(flat)}")
-        outputs = self.method.execute(flat)
+        with without_temp_allocator_lines():
+            outputs = self.method.execute(flat)
         # The outputs live in the method's planned memory: copy them out before the next call reuses it.
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]

@@ -55,6 +55,7 @@ from hfexport.plugin import (
 )
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
 
+from ._attention import llm_cache_attention
 from ._bounds import DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
 from ._decompositions import (
@@ -335,6 +336,8 @@ class XnnpackExporter(ExecutorchExporter):
 
     name: ClassVar[str] = "executorch-xnnpack"
     variant: ClassVar[str | None] = "xnnpack"
+    # generation programs attend with ExecuTorch's LLM kernels over the filled cache positions (_attention.py)
+    fused_cache_attention = staticmethod(llm_cache_attention)
 
 
 class CudaExporter(ExecutorchExporter):
