@@ -10,17 +10,22 @@ A decoder (``task="text-generation"``) is exported as one component, ``decoder``
   values are written at ``past_length .. past_length + seq - 1``);
 * output: ``logits`` ``float32 [batch, vocab]`` (the last position's).
 
-The cache holds ``max_cache_len`` positions per layer, ``[batch, kv_heads, max_cache_len, head_dim]`` keys and values,
-and attention reads it whole under the mask, so a token costs the same at every context length. Where it lives
-depends on the runtime (:attr:`hfexport.plugin.Exporter.stateful_programs`):
+The cache holds ``max_cache_len`` positions per layer, ``[batch, kv_heads, max_cache_len, head_dim]`` keys and values.
+Where it lives depends on the runtime (:attr:`hfexport.plugin.Exporter.stateful_programs`), and how it is read on
+the runtime's fused kernel, if any (:attr:`hfexport.plugin.Exporter.fused_cache_attention`):
 
-* in the program's mutable buffers (ExecuTorch), ``[batch * kv_heads, max_cache_len, head_dim]``: written with an
-  ``index_put`` that ExecuTorch's re-inplace pass turns into ``index_put_``; the batch is then static
-  (``max_batch``: the loop pads a smaller batch with copies of a row);
-* as program inputs and outputs otherwise (ONNX, ``.pt2``): an input ``cache`` and an output ``cache``,
-  ``((keys, values), ...)`` per layer; the write is one ``ScatterND`` from the input to the output, and the ONNX
-  Runtime runner binds each output to its input's memory (``manifest["components"]["decoder"]["onnx"]
-  ["in_place_outputs"]``), so nothing but the new position is copied.
+* as program inputs and outputs (ONNX, ``.pt2``): an input ``cache`` and an output ``cache``, ``((keys, values),
+  ...)`` per layer. Where the backend lowers ``hfexport::cache_attention`` (ONNX: ONNX Runtime's
+  ``GroupQueryAttention``), each layer's write and attention are that one op, which reads only the filled
+  positions; otherwise the write is one ``ScatterND`` from the input to the output and attention reads the whole
+  capacity under the mask. The ONNX Runtime runner binds each output to its input's memory
+  (``manifest["components"]["decoder"]["onnx"]["in_place_outputs"]``), so nothing but the new positions is written;
+* in the program's mutable buffers (ExecuTorch); the batch is then static (``max_batch``: the loop pads a smaller
+  batch with copies of a row). With the runtime's in-place kernel (:class:`InPlaceCacheAttention`, ExecuTorch's
+  ``llama::update_cache`` + ``llama::custom_sdpa``) at ``max_batch=1``: buffers ``[batch, max_cache_len, kv_heads,
+  head_dim]``, causal attention over the filled positions without a padding mask (``generate`` runs a row without
+  its left padding). Otherwise ``[batch * kv_heads, max_cache_len, head_dim]``, written with an ``index_put`` that
+  ExecuTorch's re-inplace pass turns into ``index_put_``, and attention over the whole capacity under the mask.
 
 Weights are stored once (one program), and a prompt longer than ``prefill_chunk`` tokens is prefilled in chunks
 (the bound of the ``seq`` dim: ExecuTorch plans its memory for ``max_batch x prefill_chunk x max_cache_len``
