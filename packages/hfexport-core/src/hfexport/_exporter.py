@@ -419,10 +419,12 @@ class Exporter:
     # mutable buffers). A task plan then keeps state (a KV cache) in the program's buffers; otherwise state crosses
     # the program boundary as inputs and outputs (ONNX has no mutable state; a .pt2 would store the buffers).
     stateful_programs: ClassVar[bool] = False
-    # Whether the backend lowers ``hfexport::cache_attention`` (hfexport_dynamo._cache_attention: a KV cache write
-    # and the attention over the filled positions, one op) to a fused kernel of its runtime, which then reads only
-    # the positions filled so far instead of the cache's whole capacity (ONNX Runtime's GroupQueryAttention).
-    fused_cache_attention: ClassVar[bool] = False
+    # The runtime's fused KV-cache attention, which reads only the positions filled so far instead of the cache's
+    # whole capacity. True: the backend lowers ``hfexport::cache_attention`` (hfexport_dynamo._cache_attention: a
+    # cache write and the attention, one functional op; ONNX Runtime's GroupQueryAttention). A stateful backend may
+    # give a kernel instead, ``hfexport_dynamo.generation.InPlaceCacheAttention`` (as a staticmethod), that writes
+    # the cache buffers in place (ExecuTorch's llama::update_cache + llama::custom_sdpa). False: none.
+    fused_cache_attention: ClassVar[Any] = False
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         """Raises:
