@@ -34,8 +34,8 @@ def check_pte_header(path: Path) -> None:
     """Check a ``.pte``'s headers before the runtime reads it: a crafted header aborts the interpreter inside the
     runtime (``0xff`` over the first 16 bytes: SIGABRT, measured on executorch 1.5.1). The flatbuffer's root offset
     lies inside the program, its file identifier is ``ET<nn>``, and the extended header (``eh00``, written by
-    ``executorch.exir._serialize._program``) gives a program size, a segment offset and a segment size that fit
-    the file.
+    ``executorch.exir._serialize._program`` when the program has segments: delegates or constants outside the
+    flatbuffer) gives a program size, a segment offset and a segment size that fit the file.
 
     Raises:
         hfexport.IntegrityError: names the file and what does not fit.
@@ -54,8 +54,11 @@ def check_pte_header(path: Path) -> None:
         segment_size = int.from_bytes(head[32:40], "little") if length > 24 else 0
         if not _PTE_IDENTIFIER.fullmatch(head[4:8]):
             problem = f"file identifier {bytes(head[4:8])!r}, not ET<nn>"
-        elif head[8:12] != b"eh00" or not 24 <= length <= 64:
-            problem = "no extended header (eh00)"
+        elif head[8:12] != b"eh00":  # no extended header: a program without segments (nothing delegated)
+            if not 8 <= root < size:
+                problem = f"a root offset of {root:,} in a file of {size:,}"
+        elif not 24 <= length <= 64:
+            problem = f"an extended header of {length} bytes"
         elif not (40 <= program_size <= size and root < program_size):
             problem = f"a program of {program_size:,} bytes (root at {root:,}) in a file of {size:,}"
         elif segment_size and not (program_size <= segment_base and segment_base + segment_size <= size):
