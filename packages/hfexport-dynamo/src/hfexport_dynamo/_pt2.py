@@ -749,6 +749,9 @@ class _FailSoftWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:  # torch warns ("Expect archive file to be a file ending in .pt2") otherwise
+        return True
+
     def write(self, data: Any) -> int:
         size = len(memoryview(data).cast("B"))
         if self.error is None:
