@@ -267,9 +267,10 @@ class CausalLMStep(torch.nn.Module):
         in_buffers: keep the cache in this module's buffers (``cache_keys_<i>``, ``cache_values_<i>``, zeros,
             ``[batch * kv_heads, max_cache_len, head_dim]``), mutated in place, instead of taking it as the ``cache``
             input and returning it.
-        fused_attention: each layer's cache write and attention are one ``hfexport::cache_attention`` node (for
-            a backend that lowers it to a fused kernel, ``Exporter.fused_cache_attention``); not with
-            ``in_buffers``. A forward raises :class:`FusedAttentionUnused` when a layer attends another way.
+        fused_attention: ``Exporter.fused_cache_attention``. Without ``in_buffers``, ``True`` makes each layer's
+            cache write and attention one ``hfexport::cache_attention`` node; with ``in_buffers``, an
+            :class:`InPlaceCacheAttention` kernel writes and reads the buffers (then ``[batch, max_cache_len,
+            kv_heads, head_dim]``). A forward raises :class:`FusedAttentionUnused` when a layer attends another way.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
