@@ -91,7 +91,8 @@ def test_the_manifest_records_the_task_components_and_bounds(llama_generation, t
     assert (generation["max_cache_len"], generation["max_batch"], generation["cache_layers"]) == (40, 2, 2)
     assert generation["prefill_chunk"] == 40  # min(256, max_cache_len)
     assert generation["cache"] == {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": False,
-                                   "static_batch": False, "dtype": "float32", "row_shapes": [[[2, 40, 8], [2, 40, 8]]] * 2}
+                                   "static_batch": False, "dtype": "float32", "fused_attention": False,
+                                   "ignores_padding": False, "row_shapes": [[[2, 40, 8], [2, 40, 8]]] * 2}
     inputs = {i["name"]: i for i in manifest["components"]["decoder"]["inputs"]}
     assert list(inputs) == ["input_ids", "attention_mask", "position_ids", "past_length", "cache"]
     assert inputs["input_ids"]["dynamic_dims"]["1"]["max"] == 40
