@@ -42,36 +42,14 @@ def quiet_torchao_pytree_warnings() -> None:
         logger.addFilter(_TorchaoEnumConstants())
 
 
-@contextlib.contextmanager
-def without_cpuinfo_lines() -> Iterator[None]:
-    """Run the body with file descriptor 2 captured; then pass on every line that is not the threadpool's
-    ``cpuinfo_utils.cpp`` report (also when the body raises)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-                    if _NOISE not in line]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
-
-
 _TEMP_ALLOCATOR = "No temp allocator provided"
 _captured: Any = None  # one file for every call's output (a new temporary file per call costs ~0.1 ms)
 
 
 @contextlib.contextmanager
-def without_temp_allocator_lines() -> Iterator[None]:
-    """Run the body (a method call, or an eager call of the LLM kernels) with file descriptor 2 captured; then pass on
-    every line but the kernels' ``No temp allocator provided`` and the threadpool's ``cpuinfo_utils.cpp`` report,
-    which the eager kernels start too (also when the body raises)."""
+def _stderr_without(*noise: str) -> Iterator[None]:
+    """Run the body with file descriptor 2 captured; then pass on every line that holds none of ``noise`` (also
+    when the body raises). Not re-entrant: the capture file is shared."""
     global _captured
     if _captured is None:
         _captured = tempfile.TemporaryFile()
@@ -89,7 +67,20 @@ def without_temp_allocator_lines() -> Iterator[None]:
         output = _captured.read()
         if output:
             kept = [line for line in output.decode(errors="replace").splitlines(keepends=True)
-                    if _TEMP_ALLOCATOR not in line and _NOISE not in line]
+                    if not any(text in line for text in noise)]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
+
+
+def without_cpuinfo_lines() -> contextlib.AbstractContextManager[None]:
+    """Run the body with file descriptor 2 captured; then pass on every line that is not the threadpool's
+    ``cpuinfo_utils.cpp`` report (also when the body raises)."""
+    return _stderr_without(_NOISE)
+
+
+def without_temp_allocator_lines() -> contextlib.AbstractContextManager[None]:
+    """Run the body (a method call, or an eager call of the LLM kernels) with file descriptor 2 captured; then pass on
+    every line but the kernels' ``No temp allocator provided`` and the threadpool's ``cpuinfo_utils.cpp`` report,
+    which the eager kernels start too (also when the body raises)."""
+    return _stderr_without(_TEMP_ALLOCATOR, _NOISE)
