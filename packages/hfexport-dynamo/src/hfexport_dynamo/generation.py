@@ -157,13 +157,12 @@ def grouped_query_attention(original: Any) -> Any:
                   dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
                   **kwargs: Any) -> Any:
         groups = getattr(module, "num_key_value_groups", 1)
-        unsupported = dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias"))
-        unsupported = unsupported or not isinstance(attention_mask, torch.Tensor) \
+        extras = dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias"))
+        unsupported = extras or not isinstance(attention_mask, torch.Tensor) \
             or attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
         layer = _pending_layer(module, key)
         if layer is not None and getattr(layer, "kernel", None) is not None:  # a runtime's in-place kernel
-            if dropout or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias")) \
-                    or not query.shape[-1] == key.shape[-1] == value.shape[-1]:
+            if extras or not query.shape[-1] == key.shape[-1] == value.shape[-1]:
                 raise FusedAttentionUnused(f"layer {module.layer_idx}: the fused kernel computes plain causal "
                                            "attention only")
             layer.pending = None
@@ -481,7 +480,6 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     shapes = [(torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
               for k, v in _probe_cache(model, ids, mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    step = CausalLMStep(model, shapes, dtype, in_buffers=stateful)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -494,16 +492,19 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     attends_by_sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"  # grouped_query_attention's
     # a runtime's in-place kernel computes causal attention without a padding mask: a static batch of one row
     in_place_kernel = stateful and callable(fused_cache_attention) and rows == 1 and max_batch == 1
+    step = None
     if fused_cache_attention and attends_by_sdpa and (in_place_kernel or not stateful):
         fused = CausalLMStep(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention)
         try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
             with torch.no_grad():
                 fused(**example)
             step = fused
+            for buffer in step.buffers(recurse=False):  # the probe wrote the cache buffers
+                buffer.zero_()
         except Exception:  # the plain write and attention are exported instead (and raise what they raise)
             pass
-        for buffer in step.buffers(recurse=False):
-            buffer.zero_()
+    if step is None:
+        step = CausalLMStep(model, shapes, dtype, in_buffers=stateful)
     from torch.export import Dim
 
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
