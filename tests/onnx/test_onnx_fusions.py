@@ -202,10 +202,10 @@ def test_llama_decoder_norms_are_fused_and_it_generates_eagers_ids(llama_decoder
 
 
 def test_llama_decoder_attention_reads_each_key_value_head_once(llama_decoder):
-    """Grouped-query attention over the fixed-capacity cache (``hfexport_dynamo.generation.grouped_query_attention``):
-    no node copies a cache-sized tensor per query head (``repeat_kv``'s Expand), and each layer's scores are one
-    MatMul of the query rows against the cache's key heads (fused with the key's transpose into ``FusedMatMul``).
-    MultiHeadAttention is not fused: onnxscript's attention patterns expect the past joined by Concat."""
+    """Each layer's cache write and grouped-query attention are one ONNX Runtime ``GroupQueryAttention``
+    (``hfexport_dynamo.cache_attention``, lowered by ``hfexport_onnx._attention``): it reads each key/value head of the
+    fixed-capacity cache once, so no node copies a cache-sized tensor per query head (``repeat_kv``'s Expand), and no
+    attention MatMul is left beside it."""
     import onnx_ir as ir
 
     _, exported = llama_decoder
@@ -213,9 +213,11 @@ def test_llama_decoder_attention_reads_each_key_value_head_once(llama_decoder):
     capacity = exported.manifest["generation"]["max_cache_len"]
     copies = [n.name for n in model.graph if n.op_type == "Expand" and n.outputs[0].dtype == ir.DataType.FLOAT
               and n.outputs[0].shape is not None and capacity in list(n.outputs[0].shape)]
-    assert copies == []  # (the mask's boolean [b, 1, groups, seq, capacity] is expanded, a cache is not)
+    assert copies == []
     ops = _op_counts(exported.components["decoder"].runner.path)
-    assert ops[(MS, "FusedMatMul")] == 2, ops
+    assert ops[(MS, "GroupQueryAttention")] == 2, ops  # one per layer
+    assert ops[(MS, "FusedMatMul")] == 0 and ops[("", "Softmax")] == 0, ops
+    assert exported.manifest["generation"]["cache"]["fused_attention"] is True
 
 
 def test_undo_skip_norms_writes_the_ops_they_fuse():
