@@ -39,14 +39,42 @@ def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
                               **{"max_new_tokens": NEW_TOKENS, **options})
 
 
-@pytest.mark.parametrize("backend,kind", CASES)
-def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path):
+def export_and_save(backend: str, kind: str, directory) -> torch.nn.Module:
     model = tiny_model(kind)
-    exported = hfexport.export(model, backend=backend, task="text-generation", max_batch=2)
-    exported.save_pretrained(tmp_path / "artifact")
+    hfexport.export(model, backend=backend, task="text-generation", max_batch=2).save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    """The development loop's cases exported and saved, then generated in one new process (starting one and
+    loading hfexport and transformers costs about 8 s, once instead of once per case). A failed export is kept
+    for its test to raise."""
+    workdir = tmp_path_factory.mktemp("generation-quick")
+    models, runs = {}, {}
+    for backend, kind in sorted(QUICK):
+        try:
+            models[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
+        except Exception as error:  # noqa: BLE001 - re-raised by the case's test
+            models[backend, kind] = error
+            continue
+        runs[f"{backend}-{kind}"] = (workdir / f"{backend}-{kind}", prompts(), {"max_new_tokens": NEW_TOKENS})
+    return models, generate_in_fresh_process(runs, workdir) if runs else {}
+
+
+@pytest.mark.parametrize("backend,kind", CASES)
+def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path, request):
     cases = prompts()
-    got = generate_in_fresh_process({"run": (tmp_path / "artifact", cases, {"max_new_tokens": NEW_TOKENS})},
-                                    tmp_path)["run"]
+    if (backend, kind) in QUICK:
+        models, results = request.getfixturevalue("quick_runs")
+        model = models[backend, kind]
+        if isinstance(model, Exception):
+            raise model
+        got = results[f"{backend}-{kind}"]
+    else:
+        model = export_and_save(backend, kind, tmp_path / "artifact")
+        got = generate_in_fresh_process({"run": (tmp_path / "artifact", cases, {"max_new_tokens": NEW_TOKENS})},
+                                        tmp_path)["run"]
     for (ids, mask), ids_out in zip(cases, got, strict=True):
         expected = eager_generate(model, ids, mask)
         assert ids_out.shape == expected.shape, (ids.shape, ids_out.shape, expected.shape)
@@ -92,7 +120,7 @@ def test_the_manifest_records_the_task_components_and_bounds(llama_generation, t
     assert generation["prefill_chunk"] == 40  # min(256, max_cache_len)
     assert generation["cache"] == {"layout": "[batch, kv_heads, max_cache_len, head_dim]", "in_program_buffers": False,
                                    "static_batch": False, "dtype": "float32", "fused_attention": False,
-                                   "ignores_padding": False, "row_shapes": [[[2, 40, 8], [2, 40, 8]]] * 2}
+                                   "fused_rotary": False, "ignores_padding": False, "row_shapes": [[[2, 40, 8], [2, 40, 8]]] * 2}
     inputs = {i["name"]: i for i in manifest["components"]["decoder"]["inputs"]}
     assert list(inputs) == ["input_ids", "attention_mask", "position_ids", "past_length", "cache"]
     assert inputs["input_ids"]["dynamic_dims"]["1"]["max"] == 40
