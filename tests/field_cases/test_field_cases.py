@@ -65,8 +65,6 @@ def export_options(module, inputs) -> dict:
 # Reported cases not fixed yet (issue 25), with what happens: an xfail runs and must fail (strict), a skip would
 # not finish in the suite's time.
 OPEN: dict[tuple[str, str], Any] = {
-    ("e02_vmap_over_submodule", "executorch-xnnpack"): pytest.mark.xfail(
-        strict=True, reason="XNNPACK's partition gives wrong values (the portable kernels are right)"),
     ("e11_swin_window_padding_dynamic", "dynamo"): pytest.mark.xfail(
         strict=True, reason="a guard on the parity of the patch grid fails at the second size"),
     ("e11_swin_window_padding_dynamic", "onnx"): pytest.mark.skip(reason="fails or does not finish (guard on parity)"),
