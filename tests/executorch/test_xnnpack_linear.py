@@ -48,11 +48,13 @@ def max_diff(exported, model, x):
 
 def test_patch_linear_conversion_through_reshapes():
     """vmap's ``unsqueeze, view, mm, view, squeeze, add(bias)``: upstream's rewrite drops both biases (about 0.15
-    off), fully delegated and with no error; with the patch the program is exact and still fully delegated."""
+    off, fully delegated, no error but the verification's, whose diagnosis names the ``mm``); with the patch the
+    program is exact and still fully delegated."""
     model, x = VmappedMlp().eval(), torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
-    without = export(model, {"x": x}, {"x": {0: BATCH}}, disable=("_patch_linear_conversion_through_reshapes",),
-                     verify=False)
-    assert max_diff(without, model, x) > 0.05
+    with pytest.raises(hfexport.VerificationError) as caught:
+        export(model, {"x": x}, {"x": {0: BATCH}}, disable=("_patch_linear_conversion_through_reshapes",))
+    assert max_diff(caught.value.exported, model, x) > 0.05
+    assert caught.value.report.diagnosis["culprit_ops"] == ["mm.default"]
     exported = export(model, {"x": x}, {"x": {0: BATCH}})
     assert exported.manifest["executorch"]["delegated_fraction"] == 1.0
     for b in (6, 2, 17):

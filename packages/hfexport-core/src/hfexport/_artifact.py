@@ -246,6 +246,9 @@ class VerificationReport:
 
     Attributes:
         inputs: input name -> shape (a list of shapes for a pytree input) the comparison ran at.
+        diagnosis: where a failing export goes wrong, when the backend could find it
+            (:meth:`Exporter.diagnose_mismatch`: ExecuTorch names the delegated partition and op); ``summary`` is
+            its one-line text.
     """
 
     backend: str
@@ -253,6 +256,7 @@ class VerificationReport:
     rtol: float
     outputs: list[OutputDiff] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)
+    diagnosis: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -271,7 +275,8 @@ class VerificationReport:
                 "rule": "|exported - eager| <= atol + rtol * |eager| elementwise; integer and boolean outputs "
                         "equal; NaN/Inf only where eager has the same",
                 "max_abs_diff": _json_float(self.max_abs_diff), "inputs": self.inputs,
-                "outputs": [o.as_dict() for o in self.outputs]}
+                "outputs": [o.as_dict() for o in self.outputs],
+                **({"diagnosis": self.diagnosis} if self.diagnosis else {})}
 
     def __getitem__(self, name: str) -> OutputDiff:
         for o in self.outputs:
@@ -330,6 +335,8 @@ class VerificationError(ExportError):
         for o in failing:
             lines.append(f"  - {o.name} {list(o.shape)} {o.dtype}: max abs diff {o.max_abs_diff:.3e} where the "
                          f"tolerance is {o.tolerance:.3e}" + (f" ({o.note})" if o.note else ""))
+        if report.diagnosis and report.diagnosis.get("summary"):
+            lines.append(f"Diagnosis: {report.diagnosis['summary']}")
         lines.append("Pass verify=False to keep the artifact anyway (its manifest records the report, passed: "
                      "false), or atol=/rtol= to change the tolerances (CLI: --no-verify, --atol, --rtol); the "
                      "report is the error's .report, the artifact its .exported")

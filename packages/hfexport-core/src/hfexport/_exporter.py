@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import datetime
 import difflib
+import logging
 import threading
 import time
 import weakref
@@ -20,6 +21,8 @@ from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes
 from ._patching import PatchReport, UnresolvedPatchWarning, is_user_registration, patch_context
 from ._registry import Registration, list_workarounds, workarounds_for
 from ._stages import ExportError, ProgressCallback, Stage, StepRecorder, run_stages
+
+logger = logging.getLogger("hfexport")
 
 if TYPE_CHECKING:
     import torch
@@ -615,8 +618,34 @@ class Exporter:
                 warnings.warn(f"the {self.name} runner has no reset(): its program mutates buffers, so the "
                               "verification run advanced the artifact's state by one call", stacklevel=4)
             exported.manifest.setdefault("timings_s", {})["verification"] = round(time.perf_counter() - start, 4)
-        if not report.passed and raise_on_mismatch:
+        if not report.passed and raise_on_mismatch:  # verify=False stays one run of each: no diagnosis
+            self._diagnose(ctx, exported, checked, report)
             raise VerificationError(self.name, ctx.model_class, report, exported, component.name)
+
+    def _diagnose(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
+                  report: Any) -> None:
+        """Ask :meth:`diagnose_mismatch` where the failing export goes wrong; record its answer in the report and
+        in the manifest (``verification.diagnosis``). A diagnosis that fails is logged, never raised."""
+        start = time.perf_counter()
+        try:
+            diagnosis = self.diagnose_mismatch(ctx, exported, inputs, report)
+        except Exception as exc:  # the verification's own answer stands; say why there is no diagnosis
+            logger.warning("%s: the diagnosis of the failed verification failed: %s: %s", self.name,
+                           type(exc).__name__, exc)
+            diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
+        if not diagnosis:
+            return
+        diagnosis = {**diagnosis, "seconds": round(time.perf_counter() - start, 2)}
+        report.diagnosis = diagnosis
+        exported.manifest.setdefault("verification", {})["diagnosis"] = diagnosis
+        exported._section(exported.default_component).setdefault("verification", {})["diagnosis"] = diagnosis
+
+    def diagnose_mismatch(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
+                          report: Any) -> dict[str, Any] | None:
+        """Where a failing export goes wrong, when the backend can find it (called only after its verification
+        failed, with the patches of the export reverted): a JSON-ready dict with a one-line ``summary``, which the
+        :class:`VerificationError` message adds. None: no diagnosis (the default)."""
+        return None
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """Raise :class:`InvalidInputError` unless ``inputs`` maps names to tensors or pytrees of tensors, none

@@ -28,6 +28,7 @@ backends and ``hfexport --help`` stay fast, and a missing install is reported by
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import sys
@@ -56,6 +57,7 @@ from hfexport.plugin import (
 from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
 
 from ._attention import llm_cache_attention
+from ._bisect import bisect_delegates
 from ._bounds import DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
 from ._decompositions import (
@@ -237,32 +239,10 @@ class ExecutorchExporter(Exporter):
 
     def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
         """Stage 5: the FX node fixes, then the steps ``to_edge_transform_and_lower`` and ``to_executorch``."""
-        from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-        from executorch.exir.passes import MemoryPlanningPass
-
         config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
         ctx.apply_fx_node_fixes(ctx.program.graph_module, self.variant_scopes(config.backend))
         preparation: BackendPreparation = ctx.extras["executorch_preparation"]
-        with ctx.step("to_edge_transform_and_lower"):
-            edge = to_edge_transform_and_lower(ctx.program, transform_passes=list(preparation.transform_passes),
-                                               partitioner=list(preparation.partitioners) or None,
-                                               compile_config=EdgeCompileConfig(**preparation.edge_compile_options))
-        delegation = delegation_report(edge)  # before to_executorch, which rewrites the edge graph in place
-        delegation.check_kernels()
-        planning = {"alloc_graph_input": config.alloc_graph_input, "alloc_graph_output": config.alloc_graph_output,
-                    "alloc_mutable_buffers": config.alloc_mutable_buffers, **preparation.memory_planning_options}
-        # A program that writes into its buffers with index_put (a KV cache of fixed capacity) writes in place:
-        # ExecuTorch's re-inplace pass turns the functional index_put on a mutable buffer back into index_put_
-        # (without it, each call copies the whole buffer twice: into index_put's output, then back)
-        backend_options = {"run_reinplace_pass": all(map(index_puts_reinplaceable,
-                                                         (edge.exported_program(n) for n in edge.methods))),
-                           **preparation.backend_config_options}
-        # no_grad: the passes after the re-inplace pass run index_put_ on the buffer's example value, which autograd
-        # refuses for a leaf that requires grad ("a leaf Variable that requires grad is being used in an in-place
-        # operation"); the program is inference-only
-        with ctx.step("to_executorch"), torch.no_grad():
-            manager = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(**planning),
-                                                                 **backend_options))
+        edge, manager, planning, delegation = lower_program(ctx, preparation.partitioners, ctx.step)
         dtypes = input_dtypes(ctx.inputs)
         runner = ctx.extras["executorch_runner"] = ExecutorchRunner.from_program_manager(manager, input_dtypes=dtypes)
         bounds, planned = ctx.extras.get("executorch_dim_bounds") or DimBounds(), planned_memory_bytes(manager)
@@ -280,6 +260,17 @@ class ExecutorchExporter(Exporter):
         report_planned_memory(ctx, planned, bounds)
         if preparation.partitioners:
             delegation.note(ctx)
+
+    def diagnose_mismatch(self, ctx: ExportContext, exported: ExportedModel, inputs: Any,
+                          report: Any) -> dict[str, Any] | None:
+        """The delegated partition (and op) that makes the program differ from eager, found by lowering the program
+        again with partitions left on portable kernels (``_bisect.py``); None when nothing was delegated."""
+        preparation: BackendPreparation | None = ctx.extras.get("executorch_preparation")
+        if preparation is None or not preparation.partitioners or ctx.program is None:
+            return None
+        return bisect_delegates(ctx, exported, inputs, report, preparation.partitioners, lower_program,
+                                scopes=(*self.variant_scopes(ctx.config.backend), "executorch.internals",  # type: ignore[attr-defined]
+                                        f"executorch.{ctx.config.backend}.internals"))  # type: ignore[attr-defined]
 
     # ── packaging and loading ─────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
@@ -329,6 +320,40 @@ class ExecutorchExporter(Exporter):
         if "CUDA" in text or "GPU" in text:
             return ["run on a machine with a visible NVIDIA GPU, or export with backend='executorch-xnnpack' (CPU)"]
         return []
+
+
+def lower_program(ctx: ExportContext, partitioners: list[Any],
+                  step: Any = None) -> tuple[Any, Any, dict[str, Any], Any]:
+    """``to_edge_transform_and_lower`` of ``ctx.program`` with ``partitioners``, then ``to_executorch`` with the
+    config's memory planning: ``(edge manager, program manager, planning options, delegation report)``. ``step``
+    (``ctx.step``) times and reports the two toolchain calls; the diagnosis lowers again without it."""
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
+    preparation: BackendPreparation = ctx.extras["executorch_preparation"]
+    timed = step or (lambda name: contextlib.nullcontext())
+    with timed("to_edge_transform_and_lower"):
+        edge = to_edge_transform_and_lower(ctx.program, transform_passes=list(preparation.transform_passes),
+                                           partitioner=list(partitioners) or None,
+                                           compile_config=EdgeCompileConfig(**preparation.edge_compile_options))
+    delegation = delegation_report(edge)  # before to_executorch, which rewrites the edge graph in place
+    delegation.check_kernels()
+    planning = {"alloc_graph_input": config.alloc_graph_input, "alloc_graph_output": config.alloc_graph_output,
+                "alloc_mutable_buffers": config.alloc_mutable_buffers, **preparation.memory_planning_options}
+    # A program that writes into its buffers with index_put (a KV cache of fixed capacity) writes in place:
+    # ExecuTorch's re-inplace pass turns the functional index_put on a mutable buffer back into index_put_
+    # (without it, each call copies the whole buffer twice: into index_put's output, then back)
+    backend_options = {"run_reinplace_pass": all(map(index_puts_reinplaceable,
+                                                     (edge.exported_program(n) for n in edge.methods))),
+                       **preparation.backend_config_options}
+    # no_grad: the passes after the re-inplace pass run index_put_ on the buffer's example value, which autograd
+    # refuses for a leaf that requires grad ("a leaf Variable that requires grad is being used in an in-place
+    # operation"); the program is inference-only
+    with timed("to_executorch"), torch.no_grad():
+        manager = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(**planning),
+                                                             **backend_options))
+    return edge, manager, planning, delegation
 
 
 class XnnpackExporter(ExecutorchExporter):
