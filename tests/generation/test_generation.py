@@ -52,7 +52,8 @@ def quick_runs(tmp_path_factory):
     for its test to raise."""
     workdir = tmp_path_factory.mktemp("generation-quick")
     models, runs = {}, {}
-    for backend, kind in sorted(QUICK):
+    for backend, kind in sorted(QUICK, key=lambda case: (case[0] == "dynamo", case)):
+        # ONNX first: its load is the process's first (hfexport_dynamo and transformers not imported yet)
         try:
             models[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
@@ -340,3 +341,17 @@ def test_executorch_keeps_the_cache_in_buffers_written_in_place(max_batch, kerne
     from hfexport import cli
 
     assert cli.main(["verify", str(directory)]) == 0  # the smoke run at the recorded shapes: positions, past 0
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default"}, {"rope_type": "dynamic", "factor": 2.0}])
+def test_onnx_fused_attention_applies_rope_only_where_the_tables_are_the_models(rope):
+    """RoPE moves into the fused attention (``fused_rotary``) when the model's cos/sin at a position are its table's
+    row; a RoPE whose frequencies depend on the length (``dynamic``) stays before it. Either way eager's ids."""
+    model = tiny_model("llama", rope_parameters={**rope, "rope_theta": 10000.0})
+    exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=48)
+    cache = exported.manifest["generation"]["cache"]
+    assert cache["fused_attention"] is True and cache["fused_rotary"] is (rope["rope_type"] == "default")
+    prompt = torch.randint(3, 100, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30)
+    assert torch.equal(exported.generate(prompt, max_new_tokens=30), expected)

@@ -177,8 +177,9 @@ def test_a_fused_graph_onnxruntime_refuses_falls_back_to_the_unfused_model(monke
 
 @pytest.fixture(scope="module")
 def llama_decoder():
-    """A tiny Llama's one ``decoder`` program (prefill and decode), max_batch=2 for a padded batch of 2."""
-    model = tiny_model("llama")
+    """A tiny Llama's one ``decoder`` program (prefill and decode), max_batch=2 for a padded batch of 2; heads of 16
+    (GroupQueryAttention's CPU kernel applies RoPE to heads of a multiple of 16 only), 2 query heads per KV head."""
+    model = tiny_model("llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     return model, hfexport.export(model, backend="onnx", task="text-generation", max_batch=2)
 
 
@@ -218,6 +219,62 @@ def test_llama_decoder_attention_reads_each_key_value_head_once(llama_decoder):
     assert ops[(MS, "GroupQueryAttention")] == 2, ops  # one per layer
     assert ops[(MS, "FusedMatMul")] == 0 and ops[("", "Softmax")] == 0, ops
     assert exported.manifest["generation"]["cache"]["fused_attention"] is True
+
+
+def test_llama_decoder_attention_rotates_and_unpacks_inside_the_kernel(llama_decoder):
+    """The kernel applies RoPE (``do_rotary``, from the model's tables at ``position_ids``) to one packed QKV
+    projection: per layer one MatMul for q/k/v and one for gate/up (:func:`pack_shared_input_matmuls`), no node of
+    transformers' ``rotate_half`` (Neg, Concat of halves), and no Split before the attention."""
+    import onnx
+
+    model, exported = llama_decoder
+    graph = onnx.load(str(exported.components["decoder"].runner.path), load_external_data=False).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    for node in attention:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["do_rotary"] == 1 and attributes["rotary_interleaved"] == 0, attributes
+        assert node.input[1] == node.input[2] == "", list(node.input)  # packed QKV in the query input
+        assert node.input[7] and node.input[8] and node.input[9], list(node.input)  # cos, sin, position_ids
+    ops = _op_counts(exported.components["decoder"].runner.path)
+    layers = model.config.num_hidden_layers
+    assert ops[("", "MatMul")] == 4 * layers + 1, ops  # qkv, o, gate+up, down per layer; the LM head
+    assert ops[("", "Neg")] == 0 and ops[("", "Split")] == layers, ops  # the one Split: gate from up
+    fusions = exported.manifest["components"]["decoder"]["onnx"]["fusions"]["fired"]
+    assert fusions["packed_matmuls"] == 3 * layers and fusions["packed_qkv_attention"] == layers, fusions
+    assert exported.manifest["generation"]["cache"]["fused_rotary"] is True
+
+
+def test_pack_shared_input_matmuls_joins_weights_and_keeps_the_outputs():
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime
+
+    from hfexport_onnx._fusions import pack_shared_input_matmuls
+
+    rng = np.random.default_rng(0)
+    x = ir.val("x", ir.DataType.FLOAT, ir.Shape([2, 3, 8]))
+    weights = [ir.Value(name=f"w{i}", const_value=ir.tensor(rng.standard_normal((8, n)).astype(np.float32)))
+               for i, n in enumerate((8, 4, 4))]
+    shared = ir.Value(name="shared", const_value=ir.tensor(rng.standard_normal((8, 2)).astype(np.float32)))
+    nodes = [ir.node("MatMul", [x, w]) for w in weights]
+    outputs = [ir.node("Relu", [n.outputs[0]]) for n in nodes]  # the packed MatMuls' outputs are read inside
+    twice = [ir.node("MatMul", [x, shared]), ir.node("Relu", [shared])]  # a weight read twice is not packed
+    for i, node in enumerate(outputs + twice):
+        node.outputs[0].name = f"y{i}"
+    graph = ir.Graph([x], [n.outputs[0] for n in outputs + twice], nodes=nodes + outputs + twice,
+                     initializers=[*weights, shared], opset_imports={"": 18})
+    model = ir.Model(graph, ir_version=10)
+
+    def run() -> list:
+        session = onnxruntime.InferenceSession(ir.to_proto(model).SerializeToString())
+        return session.run(None, {"x": np.ones((2, 3, 8), np.float32) * np.arange(8, dtype=np.float32)})
+
+    before = run()
+    assert pack_shared_input_matmuls(model) == 2
+    assert [n.op_type for n in graph] == ["MatMul", "Split", "Relu", "Relu", "Relu", "MatMul", "Relu"]
+    assert "shared" in graph.initializers and not {"w0", "w1", "w2"} & set(graph.initializers)
+    for got, expected in zip(run(), before, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_undo_skip_norms_writes_the_ops_they_fuse():

@@ -174,12 +174,12 @@ def test_int4_writes_matmulnbits_with_4_bits_and_the_block_size_asked_for(llama_
     proto = onnx.load(str(path / "model.onnx"), load_external_data=False)
     nbits = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in proto.graph.node
              if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 15  # 2 layers x (q, k, v, o, gate, up, down) + lm_head
+    assert len(nbits) == 9  # 2 layers x (packed qkv, o, packed gate+up, down) + lm_head (_fusions.py packs them)
     assert all(a["bits"] == 4 and a["block_size"] == 16 and a["accuracy_level"] == 4 for a in nbits)
     section = manifest["quantization"]
     assert section["recipe"] == "int4" and section["group_size"] == 16 and section["weights"].startswith("int4")
     assert section["steps"][0].startswith("onnxruntime.quantization.MatMulNBitsQuantizer(bits=4, block_size=16")
-    assert section["quantized"] == {"MatMul": 15, "Gather": 1}  # the embedding table int8 (quantize_dynamic)
+    assert section["quantized"] == {"MatMul": 9, "Gather": 1}  # the embedding table int8 (quantize_dynamic)
     assert section["kept_float"]["MatMul with a constant weight"] == 0
     assert manifest["verification"]["metric"] == "quantized" and manifest["verification"]["passed"]
     from hfexport_onnx._quantize import resolve_onnx_quantization

@@ -6,6 +6,11 @@ kernel (ONNX Runtime's ``com.microsoft.GroupQueryAttention``, which writes into 
 past one and reads ``past_length + seq`` positions, not the whole capacity) can lower it to that kernel
 (``Exporter.fused_cache_attention``). Its eager implementation, used by the verification's eager run, is the
 plain computation: write, then attend over the cache under the mask.
+
+With a rotary table (``rotary_cos``/``rotary_sin``, the model's RoPE at every cache position, and ``position_ids``)
+the op also applies RoPE to the query and the new keys, as transformers' ``apply_rotary_pos_emb`` does (the halves
+form, ``q * cos + rotate_half(q) * sin``): ONNX Runtime's kernel then rotates them itself (``do_rotary``) instead of
+a dozen small nodes per layer doing it before.
 """
 
 from __future__ import annotations
@@ -15,15 +20,30 @@ import torch
 __all__ = ["cache_attention"]
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, rotary_cos: torch.Tensor, rotary_sin: torch.Tensor,
+                 position_ids: torch.Tensor) -> torch.Tensor:
+    """RoPE of ``x [batch, heads, seq, dim]`` at ``position_ids [batch, seq]`` from the tables ``[positions, dim / 2]``,
+    in transformers' halves form and operation order (``x * cos + rotate_half(x) * sin``: the same values)."""
+    cos = torch.cat((rotary_cos, rotary_cos), dim=-1)[position_ids].unsqueeze(1)
+    sin = torch.cat((rotary_sin, rotary_sin), dim=-1)[position_ids].unsqueeze(1)
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
 @torch.library.custom_op("hfexport::cache_attention", mutates_args=())
 def cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor,
-                    past_value: torch.Tensor, past_length: torch.Tensor, mask: torch.Tensor,
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    past_value: torch.Tensor, past_length: torch.Tensor, mask: torch.Tensor, scale: float,
+                    rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Grouped-query attention of ``seq`` new positions over a cache, with the cache write.
 
     Args:
-        query: ``[batch, heads, seq, head_dim]``.
-        key: ``[batch, kv_heads, seq, head_dim]`` (the new positions', RoPE applied); ``heads % kv_heads == 0``.
+        query: ``[batch, heads, seq, head_dim]`` (RoPE applied, unless the rotary table is given).
+        key: ``[batch, kv_heads, seq, head_dim]``, the new positions' (the same); ``heads % kv_heads == 0``.
         value: ``[batch, kv_heads, seq, head_dim]``.
         past_key: ``[batch, kv_heads, max_cache_len, head_dim]``, the cache (positions ``>= past_length`` unused).
         past_value: as ``past_key``.
@@ -32,11 +52,18 @@ def cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             and window applied); a row without any True key attends uniformly, as transformers' eager attention
             with the dtype's minimum as the masked score.
         scale: the score scale (``head_dim ** -0.5`` for most models).
+        rotary_cos: ``[max_positions, head_dim / 2]``, the RoPE cosines of every position (the first half of
+            transformers' ``cos``, whose halves are equal), or None (query and key come rotated).
+        rotary_sin: as ``rotary_cos``, the sines.
+        position_ids: ``int64 [batch, seq]``, each new position's RoPE position (with the tables only).
 
     Returns:
         ``(out [batch, seq, heads, head_dim], present_key, present_value)``: the presents are the caches with the
         new positions written (the same shapes as the pasts).
     """
+    if rotary_cos is not None:
+        query = apply_rotary(query, rotary_cos, rotary_sin, position_ids)
+        key = apply_rotary(key, rotary_cos, rotary_sin, position_ids)
     start = int(past_length)
     seq = key.shape[2]
     present_key, present_value = past_key.clone(), past_value.clone()
@@ -53,7 +80,9 @@ def cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 @cache_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
-      past_length: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+      past_length: torch.Tensor, mask: torch.Tensor, scale: float, rotary_cos: torch.Tensor | None = None,
+      rotary_sin: torch.Tensor | None = None,
+      position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, heads, seq, _ = query.shape
     out = query.new_empty((batch, seq, heads, value.shape[-1]))
     return out, torch.empty_like(past_key), torch.empty_like(past_value)

@@ -172,9 +172,16 @@ def grouped_query_attention(original: Any) -> Any:
         if layer is not None:
             if not unsupported and _fusable(query, key, value, layer, attention_mask):
                 layer.pending = None
+                rotary = _ROTARY.get()
+                unrotated = rotary.unrotated(query, key) if rotary is not None else None
+                if unrotated is not None:  # the kernel applies RoPE: the query and keys before it go in
+                    query, key = unrotated
+                    tables = (rotary.cos, rotary.sin, rotary.position_ids)
+                else:
+                    tables = (None, None, None)
                 out, layer.keys, layer.values = torch.ops.hfexport.cache_attention(
                     query, key, value, layer.keys, layer.values, layer.cumulative_length, attention_mask,
-                    scaling if scaling is not None else query.shape[-1] ** -0.5)
+                    scaling if scaling is not None else query.shape[-1] ** -0.5, *tables)
                 return out, None
             key, value = layer.write(key, value)
         if unsupported:
@@ -218,6 +225,91 @@ def _fusable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer:
     return (query.shape[-1] == key.shape[-1] == value.shape[-1] and query.shape[1] % key.shape[1] == 0
             and layer.keys.dtype in (torch.float32, torch.float16) and query.dtype == layer.keys.dtype
             and mask.shape[-1] == layer.keys.shape[2])
+
+
+_ROTARY: contextvars.ContextVar[Any] = contextvars.ContextVar("hfexport_fused_rotary", default=None)
+
+
+class FusedRotaryUnusable(RuntimeError):
+    """The model's RoPE at a position is not its rotary table's row (a RoPE type that depends on more than the
+    position): the fused attention then takes the query and keys rotated."""
+
+
+class _RotaryTables:
+    """One forward's rotary tables (``[max_cache_len, head_dim / 2]``) and position ids, and what the model's
+    ``apply_rotary_pos_emb`` rotated: by the rotated tensor, the tensor before and the ``cos``/``sin`` it used."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor):
+        self.cos, self.sin, self.position_ids = cos, sin, position_ids
+        self.sources: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def record(self, rotated: torch.Tensor, before: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.sources[id(rotated)] = (rotated, before, cos, sin)  # the rotated tensor is kept: its id stays its own
+
+    def unrotated(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(query, key)`` before the model's RoPE when both went through one ``apply_rotary_pos_emb`` with cos/sin
+        of the positions (checked on real tensors: raises :class:`FusedRotaryUnusable` where the table differs)."""
+        q, k = self.sources.get(id(query)), self.sources.get(id(key))
+        if q is None or k is None or q[0] is not query or k[0] is not key or q[2] is not k[2] or q[3] is not k[3]:
+            return None
+        cos, sin = q[2], q[3]
+        if not torch.compiler.is_exporting():  # eager (the plan's probe, the verification's reference)
+            table = (torch.cat((self.cos, self.cos), -1)[self.position_ids],
+                     torch.cat((self.sin, self.sin), -1)[self.position_ids])
+            if not (torch.equal(cos, table[0]) and torch.equal(sin, table[1])):
+                raise FusedRotaryUnusable("the model's RoPE differs from its table at the same positions")
+        return q[1], k[1]
+
+
+def rotary_tables(model: torch.nn.Module, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The model's RoPE ``cos``/``sin`` at positions ``0 .. positions - 1``, ``[positions, head_dim / 2]`` each, from
+    its one rotary embedding module (transformers' ``...RotaryEmbedding(x, position_ids)``), or None: no such module
+    or several, a RoPE type whose frequencies depend on the length (``dynamic``, ``longrope``), or halves that differ
+    (an interleaved form)."""
+    modules = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "inv_freq")]
+    if len(modules) != 1 or getattr(modules[0], "rope_type", "default") in ("dynamic", "longrope"):
+        return None
+    with torch.no_grad():
+        try:
+            cos, sin = modules[0](torch.zeros((), dtype=dtype), torch.arange(positions)[None])
+        except Exception:  # another signature
+            return None
+    half = cos.shape[-1] // 2
+    if cos.dim() != 3 or not (torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:])):
+        return None
+    return cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
+
+
+@contextlib.contextmanager
+def _recording_rotary(model: torch.nn.Module, tables: _RotaryTables) -> Any:
+    """Have each ``apply_rotary_pos_emb`` of the model's attention modules record the query and key it rotates in
+    ``tables`` (the transformers halves form, ``(q, k, cos, sin)`` with cos/sin ``[batch, seq, head_dim]``); restored
+    after, also on error. The rotated values are still computed: a layer that attends another way uses them."""
+    import sys
+
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+    patched = []
+    for module in modules:
+        original = getattr(module, "apply_rotary_pos_emb", None) if module is not None else None
+        if not callable(original):
+            continue
+
+        def recording(q: Any, k: Any, cos: Any, sin: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            q_rotated, k_rotated = _original(q, k, cos, sin, *args, **kwargs)
+            if not args and not kwargs and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] == k.shape[-1]:
+                tables.record(q_rotated, q, cos, sin)
+                tables.record(k_rotated, k, cos, sin)
+            return q_rotated, k_rotated
+
+        module.apply_rotary_pos_emb = recording
+        patched.append((module, original))
+    token = _ROTARY.set(tables)
+    try:
+        yield
+    finally:
+        _ROTARY.reset(token)
+        for module, original in patched:
+            module.apply_rotary_pos_emb = original
 
 
 class InPlaceCacheAttention(Protocol):
@@ -270,6 +362,10 @@ class CausalLMStep(torch.nn.Module):
             cache write and attention one ``hfexport::cache_attention`` node; with ``in_buffers``, an
             :class:`InPlaceCacheAttention` kernel writes and reads the buffers (then ``[batch, max_cache_len,
             kv_heads, head_dim]``). A forward raises :class:`FusedAttentionUnused` when a layer attends another way.
+        fused_rotary: with ``fused_attention=True``, ``hfexport::cache_attention`` also applies the model's RoPE, from
+            its tables at every cache position (buffers ``rotary_cos``/``rotary_sin``, :func:`rotary_tables`), to the
+            query and keys the model's ``apply_rotary_pos_emb`` received. Off where the model has no such tables; a
+            forward raises :class:`FusedRotaryUnusable` where its RoPE differs from them.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
@@ -287,10 +383,18 @@ class CausalLMStep(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
-                 dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False):
+                 dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
+                 fused_rotary: bool = False):
         super().__init__()
         # with in_buffers, a kernel (InPlaceCacheAttention) or nothing; otherwise a bool
         self.fused_attention = fused_attention if not in_buffers or callable(fused_attention) else False
+        tables = None
+        if fused_rotary and self.fused_attention is True and not in_buffers and cache_shapes:
+            tables = rotary_tables(model, cache_shapes[0][0][2], dtype)
+        self.fused_rotary = tables is not None
+        if tables is not None:  # constants of the program: [max_cache_len, head_dim / 2]
+            self.register_buffer("rotary_cos", tables[0], persistent=False)
+            self.register_buffer("rotary_sin", tables[1], persistent=False)
         self.model = model
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
@@ -327,8 +431,11 @@ class CausalLMStep(torch.nn.Module):
                 layer.kernel, layer.start = self.fused_attention, start
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         token = _FUSED_CACHE.set(kv if self.fused_attention else None)
+        rotary = contextlib.nullcontext()
+        if self.fused_rotary and position_ids is not None:
+            rotary = _recording_rotary(self.model, _RotaryTables(self.rotary_cos, self.rotary_sin, position_ids))
         try:
-            with _grouped_sdpa():
+            with _grouped_sdpa(), rotary:
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
                                  logits_to_keep=1, **extra)
         finally:
@@ -494,15 +601,21 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     in_place_kernel = stateful and callable(fused_cache_attention) and rows == 1 and max_batch == 1
     step = None
     if fused_cache_attention and attends_by_sdpa and (in_place_kernel or not stateful):
-        fused = CausalLMStep(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention)
-        try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
-            with torch.no_grad():
-                fused(**example)
-            step = fused
-            for buffer in step.buffers(recurse=False):  # the probe wrote the cache buffers
-                buffer.zero_()
-        except Exception:  # the plain write and attention are exported instead (and raise what they raise)
-            pass
+        for fused_rotary in (True, False):  # RoPE in the fused op where the model's tables give it, else before it
+            fused = CausalLMStep(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention,
+                                 fused_rotary=fused_rotary)
+            try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
+                with torch.no_grad():
+                    fused(**example)
+                step = fused
+                for name, buffer in step.named_buffers(recurse=False):  # the probe wrote the cache buffers
+                    if name.startswith("cache_"):
+                        buffer.zero_()
+                break
+            except FusedRotaryUnusable:
+                continue
+            except Exception:  # the plain write and attention are exported instead (and raise what they raise)
+                break
     if step is None:
         step = CausalLMStep(model, shapes, dtype, in_buffers=stateful)
     from torch.export import Dim
@@ -521,7 +634,8 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     # ignores_padding: causal attention over the filled positions without a mask (generate trims a row's padding)
     cache = {"layout": layout, "in_program_buffers": stateful,
              "static_batch": stateful or rows == 1, "dtype": str(dtype).removeprefix("torch."),
-             "fused_attention": bool(step.fused_attention), "ignores_padding": kernel,
+             "fused_attention": bool(step.fused_attention), "fused_rotary": step.fused_rotary,
+             "ignores_padding": kernel,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
     manifest = generation_manifest(model, max_cache_len, max_batch, len(shapes))
     manifest.update(prefill_chunk=prefill_chunk, cache=cache)
@@ -635,37 +749,46 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     cache = new_cache(section, batch) if "cache" in names else None
     chunk = section["prefill_chunk"]
 
+    past_length = torch.zeros((), dtype=torch.long)
+
     def step(ids: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
         nonlocal cache
+        past_length.fill_(past)
         feed = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids,
-                "past_length": torch.tensor(past), "cache": cache}
+                "past_length": past_length, "cache": cache}
         out = exported.run(DECODER, **{k: v for k, v in feed.items() if k in names})
         cache = out.get("cache", cache)
         return out["logits"][:rows]
 
-    start = time.perf_counter()
-    for past in range(0, prompt, chunk):
-        logits = step(input_ids[:, past:past + chunk], positions[:, past:past + chunk], past)
-    prefill_s = time.perf_counter() - start
-    sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
-    position, past = positions[:, -1:], prompt
-    start = time.perf_counter()
-    step_ends = [start]
-    while True:  # stopping_criteria ends it: max length, or every row at EOS
-        scores = processors(sequences, logits.float())
-        next_tokens = scores.argmax(-1)
-        if pad is not None:
-            next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
-        sequences = torch.cat([sequences, next_tokens[:, None]], -1)
-        unfinished &= ~criteria(sequences, scores)
-        if not bool(unfinished.any()):
-            break
-        mask[:, past] = 1
-        position = position + 1
-        ids = torch.cat([next_tokens, next_tokens[-1:].expand(batch - rows)])[:, None]
-        logits = step(ids, position, past)
-        past, steps = past + 1, steps + 1
-        step_ends.append(time.perf_counter())
+    # the decode steps' inputs are updated in place: a runner that binds its inputs (ONNX Runtime's IO binding)
+    # binds the cache, the mask and these once
+    runner = exported.components[DECODER].runner
+    with getattr(runner, "reusing_bindings", contextlib.nullcontext)():
+        start = time.perf_counter()
+        for past in range(0, prompt, chunk):
+            logits = step(input_ids[:, past:past + chunk], positions[:, past:past + chunk], past)
+        prefill_s = time.perf_counter() - start
+        sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
+        position, past = positions[:, -1:].clone(), prompt
+        ids = torch.zeros(batch, 1, dtype=torch.long)
+        start = time.perf_counter()
+        step_ends = [start]
+        while True:  # stopping_criteria ends it: max length, or every row at EOS
+            scores = processors(sequences, logits.float())
+            next_tokens = scores.argmax(-1)
+            if pad is not None:
+                next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
+            sequences = torch.cat([sequences, next_tokens[:, None]], -1)
+            unfinished &= ~criteria(sequences, scores)
+            if not bool(unfinished.any()):
+                break
+            mask[:, past] = 1
+            position += 1
+            ids[:rows, 0] = next_tokens
+            ids[rows:, 0] = next_tokens[-1]  # a static batch's extra rows repeat the last one
+            logits = step(ids, position, past)
+            past, steps = past + 1, steps + 1
+            step_ends.append(time.perf_counter())
     return sequences, prefill_s, time.perf_counter() - start, steps, step_ends
 
 

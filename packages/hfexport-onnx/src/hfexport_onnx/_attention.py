@@ -9,6 +9,11 @@ not at the cache's capacity, as in ONNX Runtime GenAI's decoders. The kernel's c
 key/value ``[batch, seq, kv_heads * dim]``, past/present ``[batch, kv_heads, capacity, dim]``, ``seqlens_k`` int32
 ``[batch]`` = total positions - 1, ``total_sequence_length`` int32 scalar, ``attention_bias`` ``[batch, 1, seq,
 total]`` added to the scores (the padding and window mask here; the kernel applies the causal one itself).
+
+With the op's rotary tables, the kernel applies RoPE itself (``do_rotary=1``, halves form: ``rotary_interleaved=0``)
+from ``cos_cache``/``sin_cache`` ``[positions, head_dim / 2]`` at ``position_ids``. Its CPU kernel rotates only
+heads of a multiple of 16 ("head_size shall be a multiple of 16", onnxruntime 1.32); smaller heads are rotated by
+ONNX ops before it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ def _gqa_schema() -> Any:
     from onnx.defs import OpSchema
 
     def inputs(*names: str, optional: tuple[str, ...] = ()) -> list[Any]:
-        return [OpSchema.FormalParameter(n, "T" if n not in ("seqlens_k", "total_sequence_length") else "M", "",
+        kinds = {"seqlens_k": "M", "total_sequence_length": "M", "position_ids": "P"}
+        return [OpSchema.FormalParameter(n, kinds.get(n, "T"), "",
                                          param_option=OpSchema.FormalParameterOption.Optional if n in optional
                                          else OpSchema.FormalParameterOption.Single) for n in names]
 
@@ -43,17 +49,33 @@ def _gqa_schema() -> Any:
         inputs=inputs("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                       "cos_cache", "sin_cache", "position_ids", "attention_bias", optional=optional),
         outputs=inputs("output", "present_key", "present_value"),
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], ""),
+                          ("P", ["tensor(int64)"], "")],
         attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, ""),
                     OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
-                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "")])
+                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, ""),
+                    OpSchema.Attribute("do_rotary", OpSchema.AttrType.INT, ""),
+                    OpSchema.Attribute("rotary_interleaved", OpSchema.AttrType.INT, "")])
+
+
+def _rotated(x: Any, rotary_cos: Any, rotary_sin: Any, position_ids: Any) -> Any:
+    """RoPE of ``x [batch, heads, seq, dim]`` in ONNX ops (``hfexport_dynamo._cache_attention.apply_rotary``)."""
+    cos = op.Unsqueeze(op.Gather(op.Concat(rotary_cos, rotary_cos, axis=-1), position_ids), op.Constant(value_ints=[1]))
+    sin = op.Unsqueeze(op.Gather(op.Concat(rotary_sin, rotary_sin, axis=-1), position_ids), op.Constant(value_ints=[1]))
+    first, second = op.Split(x, num_outputs=2, axis=-1)
+    return op.Add(op.Mul(x, cos), op.Mul(op.Concat(op.Neg(second), first, axis=-1), sin))
 
 
 def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, past_value: Any, past_length: Any,
-                            mask: Any, scale: float) -> Any:
+                            mask: Any, scale: float, rotary_cos: Any = None, rotary_sin: Any = None,
+                            position_ids: Any = None) -> Any:
     """``hfexport::cache_attention`` as one GroupQueryAttention (plus the layout changes and the bias)."""
     heads, dim = query.shape[1], query.shape[3]
     kv_heads = key.shape[1]
+    do_rotary = rotary_cos is not None and dim % 16 == 0
+    if rotary_cos is not None and not do_rotary:
+        query = _rotated(query, rotary_cos, rotary_sin, position_ids)
+        key = _rotated(key, rotary_cos, rotary_sin, position_ids)
     to_bsh = op.Constant(value_ints=[0, 0, -1])  # [batch, seq, heads * dim] from [batch, seq, heads, dim]
     q = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), to_bsh)
     k = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), to_bsh)
@@ -72,8 +94,10 @@ def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, pas
                                                        else torch.finfo(torch.float32).min)), query)
     bias = op.Where(visible, zero, lowest)
     gqa = Op(_MICROSOFT, "GroupQueryAttention", _gqa_schema())
-    out, present_key, present_value = gqa(q, k, v, past_key, past_value, seqlens_k, total_length, None, None, None,
-                                          bias, num_heads=heads, kv_num_heads=kv_heads, scale=float(scale))
+    rotary = (rotary_cos, rotary_sin, position_ids) if do_rotary else (None, None, None)
+    out, present_key, present_value = gqa(q, k, v, past_key, past_value, seqlens_k, total_length, *rotary, bias,
+                                          num_heads=heads, kv_num_heads=kv_heads, scale=float(scale),
+                                          do_rotary=int(do_rotary), rotary_interleaved=0)
     out = op.Reshape(out, op.Constant(value_ints=[0, 0, heads, dim]))  # [batch, seq, heads, dim]
     return out, present_key, present_value
 

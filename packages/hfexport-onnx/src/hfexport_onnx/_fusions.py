@@ -32,7 +32,7 @@ from ._model import TORCHLIB_OPSET, node_count, stamp_metadata
 
 __all__ = ["CPU_SESSION_DISABLED_OPTIMIZERS", "CPU_SLOWER_THAN_UNFUSED", "ORT_FUSIONS_DISABLE", "ORT_FUSION_TARGETS",
            "OrtFusionFallbackWarning", "check_ort_fusions", "fuse_and_open", "fuse_for_ort", "fused_op_counts",
-           "repair_batch_transposes", "undo_skip_norms"]
+           "feed_packed_qkv", "pack_shared_input_matmuls", "repair_batch_transposes", "undo_skip_norms"]
 
 # The execution providers hfexport fuses for (the value of ``OnnxConfig.ort_fusions``).
 ORT_FUSION_TARGETS: tuple[str, ...] = ("cpu",)
@@ -120,6 +120,97 @@ def undo_skip_norms(model: ir.Model, op_types: Any = tuple(CPU_SLOWER_THAN_UNFUS
     return dict(done)
 
 
+def pack_shared_input_matmuls(model: ir.Model) -> int:
+    """Join the ``MatMul`` nodes that multiply one input by 2-D constant weights (a decoder layer's query, key and
+    value projections; its gate and up projections) into one ``MatMul`` over the weights concatenated along the
+    output dim, then ``Split``: one GEMM launch where there were three, as ONNX Runtime GenAI's model builder writes
+    ``qkv_proj``. Each weight is still stored once. Returns the number of ``MatMul`` nodes removed.
+
+    Only weights that nothing else reads, of one dtype and input dim, in the main graph; the outputs' values are the
+    same (each output column is the same dot product)."""
+    import numpy as np
+
+    graph = model.graph
+    groups: dict[int, list[ir.Node]] = collections.defaultdict(list)
+    graph_outputs = {id(v) for v in graph.outputs}
+    for node in graph:
+        if node.op_type != "MatMul" or node.domain != "" or len(node.inputs) != 2 or node.inputs[0] is None:
+            continue
+        weight = node.inputs[1]
+        if weight is None or weight.const_value is None or not weight.is_initializer() \
+                or len(weight.const_value.shape) != 2 or len(weight.uses()) != 1 or id(node.outputs[0]) in graph_outputs:
+            continue
+        groups[id(node.inputs[0])].append(node)
+    removed = 0
+    for nodes in groups.values():
+        weights = [n.inputs[1] for n in nodes]
+        if len(nodes) < 2 or len({(w.const_value.dtype, w.const_value.shape[0]) for w in weights}) != 1:
+            continue
+        arrays = [w.const_value.numpy() for w in weights]
+        name = "_".join(w.name for w in weights[:1]) + f"_packed{len(weights)}"
+        tensor = ir.tensor(np.concatenate(arrays, axis=1), name=name)
+        packed = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
+                          const_value=tensor)
+        graph.register_initializer(packed)
+        first = nodes[0]
+        matmul = ir.node("MatMul", [first.inputs[0], packed])
+        source = first.inputs[0]
+        matmul.outputs[0].type = first.outputs[0].type or packed.type
+        if source.shape is not None:
+            matmul.outputs[0].shape = ir.Shape([*source.shape[:-1], packed.shape[1]])
+        sizes = ir.Value(name=name + "_sizes", const_value=ir.tensor(np.array([a.shape[1] for a in arrays],
+                                                                                 dtype=np.int64), name=name + "_sizes"))
+        graph.register_initializer(sizes)
+        split = ir.node("Split", [matmul.outputs[0], sizes], attributes={"axis": -1}, num_outputs=len(nodes))
+        graph.insert_before(first, [matmul, split])
+        for node, output in zip(nodes, split.outputs, strict=True):
+            output.shape, output.type = node.outputs[0].shape, node.outputs[0].type
+            ir.convenience.replace_all_uses_with(node.outputs[0], output)
+            graph.remove(node, safe=True)
+        for weight in weights:
+            del graph.initializers[weight.name]
+        removed += len(nodes) - 1
+    return removed
+
+
+def _through_reshapes(value: ir.Value) -> ir.Value:
+    """The value a chain of ``Reshape`` nodes starts from."""
+    while value.producer() is not None and value.producer().op_type == "Reshape" and value.producer().domain == "":
+        value = value.producer().inputs[0]
+    return value
+
+
+def feed_packed_qkv(model: ir.Model) -> int:
+    """Hand each ``GroupQueryAttention`` whose query, key and value are the three parts of one packed projection
+    (:func:`pack_shared_input_matmuls`: ``Split`` of one ``MatMul``, each part reshaped to ``[batch, seq, heads *
+    dim]`` and back) that projection itself, with no key and value: the kernel's packed-QKV form, as ONNX Runtime
+    GenAI writes it. The ``Split`` and the reshapes go. Returns the number of attention nodes changed."""
+    import onnx_ir.passes.common as common_passes
+
+    changed = 0
+    for node in model.graph:
+        if node.op_type != "GroupQueryAttention" or node.domain != _MS or len(node.inputs) < 3:
+            continue
+        parts = [_through_reshapes(v) if v is not None else None for v in node.inputs[:3]]
+        split = parts[0].producer() if parts[0] is not None else None
+        if split is None or split.op_type != "Split" or len(split.outputs) != 3 \
+                or [p for p in parts] != list(split.outputs):
+            continue
+        axis = split.attributes.get_int("axis", 0)
+        packed = split.inputs[0]
+        if packed.shape is None or axis not in (-1, len(packed.shape) - 1) or len(packed.shape) != 3 \
+                or any(v.shape is None or len(v.shape) != 3 or v.shape[-1] != p.shape[-1]
+                       for v, p in zip(node.inputs[:3], parts, strict=True)):
+            continue
+        node.replace_input_with(0, packed)
+        node.replace_input_with(1, None)
+        node.replace_input_with(2, None)
+        changed += 1
+    if changed:
+        common_passes.RemoveUnusedNodesPass()(model)
+    return changed
+
+
 def repair_batch_transposes(model: ir.Model) -> int:
     """Give every ``FusedMatMul`` whose ``transBatchA``/``transBatchB`` ONNX Runtime would refuse an explicit
     ``Transpose`` instead; returns the number of inputs repaired.
@@ -179,6 +270,9 @@ def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -
     if fused is not model:  # onnxscript rewrites in place and returns the model: a copy would lose the caller's
         raise RuntimeError("onnxscript's optimize_for_ort returned another model than it was given")
     undone = undo_skip_norms(model) if target == "cpu" else {}
+    packed = pack_shared_input_matmuls(model)
+    if packed:
+        fired = {**fired, "packed_matmuls": packed, "packed_qkv_attention": feed_packed_qkv(model)}
     repaired = repair_batch_transposes(model)
     if repaired:
         undone = {**undone, "FusedMatMul transBatch (as Transpose)": repaired}

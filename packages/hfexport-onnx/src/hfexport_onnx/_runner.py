@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -175,21 +175,45 @@ class OnnxRunner(FileRunner):
         return [self.output_constants.get(str(i)) if name is None else values[name]
                 for i, name in enumerate(self.output_leaves)]
 
+    @contextlib.contextmanager
+    def reusing_bindings(self) -> Iterator[None]:
+        """Within the body, runs keep their IO binding: an input whose tensor is the same memory, shape and dtype as
+        the previous run's is not bound again (a decode loop's cache, mask and step inputs, updated in place). The
+        bound inputs stay referenced until the body ends."""
+        self._reused = {}
+        try:
+            yield
+        finally:
+            self._reused = None
+
     def _run_in_place(self, names: list[str], feed: dict[str, Any], tensors: dict[str, torch.Tensor],
                       aliases: dict[str, str]) -> dict[str, torch.Tensor]:
         """One run through IO binding, each aliased output bound to its input's memory (no copy of the input)."""
         import onnxruntime
 
-        binding = self.session.io_binding()
-        bound = {}
+        reused = getattr(self, "_reused", None)
+        if reused is None or "" not in reused:
+            binding = self.session.io_binding()
+            if reused is not None:
+                reused[""] = binding
+        else:
+            binding = reused[""]
+        rebound = {}
         for name, array in feed.items():
-            bound[name] = onnxruntime.OrtValue.ortvalue_from_numpy(array)  # shares the array's memory
-            binding.bind_ortvalue_input(name, bound[name])
-        for name in names:
-            if name in aliases:
-                binding.bind_ortvalue_output(name, bound[aliases[name]])
-            else:
-                binding.bind_output(name, "cpu")
+            tensor = tensors[name]
+            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            held = reused.get(name) if reused is not None else None
+            if held is not None and held[0] == key:
+                continue
+            rebound[name] = onnxruntime.OrtValue.ortvalue_from_numpy(array)  # shares the array's memory
+            binding.bind_ortvalue_input(name, rebound[name])
+            if reused is not None:
+                reused[name] = (key, rebound[name])
+        for name in names:  # bound in this order on the first run: get_outputs() returns them so
+            if name not in aliases:
+                binding.bind_output(name, "cpu")  # a new buffer each run: a returned output is never overwritten
+            elif aliases[name] in rebound:
+                binding.bind_ortvalue_output(name, rebound[aliases[name]])
         self.session.run_with_iobinding(binding)
         produced = iter(binding.get_outputs())
         values = {}
