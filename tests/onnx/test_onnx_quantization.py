@@ -83,17 +83,35 @@ def test_minilm_int8_static_is_small_and_calibrated_on_the_given_inputs(minilm_f
     assert quantized.manifest["verification"]["passed"]
 
 
-def test_tiny_bert_int8_static_on_dummy_inputs_runs_in_a_new_process(tmp_path):
+@pytest.fixture(scope="module")
+def bert_int8_static(tmp_path_factory):
+    """The tiny BERT and an ``int8-static`` export of it on its dummy inputs, saved."""
     model = tiny_model("bert")
     exported = hfexport.export(model, backend="onnx", dynamic=True, quantize="int8-static")
+    return model, exported, exported.save_pretrained(tmp_path_factory.mktemp("static") / "static")
+
+
+@pytest.fixture(scope="module")
+def fresh_process(bert_int8_static, llama_int4, tmp_path_factory):
+    """The int8-static BERT and the int4 Llama loaded and run in one new process (starting one costs seconds), at
+    other shapes than they were traced and calibrated at: name -> (inputs, the process's outputs)."""
+    ids = torch.randint(3, 100, (3, 9), generator=torch.Generator().manual_seed(1))
+    inputs = {"static": bert_batch(2, 7), "int4": {"input_ids": ids, "attention_mask": torch.ones_like(ids)}}
+    paths = {"static": bert_int8_static[2], "int4": llama_int4[1]}
+    results = load_in_fresh_process({name: (paths[name], inputs[name]) for name in paths},
+                                    tmp_path_factory.mktemp("fresh"))
+    return {name: (inputs[name], results[name]) for name in paths}
+
+
+def test_tiny_bert_int8_static_on_dummy_inputs_runs_in_a_new_process(bert_int8_static, fresh_process):
+    model, exported, _ = bert_int8_static
     section = exported.manifest["quantization"]
     assert section["calibration"] == {"batches": 1, "source": "the export's inputs"}
     assert section["quantized"]["MatMul"] >= 6 and exported.manifest["verification"]["passed"]
-    path = exported.save_pretrained(tmp_path / "static")
-    inputs = bert_batch(2, 7)  # other shapes than the dummy inputs it was traced and calibrated on
+    inputs, (_, outputs) = fresh_process["static"]  # other shapes than the dummy inputs it was traced on
     with torch.no_grad():
         expected = model(**inputs).last_hidden_state
-    got = load_in_fresh_process({"static": (path, inputs)}, tmp_path)["static"][1][0]  # last_hidden_state
+    got = outputs[0]  # last_hidden_state
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
     assert got.shape == expected.shape and cosine >= 0.9
 
@@ -187,13 +205,12 @@ def test_int4_writes_matmulnbits_with_4_bits_and_the_block_size_asked_for(llama_
     assert resolve_onnx_quantization("int4").group_size == 32  # the default: ONNX Runtime GenAI's block size
 
 
-def test_int4_loads_in_a_fresh_process_close_to_float_eager(llama_int4, tmp_path):
-    model, path, _ = llama_int4
-    ids = torch.randint(3, 100, (3, 9), generator=torch.Generator().manual_seed(1))  # other shapes than traced
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+def test_int4_loads_in_a_fresh_process_close_to_float_eager(llama_int4, fresh_process):
+    model, _, _ = llama_int4
+    inputs, (_, outputs) = fresh_process["int4"]  # other shapes than traced
     with torch.no_grad():
         expected = model(**inputs).logits
-    got = load_in_fresh_process({"int4": (path, inputs)}, tmp_path)["int4"][1][0]  # logits
+    got = outputs[0]  # logits
     cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
     top1 = (got.argmax(-1) == expected.argmax(-1)).float().mean()
     print(f"\nONNX int4 (block 16) tiny Llama in a fresh process: logits cosine {cosine:.5f}, top-1 {top1:.0%}")
