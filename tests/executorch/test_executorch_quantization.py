@@ -162,8 +162,8 @@ def test_tiny_bert_8da8w_with_8w_embeddings_runs_in_a_new_process(tmp_path):
     assert torch.equal(got, exported(**inputs).last_hidden_state)
 
 
-def test_tiny_bert_int8_records_what_was_quantized():
-    exported = hfexport.export(tiny_model("bert", layers=1), backend=BACKEND, quantize="int8")
+def test_tiny_bert_int8_records_what_was_quantized(tiny_bert_int8):
+    _, exported = tiny_bert_int8
     section = exported.manifest["quantization"]
     assert section["quantized"] == {"linear": 7, "embedding": 3, "quantize_ops": section["quantized"]["quantize_ops"]}
     assert section["calibration"] == {"batches": 1, "source": "the export's inputs"}

@@ -223,26 +223,35 @@ class LastEosPooling(torch.nn.Module):
         return selected.view(hidden.shape[0], -1, hidden.shape[-1])[:, -1, :]
 
 
-def test_fix_assertion_only_non_core_op():
+LAST_EOS_INPUTS = {"hidden": torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(0)),
+                   "ids": torch.tensor([[5, 2, 7, 7, 2, 1], [2, 9, 9, 2, 1, 1]])}
+
+
+@pytest.fixture(scope="module")
+def last_eos_pooling():
+    """``LastEosPooling`` exported with every workaround (dynamic): the "with it" half of the two tests below."""
+    return export(LastEosPooling(), LAST_EOS_INPUTS, dynamic=True)
+
+
+def test_fix_assertion_only_non_core_op(last_eos_pooling):
     """``unique_consecutive`` (not Core ATen, no portable kernel) feeds only assertions on its size: they go, as
     ExecuTorch removes every graph assertion before emission, and the op goes with them."""
-    inputs = {"hidden": torch.randn(2, 6, 4), "ids": torch.tensor([[5, 2, 7, 7, 2, 1], [2, 9, 9, 2, 1, 1]])}
+    inputs = LAST_EOS_INPUTS
     with pytest.raises(hfexport.ExportError, match=r"aten.unique_consecutive.default is not in Core ATen"):
         export(LastEosPooling(), inputs, disable=("_fix_assertion_only_non_core_op",), dynamic=True)
-    exported = export(LastEosPooling(), inputs, dynamic=True)
+    exported = last_eos_pooling
     assert "_fix_assertion_only_non_core_op" in fixes(exported)
     assert_matches(exported, LastEosPooling(), inputs)
     other = {"hidden": torch.randn(3, 5, 4), "ids": torch.tensor([[2, 1, 1, 1, 1], [1, 1, 1, 1, 2], [1, 2, 1, 1, 1]])}
     assert_matches(exported, LastEosPooling(), other)  # another batch, sequence and <eos> count
 
 
-def test_patch_view_larger_than_base():
+def test_patch_view_larger_than_base(last_eos_pooling):
     """``selected.view(batch, -1, h)`` of a boolean index ``[u, h]`` is bounded by ``8 x (u_max // 2) x h``, more
     than its base: as a view sharing the base's memory, the program does not load."""
-    inputs = {"hidden": torch.randn(2, 6, 4), "ids": torch.tensor([[5, 2, 7, 7, 2, 1], [2, 9, 9, 2, 1, 1]])}
     with pytest.raises(hfexport.ExportError, match=r"Failed to load method forward, error: 0x:?21"):
-        export(LastEosPooling(), inputs, disable=("_patch_view_larger_than_base",), dynamic=True)
-    exported = export(LastEosPooling(), inputs, dynamic=True)
+        export(LastEosPooling(), LAST_EOS_INPUTS, disable=("_patch_view_larger_than_base",), dynamic=True)
+    exported = last_eos_pooling
     assert "_patch_view_larger_than_base" in patches(exported)
     assert_matches(exported, LastEosPooling(), {"hidden": torch.randn(8, 3, 4), "ids": torch.full((8, 3), 2)})
 
@@ -451,15 +460,16 @@ def test_fix_complex_to_real_pairs_refuses_a_complex_output():
         export(ComplexOutput(), {"x": torch.randn(3, 2)})
 
 
-def test_patch_xnnpack_quantizer_integer_scalars():
+def test_patch_xnnpack_quantizer_integer_scalars(tiny_bert_int8):
     """quantize="int8": the XNNPACK quantizer makes `arange(n) + 0` (BERT's mask positions) a float add; the index
     it feeds fails at calibration without the patch."""
-    model = tiny_model("bert", layers=1)
-    inputs = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
     with pytest.raises(hfexport.ExportError, match=r"stage 4/5 \(FX program fixes → prepare_pt2e, calibration, "
                                                    r"convert_pt2e\).*tensors used as indices must be long"):
-        export(model, inputs, disable=("_patch_xnnpack_quantizer_integer_scalars",), quantize="int8")
-    assert export(model, inputs, quantize="int8").manifest["verification"]["passed"]
+        hfexport.export(tiny_model("bert", layers=1), backend="executorch-xnnpack", quantize="int8",
+                        disable=("_patch_xnnpack_quantizer_integer_scalars",))
+    _, exported = tiny_bert_int8  # the same export with the patch (tests/executorch/conftest.py)
+    assert "_patch_xnnpack_quantizer_integer_scalars" in patches(exported)
+    assert exported.manifest["verification"]["passed"]
 
 
 def test_every_workaround_has_a_test_here():
