@@ -71,26 +71,36 @@ def assert_same_ids(got: torch.Tensor, expected: torch.Tensor, what: object) -> 
     assert torch.equal(got, expected), f"{what}: first difference at {first[:1].tolist()}"
 
 
-def export_and_save(backend: str, kind: str, directory) -> torch.nn.Module:
+def export_and_save(backend: str, kind: str, directory) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
     model = lively(kind)
     exported = hfexport.export(model, backend=backend, task=task_of(kind), max_cache_len=24, max_batch=2)
     exported.save_pretrained(directory)
-    return model
+    return model, exported
 
 
 @pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    """The development loop's cases exported and saved, then generated in one new process (starting one and
-    loading hfexport and transformers costs about 10 s). A failed export is kept for its test to raise."""
+def quick_exports(tmp_path_factory):
+    """The development loop's cases exported and saved: (backend, kind) -> (model, export), or the error of a
+    failed export, kept for its test to raise. The in-process tests below use the dynamo BART and Whisper."""
     workdir = tmp_path_factory.mktemp("seq2seq-quick")
-    models, runs = {}, {}
-    for backend, kind in sorted(QUICK):
+    exports = {}
+    for backend, kind in sorted(QUICK, key=lambda case: (case[0] == "dynamo", case)):
+        # ONNX first: its load is the process's first (hfexport_dynamo and transformers not imported yet)
         try:
-            models[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
+            exports[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
-            models[backend, kind] = error
-            continue
-        runs[f"{backend}-{kind}"] = (workdir / f"{backend}-{kind}", inputs(kind), {"max_new_tokens": NEW_TOKENS})
+            exports[backend, kind] = error
+    return workdir, exports
+
+
+@pytest.fixture(scope="module")
+def quick_runs(quick_exports):
+    """The development loop's cases generated in one new process (starting one and loading hfexport and
+    transformers costs about 10 s)."""
+    workdir, exports = quick_exports
+    models = {case: value if isinstance(value, Exception) else value[0] for case, value in exports.items()}
+    runs = {f"{backend}-{kind}": (workdir / f"{backend}-{kind}", inputs(kind), {"max_new_tokens": NEW_TOKENS})
+            for (backend, kind), value in exports.items() if not isinstance(value, Exception)}
     return models, generate_in_fresh_process(runs, workdir) if runs else {}
 
 
@@ -103,7 +113,7 @@ def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path, request
             raise model
         got = results[f"{backend}-{kind}"]
     else:
-        model = export_and_save(backend, kind, tmp_path / "artifact")
+        model, _ = export_and_save(backend, kind, tmp_path / "artifact")
         got = generate_in_fresh_process({"run": (tmp_path / "artifact", inputs(kind), {"max_new_tokens": NEW_TOKENS})},
                                         tmp_path)["run"]
     for (x, mask), ids in zip(inputs(kind), got, strict=True):
@@ -111,16 +121,22 @@ def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path, request
 
 
 # ── in process, on dynamo ───────────────────────────────────────────────────────────────────────────────
-@pytest.fixture(scope="module")
-def bart():
-    model = lively("bart")
-    return model, hfexport.export(model, backend="dynamo", task=TEXT2TEXT, max_cache_len=24, max_batch=2)
+def quick_export(quick_exports, kind: str) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    """The dynamo export of the new-process case (max_cache_len=24, max_batch=2), shared with its test."""
+    exported = quick_exports[1]["dynamo", kind]
+    if isinstance(exported, Exception):
+        raise exported
+    return exported
 
 
 @pytest.fixture(scope="module")
-def whisper():
-    model = lively("whisper")
-    return model, hfexport.export(model, backend="dynamo", task=SPEECH, max_cache_len=24, max_batch=2)
+def bart(quick_exports):
+    return quick_export(quick_exports, "bart")
+
+
+@pytest.fixture(scope="module")
+def whisper(quick_exports):
+    return quick_export(quick_exports, "whisper")
 
 
 def test_the_result_has_the_start_token_and_pads_a_row_after_its_eos(bart):
