@@ -43,7 +43,10 @@ from hfexport.plugin import (
     run_stages,
 )
 
-from . import _model_patches  # noqa: F401  (registers the single-family model patches)
+from . import (
+    _model_patches,  # noqa: F401  (registers the single-family model patches)
+    _window_padding,  # noqa: F401  (registers the shifted-window padding patches)
+)
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program
 from ._pytree import register_transformers_pytrees

@@ -357,7 +357,8 @@ def _patch_linear_conversion_through_reshapes(original: Any) -> Any:
     preserving reshapes around the ``mm``, one bias add anywhere after it); other partitions go to upstream's
     rewrite (``_patch_linear_partition_exact`` keeps those that it would get wrong out of the delegate).
     **Upstream**: pytorch/executorch, ``backends/xnnpack/_passes/convert_to_linear.py`` (executorch 1.5.1; no
-    issue found for the dropped bias; pytorch/executorch#7452 is about the pass's other shape assumptions).
+    issue found for the dropped bias; pytorch/executorch#10499, open, is the same pass rebuilding a Linear from
+    what it assumes lies around the ``mm``, there a missing transpose).
     **Remove when**: ``create_linear`` finds the bias past reshapes (the test's ``vmap`` module then matches eager
     with ``disable=("_patch_linear_conversion_through_reshapes",)``).
     """
@@ -402,7 +403,7 @@ def _patch_linear_partition_exact(original: Any) -> Any:
     dim, but got [8, s27] X [8, 16]"). The replacement refuses those nodes; the ``mm`` runs on the portable kernel
     and the rest of the graph is delegated as before.
     **Upstream**: pytorch/executorch, ``partition/config/gemm_configs.py`` validates the source partition's inputs,
-    not the ops inside it (executorch 1.5.1; no issue found).
+    not the ops inside it (executorch 1.5.1; pytorch/executorch#10499 is the pass's side of it).
     **Remove when**: the partitioner or the pass checks the ops inside a Linear's source partition (the test's
     ``vmap(in_dims=1)`` module then exports with ``disable=("_patch_linear_partition_exact",)``).
     """

@@ -1,0 +1,86 @@
+"""Dynamic spatial sizes padded to a multiple of a window and sliced back, without a guard on the size's parity
+(hfexport_dynamo/_window_padding.py; issue 25, e11; the field cases s60 and s61 are its siblings)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+import hfexport
+
+H, W = Dim("h", min=2, max=16), Dim("w", min=2, max=16)
+
+
+class PadRollSliceBack(torch.nn.Module):
+    """Pad ``[b, h, w, c]`` to even sizes, roll, slice back: the slice is contiguous exactly when h and w are even."""
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        padded = F.pad(x, (0, 0, 0, 2 * ((w + 1) // 2) - w, 0, 2 * ((h + 1) // 2) - h))
+        y = padded.roll((1, 1), dims=(1, 2)) * 2.0
+        return y[:, :h, :w, :].contiguous().view(b, h * w, c)
+
+
+def run(model, traced, other, disable=(), shapes=None, **options):
+    exported = hfexport.export(model, copy.deepcopy(traced), backend="dynamo", disable=disable,
+                               dynamic_shapes=shapes, **options)
+    with torch.no_grad():
+        expected = model(**other)
+    actual = exported(**copy.deepcopy(other))
+    actual, expected = (getattr(v, "to_tuple", lambda v=v: (v,))() for v in (actual, expected))
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("patch", ["_patch_tensor_metadata_without_contiguity_guard",
+                                   "_patch_contiguous_without_size_guard"])
+def test_a_slice_back_from_padding_keeps_both_parities(patch):
+    """Traced at odd sizes, run at even ones; either patch off, torch.export guards the parity."""
+    model = PadRollSliceBack().eval()
+    traced = {"x": torch.randn(2, 5, 7, 3, generator=torch.Generator().manual_seed(0))}
+    other = {"x": torch.randn(2, 6, 4, 3, generator=torch.Generator().manual_seed(1))}
+    shapes = {"x": {1: Dim.DYNAMIC, 2: Dim.DYNAMIC}}  # explicit ranges: the solver cannot prove h <= 2*((h+1)//2)
+    run(model, traced, other, shapes=shapes)
+    with pytest.raises(AssertionError, match="Guard failed"):
+        run(model, traced, other, disable=(patch,), shapes=shapes)
+
+
+def tiny_swin(depths=(1, 1)):
+    from transformers import SwinConfig, SwinModel
+
+    torch.manual_seed(0)
+    return SwinModel(SwinConfig(image_size=32, patch_size=4, embed_dim=8, depths=list(depths), num_heads=[1] * len(depths),
+                                window_size=2, mlp_ratio=1.0, drop_path_rate=0.0)).eval()
+
+
+@pytest.mark.slow  # 40-50 s each: the trace with the parity guards is slow; e11, s60, s61 cover the patched path
+@pytest.mark.parametrize("patch,depths", [("_patch_window_padding_without_parity_guard", (1,)),
+                                          ("_patch_patch_merging_pad_without_parity_guard", (1, 1))])
+def test_swin_grid_of_the_other_parity(patch, depths):
+    """A tiny Swin traced at 7x9 patches runs at 6x8 (the window padding, and the merging's padding of the odd
+    grid, change parity); with the patch off the program guards the parity of the grid. One stage (no merging)
+    where the window padding is tested: the trace with the parity guards takes minutes on two stages."""
+    model = tiny_swin(depths)
+    traced = {"pixel_values": torch.randn(1, 3, 28, 36, generator=torch.Generator().manual_seed(0))}
+    other = {"pixel_values": torch.randn(1, 3, 24, 32, generator=torch.Generator().manual_seed(1))}
+    shapes = {"pixel_values": {2: 4 * H, 3: 4 * W}}
+    run(model, traced, other, shapes=shapes)
+    with pytest.raises(AssertionError, match="Guard failed"):
+        run(model, traced, other, disable=(patch,), shapes=shapes)
+
+
+def test_static_sizes_keep_the_original_code():
+    """Without dynamic sizes the patches change nothing: the padded-and-sliced layer is traced as before."""
+    model = tiny_swin()
+    inputs = {"pixel_values": torch.randn(1, 3, 28, 36, generator=torch.Generator().manual_seed(0))}
+    with_patches = hfexport.export(model, copy.deepcopy(inputs), backend="dynamo")
+    without = hfexport.export(model, copy.deepcopy(inputs), backend="dynamo", disable=(
+        "_patch_window_padding_without_parity_guard", "_patch_patch_merging_pad_without_parity_guard",
+        "_patch_tensor_metadata_without_contiguity_guard", "_patch_contiguous_without_size_guard"))
+    ops = [[str(n.target) for n in e.components["model"].runner.program.graph.nodes if n.op == "call_function"]
+           for e in (with_patches, without)]
+    assert ops[0] == ops[1]
