@@ -9,6 +9,7 @@ The kernel's ``Exporter`` delegates to it when an exporter sets ``tracer = DYNAM
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,9 @@ class DynamoTracer:
             # dims asked to be dynamic that the trace fixed (stage 5 warns about each)
             **({"specialized_dims": ctx.extras["specialized_dims"]}
                if "specialized_dims" in ctx.extras and program is ctx.program else {}),
+            # named Dim ranges torch.export's solver refused, traced as Dim.DYNAMIC over the same range
+            **({"relaxed_dims": ctx.extras["relaxed_dims"]}
+               if "relaxed_dims" in ctx.extras and program is ctx.program else {}),
         }
 
     def extra_files(self, ctx: ExportContext) -> dict[str, Any]:
@@ -378,10 +382,69 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
     try:
         return torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"], strict=strict)
     except UserError as exc:
-        if auto is None or exc.error_type is not UserErrorType.CONSTRAINT_VIOLATION:
+        if exc.error_type is not UserErrorType.CONSTRAINT_VIOLATION:
             raise
+        if auto is None:
+            return _export_with_ranges_as_hints(ctx, module, make_args, strict, exc)
         reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
         ctx.note(f"torch.export refused the dims shared across inputs (batch, sequence): {reason}; traced again "
                  "with Dim.AUTO on every dim")
         ctx.extras["dynamic_shapes"] = auto
         return torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
+
+
+def _ranges_as_hints(spec: Any, found: list[dict[str, Any]], where: dict[str, Any]) -> Any:
+    """``spec`` with every named ``Dim`` (and derived dim such as ``4 * h``) replaced by ``Dim.DYNAMIC`` over
+    the same range; each replaced dim is listed in ``found`` (with ``where``: the input, and the dim index)."""
+    from torch.export.dynamic_shapes import _DerivedDim, _Dim
+
+    if isinstance(spec, _Dim | _DerivedDim):
+        lower, upper = int(spec.min), spec.max
+        upper = None if upper is None or upper >= sys.maxsize - 1 else int(upper)
+        found.append({**where, "name": spec.__name__, "min": lower, "max": upper})
+        return torch.export.Dim.DYNAMIC(min=lower, max=upper) if upper is not None else \
+            torch.export.Dim.DYNAMIC(min=lower)
+    if isinstance(spec, Mapping):
+        return {k: _ranges_as_hints(v, found, {**where, "dim": k}) for k, v in spec.items()}
+    if isinstance(spec, list | tuple):
+        return type(spec)(_ranges_as_hints(v, found, {**where, "dim": i}) for i, v in enumerate(spec))
+    return spec
+
+
+def _export_with_ranges_as_hints(ctx: ExportContext, module: Any, make_args: Any, strict: bool,
+                                 exc: Exception) -> torch.export.ExportedProgram:
+    """Trace again with the user's named ``Dim(min=, max=)`` as ``Dim.DYNAMIC(min=, max=)`` after a constraint
+    violation, keeping each range as the program's checked bound (torch.export's input check refuses sizes
+    outside it); warn, note, and record the dims in ``ctx.extras["relaxed_dims"]`` (the manifest's
+    ``relaxed_dims``, with the range the program checks). A named dim goes through torch.export's solver, which
+    refuses a range when it cannot prove every guard over all of it, including guards that hold for every size
+    (``h <= 2*((h + 1)//2)`` from padding to even sizes); a ``Dim.DYNAMIC`` hint keeps such guards as checks
+    (pytorch/pytorch#146315). torch.onnx retries the same way. Re-raises the original error when the spec holds
+    no named dim, or when the retry fails too."""
+    found: list[dict[str, Any]] = []
+    relaxed = tuple(_ranges_as_hints(spec, found, {"input": name})
+                    for name, spec in zip(ctx.inputs, ctx.extras["dynamic_shapes"], strict=True))
+    if not found:
+        raise exc
+    try:
+        program = torch.export.export(module, make_args(), dynamic_shapes=relaxed, strict=strict)
+    except Exception:
+        raise exc from None
+    reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
+    described = {entry["name"]: entry for entry in describe_inputs(program, ctx.inputs)}
+    narrowed = []
+    for entry in found:
+        dims = described.get(entry["input"], {}).get("dynamic_dims", {})
+        got = dims.get(str(entry.get("dim")))
+        entry["checked"] = [got["min"], got["max"]] if got else "static"
+        if got is None or (got["min"] is not None and got["min"] > entry["min"]) or (
+                got["max"] is not None and entry["max"] is not None and got["max"] < entry["max"]):
+            narrowed.append(f"{entry['name']} to {entry['checked']}")
+    message = (f"torch.export's solver refused the named dims {', '.join(dict.fromkeys(e['name'] for e in found))} "
+               f"({reason}); traced again with Dim.DYNAMIC over the same ranges, which the program checks when "
+               "called" + (f"; the trace narrowed {', '.join(narrowed)}" if narrowed else ""))
+    logger.warning(message)
+    ctx.note(message)
+    ctx.extras["relaxed_dims"] = found
+    ctx.extras["dynamic_shapes"] = relaxed
+    return program
