@@ -202,6 +202,10 @@ class Tracer(Protocol):
 
     def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None: ...
 
+    # Optional: inputs at a second shape for the export's verification (each dynamic size moved by one within its
+    # range); None where there is none. The kernel calls it when the tracer has it.
+    # def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None: ...
+
     def load_model(self, path: str | Path) -> Any: ...
 
     def prepare_load(self, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> None:
@@ -621,6 +625,64 @@ class Exporter:
         if not report.passed and raise_on_mismatch:  # verify=False stays one run of each: no diagnosis
             self._diagnose(ctx, exported, checked, report)
             raise VerificationError(self.name, ctx.model_class, report, exported, component.name)
+        if report.passed:
+            self._verify_second_shape(ctx, exported, checked, atol=atol, rtol=rtol,
+                                      raise_on_mismatch=raise_on_mismatch)
+
+    def _verify_second_shape(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any], *,
+                             atol: float, rtol: float, raise_on_mismatch: bool) -> None:
+        """Run the artifact and the model once more at the tracer's second shape (each dynamic size moved by one
+        within its range, so that its parity differs: :meth:`Tracer.second_shape_inputs`), which catches a
+        program that a guard on the sizes specialized to the traced ones; recorded as
+        ``verification.second_shape`` in the manifest.
+
+        Raises:
+            VerificationError: the outputs differ at the second shape (with ``raise_on_mismatch``).
+            ExportError: the artifact or the model raised at the second shape (with ``raise_on_mismatch``).
+        """
+        from ._artifact import VerificationError
+
+        make = getattr(self.tracer, "second_shape_inputs", None)
+        alternate = make(ctx, inputs) if callable(make) else None
+        if not alternate:
+            return
+        component = exported.default_component
+        first = exported.manifest.get("verification")
+        saved = _save_buffers(ctx.model)
+        # the eager call at another shape may also re-fill attributes a forward caches (a rotary table for the
+        # last length): the modules' attributes are put back as they were, shallowly
+        attributes = [(m, dict(vars(m))) for m in ctx.model.modules()]
+        error = None
+        try:
+            report, _ = exported._compare(alternate, atol, rtol, exported.reference)
+            record: dict[str, Any] = report.as_dict()
+        except Exception as exc:
+            report, error = None, exc
+            record = {"passed": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                      "inputs": {k: list(v.shape) for k, v in alternate.items() if hasattr(v, "shape")}}
+        finally:
+            reset = getattr(component.runner, "reset", None)
+            if _restore_buffers(saved) and callable(reset):  # a forward that mutates buffers: start again
+                reset()
+            for module, before in attributes:
+                for name in set(vars(module)) - set(before):
+                    delattr(module, name)
+                vars(module).update(before)
+            exported.manifest["verification"] = first
+        for section in (exported.manifest.get("verification"), exported._section(component).get("verification")):
+            if isinstance(section, dict):
+                section["second_shape"] = record
+        if not raise_on_mismatch or record["passed"]:
+            return
+        why = ("the traced shape matched eager, this one (every dynamic size moved by one, within its range) does "
+               "not: a guard on the sizes specialized the program to the traced ones (their parity, a multiple)")
+        if error is not None:
+            raise ExportError(self.name, ctx.model_class, error, where="verification at a second shape "
+                              f"({', '.join(f'{k}={v}' for k, v in record['inputs'].items())})",
+                              hints=[why, "export with verify=False to keep the artifact, or give these dims "
+                                     "static sizes or explicit Dim ranges"], internal=False) from error
+        report.diagnosis = {"summary": why}
+        raise VerificationError(self.name, ctx.model_class, report, exported, component.name)
 
     def _diagnose(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
                   report: Any) -> None:

@@ -1,6 +1,7 @@
-"""Model patches (stage 2, ``"dynamo"`` scope) for shifted-window vision models (Swin and the families that copy
-its layers): padding a dynamic spatial size to a multiple of the window, and back, without asking torch.export
-the parity of the size.
+"""Patches (stage 2, ``"dynamo"`` scope) that pad a dynamic size to a multiple of a window, and slice back,
+without asking torch.export the parity of the size: two for shifted-window vision models (Swin and the families
+that copy its layers), two for torch itself (``contiguous()`` and the ``tensor_meta`` of such a slice), which every
+model that pads and slices back needs (odd/even grids, pixel shuffles).
 
 Importing this module registers the patches (``exporter_dynamo`` imports it).
 """

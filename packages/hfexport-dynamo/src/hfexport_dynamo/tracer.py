@@ -178,7 +178,72 @@ class DynamoTracer:
                             seq=seq + 5 if "1" in dynamic and ids["name"] == "input_ids" else seq, seed=1)
 
 
+    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``inputs`` at a second shape for the export's verification: each symbol of the program's dynamic input
+        dims moved by one (up, else down) within its range, so that its parity differs from the traced one; each
+        tensor resized along those dims by truncating or by repeating its own leading slices, so that token ids
+        and masks stay valid. None when nothing can move (static, or every range a single size)."""
+        return second_shape_inputs(ctx.program, inputs)
+
+
 DYNAMO_TRACER = DynamoTracer()
+
+
+def _resized(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``tensor`` truncated, or extended by repeating its leading slices, to ``size`` along ``dim``."""
+    if size <= tensor.shape[dim]:
+        return tensor.narrow(dim, 0, size).clone()
+    parts, have = [tensor], tensor.shape[dim]
+    while have < size:
+        take = min(tensor.shape[dim], size - have)
+        parts.append(tensor.narrow(dim, 0, take))
+        have += take
+    return torch.cat(parts, dim=dim)
+
+
+def second_shape_inputs(program: torch.export.ExportedProgram | None,
+                        inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """See :meth:`DynamoTracer.second_shape_inputs`."""
+    if program is None:
+        return None
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    vals = [placeholders[s.arg.name].meta.get("val") if hasattr(s.arg, "name") else None for s in specs]
+    leaves, spec = pytree.tree_flatten(dict(inputs))
+    if len(leaves) != len(vals):
+        return None  # inputs folded in as constants, or a container the program sees otherwise
+    shape_env = next((getattr(getattr(v, "fake_mode", None), "shape_env", None) for v in vals
+                      if isinstance(v, torch.Tensor)), None)
+    if shape_env is None:
+        return None
+    symbols: dict[Any, int] = {}
+    for val in vals:
+        for size in val.shape if isinstance(val, torch.Tensor) else ():
+            if _is_dynamic(size):
+                for symbol in size.node.expr.free_symbols:
+                    hint = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
+                    hint = hint.get(symbol)
+                    if hint is not None:
+                        symbols[symbol] = int(hint)
+    moved: dict[Any, int] = {}
+    for symbol, hint in symbols.items():
+        rng = program.range_constraints.get(symbol)
+        lower = max(2, int(rng.lower)) if rng is not None else 2
+        try:
+            upper = int(rng.upper) if rng is not None else hint + 1
+        except (TypeError, OverflowError, AttributeError):  # int_oo
+            upper = hint + 1
+        moved[symbol] = hint + 1 if hint + 1 <= upper else hint - 1 if hint - 1 >= lower else hint
+    if all(moved[s] == symbols[s] for s in moved):
+        return None
+    out = []
+    for leaf, val in zip(leaves, vals, strict=True):
+        if isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor):
+            for dim, size in enumerate(val.shape):
+                if _is_dynamic(size):
+                    leaf = _resized(leaf, dim, int(size.node.expr.xreplace(moved)))
+        out.append(leaf)
+    return pytree.tree_unflatten(out, spec)
 
 
 
