@@ -53,14 +53,37 @@ def minilm():
     return model, encode, TRACE_SENTENCES, CHECK_SENTENCES
 
 
+@pytest.fixture(scope="module")
+def minilm_dynamic(minilm):
+    """The MiniLM export with dynamic=True and no bounds (batch 2 x seq 8), made once for the two tests that read
+    it, and the hfexport warnings logged while it was made."""
+    import logging
+
+    model, encode, trace_sentences, _ = minilm
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("hfexport")
+    logger.addHandler(handler)
+    try:
+        exported = hfexport.export(model, copy.deepcopy(encode(trace_sentences, 8)), backend="executorch-xnnpack",
+                                   dynamic=True)
+    finally:
+        logger.removeHandler(handler)
+    return exported, "\n".join(r.getMessage() for r in records if r.levelno >= logging.WARNING)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_minilm_on_executorch_runtime(minilm, dynamic, tmp_path):
+def test_minilm_on_executorch_runtime(minilm, dynamic, tmp_path, request):
     """Traced at batch 2 x seq 8; with dynamic=True also run at batch 3 x seq 17; before and after save/load."""
     model, encode, trace_sentences, check_sentences = minilm
     trace = encode(trace_sentences, 8)
     assert trace["input_ids"].shape == (2, 8)
-    exported = hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=dynamic)
+    if dynamic:
+        exported = request.getfixturevalue("minilm_dynamic")[0]
+    else:
+        exported = hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=dynamic)
     section = exported.manifest["executorch"]
     assert section["variant"] == "xnnpack" and section["partitioners"] == ["XnnpackPartitioner"]
     assert 0.3 < section["delegated_fraction"] < 1.0
@@ -83,15 +106,13 @@ def test_minilm_on_executorch_runtime(minilm, dynamic, tmp_path):
 
 
 @pytest.mark.slow
-def test_minilm_dynamic_default_bounds_plan_a_sane_memory(minilm, caplog):
+def test_minilm_dynamic_default_bounds_plan_a_sane_memory(minilm, minilm_dynamic):
     """dynamic=True with no bounds: one batch and one sequence symbol across the three inputs, batch <= 8 and
     sequence <= 512 (the config's max_position_embeddings), under 512 MiB planned; other shapes within run (batch 3
     x 17, batch 8 x 96), past the batch bound the call is refused by the input check with the range in the
     message."""
     model, encode, trace_sentences, check_sentences = minilm
-    with caplog.at_level("WARNING", logger="hfexport"):
-        exported = hfexport.export(model, copy.deepcopy(encode(trace_sentences, 8)), backend="executorch-xnnpack",
-                                   dynamic=True)
+    exported, warnings_logged = minilm_dynamic
     section = exported.manifest["executorch"]
     print(f"\nplanned {section['planned_memory_bytes'] / 2**20:.1f} MiB for {section['dim_bounds']}")
     assert section["planned_memory_bytes"] <= 512 * 2**20
@@ -101,7 +122,7 @@ def test_minilm_dynamic_default_bounds_plan_a_sane_memory(minilm, caplog):
     assert len(bounds["batch"]["symbols"]) == len(bounds["sequence"]["symbols"]) == 1
     shapes = {i["name"]: i["shape"] for i in exported.manifest["inputs"]}
     assert shapes["input_ids"] == shapes["attention_mask"] == shapes["token_type_ids"]
-    assert "batch <= 8 (default max_batch), sequence <= 512 (config.max_position_embeddings)" in caplog.text
+    assert "batch <= 8 (default max_batch), sequence <= 512 (config.max_position_embeddings)" in warnings_logged
     assert any("ExecuTorch plans" in note and "sequence <= 512" in note for note in exported.manifest["notes"])
     max_diff(exported, encode(check_sentences, 17))  # batch 3 x 17
     max_diff(exported, encode((check_sentences * 3)[:8], 96))  # the batch bound, a longer sequence

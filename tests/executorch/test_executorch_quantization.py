@@ -75,11 +75,19 @@ def test_minilm_int8_is_small_and_keeps_sentence_embeddings(minilm_float, recipe
         assert done.stdout.split()[-2:] == ["quantized", "True"], done.stderr[-2000:]
 
 
-@pytest.mark.slow
-def test_tiny_llama_8da4w_generates_and_leaves_the_model_float(capsys):
+@pytest.fixture(scope="module")
+def llama_8da4w():
+    """``(model, its state before the export, export)``: the tiny Llama's 8da4w text-generation export (cache of
+    32), made once for the two tests that read it."""
     model = tiny_model("llama")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    exported = hfexport.export(model, backend=BACKEND, task="text-generation", max_cache_len=32, quantize="8da4w")
+    return model, before, hfexport.export(model, backend=BACKEND, task="text-generation", max_cache_len=32,
+                                          quantize="8da4w")
+
+
+@pytest.mark.slow
+def test_tiny_llama_8da4w_generates_and_leaves_the_model_float(llama_8da4w, capsys):
+    model, before, exported = llama_8da4w
     assert all(type(p) is torch.nn.Parameter and p.dtype == torch.float32 for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert list(exported.manifest["components"]) == ["decoder"]  # one program for prefill and decode
@@ -113,12 +121,13 @@ def program_operators(directory) -> set[str]:
 
 
 @pytest.mark.slow
-def test_tiny_llama_8da4w_with_4w_embeddings_is_smaller_and_generates_in_a_new_process(tmp_path, capsys):
-    model = tiny_model("llama")
+def test_tiny_llama_8da4w_with_4w_embeddings_is_smaller_and_generates_in_a_new_process(llama_8da4w, tmp_path, capsys):
+    model, _, plain = llama_8da4w  # the 8da4w export above; the 4w embeddings' one is made here
     prompt = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(0))
     sizes, generated = {}, {}
-    for name, quantize in (("8da4w", "8da4w"), ("8da4w+4w", hfexport.Quantization("8da4w", embedding="4w"))):
-        exported = hfexport.export(model, backend=BACKEND, task="text-generation", max_cache_len=32, quantize=quantize)
+    for name, quantize in (("8da4w", None), ("8da4w+4w", hfexport.Quantization("8da4w", embedding="4w"))):
+        exported = plain if quantize is None else hfexport.export(model, backend=BACKEND, task="text-generation",
+                                                                  max_cache_len=32, quantize=quantize)
         path = exported.save_pretrained(tmp_path / name)
         sizes[name] = artifact_bytes(path, (".pte",))
         generated[name] = exported.generate(prompt, max_new_tokens=10, eos_token_id=None)
