@@ -221,27 +221,30 @@ def test_llama_decoder_attention_reads_each_key_value_head_once(llama_decoder):
     assert exported.manifest["generation"]["cache"]["fused_attention"] is True
 
 
-def test_llama_decoder_attention_rotates_and_unpacks_inside_the_kernel(llama_decoder):
-    """The kernel applies RoPE (``do_rotary``, from the model's tables at ``position_ids``) to one packed QKV
-    projection: per layer one MatMul for q/k/v and one for gate/up (:func:`pack_shared_input_matmuls`), no node of
-    transformers' ``rotate_half`` (Neg, Concat of halves), and no Split before the attention."""
+def test_llama_decoder_rotates_with_one_node_per_tensor_and_packs_its_projections(llama_decoder):
+    """RoPE is one ONNX Runtime ``RotaryEmbedding`` for the query and one for the new keys (from the model's tables
+    at each token's position id), not the dozen nodes of transformers' ``rotate_half``; the q/k/v and the gate/up
+    projections are one MatMul each (:func:`pack_shared_input_matmuls`). The export's own verification at a second
+    shape already runs positions that restart within a row (``[0, 1, ..., 5, 0]``), which GroupQueryAttention's own
+    rotary (``do_rotary``) gets wrong; the attention's rotary inputs stay empty."""
     import onnx
 
     model, exported = llama_decoder
     graph = onnx.load(str(exported.components["decoder"].runner.path), load_external_data=False).graph
-    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
-    for node in attention:
+    for node in (n for n in graph.node if n.op_type == "GroupQueryAttention"):
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert attributes["do_rotary"] == 1 and attributes["rotary_interleaved"] == 0, attributes
-        assert node.input[1] == node.input[2] == "", list(node.input)  # packed QKV in the query input
-        assert node.input[7] and node.input[8] and node.input[9], list(node.input)  # cos, sin, position_ids
+        assert attributes.get("do_rotary", 0) == 0 and list(node.input[7:10]) == ["", "", ""], list(node.input)
+        assert all(node.input[i] for i in range(3)), list(node.input)  # rotated query and key, value
     ops = _op_counts(exported.components["decoder"].runner.path)
     layers = model.config.num_hidden_layers
+    assert ops[(MS, "RotaryEmbedding")] == 2 * layers, ops
     assert ops[("", "MatMul")] == 4 * layers + 1, ops  # qkv, o, gate+up, down per layer; the LM head
-    assert ops[("", "Neg")] == 0 and ops[("", "Split")] == layers, ops  # the one Split: gate from up
+    assert ops[("", "Neg")] == 0, ops
     fusions = exported.manifest["components"]["decoder"]["onnx"]["fusions"]["fired"]
-    assert fusions["packed_matmuls"] == 3 * layers and fusions["packed_qkv_attention"] == layers, fusions
+    assert fusions["packed_matmuls"] == 3 * layers, fusions
     assert exported.manifest["generation"]["cache"]["fused_rotary"] is True
+    verification = exported.manifest["components"]["decoder"]["verification"]
+    assert verification["passed"] is True and verification["second_shape"]["passed"] is True, verification
 
 
 def test_pack_shared_input_matmuls_joins_weights_and_keeps_the_outputs():

@@ -67,6 +67,7 @@ from ._decoding import (
     check_bounds,
     check_prompt,
     generation_manifest,
+    greedy_tokens,
     input_names,
     logits_processors,
     stopping_criteria,
@@ -471,7 +472,7 @@ def generate_seq2seq(exported: Any, input_ids: Any, attention_mask: Any, config:
     unfinished = torch.ones(batch, dtype=torch.bool)
     while True:
         scores = processors(sequences, out["logits"].float())
-        next_tokens = scores.argmax(-1)
+        next_tokens = greedy_tokens(scores)
         if pad is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
         sequences = torch.cat([sequences, next_tokens[:, None]], -1)

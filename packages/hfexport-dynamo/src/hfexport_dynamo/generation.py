@@ -58,6 +58,7 @@ from ._decoding import (
     GenerationStats,
     check_prompt,
     generation_manifest,
+    greedy_tokens,
     input_names,
     logits_processors,
     merged_generation_config,
@@ -775,7 +776,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
         step_ends = [start]
         while True:  # stopping_criteria ends it: max length, or every row at EOS
             scores = processors(sequences, logits.float())
-            next_tokens = scores.argmax(-1)
+            next_tokens = greedy_tokens(scores)
             if pad is not None:
                 next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
             sequences = torch.cat([sequences, next_tokens[:, None]], -1)
@@ -785,7 +786,8 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
             mask[:, past] = 1
             position += 1
             ids[:rows, 0] = next_tokens
-            ids[rows:, 0] = next_tokens[-1]  # a static batch's extra rows repeat the last one
+            if batch > rows:
+                ids[rows:, 0] = next_tokens[-1]  # a static batch's extra rows repeat the last one
             logits = step(ids, position, past)
             past, steps = past + 1, steps + 1
             step_ends.append(time.perf_counter())

@@ -10,10 +10,11 @@ key/value ``[batch, seq, kv_heads * dim]``, past/present ``[batch, kv_heads, cap
 ``[batch]`` = total positions - 1, ``total_sequence_length`` int32 scalar, ``attention_bias`` ``[batch, 1, seq,
 total]`` added to the scores (the padding and window mask here; the kernel applies the causal one itself).
 
-With the op's rotary tables, the kernel applies RoPE itself (``do_rotary=1``, halves form: ``rotary_interleaved=0``)
-from ``cos_cache``/``sin_cache`` ``[positions, head_dim / 2]`` at ``position_ids``. Its CPU kernel rotates only
-heads of a multiple of 16 ("head_size shall be a multiple of 16", onnxruntime 1.32); smaller heads are rotated by
-ONNX ops before it.
+With the op's rotary tables, the query and the new keys are rotated first by ONNX Runtime's ``RotaryEmbedding``
+(``com.microsoft``, halves form: ``interleaved=0``), one node each, from ``cos_cache``/``sin_cache`` ``[positions,
+head_dim / 2]`` at each token's ``position_ids``. GroupQueryAttention's own rotary (``do_rotary``) is not used: its
+CPU kernel takes a row's first position and counts up from it (measured on onnxruntime 1.32: positions ``[0, 1, 2,
+3, 4, 5, 0]`` rotate the last key as position 6), where a left-padded row's positions restart after its padding.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _gqa_schema() -> Any:
     from onnx.defs import OpSchema
 
     def inputs(*names: str, optional: tuple[str, ...] = ()) -> list[Any]:
-        kinds = {"seqlens_k": "M", "total_sequence_length": "M", "position_ids": "P"}
+        kinds = {"seqlens_k": "M", "total_sequence_length": "M", "position_ids": "P"}  # (position_ids: unused)
         return [OpSchema.FormalParameter(n, kinds.get(n, "T"), "",
                                          param_option=OpSchema.FormalParameterOption.Optional if n in optional
                                          else OpSchema.FormalParameterOption.Single) for n in names]
@@ -53,17 +54,30 @@ def _gqa_schema() -> Any:
                           ("P", ["tensor(int64)"], "")],
         attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, ""),
                     OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
-                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, ""),
-                    OpSchema.Attribute("do_rotary", OpSchema.AttrType.INT, ""),
-                    OpSchema.Attribute("rotary_interleaved", OpSchema.AttrType.INT, "")])
+                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "")])
 
 
-def _rotated(x: Any, rotary_cos: Any, rotary_sin: Any, position_ids: Any) -> Any:
-    """RoPE of ``x [batch, heads, seq, dim]`` in ONNX ops (``hfexport_dynamo._cache_attention.apply_rotary``)."""
-    cos = op.Unsqueeze(op.Gather(op.Concat(rotary_cos, rotary_cos, axis=-1), position_ids), op.Constant(value_ints=[1]))
-    sin = op.Unsqueeze(op.Gather(op.Concat(rotary_sin, rotary_sin, axis=-1), position_ids), op.Constant(value_ints=[1]))
-    first, second = op.Split(x, num_outputs=2, axis=-1)
-    return op.Add(op.Mul(x, cos), op.Mul(op.Concat(op.Neg(second), first, axis=-1), sin))
+def _rotary_schema() -> Any:
+    """RotaryEmbedding's signature (``com.microsoft``, ONNX Runtime's ``contrib_defs``), as far as it is used here."""
+    from onnx.defs import OpSchema
+
+    def parameter(name: str, kind: str) -> Any:
+        return OpSchema.FormalParameter(name, kind, "")
+
+    return OpSchema(
+        "RotaryEmbedding", "com.microsoft", 1,
+        inputs=[parameter("input", "T"), parameter("position_ids", "M"), parameter("cos_cache", "T"),
+                parameter("sin_cache", "T")],
+        outputs=[parameter("output", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int64)"], "")],
+        attributes=[OpSchema.Attribute("interleaved", OpSchema.AttrType.INT, ""),
+                    OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "")])
+
+
+def _rotary(x: Any, rotary_cos: Any, rotary_sin: Any, position_ids: Any, heads: int) -> Any:
+    """RoPE of ``x [batch, seq, heads * dim]`` at each token's ``position_ids`` (``com.microsoft.RotaryEmbedding``)."""
+    rotary = Op(_MICROSOFT, "RotaryEmbedding", _rotary_schema())
+    return rotary(x, position_ids, rotary_cos, rotary_sin, interleaved=0, num_heads=heads)
 
 
 def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, past_value: Any, past_length: Any,
@@ -72,14 +86,13 @@ def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, pas
     """``hfexport::cache_attention`` as one GroupQueryAttention (plus the layout changes and the bias)."""
     heads, dim = query.shape[1], query.shape[3]
     kv_heads = key.shape[1]
-    do_rotary = rotary_cos is not None and dim % 16 == 0
-    if rotary_cos is not None and not do_rotary:
-        query = _rotated(query, rotary_cos, rotary_sin, position_ids)
-        key = _rotated(key, rotary_cos, rotary_sin, position_ids)
     to_bsh = op.Constant(value_ints=[0, 0, -1])  # [batch, seq, heads * dim] from [batch, seq, heads, dim]
     q = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), to_bsh)
     k = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), to_bsh)
     v = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_bsh)
+    if rotary_cos is not None:
+        q = _rotary(q, rotary_cos, rotary_sin, position_ids, heads)
+        k = _rotary(k, rotary_cos, rotary_sin, position_ids, kv_heads)
     # from the mask and past_length alone (not from this layer's tensors): the same nodes in every layer, which the
     # optimizer's common-subexpression elimination then computes once per step
     seq = op.Shape(mask, start=2, end=3)  # int64 [1]
@@ -94,10 +107,8 @@ def _cache_attention_to_gqa(query: Any, key: Any, value: Any, past_key: Any, pas
                                                        else torch.finfo(torch.float32).min)), query)
     bias = op.Where(visible, zero, lowest)
     gqa = Op(_MICROSOFT, "GroupQueryAttention", _gqa_schema())
-    rotary = (rotary_cos, rotary_sin, position_ids) if do_rotary else (None, None, None)
-    out, present_key, present_value = gqa(q, k, v, past_key, past_value, seqlens_k, total_length, *rotary, bias,
-                                          num_heads=heads, kv_num_heads=kv_heads, scale=float(scale),
-                                          do_rotary=int(do_rotary), rotary_interleaved=0)
+    out, present_key, present_value = gqa(q, k, v, past_key, past_value, seqlens_k, total_length, None, None, None,
+                                          bias, num_heads=heads, kv_num_heads=kv_heads, scale=float(scale))
     out = op.Reshape(out, op.Constant(value_ints=[0, 0, heads, dim]))  # [batch, seq, heads, dim]
     return out, present_key, present_value
 

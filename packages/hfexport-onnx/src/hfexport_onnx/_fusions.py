@@ -32,7 +32,7 @@ from ._model import TORCHLIB_OPSET, node_count, stamp_metadata
 
 __all__ = ["CPU_SESSION_DISABLED_OPTIMIZERS", "CPU_SLOWER_THAN_UNFUSED", "ORT_FUSIONS_DISABLE", "ORT_FUSION_TARGETS",
            "OrtFusionFallbackWarning", "check_ort_fusions", "fuse_and_open", "fuse_for_ort", "fused_op_counts",
-           "feed_packed_qkv", "pack_shared_input_matmuls", "repair_batch_transposes", "undo_skip_norms"]
+           "drop_identity_reshapes", "feed_packed_qkv", "pack_shared_input_matmuls", "repair_batch_transposes", "undo_skip_norms"]
 
 # The execution providers hfexport fuses for (the value of ``OnnxConfig.ort_fusions``).
 ORT_FUSION_TARGETS: tuple[str, ...] = ("cpu",)
@@ -173,6 +173,59 @@ def pack_shared_input_matmuls(model: ir.Model) -> int:
     return removed
 
 
+def _is_identity_reshape(node: ir.Node) -> bool:
+    """A ``Reshape`` whose output has its input's shape: its constant target copies (0) or repeats each known dim,
+    with at most one -1 for the rest."""
+    source, target = node.inputs[0].shape, node.inputs[1].const_value if len(node.inputs) > 1 else None
+    if source is None or target is None:
+        return False
+    dims = [int(d) for d in target.numpy().reshape(-1).tolist()]
+    if len(dims) != len(source) or (node.attributes.get_int("allowzero", 0) and 0 in dims) or dims.count(-1) > 1:
+        return False
+    return all(d in (0, -1) or (isinstance(s, int) and s == d) for d, s in zip(dims, source, strict=True))
+
+
+def _same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
+    """Both shapes known dim by dim (ints, or named symbolic dims: one name is one size) and equal."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all((isinstance(x, int) and x == y) or (not isinstance(x, int) and not isinstance(y, int)
+                                                   and x.value is not None and x.value == y.value)
+               for x, y in zip(a, b, strict=True))
+
+
+def drop_identity_reshapes(model: ir.Model) -> int:
+    """Remove the ``Reshape`` nodes whose output has their input's shape (a ``view`` to ``[batch, seq, heads, dim]``
+    and back, folded by the optimizer into one reshape to ``[batch, -1, hidden]``): ONNX Runtime runs each one (4 per
+    decoder layer around its attention). A ``GroupQueryAttention``'s output, which shape inference leaves unknown,
+    has its query's shape (``[batch, seq, heads * dim]``, unpacked). Returns how many went."""
+    graph = model.graph
+    for node in graph:
+        if node.op_type == "GroupQueryAttention" and node.domain == _MS and node.outputs[0].shape is None \
+                and len(node.inputs) > 2 and node.inputs[1] is not None and node.inputs[0].shape is not None:
+            node.outputs[0].shape = node.inputs[0].shape
+    import onnx_ir.passes.common as common_passes
+
+    graph_outputs = {id(v) for v in graph.outputs}
+    dropped = 0
+    for node in list(graph):
+        if node.op_type != "Reshape" or node.domain != "" or node.inputs[0] is None \
+                or id(node.outputs[0]) in graph_outputs:
+            continue
+        # a chain of reshapes that ends at its start's shape (to [batch, seq, heads, dim] and back) is one no-op
+        source = _through_reshapes(node.inputs[0])
+        if _same_shape(source.shape, node.outputs[0].shape) and source.dtype == node.outputs[0].dtype:
+            ir.convenience.replace_all_uses_with(node.outputs[0], source)
+        elif _is_identity_reshape(node):
+            ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])
+        else:
+            continue
+        dropped += 1
+    if dropped:
+        common_passes.RemoveUnusedNodesPass()(model)
+    return dropped
+
+
 def _through_reshapes(value: ir.Value) -> ir.Value:
     """The value a chain of ``Reshape`` nodes starts from."""
     while value.producer() is not None and value.producer().op_type == "Reshape" and value.producer().domain == "":
@@ -273,6 +326,7 @@ def fuse_for_ort(model: ir.Model, target: str = "cpu", *, debug: bool = False) -
     packed = pack_shared_input_matmuls(model)
     if packed:
         fired = {**fired, "packed_matmuls": packed, "packed_qkv_attention": feed_packed_qkv(model)}
+    fired = {**fired, "identity_reshapes": drop_identity_reshapes(model)}
     repaired = repair_batch_transposes(model)
     if repaired:
         undone = {**undone, "FusedMatMul transBatch (as Transpose)": repaired}
