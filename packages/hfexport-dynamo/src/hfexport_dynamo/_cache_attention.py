@@ -9,8 +9,8 @@ plain computation: write, then attend over the cache under the mask.
 
 With a rotary table (``rotary_cos``/``rotary_sin``, the model's RoPE at every cache position, and ``position_ids``)
 the op also applies RoPE to the query and the new keys, as transformers' ``apply_rotary_pos_emb`` does (the halves
-form, ``q * cos + rotate_half(q) * sin``): ONNX Runtime's kernel then rotates them itself (``do_rotary``) instead of
-a dozen small nodes per layer doing it before.
+form, ``q * cos + rotate_half(q) * sin``): a backend then rotates them with its runtime's rotary kernel (ONNX
+Runtime's ``RotaryEmbedding``, one node per tensor) instead of a dozen small nodes per layer.
 """
 
 from __future__ import annotations
