@@ -188,3 +188,21 @@ def generate_in_fresh_process(runs: dict[str, tuple[Any, list[tuple[torch.Tensor
                           timeout=timeout, cwd=workdir)
     assert proc.returncode == 0, f"generating in a fresh process failed:\n{proc.stderr[-3000:]}"
     return torch.load(workdir / "generate_outputs.pt", weights_only=True)
+
+
+def selected_params(request: Any, test_name: str, *names: str) -> list[tuple[Any, ...]]:
+    """The parameter tuples of ``test_name`` (in the requesting test's module) that this run selected (``-m``,
+    ``-k``, node ids), in collection order: a module fixture prepares exactly those cases, at once.
+
+    Args:
+        request: the fixture's ``request``.
+        test_name: the parametrized test function's name.
+        *names: the parameter names, in the order of the returned tuples.
+    """
+    found = []
+    for item in request.session.items:
+        if getattr(item, "module", None) is request.module and getattr(item, "originalname", None) == test_name:
+            params = tuple(item.callspec.params[name] for name in names)
+            if params not in found:
+                found.append(params)
+    return found

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hfexport
-from helpers import generate_in_fresh_process, tiny_model
+from helpers import generate_in_fresh_process, selected_params, tiny_model
 
 NEW_TOKENS = 20
 KINDS = ["llama", "qwen2", "gpt2", "mistral", "phi"]
@@ -46,14 +46,17 @@ def export_and_save(backend: str, kind: str, directory) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    """The development loop's cases exported and saved, then generated in one new process (starting one and
-    loading hfexport and transformers costs about 8 s, once instead of once per case). A failed export is kept
-    for its test to raise."""
-    workdir = tmp_path_factory.mktemp("generation-quick")
+def new_process_runs(request, tmp_path_factory):
+    """The cases of the new-process test this run selected (the development loop's six; all fifteen in the full
+    suite), exported and saved, then generated in one new process: starting one and loading hfexport,
+    transformers and a backend costs about 8 s, once instead of once per case. A failed export is kept for its
+    test to raise."""
+    workdir = tmp_path_factory.mktemp("generation-new-process")
+    cases = selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend", "kind")
     models, runs = {}, {}
-    for backend, kind in sorted(QUICK, key=lambda case: (case[0] == "dynamo", case)):
-        # ONNX first: its load is the process's first (hfexport_dynamo and transformers not imported yet)
+    for backend, kind in sorted(cases, key=lambda case: (case[0] != "onnx", case)):
+        # ONNX first: its load is the process's first (hfexport_dynamo and transformers not imported yet); the
+        # ExecuTorch runtime's own new-process generation is checked by test_executorch_keeps_the_cache_in_buffers
         try:
             models[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
@@ -64,18 +67,13 @@ def quick_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend,kind", CASES)
-def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path, request):
+def test_generate_equals_eager_in_a_new_process(backend, kind, new_process_runs):
     cases = prompts()
-    if (backend, kind) in QUICK:
-        models, results = request.getfixturevalue("quick_runs")
-        model = models[backend, kind]
-        if isinstance(model, Exception):
-            raise model
-        got = results[f"{backend}-{kind}"]
-    else:
-        model = export_and_save(backend, kind, tmp_path / "artifact")
-        got = generate_in_fresh_process({"run": (tmp_path / "artifact", cases, {"max_new_tokens": NEW_TOKENS})},
-                                        tmp_path)["run"]
+    models, results = new_process_runs
+    model = models[backend, kind]
+    if isinstance(model, Exception):
+        raise model
+    got = results[f"{backend}-{kind}"]
     for (ids, mask), ids_out in zip(cases, got, strict=True):
         expected = eager_generate(model, ids, mask)
         assert ids_out.shape == expected.shape, (ids.shape, ids_out.shape, expected.shape)

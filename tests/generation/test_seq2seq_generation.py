@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hfexport
-from helpers import generate_in_fresh_process, tiny_model
+from helpers import generate_in_fresh_process, selected_params, tiny_model
 
 NEW_TOKENS = 20
 TEXT2TEXT, SPEECH = "text2text-generation", "automatic-speech-recognition"
@@ -79,12 +79,14 @@ def export_and_save(backend: str, kind: str, directory) -> tuple[torch.nn.Module
 
 
 @pytest.fixture(scope="module")
-def quick_exports(tmp_path_factory):
-    """The development loop's cases exported and saved: (backend, kind) -> (model, export), or the error of a
-    failed export, kept for its test to raise. The in-process tests below use the dynamo BART and Whisper."""
-    workdir = tmp_path_factory.mktemp("seq2seq-quick")
+def new_process_exports(request, tmp_path_factory):
+    """The cases of the new-process test this run selected (the development loop's four; all nine in the full
+    suite) exported and saved: (backend, kind) -> (model, export), or the error of a failed export, kept for its
+    test to raise. The in-process tests below reuse the dynamo BART and Whisper."""
+    workdir = tmp_path_factory.mktemp("seq2seq-new-process")
+    cases = selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend", "kind")
     exports = {}
-    for backend, kind in sorted(QUICK, key=lambda case: (case[0] == "dynamo", case)):
+    for backend, kind in sorted(cases, key=lambda case: (case[0] != "onnx", case)):
         # ONNX first: its load is the process's first (hfexport_dynamo and transformers not imported yet)
         try:
             exports[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
@@ -94,10 +96,10 @@ def quick_exports(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def quick_runs(quick_exports):
-    """The development loop's cases generated in one new process (starting one and loading hfexport and
-    transformers costs about 10 s)."""
-    workdir, exports = quick_exports
+def new_process_runs(new_process_exports):
+    """Those cases generated in one new process (starting one and loading hfexport, transformers and a backend
+    costs about 10 s, once instead of once per case)."""
+    workdir, exports = new_process_exports
     models = {case: value if isinstance(value, Exception) else value[0] for case, value in exports.items()}
     runs = {f"{backend}-{kind}": (workdir / f"{backend}-{kind}", inputs(kind), {"max_new_tokens": NEW_TOKENS})
             for (backend, kind), value in exports.items() if not isinstance(value, Exception)}
@@ -105,38 +107,36 @@ def quick_runs(quick_exports):
 
 
 @pytest.mark.parametrize("backend,kind", CASES)
-def test_generate_equals_eager_in_a_new_process(backend, kind, tmp_path, request):
-    if (backend, kind) in QUICK:
-        models, results = request.getfixturevalue("quick_runs")
-        model = models[backend, kind]
-        if isinstance(model, Exception):
-            raise model
-        got = results[f"{backend}-{kind}"]
-    else:
-        model, _ = export_and_save(backend, kind, tmp_path / "artifact")
-        got = generate_in_fresh_process({"run": (tmp_path / "artifact", inputs(kind), {"max_new_tokens": NEW_TOKENS})},
-                                        tmp_path)["run"]
+def test_generate_equals_eager_in_a_new_process(backend, kind, new_process_runs):
+    models, results = new_process_runs
+    model = models[backend, kind]
+    if isinstance(model, Exception):
+        raise model
+    got = results[f"{backend}-{kind}"]
     for (x, mask), ids in zip(inputs(kind), got, strict=True):
         assert_same_ids(ids, eager_generate(model, x, mask), list(x.shape))
 
 
 # ── in process, on dynamo ───────────────────────────────────────────────────────────────────────────────
-def quick_export(quick_exports, kind: str) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
-    """The dynamo export of the new-process case (max_cache_len=24, max_batch=2), shared with its test."""
-    exported = quick_exports[1]["dynamo", kind]
+def dynamo_export(new_process_exports, kind: str, tmp_path_factory) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    """The dynamo export of the new-process case (max_cache_len=24, max_batch=2) where this run made it, else the
+    same export made here."""
+    exported = new_process_exports[1].get(("dynamo", kind))
+    if exported is None:
+        return export_and_save("dynamo", kind, tmp_path_factory.mktemp(kind) / "artifact")
     if isinstance(exported, Exception):
         raise exported
     return exported
 
 
 @pytest.fixture(scope="module")
-def bart(quick_exports):
-    return quick_export(quick_exports, "bart")
+def bart(new_process_exports, tmp_path_factory):
+    return dynamo_export(new_process_exports, "bart", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def whisper(quick_exports):
-    return quick_export(quick_exports, "whisper")
+def whisper(new_process_exports, tmp_path_factory):
+    return dynamo_export(new_process_exports, "whisper", tmp_path_factory)
 
 
 def test_the_result_has_the_start_token_and_pads_a_row_after_its_eos(bart):
