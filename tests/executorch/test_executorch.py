@@ -145,7 +145,8 @@ def test_max_batch_and_max_seq_len_bound_a_dynamic_export():
     max_diff(exported, dummy_inputs(model, 3, 5, seed=2))
     with pytest.raises(ValueError, match=r"size 17 in dim 1 .*outside the program's range.*in \[1, 16\]"):
         exported(**dummy_inputs(model, 2, 17, seed=3))
-    with pytest.raises(hfexport.ExportError, match=r"max_batch=1 is below the example inputs' batch"):
+    with pytest.raises(hfexport.ExportError, match=r"max_batch=1 \(your ExecutorchConfig setting\) is below the "
+                                                   r"example inputs' batch"):
         hfexport.export(model, copy.deepcopy(trace), backend="executorch-xnnpack", dynamic=True, max_batch=1)
 
 

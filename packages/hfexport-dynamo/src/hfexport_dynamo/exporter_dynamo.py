@@ -418,6 +418,51 @@ def _patch_masked_select(original: Any) -> Any:
     return masked_select
 
 
+@register_patch("dynamo", "torch._C._conv_determine_backend_memory_format")
+def _patch_conv_memory_format_without_guards(original: Any) -> Any:
+    """Pick a convolution's memory format in fake-tensor tracing from the traced sizes, without guarding on them.
+
+    **Why**: torch's fake ``convolution`` asks ATen which memory format the CPU backend would give its output
+    (``_subclasses/fake_impls.py``, ``_conv_determine_backend_memory_format``); ATen reads the symbolic sizes and
+    strides of the input to tell channels-last from contiguous, which guards on them. Where a size is 1 at the
+    traced shape those guards bound the input: ConvNext traced at 32x32 is 1x1 at its last stage, and the guard
+    ``(h//32) <= 1`` bounds the image to [32, 63] (added again by ExecuTorch's lowering of a channels-last graph,
+    after the trace, so that the program plans memory for 63 while its range says 64 and a 64x64 input fails
+    with ``Failed to resize output tensor for XNNExecutor``); ``(h//16) > 1`` sets the lower bound at 32. The
+    format only decides the fake output's strides, which the traced size answers as well as any: the replacement
+    asks ATen about a tensor of the traced sizes and strides (uninitialized, never read) and adds no guard.
+    **Upstream**: pytorch/pytorch, fake ``convolution`` evaluates ``suggest_memory_format`` with guards (no issue
+    found; unchanged on main).
+    **Remove when**: torch decides the fake memory format size-obliviously (the tiny ConvNext traced at 32x32 runs
+    at 64x64 on executorch-xnnpack with ``disable=("_patch_conv_memory_format_without_guards",)``).
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def hint(size: Any) -> int | None:
+        if isinstance(size, torch.SymInt):
+            return size.node.hint if isinstance(size.node.hint, int) else None
+        return int(size)
+
+    def traced(tensor: Any) -> Any:
+        if not isinstance(tensor, torch.Tensor) or not any(
+                isinstance(s, torch.SymInt) for s in (*tensor.shape, *tensor.stride())):
+            return tensor
+        sizes, strides = [hint(s) for s in tensor.shape], [hint(s) for s in tensor.stride()]
+        if None in sizes or None in strides:
+            return None  # unbacked: no traced size to ask about
+        with unset_fake_temporarily():
+            return torch.empty_strided(sizes, strides, dtype=tensor.dtype, device=tensor.device)
+
+    @functools.wraps(original)
+    def determine(input: Any, weight: Any, *args: Any, **kwargs: Any) -> Any:
+        concrete_input, concrete_weight = traced(input), traced(weight)
+        if concrete_input is None or concrete_weight is None:
+            return original(input, weight, *args, **kwargs)
+        return original(concrete_input, concrete_weight, *args, **kwargs)
+
+    return determine
+
+
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
 def _patch_nllb_moe_cast_classifier(original: Any) -> Any:
     """Skip NLLB-MoE's in-forward ``self.classifier = self.classifier.to(self.dtype)``.

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["BATCH_INPUTS", "DECODER_TOKEN_INPUTS", "MODALITIES", "TOKEN_INPUTS", "dim_roles", "dummy_inputs",
-           "forward_parameters", "max_positions", "shared_dims"]
+__all__ = ["BATCH_INPUTS", "DECODER_TOKEN_INPUTS", "DEFAULT_AUDIO_SECONDS", "DEFAULT_MEL_FRAMES",
+           "DEFAULT_SAMPLING_RATE", "MODALITIES", "TOKEN_INPUTS", "dim_roles", "dummy_inputs", "forward_parameters",
+           "max_positions", "shared_dims", "typical_size"]
 
 MODALITIES = ("text", "text2text", "multimodal", "dual-encoder", "vision", "audio", "speech")
 """The kinds of inputs :func:`dummy_inputs` makes (its ``modality`` argument)."""
@@ -26,10 +27,19 @@ DECODER_TOKEN_INPUTS = ("decoder_input_ids", "decoder_attention_mask", "decoder_
 BATCH_INPUTS = (*TOKEN_INPUTS, *DECODER_TOKEN_INPUTS, "pixel_values", "input_features", "input_values")
 
 
-def dim_roles(inputs: Mapping[str, Any]) -> dict[tuple[str, int], str]:
-    """``(input name, dim) -> "batch" | "sequence" | "decoder_sequence"`` for the top-level tensor inputs named in
-    :data:`BATCH_INPUTS` (dim 0), :data:`TOKEN_INPUTS` and :data:`DECODER_TOKEN_INPUTS` (dim 1). Other inputs
-    and dims have no role."""
+def dim_roles(inputs: Mapping[str, Any], model: Any = None) -> dict[tuple[str, int], str]:
+    """``(input name, dim) -> role`` for the top-level tensor inputs whose layout is known:
+
+    * ``"batch"``: dim 0 of the inputs named in :data:`BATCH_INPUTS`;
+    * ``"sequence"`` / ``"decoder_sequence"``: dim 1 of :data:`TOKEN_INPUTS` / :data:`DECODER_TOKEN_INPUTS`;
+    * ``"image_height"`` / ``"image_width"``: dims 2 and 3 of a 4-d ``pixel_values`` ``[batch, C, H, W]``;
+    * ``"audio"``: dim 1 of ``input_values`` (raw samples), and of an ``attention_mask`` of the same length when
+      no text goes with it (a Wav2Vec2's mask runs along the samples);
+    * ``"frames"``: the time dim of a 3-d ``input_features`` (dim 2 of Whisper's ``[batch, mel bins, frames]``,
+      dim 1 of ``[batch, frames, features]``: the dim that is not ``model.config``'s feature count), and
+      ``attention_mask``'s dim 1 when it has that length and no text goes with it.
+
+    Other inputs and dims have no role."""
     roles: dict[tuple[str, int], str] = {}
     for name, value in inputs.items():
         if not isinstance(value, torch.Tensor) or value.dim() == 0:
@@ -40,7 +50,78 @@ def dim_roles(inputs: Mapping[str, Any]) -> dict[tuple[str, int], str]:
             roles[(name, 1)] = "sequence"
         elif value.dim() >= 2 and name in DECODER_TOKEN_INPUTS:
             roles[(name, 1)] = "decoder_sequence"
+        elif name == "pixel_values" and value.dim() == 4:
+            roles[(name, 2)], roles[(name, 3)] = "image_height", "image_width"
+        elif name == "input_values" and value.dim() == 2:
+            roles[(name, 1)] = "audio"
+        elif name == "input_features" and value.dim() == 3:
+            roles[(name, _frames_dim(value, model))] = "frames"
+    mask = inputs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not any(
+            isinstance(inputs.get(n), torch.Tensor) for n in ("input_ids", "inputs_embeds")):
+        for (name, dim), role in list(roles.items()):
+            if role in ("audio", "frames") and int(inputs[name].shape[dim]) == int(mask.shape[1]):
+                roles[("attention_mask", 1)] = role
     return roles
+
+
+def _frames_dim(features: torch.Tensor, model: Any) -> int:
+    """The time dim of a 3-d ``input_features``: the one that is not the config's feature count."""
+    config = getattr(model, "config", None)
+    count = _find(config, "num_mel_bins", "input_feat_per_channel", "feature_size") if config is not None else None
+    if _is_int(count) and int(features.shape[1]) == count != int(features.shape[2]):
+        return 2
+    if _is_int(count) and int(features.shape[2]) == count != int(features.shape[1]):
+        return 1
+    return 2 if features.shape[1] <= features.shape[2] else 1
+
+
+DEFAULT_SAMPLING_RATE = 16_000
+"""Raw audio's samples per second where neither the config nor the input names one (speech models' 16 kHz)."""
+DEFAULT_AUDIO_SECONDS = 30
+"""The longest audio :func:`typical_size` plans for by default (Whisper's window)."""
+DEFAULT_MEL_FRAMES = 3_000
+"""Feature frames of :data:`DEFAULT_AUDIO_SECONDS` at 100 frames a second (a 10 ms hop, Whisper's 3,000)."""
+
+
+def typical_size(model: Any, role: str) -> tuple[int, str] | None:
+    """``(the largest size model.config describes for role, where it comes from)``, or None: the positions of a
+    sequence (:func:`max_positions`, a hard limit; ``"config.max_position_embeddings"``); ``config.image_size`` (its height or width) for an image dim;
+    :data:`DEFAULT_AUDIO_SECONDS` of raw audio at ``config.sampling_rate`` (default
+    :data:`DEFAULT_SAMPLING_RATE`); Whisper's ``2 * max_source_positions`` mel frames, AST's ``max_length``, else
+    :data:`DEFAULT_MEL_FRAMES`. Image and audio sizes are what the model is made for, not limits: a bound taken
+    from them may be raised where the model allows."""
+    if role in ("sequence", "decoder_sequence"):
+        limit = max_positions(model, role)
+        return (limit[0], f"config.{limit[1]}") if limit else None
+    config = getattr(model, "config", None)
+    if role in ("image_height", "image_width"):
+        if config is None:
+            return None
+        vision = getattr(config, "vision_config", None) or config
+        size = getattr(vision, "image_size", None) or getattr(config, "image_size", None)
+        if isinstance(size, dict):
+            size = size.get("height" if role == "image_height" else "width")
+        elif isinstance(size, list | tuple) and len(size) >= 2:
+            size = size[0 if role == "image_height" else 1]
+        return (int(size), "config.image_size") if _is_int(size) and size > 0 else None
+    if role == "audio":
+        rate = _find(config, "sampling_rate") if config is not None else None
+        if _is_int(rate) and rate > 0:
+            return DEFAULT_AUDIO_SECONDS * rate, f"{DEFAULT_AUDIO_SECONDS} s at config.sampling_rate"
+        return (DEFAULT_AUDIO_SECONDS * DEFAULT_SAMPLING_RATE,
+                f"{DEFAULT_AUDIO_SECONDS} s at {DEFAULT_SAMPLING_RATE // 1000} kHz")
+    if role == "frames":
+        if config is not None and "whisper" in str(getattr(config, "model_type", "")):
+            source = _find(config, "max_source_positions")
+            if _is_int(source) and source > 0:
+                return 2 * source, "2 * config.max_source_positions"
+        length = _find(config, "max_length") if config is not None and str(
+            getattr(config, "model_type", "")) == "audio-spectrogram-transformer" else None
+        if _is_int(length) and length > 0:
+            return length, "config.max_length"
+        return DEFAULT_MEL_FRAMES, f"{DEFAULT_AUDIO_SECONDS} s of 10 ms frames"
+    return None
 
 
 def max_positions(model: Any, role: str = "sequence") -> tuple[int, str] | None:

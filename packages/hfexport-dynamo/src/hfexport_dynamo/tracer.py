@@ -22,8 +22,9 @@ from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 from ._pytree import register_transformers_pytrees
 from .inputs import dummy_inputs, forward_parameters
 
-__all__ = ["DYNAMO_TRACER", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning", "describe_inputs",
-           "describe_outputs", "export_with_shared_dims", "specialized_dims", "specialized_message"]
+__all__ = ["DYNAMO_TRACER", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning",
+           "describe_inputs", "describe_outputs", "export_with_shared_dims", "narrowed_dims", "specialized_dims",
+           "specialized_message"]
 
 logger = logging.getLogger("hfexport")
 
@@ -445,17 +446,94 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
 
     auto = ctx.extras.get("auto_dynamic_shapes")
     try:
-        return torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"], strict=strict)
+        program = torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"],
+                                      strict=strict)
     except UserError as exc:
         if exc.error_type is not UserErrorType.CONSTRAINT_VIOLATION:
             raise
         if auto is None:
-            return _export_with_ranges_as_hints(ctx, module, make_args, strict, exc)
-        reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
-        ctx.note(f"torch.export refused the dims shared across inputs (batch, sequence): {reason}; traced again "
-                 "with Dim.AUTO on every dim")
-        ctx.extras["dynamic_shapes"] = auto
-        return torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
+            program = _export_with_ranges_as_hints(ctx, module, make_args, strict, exc)
+        else:
+            reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
+            ctx.note(f"torch.export refused the dims shared across inputs (batch, sequence): {reason}; traced "
+                     "again with Dim.AUTO on every dim")
+            ctx.extras["dynamic_shapes"] = auto
+            program = torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
+    return _widen_narrowed_dims(ctx, module, make_args, strict, program)
+
+
+def narrowed_dims(program: torch.export.ExportedProgram, inputs: Mapping[str, Any], dynamic_shapes: Any,
+                  model: Any = None) -> list[dict[str, Any]]:
+    """The dynamic dims of ``program``'s top-level tensor inputs whose range ends below twice the example's size
+    though the spec asked for no such bound: ``{"input", "dim", "size", "range": [min, max]}`` each. A range
+    that ends at the model's position limit (:func:`hfexport_dynamo.inputs.max_positions`) is the model's and
+    is left out."""
+    from .inputs import max_positions
+
+    if not dynamic_shapes:
+        return []
+    limits = {limit[0] for role in ("sequence", "decoder_sequence") if (limit := max_positions(model, role))}
+    described = {entry["name"]: entry for entry in describe_inputs(program, inputs)}
+    out = []
+    for (name, value), spec in zip(inputs.items(), dynamic_shapes, strict=True):
+        if not isinstance(value, torch.Tensor):
+            continue
+        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec) if isinstance(spec, list | tuple) \
+            else ()
+        for dim, dim_spec in items:
+            if dim not in _requested_dynamic(spec):
+                continue
+            size, asked = int(value.shape[dim]), getattr(dim_spec, "max", None)
+            if isinstance(asked, int) and asked < min(2 * size, sys.maxsize - 1):
+                continue  # the user's bound
+            got = described.get(name, {}).get("dynamic_dims", {}).get(str(dim))
+            if got and got["max"] is not None and got["max"] < 2 * size and got["max"] not in limits:
+                out.append({"input": name, "dim": dim, "size": size, "range": [got["min"], got["max"]]})
+    return out
+
+
+def _widen_narrowed_dims(ctx: ExportContext, module: Any, make_args: Any, strict: bool,
+                         program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Trace again with size-oblivious guards when the trace bounded a dynamic dim below twice its example
+    (:func:`narrowed_dims`); keep the new program when it bounds none of those dims lower, and note it.
+
+    A size that is 1 inside the model at the traced shape (ConvNext's last stage is 1x1 for a 32x32 image, 32
+    times smaller) makes torch's contiguity and broadcasting checks guard on it (``Max(1, s//32) <= 1``), which
+    bounds the input to ``[32, 63]``: the program refuses 64x64 though the model runs it. With
+    ``torch.fx.experimental._config.backed_size_oblivious`` those checks take the general answer, as they do for
+    unbacked sizes, and add no guard. The export's verification then checks the program at the traced shape
+    (where that size is 1) and at a second shape. The setting stays on for the rest of the export's stages
+    (``ctx.stack``): a backend's retraces of the program evaluate those checks again."""
+    narrowed = narrowed_dims(program, ctx.inputs, ctx.extras.get("dynamic_shapes"), ctx.model)
+    if not narrowed:
+        return program
+    from torch.fx.experimental import _config as fx_config
+
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            retried = torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"],
+                                          strict=strict)
+    except Exception as exc:  # noqa: BLE001 - the first program stands
+        logger.debug("the size-oblivious retrace failed: %s", exc)
+        return program
+    described = {entry["name"]: entry for entry in describe_inputs(retried, ctx.inputs)}
+    widened = []
+    for entry in narrowed:
+        got = described.get(entry["input"], {}).get("dynamic_dims", {}).get(str(entry["dim"]))
+        if got is None or (got["min"] or 0) > entry["range"][0]:
+            return program  # fixed or narrowed from below: not better
+        if got["max"] is not None and got["max"] <= entry["range"][1]:
+            continue
+        widened.append(f"{entry['input']!r} dim {entry['dim']} from {entry['range']} to "
+                       f"[{got['min']}, {got['max'] if got['max'] is not None else 'inf'}]")
+    if not widened:
+        return program
+    ctx.note(f"the trace bounded dynamic dims below twice their example (a size of 1 inside the model at the "
+             f"traced shape); traced again with size-oblivious guards, which widened {', '.join(widened)}")
+    # The backend's own retraces (decompositions, ExecuTorch's lowering) evaluate the same checks again: without
+    # the setting they would add the guards back and narrow the ranges ExecuTorch plans memory for.
+    ctx.stack.enter_context(fx_config.patch(backed_size_oblivious=True))
+    return retried
 
 
 def _ranges_as_hints(spec: Any, found: list[dict[str, Any]], where: dict[str, Any]) -> Any:

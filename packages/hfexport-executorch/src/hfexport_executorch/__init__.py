@@ -36,7 +36,7 @@ _LAZY = {
     "BackendPreparation": "_variants", "register_backend_prepare": "_variants",
     "place_model_and_inputs": "_variants", "backend_variants": "_variants",
     "DelegationReport": "_delegation", "delegation_report": "_delegation", "portable_kernel_names": "_delegation",
-    "DEFAULT_DIM_UPPER_BOUND": "_delegation",
+    "DEFAULT_DIM_UPPER_BOUND": "_bounds",
 }
 
 __all__ = ["CUDA_BACKEND", "XNNPACK_BACKEND", *_LAZY]

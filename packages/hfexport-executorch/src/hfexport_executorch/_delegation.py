@@ -16,17 +16,11 @@ import torch
 
 from hfexport.plugin import ExportContext, register_patch
 
-__all__ = ["DEFAULT_DIM_UPPER_BOUND", "DelegationReport", "delegation_report", "planned_memory_bytes",
+__all__ = ["DelegationReport", "delegation_report", "planned_memory_bytes",
            "portable_kernel_for", "portable_kernel_names", "rejected_by_edge", "report_planned_memory"]
 
 logger = logging.getLogger("hfexport")
 
-# The largest size given to a dynamic dimension that torch.export left unbounded (``Dim.AUTO``, ``Dim.DYNAMIC``)
-# and that is neither a batch nor a sequence with a config limit (those: ``_bounds.py``). ExecuTorch plans memory
-# for the upper bound of every dynamic dim, so planned activations grow with the product of the bounds (attention
-# scores with batch * seq * seq), and the runtime allocates that memory when it loads the program:
-# all-MiniLM-L6-v2 with dynamic=True (seq <= 512) planned 2.8 GiB when its batch got 64.
-DEFAULT_DIM_UPPER_BOUND = 64
 # Planned memory above this gets a note in the manifest and a warning that says how to lower it.
 PLANNED_MEMORY_WARNING_BYTES = 1 << 30
 
@@ -176,22 +170,38 @@ def planned_memory_bytes(manager: Any) -> int:
 
 def report_planned_memory(ctx: ExportContext, planned: int, bounds: Any) -> None:
     """Say which upper bounds the dynamic dims got and the memory they plan: noted in the manifest, and logged as
-    a warning where a bound was chosen for the user (a default, the config, ``dim_upper_bound``: the program
-    refuses larger inputs) or the plan exceeds 1 GiB (with what to lower). ``bounds`` is a ``_bounds.DimBounds``.
+    a warning where a bound was chosen for the user (a default, the config: the program refuses larger inputs)
+    or the plan exceeds 1 GiB (naming the largest bound chosen for the user and the option that lowers it).
+    ``bounds`` is a ``_bounds.DimBounds``.
     """
     if not bounds.roles and not bounds.bounded:
         return
     chosen = bounds.summary() or ", ".join(f"{k} <= {v[1]}" for k, v in sorted(bounds.bounded.items()))
     message = f"ExecuTorch plans {planned / 2**20:.1f} MiB for the upper bounds of the dynamic dims: {chosen}"
     if planned > PLANNED_MEMORY_WARNING_BYTES:
-        message += ("; the runtime allocates it when it loads the program. Lower max_batch, max_seq_len or "
-                    "dim_upper_bound, or give explicit Dim(name, max=...) bounds in dynamic_shapes")
+        message += "; the runtime allocates it when it loads the program. " + _how_to_lower(bounds)
     else:
-        message += "; larger inputs are refused (raise max_batch or max_seq_len for more)"
+        message += ("; larger inputs are refused (raise max_batch or max_seq_len for more, or give explicit "
+                    "Dim(name, max=...) bounds in dynamic_shapes)")
     ctx.note(message)
-    user_given = all(info["source"] in ("max_batch", "max_seq_len") for info in bounds.roles.values())
-    log = logger.info if user_given and bounds.roles and planned <= PLANNED_MEMORY_WARNING_BYTES else logger.warning
+    log = logger.info if bounds.user_given() and planned <= PLANNED_MEMORY_WARNING_BYTES else logger.warning
     log(message)
+
+
+def _how_to_lower(bounds: Any) -> str:
+    """What lowers the plan: the largest bound chosen for the user (by its role's option), or the generic advice."""
+    option = {"batch": "max_batch", "sequence": "max_seq_len", "decoder_sequence": "max_seq_len",
+              "audio": "max_seq_len", "frames": "max_seq_len"}
+    chosen = [(info["max"], role) for role, info in bounds.roles.items()
+              if info["source"] not in ("max_batch", "max_seq_len", "dim_upper_bound", "torch.export")]
+    if chosen:
+        size, role = max(chosen)
+        how = f"ExecutorchConfig({option[role]}=...)" if role in option else \
+            "an explicit Dim(name, max=...) in dynamic_shapes"
+        return (f"The largest bound chosen for you is {role} <= {size} "
+                f"({bounds.roles[role]['source']}): lower it with {how}")
+    return ("Lower max_batch, max_seq_len or dim_upper_bound, or give explicit Dim(name, max=...) bounds in "
+            "dynamic_shapes")
 
 
 def _narrowed(original: Any, accepts: Callable[[torch.fx.Node], bool]) -> Any:
@@ -229,6 +239,39 @@ def _patch_unsqueeze_one_dynamic_dim(original: Any) -> Any:
         return value is None or sum(1 for size in value.shape if free_symbols(size)) <= 1
 
     return _narrowed(original, at_most_one_dynamic_dim)
+
+
+@register_patch("executorch.xnnpack.internals",
+                "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints")
+def _patch_conv1d_one_dynamic_dim(original: Any) -> Any:
+    """Leave to portable kernels a 1-d convolution whose input or output has more than one dynamic dim.
+
+    **Why**: XNNPACK runs a 1-d convolution as a 2-d one: ``Conv1dUnsqueezePass`` wraps it in an
+    ``unsqueeze_copy`` to ``[batch, C, 1, L]`` and a ``squeeze_copy`` back, which are serialized as static
+    reshapes, and those take at most one dynamic dim (executorch 1.5.1 ``operators/op_squeeze.py``: "XNNPACK
+    reshape only supports 1 dynamic dimension"). ``ConvolutionConfig.check_constraints`` does not check it, so
+    with a dynamic batch and length ``to_edge_transform_and_lower`` fails the whole export: every audio encoder
+    with a convolutional front end (Wav2Vec2, HuBERT, Whisper's two convolutions) with ``dynamic=True``. The
+    replacement refuses those nodes, which then run on the portable ``convolution.out`` kernel; 2-d
+    convolutions and 1-d ones with a single dynamic dim are delegated as before.
+    **Upstream**: pytorch/executorch, the partitioner config and the serializer disagree (no issue found; the
+    config is unchanged on main).
+    **Remove when**: ``ConvolutionConfig`` checks the dynamic dims of a 1-d convolution (the test's tiny Wav2Vec2
+    exports with ``disable=("_patch_conv1d_one_dynamic_dim",)`` and ``dynamic=True``).
+    """
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    def dynamic_dims(value: Any) -> int:
+        return sum(1 for size in getattr(value, "shape", ()) if free_symbols(size))
+
+    def not_1d_with_dynamic_dims(node: torch.fx.Node) -> bool:
+        weight = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+        if weight is None or weight.dim() != 3:
+            return True  # not a 1-d convolution
+        source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        return dynamic_dims(node.meta.get("val")) <= 1 and dynamic_dims(source) <= 1
+
+    return _narrowed(original, not_1d_with_dynamic_dims)
 
 
 @register_patch("executorch.xnnpack.internals",

@@ -58,7 +58,7 @@ from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, 
 
 from ._attention import llm_cache_attention
 from ._bisect import bisect_delegates
-from ._bounds import DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
+from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
 from ._decompositions import (
     ET_DECOMPOSITIONS,
@@ -68,7 +68,6 @@ from ._decompositions import (
     unsupported_op_message,
 )
 from ._delegation import (
-    DEFAULT_DIM_UPPER_BOUND,
     STRICT,
     delegation_report,
     planned_memory_bytes,
@@ -114,15 +113,20 @@ class ExecutorchConfig(DynamoConfig):
             (``Method::set_output_data_ptr``).
         alloc_mutable_buffers: plan memory for buffers the graph mutates (KV caches held by the model).
         max_batch: the largest batch (dim 0 of ``input_ids``, ``attention_mask``, ``pixel_values``, ...) the
-            program takes with ``dynamic=True``; ``None``: 8. ExecuTorch plans memory for it: activations grow with
-            the product of the bounds, and the runtime allocates the plan when it loads the program.
-        max_seq_len: the longest sequence (dim 1 of the token inputs); ``None``: the config's
-            ``max_position_embeddings`` (``n_positions``; ``max_target_positions`` for decoder inputs), else
-            ``dim_upper_bound``. A bound torch.export inferred from the model is never raised.
+            program takes with ``dynamic=True``; ``None``: 8, or the example's batch rounded up to a power of two
+            when larger (13 -> 16). ExecuTorch plans memory for it: activations grow with the product of the
+            bounds, and the runtime allocates the plan when it loads the program.
+        max_seq_len: the longest sequence: dim 1 of the token inputs, raw audio samples (``input_values``) and
+            feature frames (``input_features``); ``None``: the config's ``max_position_embeddings``
+            (``n_positions``; ``max_target_positions`` for decoder inputs) for tokens, 30 s of audio (at
+            ``config.sampling_rate``, else 16 kHz; Whisper's 3,000 mel frames), else ``dim_upper_bound``. A bound
+            torch.export inferred from the model is never raised.
         dim_upper_bound: the inclusive upper bound given to every other dynamic dimension torch.export left
-            unbounded (and to sequences when the config names no limit). Explicit ``Dim(name, max=...)`` bounds in
-            ``dynamic_shapes`` are kept. The bounds chosen are logged after the export and recorded in
-            ``manifest["executorch"]["dim_bounds"]``, with ``planned_memory_bytes``.
+            unbounded (and to sequences when the config names no limit); ``None``: 64, or the example's size
+            rounded up to a power of two when larger. Image heights and widths get twice the example's size, or
+            ``config.image_size`` when larger. Explicit ``Dim(name, max=...)`` bounds in ``dynamic_shapes`` are
+            kept. A bound set here below the example inputs is refused. The bounds chosen are logged after the
+            export and recorded in ``manifest["executorch"]["dim_bounds"]``, with ``planned_memory_bytes``.
         quantize: a quantization recipe (or an ``hfexport.Quantization``) of the variant (``_quantize.py``):
             ``"8da4w"`` (stage 1, a torchao source transform) or ``"int8"`` (stage 4, PT2E static int8) for
             ``xnnpack``. The export is then verified against float eager by cosine similarity.
@@ -134,7 +138,7 @@ class ExecutorchConfig(DynamoConfig):
     alloc_mutable_buffers: bool = True
     max_batch: int | None = None
     max_seq_len: int | None = None
-    dim_upper_bound: int = DEFAULT_DIM_UPPER_BOUND
+    dim_upper_bound: int | None = None
     quantize: str | Quantization | None = None
 
     def __post_init__(self) -> None:
@@ -146,10 +150,10 @@ class ExecutorchConfig(DynamoConfig):
         for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.dim_upper_bound, bool) or not isinstance(self.dim_upper_bound, int) \
-                or self.dim_upper_bound < 2:
-            raise ValueError(f"dim_upper_bound must be an int >= 2 (the largest size of a dynamic dimension), "
-                             f"got {self.dim_upper_bound!r}")
+        if self.dim_upper_bound is not None and (isinstance(self.dim_upper_bound, bool) or not isinstance(
+                self.dim_upper_bound, int) or self.dim_upper_bound < 2):
+            raise ValueError(f"dim_upper_bound must be an int >= 2 (the largest size of a dynamic dimension) or "
+                             f"None (the default), got {self.dim_upper_bound!r}")
         for name in ("max_batch", "max_seq_len"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -252,7 +256,8 @@ class ExecutorchExporter(Exporter):
             "non_core_aten_on_portable_kernels": sorted(set(ctx.extras["executorch_admitted_ops"])),
             "initialized_mutable_buffers": sorted(set(ctx.extras.get("executorch_initialized_buffers", []))),
             "memory_planning": planning, "planned_memory_bytes": planned,
-            "dim_upper_bound": config.dim_upper_bound, "max_batch": config.max_batch or DEFAULT_MAX_BATCH,
+            "dim_upper_bound": config.dim_upper_bound or DEFAULT_DIM_UPPER_BOUND,
+            "max_batch": bounds.roles.get("batch", {}).get("max", config.max_batch or DEFAULT_MAX_BATCH),
             "max_seq_len": config.max_seq_len, "dim_bounds": bounds.roles,
             "bounded_dims": {sym: list(rng) for sym, rng in sorted(bounds.bounded.items())},
             "input_dtypes": dtypes, "device": preparation.device,
@@ -782,10 +787,11 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
                                      ctx: ExportContext | None = None) -> bool:
     """Gives every dynamic dim a finite upper bound ExecuTorch can plan memory for (``_bounds.py``).
 
-    A batch dim gets ``max_batch`` (default 8), a sequence dim ``max_seq_len`` or else the config's
-    ``max_position_embeddings``, never above a bound torch.export inferred; any other dim left unbounded
-    ``[lo, int_oo]`` gets ``dim_upper_bound``. Rewrites ``range_constraints`` and the ShapeEnv(s) that the symbolic
-    sizes in ``meta["val"]`` point to: ExecuTorch evaluates upper bounds through ``shape_env.var_to_range``, not
+    A batch dim gets ``max_batch`` (default 8, grown to the example's batch), a sequence dim ``max_seq_len`` or
+    else the config's ``max_position_embeddings``, audio 30 s, an image twice the example (or ``image_size``),
+    never above a bound torch.export inferred nor a default below the example; any other dim left unbounded
+    ``[lo, int_oo]`` gets ``dim_upper_bound`` (default 64, grown to the example). Rewrites ``range_constraints``
+    and the ShapeEnv(s) that the symbolic sizes in ``meta["val"]`` point to: ExecuTorch evaluates upper bounds through ``shape_env.var_to_range``, not
     through ``range_constraints``. Explicit ``Dim(max=...)`` bounds are kept (unless ``max_batch``/``max_seq_len``
     are given). The bounds chosen go to ``manifest["executorch"]["dim_bounds"]``.
 

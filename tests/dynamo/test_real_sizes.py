@@ -1,0 +1,89 @@
+"""Dynamic ranges that fit real inputs (issue 26): an image traced small accepts twice its size where the model
+allows (a size of 1 inside the model at the traced shape no longer bounds the input: hfexport_dynamo/tracer.py
+``_widen_narrowed_dims``), and the roles and config sizes the ExecuTorch bounds come from
+(``hfexport_dynamo.inputs.dim_roles``, ``typical_size``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hfexport
+from helpers import tiny_model
+from hfexport_dynamo.inputs import dim_roles, typical_size
+
+ATOL = 1e-4
+
+
+def _pixels(batch: int, height: int, width: int, seed: int) -> dict[str, torch.Tensor]:
+    return {"pixel_values": torch.randn(batch, 3, height, width, generator=torch.Generator().manual_seed(seed))}
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_convnext_traced_at_32_runs_at_64(backend, tmp_path):
+    """The tiny ConvNext (4 stages, 32x smaller at the end) traced at 32x32 is 1x1 at its last stage; torch.export
+    bounded H and W to [32, 63] from it. The export now takes 64x64 and other sizes, equal to eager."""
+    model = tiny_model("convnext")
+    exported = hfexport.export(model, copy.deepcopy(_pixels(2, 32, 32, 0)), backend=backend, dynamic=True)
+    dims = next(i for i in exported.manifest["inputs"] if i["name"] == "pixel_values")["dynamic_dims"]
+    assert dims["2"]["min"] <= 32 and dims["2"]["max"] is None and dims["3"]["max"] is None
+    assert any("size-oblivious" in note and "'pixel_values' dim 2 from [32, 63]" in note
+               for note in exported.manifest["notes"])
+    for inputs in (_pixels(3, 64, 64, 1), _pixels(2, 48, 40, 2), _pixels(2, 32, 32, 3)):
+        report = exported.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0)
+        assert report.passed and report.max_abs_diff <= ATOL, str(report)
+    if backend == "dynamo":  # the saved program loads with its (wider) range
+        exported.save_pretrained(tmp_path / "convnext")
+        loaded = hfexport.load(tmp_path / "convnext")
+        report = loaded.verify(_pixels(3, 64, 64, 4), atol=ATOL, rtol=0.0, reference=model)
+        assert report.passed, str(report)
+
+
+def test_a_range_the_model_bounds_is_kept():
+    """A bound the model's code states (``torch._check``) survives the size-oblivious retrace: the program keeps
+    it and no note claims a widening."""
+
+    class AtMost40(torch.nn.Module):
+        def forward(self, x):
+            torch._check(x.shape[1] <= 40)
+            return x * 2
+
+    exported = hfexport.export(AtMost40(), {"x": torch.randn(2, 30)}, dynamic=True)
+    dims = exported.manifest["inputs"][0]["dynamic_dims"]
+    assert dims["1"]["max"] == 40
+    assert not any("size-oblivious" in note for note in exported.manifest["notes"])
+
+
+def test_dim_roles_of_images_audio_and_features():
+    whisper = tiny_model("whisper", layers=1)  # num_mel_bins=16: [batch, 16, frames]
+    roles = dim_roles({"input_features": torch.zeros(2, 16, 32), "decoder_input_ids": torch.zeros(2, 3)}, whisper)
+    assert roles == {("input_features", 0): "batch", ("input_features", 2): "frames",
+                     ("decoder_input_ids", 0): "batch", ("decoder_input_ids", 1): "decoder_sequence"}
+    # [batch, frames, features] (Speech2Text's layout): the dim that is not the feature count
+    assert dim_roles({"input_features": torch.zeros(2, 40, 16)}, whisper)[("input_features", 1)] == "frames"
+    audio = dim_roles({"input_values": torch.zeros(2, 1024), "attention_mask": torch.ones(2, 1024)})
+    assert audio[("input_values", 1)] == audio[("attention_mask", 1)] == "audio"
+    text = dim_roles({"input_ids": torch.zeros(2, 7), "attention_mask": torch.ones(2, 7),
+                      "input_values": torch.zeros(2, 7)})
+    assert text[("attention_mask", 1)] == "sequence"  # a text mask stays a text mask
+    pixels = dim_roles({"pixel_values": torch.zeros(2, 3, 32, 48)})
+    assert pixels == {("pixel_values", 0): "batch", ("pixel_values", 2): "image_height",
+                      ("pixel_values", 3): "image_width"}
+
+
+def test_typical_sizes_from_the_config():
+    import transformers as tf
+
+    assert typical_size(tiny_model("bert", layers=1), "sequence") == (64, "config.max_position_embeddings")
+    assert typical_size(tiny_model("whisper", layers=1), "frames") == (32, "2 * config.max_source_positions")
+    assert typical_size(tiny_model("convnext", layers=1), "image_width") == (32, "config.image_size")
+    wav2vec2 = tf.Wav2Vec2Model(tf.Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                  intermediate_size=37, conv_dim=(8,), conv_kernel=(10,),
+                                                  conv_stride=(5,), num_conv_pos_embeddings=4,
+                                                  num_conv_pos_embedding_groups=2))
+    assert typical_size(wav2vec2, "audio") == (480_000, "30 s at 16 kHz")  # no sampling rate in its config
+    wav2vec2.config.sampling_rate = 8_000
+    assert typical_size(wav2vec2, "audio") == (240_000, "30 s at config.sampling_rate")
+    assert typical_size(wav2vec2, "frames") == (3_000, "30 s of 10 ms frames")

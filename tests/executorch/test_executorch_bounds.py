@@ -1,0 +1,156 @@
+"""ExecuTorch bounds that come from the inputs and the model, never below them (issue 26; ``_bounds.py``): a
+default grows to the example, audio gets 30 s, images twice the traced size, and a bound below the example is
+refused only when the user set it, saying so. Also the 1-d convolutions XNNPACK cannot reshape with two dynamic
+dims (``_patch_conv1d_one_dynamic_dim``)."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.export import Dim
+
+import hfexport
+
+pytest.importorskip("executorch")
+
+from helpers import tiny_model  # noqa: E402
+from hfexport_dynamo import dummy_inputs  # noqa: E402
+from hfexport_executorch import ExecutorchConfig  # noqa: E402
+from hfexport_executorch._bounds import bound_dynamic_dims  # noqa: E402
+
+ATOL = 1e-4
+
+
+def max_diff(exported: hfexport.ExportedModel, inputs: dict, reference=None) -> float:
+    report = exported.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0, reference=reference)
+    assert report.passed and report.max_abs_diff <= ATOL, str(report)
+    return report.max_abs_diff
+
+
+def tiny_wav2vec2(**overrides) -> torch.nn.Module:
+    """A seeded 1-layer Wav2Vec2 whose convolutions shrink the audio 320 times, as the real one does (2 layers of
+    8 channels, strides 5 and 64), with a mask along the samples (``feat_extract_norm="layer"``)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Wav2Vec2Config(**{**dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, conv_dim=(8, 8),
+        conv_kernel=(10, 8), conv_stride=(5, 64), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        feat_extract_norm="layer", do_stable_layer_norm=True, vocab_size=32), **overrides})
+    return tf.Wav2Vec2Model(config).eval()
+
+
+def audio(batch: int, seconds: float, seed: int) -> dict[str, torch.Tensor]:
+    samples = int(16_000 * seconds)
+    return {"input_values": torch.randn(batch, samples, generator=torch.Generator().manual_seed(seed)),
+            "attention_mask": torch.ones(batch, samples, dtype=torch.long)}
+
+
+def _bounds(model, inputs, dynamic_shapes, **options):
+    """``bound_dynamic_dims`` on the torch.export program of ``model`` (no lowering): role -> (max, source)."""
+    program = torch.export.export(model, (), copy.deepcopy(inputs), dynamic_shapes=dynamic_shapes, strict=False)
+    ctx = SimpleNamespace(config=ExecutorchConfig(dynamic=True, **options), inputs=inputs, model=model)
+    bounds = bound_dynamic_dims(program, ctx)
+    return {role: (info["max"], info["source"]) for role, info in bounds.roles.items()}
+
+
+def test_bounds_come_from_the_inputs_and_the_config():
+    """No lowering: the bounds each role gets, and where they come from."""
+    model = tiny_wav2vec2()
+    shapes = {"input_values": {0: Dim.AUTO, 1: Dim.AUTO}, "attention_mask": {0: Dim.AUTO, 1: Dim.AUTO}}
+    assert _bounds(model, audio(2, 1, 0), shapes) == {"batch": (8, "default max_batch"),
+                                                      "audio": (480_000, "30 s at 16 kHz")}
+    assert _bounds(model, audio(13, 0.1, 0), shapes, max_seq_len=32_000) == {
+        "batch": (16, "default max_batch, grown to the example"), "audio": (32_000, "max_seq_len")}
+    model.config.sampling_rate = 8_000
+    assert _bounds(model, audio(2, 1, 0), shapes)["audio"] == (240_000, "30 s at config.sampling_rate")
+    convnext = tiny_model("convnext", layers=1)  # image_size=32
+    pixels = {"pixel_values": torch.randn(2, 3, 24, 40)}
+    assert _bounds(convnext, pixels, {"pixel_values": {0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO}}) == {
+        "batch": (8, "default max_batch"), "image_height": (48, "2 x the example"),
+        "image_width": (80, "2 x the example")}
+    bert = tiny_model("bert", layers=1)  # max_position_embeddings=64
+    tokens = dummy_inputs(bert, 2, 8, seed=0)
+    assert _bounds(bert, tokens, {k: {0: Dim.AUTO, 1: Dim.AUTO} for k in tokens})["sequence"] == (
+        64, "config.max_position_embeddings")
+
+
+def test_a_bound_below_the_example_is_refused_only_when_the_user_set_it():
+    """Dims with no role: the default (64) holds the batch of 2 and grows to 128 for the example's 100;
+    ``dim_upper_bound=16`` is refused as the user's, before any lowering."""
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    inputs, shapes = {"x": torch.randn(2, 100)}, {"x": {0: Dim.AUTO, 1: Dim.AUTO}}
+    program = torch.export.export(Twice(), (), copy.deepcopy(inputs), dynamic_shapes=shapes, strict=False)
+    ctx = SimpleNamespace(config=ExecutorchConfig(dynamic=True), inputs=inputs, model=Twice())
+    assert sorted(bound_dynamic_dims(program, ctx).bounded.values()) == [(2, 64), (2, 128)]
+    with pytest.raises(ValueError, match=r"dim_upper_bound=16 \(your ExecutorchConfig setting\) is below the "
+                                         r"example inputs' size of the dynamic dim s\d+ \(size 100\)"):
+        bound_dynamic_dims(torch.export.export(Twice(), (), copy.deepcopy(inputs), dynamic_shapes=shapes),
+                           SimpleNamespace(config=ExecutorchConfig(dynamic=True, dim_upper_bound=16),
+                                           inputs=inputs, model=Twice()))
+
+
+def test_a_batch_above_the_default_exports_and_runs():
+    """A batch of 13 (Transformers' model testers use 12-14) with no max_batch: the bound grows to 16; the program
+    equals eager at the traced shape, at the bound and at a second shape."""
+    model = tiny_model("bert", layers=1)
+    exported = hfexport.export(model, dummy_inputs(model, 13, 7, seed=0), backend="executorch-xnnpack",
+                               dynamic=True)
+    section = exported.manifest["executorch"]
+    assert section["dim_bounds"]["batch"]["max"] == 16 and section["max_batch"] == 16
+    assert section["dim_bounds"]["batch"]["source"] == "default max_batch, grown to the example"
+    for batch, seq, seed in ((13, 7, 1), (16, 9, 2), (3, 12, 3)):
+        max_diff(exported, dummy_inputs(model, batch, seq, seed=seed))
+
+
+class Conv1dStack(torch.nn.Module):
+    """An audio front end: two 1-d convolutions over ``[batch, channels, length]``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = torch.nn.Conv1d(1, 8, 10, stride=5), torch.nn.Conv1d(8, 8, 3, stride=2)
+
+    def forward(self, x):
+        return self.second(torch.nn.functional.gelu(self.first(x[:, None])))
+
+
+def test_patch_conv1d_one_dynamic_dim():
+    """A dynamic batch and length: XNNPACK's conv1d reshapes refuse two dynamic dims at lowering; with the patch
+    those convolutions run on the portable kernel and equal eager at two shapes."""
+    inputs = {"x": torch.randn(2, 400, generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(hfexport.ExportError, match="only supports 1 dynamic dimension"):
+        hfexport.export(Conv1dStack(), copy.deepcopy(inputs), backend="executorch-xnnpack", dynamic=True,
+                        disable=("_patch_conv1d_one_dynamic_dim",))
+    exported = hfexport.export(Conv1dStack(), copy.deepcopy(inputs), backend="executorch-xnnpack", dynamic=True)
+    assert "_patch_conv1d_one_dynamic_dim" in str(exported.manifest["workarounds"])
+    assert exported.manifest["executorch"]["bounded_dims"]  # length <= 512: the example's 400, rounded up
+    max_diff(exported, {"x": torch.randn(3, 512, generator=torch.Generator().manual_seed(1))})
+
+
+@pytest.mark.slow
+def test_wav2vec2_one_and_five_seconds():
+    """Traced on 1 s of audio, run on 5 s (and a batch of 3): the audio bound is 30 s at 16 kHz, not 64 samples.
+    Slow (lowering, ~35 s); the bounds are covered without lowering by the first test of this module."""
+    model = tiny_wav2vec2()
+    exported = hfexport.export(model, audio(2, 1, 0), backend="executorch-xnnpack", dynamic=True)
+    bounds = exported.manifest["executorch"]["dim_bounds"]
+    assert (bounds["audio"]["max"], bounds["audio"]["source"]) == (480_000, "30 s at 16 kHz")
+    max_diff(exported, audio(3, 5, 1))
+
+
+@pytest.mark.slow
+def test_convnext_traced_at_32_runs_at_64():
+    model = tiny_model("convnext")
+    pixels = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    exported = hfexport.export(model, pixels, backend="executorch-xnnpack", dynamic=True)
+    bounds = exported.manifest["executorch"]["dim_bounds"]
+    assert bounds["image_height"]["max"] == bounds["image_width"]["max"] == 64
+    max_diff(exported, {"pixel_values": torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))})
