@@ -523,6 +523,7 @@ class ExportedModel:
 
         Inputs are checked against the manifest before the runtime is called: dtype (a floating input is cast
         to the program's floating dtype), rank, static sizes, dynamic ranges, and dims that share a symbol.
+        Inputs the export dropped because the model ignores them (``ignored_inputs``: ``head_mask``) are dropped.
 
         Raises:
             KeyError: no such component (the message lists them).
@@ -535,6 +536,9 @@ class ExportedModel:
         section = self._section(part)
         names = [i["name"] for i in section["inputs"]]
         fixed = section.get("fixed_kwargs", self.manifest.get("fixed_kwargs", {}))
+        ignored = {n for n in section.get("ignored_inputs", self.manifest.get("ignored_inputs", []))
+                   if isinstance(n, str)}
+        inputs = {k: v for k, v in inputs.items() if k not in ignored or k in names}  # the model ignores them
         for name in [n for n in inputs if n in fixed and n not in names]:
             if inputs[name] != fixed[name]:
                 raise ValueError(f"{name}={inputs[name]!r} was baked into this export as {fixed[name]!r}; "

@@ -99,6 +99,7 @@ _SECTION_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "output_spec": ((str,), False),
     "output_modules": ((list,), False),
     "fixed_kwargs": ((dict,), False),
+    "ignored_inputs": ((list,), False),
 }
 
 

@@ -55,6 +55,7 @@ from .inputs import forward_parameters, shared_dims
 from .skips import EXPORT_SKIPS
 from .tracer import (
     DYNAMO_TRACER,
+    IGNORED_KWARGS,
     SpecializedDimWarning,
     export_with_shared_dims,
     specialized_dims,
@@ -245,6 +246,15 @@ class DynamoExporter(Exporter):
         unknown = [n for n in ctx.inputs if n not in names and not takes_kwargs]
         if unknown:
             raise TypeError(f"{ctx.model_class}.forward takes no {unknown}; it takes {names}")
+        ignored = [n for n in ctx.inputs if n in IGNORED_KWARGS and n not in names]
+        if ignored:  # reach forward only through **kwargs, where transformers ignores them
+            message = (f"{ctx.model_class}: dropped input {', '.join(map(repr, ignored))}: forward takes it only "
+                       f"through **kwargs and transformers {_transformers_version()} ignores it (head masks were "
+                       "removed in transformers 5); it is not a program input, and calls of the export drop it too")
+            warnings.warn(message, UserWarning, stacklevel=2)
+            ctx.note(message)
+            ctx.extras["ignored_inputs"] = ignored
+            ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in ignored}
         # Python constants among the inputs (use_cache=False, return_dict=True) are not program inputs: they
         # are baked in, and ExportedModel accepts them again only with the same value.
         fixed = {n: v for n, v in ctx.inputs.items() if isinstance(v, bool | int | float | str | type(None))}
@@ -350,6 +360,15 @@ class DynamoExporter(Exporter):
         if "not a known type" in text or "register a pytree" in text.lower():
             return ["register the input/output type: hfexport_dynamo.register_cache_type(cls)"]
         return []
+
+
+def _transformers_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:  # pragma: no cover - a plain nn.Module without transformers installed
+        return "(not installed)"
 
 
 def _warn_specialized(ctx: ExportContext) -> None:

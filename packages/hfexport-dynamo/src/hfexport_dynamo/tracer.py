@@ -22,7 +22,7 @@ from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 from ._pytree import register_transformers_pytrees
 from .inputs import dummy_inputs, forward_parameters
 
-__all__ = ["DYNAMO_TRACER", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning",
+__all__ = ["DYNAMO_TRACER", "IGNORED_KWARGS", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning",
            "describe_inputs", "describe_outputs", "export_with_shared_dims", "narrowed_dims", "specialized_dims",
            "specialized_message"]
 
@@ -31,6 +31,12 @@ logger = logging.getLogger("hfexport")
 # Deprecated names transformers still accepts through **kwargs and renames inside forward (its
 # ``_rename_kwargs_for_bc``): an input under such a name reaches the parameter it stands for.
 KWARG_ALIASES: dict[str, str] = {"past_key_values": "cache", "cache_params": "cache"}
+
+# Inputs current transformers ignores when they reach forward through **kwargs: transformers 5 removed head
+# masks (no model of 5.24 reads ``head_mask``), but forwards with **kwargs still accept them, and Transformers' own
+# model testers still pass them. An export drops them with a warning (``ignored_inputs`` in the manifest), and
+# the artifact drops them again when called with them.
+IGNORED_KWARGS: tuple[str, ...] = ("head_mask", "decoder_head_mask", "cross_attn_head_mask")
 
 
 class DynamoTracer:
@@ -59,7 +65,8 @@ class DynamoTracer:
           become a program input that the model may never read, which every caller must then pass. Constants
           (``output_hidden_states=True``) may still go through ``**kwargs``: they are baked in, not inputs, and
           so may transformers' deprecated names of a parameter forward names (``past_key_values`` for ``cache``,
-          :data:`KWARG_ALIASES`), which transformers renames inside forward;
+          :data:`KWARG_ALIASES`), which transformers renames inside forward, and the inputs transformers ignores
+          (:data:`IGNORED_KWARGS`: ``head_mask``), which the export drops with a warning;
         * token ids (``input_ids``, ``decoder_input_ids``, ``token_type_ids``, ``position_ids``, any ``*_ids``)
           that are not an integer tensor.
 
@@ -85,7 +92,7 @@ class DynamoTracer:
             raise InvalidInputError(f"{model_class}.forward takes no {', '.join(map(repr, unknown))}; it takes "
                                     f"{', '.join(names)}")
         through_kwargs = [n for n, v in inputs.items() if n not in names and not isinstance(v, constant)
-                          and KWARG_ALIASES.get(n) not in names]
+                          and KWARG_ALIASES.get(n) not in names and n not in IGNORED_KWARGS]
         if through_kwargs:
             raise InvalidInputError(
                 f"input {', '.join(map(repr, through_kwargs))} is not a parameter of {model_class}.forward: it "
@@ -127,6 +134,8 @@ class DynamoTracer:
             # named Dim ranges torch.export's solver refused, traced as Dim.DYNAMIC over the same range
             **({"relaxed_dims": ctx.extras["relaxed_dims"]}
                if "relaxed_dims" in ctx.extras and program is ctx.program else {}),
+            # inputs forward took through **kwargs and transformers ignores: dropped, also from later calls
+            **({"ignored_inputs": ctx.extras["ignored_inputs"]} if ctx.extras.get("ignored_inputs") else {}),
         }
 
     def extra_files(self, ctx: ExportContext) -> dict[str, Any]:
