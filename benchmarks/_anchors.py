@@ -106,6 +106,11 @@ def _convert_child(engine: str, variant: str, hf_dir: str, out_dir: str) -> None
         ctranslate2.converters.TransformersConverter(hf_dir).convert(out_dir, quantization=quantization, force=True)
     else:
         raise ValueError(f"unknown engine {engine!r}")
+    import resource
+
+    with open("/proc/self/status") as status:  # VmHWM, not ru_maxrss: see bench_generation.own_peak_rss
+        hwm = next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")), 0)
+    print(f"PEAK {max(hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)}", flush=True)
 
 
 # what the builder copies from the tokenizer (for the seeded model, the synthetic one): not counted as the model
@@ -119,8 +124,8 @@ def _dir_bytes(path: str) -> int:
 
 def convert(engine: str, hf_dir: str, out_dir: str, variant: str) -> dict:
     """Convert ``hf_dir`` with ``engine``'s own converter in a fresh Python process (imports included in the
-    time, as a user's command pays them). Returns ``wall_s``, ``peak_rss_bytes`` (that process's ``ru_maxrss``
-    from ``wait4``, its own children included), ``disk_bytes`` of ``out_dir`` (the model: tokenizer files the
+    time, as a user's command pays them). Returns ``wall_s``, ``peak_rss_bytes`` (that process's own peak, its
+    ``VmHWM``, and its children's: ``wait4``'s ``ru_maxrss`` would include the RSS this process had at the fork), ``disk_bytes`` of ``out_dir`` (the model: tokenizer files the
     builder copies are not counted; CTranslate2's vocabulary is) and the converter's output tail."""
     if variant not in ENGINES[engine]:
         raise ValueError(f"{engine} variants: {ENGINES[engine]}")
@@ -142,7 +147,8 @@ def convert(engine: str, hf_dir: str, out_dir: str, variant: str) -> dict:
         import shutil
 
         shutil.rmtree(cache)
-    return {"engine": engine, "variant": variant, "wall_s": wall, "peak_rss_bytes": usage.ru_maxrss * 1024,
+    peak = int(tail[tail.rindex("PEAK ") + 5:].split()[0]) if "PEAK " in tail else usage.ru_maxrss * 1024
+    return {"engine": engine, "variant": variant, "wall_s": wall, "peak_rss_bytes": peak,
             "disk_bytes": _dir_bytes(out_dir), "log_tail": tail}
 
 
