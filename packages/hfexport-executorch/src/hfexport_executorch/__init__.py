@@ -30,7 +30,7 @@ CUDA_BACKEND = Backend(
 
 # public name -> the module of this package that defines it
 _LAZY = {
-    "ExecutorchConfig": "exporter_executorch", "ExecutorchExporter": "exporter_executorch",
+    "ExecutorchConfig": "_config", "ExecutorchExporter": "exporter_executorch",
     "XnnpackExporter": "exporter_executorch", "CudaExporter": "exporter_executorch",
     "ExecutorchRunner": "_runner", "PROGRAM_FILE": "_runner",
     "BackendPreparation": "_variants", "register_backend_prepare": "_variants",
