@@ -203,6 +203,11 @@ def _resized(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     """``tensor`` truncated, or extended by repeating its leading slices, to ``size`` along ``dim``."""
     if size <= tensor.shape[dim]:
         return tensor.narrow(dim, 0, size).clone()
+    if tensor.dim() == 1 and tensor.numel() > 1 and not tensor.is_floating_point() \
+            and bool((tensor[1:] >= tensor[:-1]).all()):
+        # a sorted index (cumulative sequence lengths, offsets) extended with its last value stays sorted, where
+        # a copy of its leading values would not (searchsorted over [0, 3, 5, 8, 0] has no defined answer)
+        return torch.cat([tensor, tensor[-1:].expand(size - tensor.shape[0])])
     parts, have = [tensor], tensor.shape[dim]
     while have < size:
         take = min(tensor.shape[dim], size - have)
