@@ -82,7 +82,6 @@ from ._quantize import (
 )
 from ._quiet import quiet_torchao_pytree_warnings
 from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes
-from ._scan import check_scan_dynamic_dims
 from ._variants import (
     BackendPreparation,
     place_model_and_inputs,
@@ -273,7 +272,6 @@ def lower_program(ctx: ExportContext, partitioners: list[Any],
 
     config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
     preparation: BackendPreparation = ctx.extras["executorch_preparation"]
-    check_scan_dynamic_dims(ctx.program)
     timed = step or (lambda name: contextlib.nullcontext())
     # no_grad: the program is inference-only, but its parameters' example values require grad, so that ExecuTorch's
     # passes, which re-run each node on them, would dispatch a higher-order op through autograd: ``scan`` (Mamba's
@@ -579,6 +577,61 @@ def _patch_arg_validator_list_return(original: Any) -> Any:
             node.meta["val"] = value
 
     return call_function
+
+
+@register_patch("executorch.internals", "executorch.exir.emit._emitter._Emitter._emit_scan")
+def _patch_scan_buffers_resized(original: Any) -> Any:
+    """Sizes a ``scan``'s carry and stacked outputs from the run's values, not from the memory plan.
+
+    **Why**: ExecuTorch emits ``torch.ops.higher_order.scan`` as a loop over planned buffers: the carry, filled
+    from ``init`` by ``aten::copy_`` before the first step, and the stacked outputs, filled step by step by
+    ``executorch_prim::et_copy_index``. ``copy_`` never resizes its destination, and ``et_copy_index`` grows only
+    dim 0 and requires the other dims to equal the step's output already: a dynamic dim other than the scanned one
+    (a dynamic batch) keeps its planned size, and the program fails at run time even at the traced shape
+    (``op_copy.cpp: Check failed (tensor_is_broadcastable_to(src, in))``, then ``et_copy_index.cpp: Mismatch in
+    shape between copy_to and copy_from tensors``, ``0x12``): Mamba's selective scan with a dynamic batch. The
+    replacement initializes the carry with ``clone.out`` (which resizes it to ``init``) and, at the first step
+    only, writes the step's output with ``unsqueeze_copy.out`` (which resizes the stacked buffer to
+    ``[1, *step output]``) before ``et_copy_index`` copies it again; the later steps grow it as before.
+    **Upstream**: pytorch/executorch, ``exir/emit/_emitter.py`` ``_emit_scan`` (no issue found; unchanged on main).
+    **Remove when**: the emitter sizes the scan buffers itself (the tiny Mamba with a dynamic batch runs on
+    executorch-xnnpack with ``disable=("_patch_scan_buffers_resized",)``).
+    """
+    from executorch.exir.schema import Bool, EValue, Instruction, Int, JumpFalseCall, KernelCall, Null
+
+    @functools.wraps(original)
+    def emit_scan(self: Any, args: Any, subemitter_binding_output_values: Any) -> Any:
+        start = len(self.chain.instructions)
+        result = original(self, args, subemitter_binding_output_values)
+        init_ids = {value.id for value in args[1]}
+        copy_index, _ = self._get_operator(name="aten::copy_")
+        clone_index, _ = self._get_operator(name="aten::clone", overload="out")
+        copy_at_index, _ = self._get_operator(name="executorch_prim::et_copy_index", overload="tensor")
+        unsqueeze_index, _ = self._get_operator(name="aten::unsqueeze_copy", overload="out")
+        eq_index, _ = self._get_operator(name="executorch_prim::eq", overload="Scalar")
+        instructions = self.chain.instructions
+        null = self._emit_evalue(EValue(Null()))
+        position = start
+        while position < len(instructions):
+            call = instructions[position].instr_args
+            if isinstance(call, KernelCall) and call.op_index == copy_index and call.args[1] in init_ids:
+                carry, init = call.args[0], call.args[1]  # copy_(carry, init, non_blocking, out=carry)
+                instructions[position].instr_args = KernelCall(op_index=clone_index, args=[init, null.id, carry, carry])
+            elif isinstance(call, KernelCall) and call.op_index == copy_at_index:
+                stacked, step, index = call.args  # et_copy_index(copy_to, copy_from, index)
+                first = self._emit_evalue(EValue(Bool(False)))
+                zero, dim = self._emit_evalue(EValue(Int(0))), self._emit_evalue(EValue(Int(0)))
+                here = self.instruction_start_offset + position  # absolute index of the first new instruction
+                instructions[position:position] = [
+                    Instruction(KernelCall(op_index=eq_index, args=[index, zero.id, first.id])),
+                    Instruction(JumpFalseCall(cond_value_index=first.id, destination_instruction=here + 3)),
+                    Instruction(KernelCall(op_index=unsqueeze_index, args=[step, dim.id, stacked, stacked])),
+                ]
+                position += 3
+            position += 1
+        return result
+
+    return emit_scan
 
 
 @register_patch("executorch.internals",
