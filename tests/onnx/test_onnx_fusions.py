@@ -360,3 +360,33 @@ def test_siglip_vision_tower_fused_for_onnx_runtime_runs_at_another_batch():
     assert exported.manifest["onnx"]["fusions"]["undone"].get("FusedMatMul transBatch (as Transpose)", 0) > 0
     report = exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)
     assert report.passed, str(report)
+
+
+def test_reused_bindings_see_inputs_updated_in_place(llama_decoder):
+    """``OnnxRunner.reusing_bindings`` (the decode loop's) binds an unchanged tensor once: a token written into the
+    same ``input_ids`` tensor between runs is what the next run reads, as a run with fresh bindings does."""
+    from hfexport_dynamo.generation import new_cache
+
+    _, exported = llama_decoder
+    section = exported.manifest["generation"]
+    mask = torch.zeros(1, section["max_cache_len"], dtype=torch.long)
+    mask[:, :1] = 1
+    ids = torch.tensor([[5]])
+
+    def step(cache):
+        return exported.run("decoder", input_ids=ids, attention_mask=mask, position_ids=torch.zeros(1, 1, dtype=torch.long),
+                            past_length=torch.tensor(0), cache=cache)["logits"].clone()
+
+    fresh = []
+    for token in (5, 9):
+        ids[0, 0] = token
+        fresh.append(step(new_cache(section, 1)))
+    cache = new_cache(section, 1)
+    with exported.components["decoder"].runner.reusing_bindings():
+        reused = []
+        for token in (5, 9):
+            ids[0, 0] = token  # same tensor, same cache tensors: nothing is bound again
+            reused.append(step(cache))
+    assert not torch.equal(fresh[0], fresh[1])
+    for got, expected in zip(reused, fresh, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -180,24 +180,19 @@ class OnnxRunner(FileRunner):
         """Within the body, runs keep their IO binding: an input whose tensor is the same memory, shape and dtype as
         the previous run's is not bound again (a decode loop's cache, mask and step inputs, updated in place). The
         bound inputs stay referenced until the body ends."""
-        self._reused = {}
+        self._kept = (self.session.io_binding(), {})  # the binding, and per input: (memory key, its OrtValue)
         try:
             yield
         finally:
-            self._reused = None
+            self._kept = None
 
     def _run_in_place(self, names: list[str], feed: dict[str, Any], tensors: dict[str, torch.Tensor],
                       aliases: dict[str, str]) -> dict[str, torch.Tensor]:
         """One run through IO binding, each aliased output bound to its input's memory (no copy of the input)."""
         import onnxruntime
 
-        reused = getattr(self, "_reused", None)
-        if reused is None or "" not in reused:
-            binding = self.session.io_binding()
-            if reused is not None:
-                reused[""] = binding
-        else:
-            binding = reused[""]
+        kept = getattr(self, "_kept", None)
+        binding, reused = kept if kept is not None else (self.session.io_binding(), None)
         rebound = {}
         for name, array in feed.items():
             tensor = tensors[name]
