@@ -4,7 +4,6 @@ the eager value with it. Small modules, one export per side, all on ``executorch
 from __future__ import annotations
 
 import copy
-
 import importlib
 
 import pytest
