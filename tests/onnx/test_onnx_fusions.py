@@ -390,3 +390,36 @@ def test_reused_bindings_see_inputs_updated_in_place(llama_decoder):
     assert not torch.equal(fresh[0], fresh[1])
     for got, expected in zip(reused, fresh, strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rerun_repeats_the_last_bound_run_on_inputs_updated_in_place(llama_decoder):
+    """``OnnxRunner.rerun`` (the decode loop's steps after the first): the last run within ``reusing_bindings``
+    again, on its bound tensors as they are now; outside that context, or before a run there, it raises."""
+    from hfexport_dynamo.generation import new_cache
+
+    _, exported = llama_decoder
+    runner = exported.components["decoder"].runner
+    section = exported.manifest["generation"]
+    mask = torch.zeros(1, section["max_cache_len"], dtype=torch.long)
+    mask[:, :1] = 1
+    ids, position, past = torch.tensor([[5]]), torch.zeros(1, 1, dtype=torch.long), torch.tensor(0)
+
+    def step(cache):
+        return exported.run("decoder", input_ids=ids, attention_mask=mask, position_ids=position,
+                            past_length=past, cache=cache)["logits"].clone()
+
+    ids[0, 0] = 9
+    expected = step(new_cache(section, 1))
+    with pytest.raises(RuntimeError, match="run once there first"):
+        runner.rerun()
+    with runner.reusing_bindings():
+        with pytest.raises(RuntimeError, match="run once there first"):
+            runner.rerun()
+        ids[0, 0] = 5
+        first = step(new_cache(section, 1))
+        ids[0, 0] = 9  # the same tensor: rerun reads the new token
+        again = runner.rerun()[0]
+    assert not torch.equal(first, expected)
+    torch.testing.assert_close(again, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="run once there first"):
+        runner.rerun()

@@ -44,10 +44,11 @@ import contextlib
 import contextvars
 import inspect
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
+import torch.utils._pytree as pytree
 
 from hfexport.plugin import InvalidInputError
 
@@ -751,19 +752,31 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     chunk = section["prefill_chunk"]
 
     past_length = torch.zeros((), dtype=torch.long)
+    runner = exported.components[DECODER].runner
+    rerun: Callable[[], list[Any]] | None = None  # the runner's repeat of the last decode step, once one ran
+    logits_leaf = 0
 
-    def step(ids: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
-        nonlocal cache
+    def step(ids: torch.Tensor, position_ids: torch.Tensor, past: int, decoding: bool = False) -> torch.Tensor:
+        nonlocal cache, rerun, logits_leaf
         past_length.fill_(past)
+        if rerun is not None:
+            return rerun()[logits_leaf][:rows]
         feed = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids,
                 "past_length": past_length, "cache": cache}
         out = exported.run(DECODER, **{k: v for k, v in feed.items() if k in names})
-        cache = out.get("cache", cache)
+        returned = out.get("cache", cache)
+        if (decoding and hasattr(runner, "rerun") and returned is not None
+                and all(a is b for a, b in zip(pytree.tree_leaves(returned), pytree.tree_leaves(cache), strict=True))):
+            # a decode step whose cache was written in place: the next ones feed the same tensors (ids, position,
+            # mask, past length, cache), updated in place, so the runner repeats this run without the checks and
+            # flattening of exported.run
+            rerun = runner.rerun
+            logits_leaf = next(i for i, leaf in enumerate(pytree.tree_leaves(out)) if leaf is out["logits"])
+        cache = returned
         return out["logits"][:rows]
 
     # the decode steps' inputs are updated in place: a runner that binds its inputs (ONNX Runtime's IO binding)
     # binds the cache, the mask and these once
-    runner = exported.components[DECODER].runner
     with getattr(runner, "reusing_bindings", contextlib.nullcontext)():
         start = time.perf_counter()
         for past in range(0, prompt, chunk):
@@ -788,7 +801,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
             ids[:rows, 0] = next_tokens
             if batch > rows:
                 ids[rows:, 0] = next_tokens[-1]  # a static batch's extra rows repeat the last one
-            logits = step(ids, position, past)
+            logits = step(ids, position, past, decoding=True)
             past, steps = past + 1, steps + 1
             step_ends.append(time.perf_counter())
     return sequences, prefill_s, time.perf_counter() - start, steps, step_ends
