@@ -219,6 +219,12 @@ def test_llama_decoder_attention_reads_each_key_value_head_once(llama_decoder):
     assert ops[(MS, "GroupQueryAttention")] == 2, ops  # one per layer
     assert ops[(MS, "FusedMatMul")] == 0 and ops[("", "Softmax")] == 0, ops
     assert exported.manifest["generation"]["cache"]["fused_attention"] is True
+    # the attention's output, [batch, seq, heads * dim] as its rotated query's, feeds o_proj with no Reshape between
+    # (drop_identity_reshapes: ONNX Runtime runs each Reshape, one per layer per decode step)
+    reshaped = [n.name for n in model.graph if n.op_type == "Reshape"
+                and n.inputs[0].producer() is not None and n.inputs[0].producer().op_type == "GroupQueryAttention"]
+    assert reshaped == []
+    assert exported.manifest["components"]["decoder"]["onnx"]["fusions"]["fired"]["identity_reshapes"] >= 2
 
 
 def test_llama_decoder_rotates_with_one_node_per_tensor_and_packs_its_projections(llama_decoder):

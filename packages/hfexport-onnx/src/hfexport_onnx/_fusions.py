@@ -197,13 +197,19 @@ def _same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
 def drop_identity_reshapes(model: ir.Model) -> int:
     """Remove the ``Reshape`` nodes whose output has their input's shape (a ``view`` to ``[batch, seq, heads, dim]``
     and back, folded by the optimizer into one reshape to ``[batch, -1, hidden]``): ONNX Runtime runs each one (4 per
-    decoder layer around its attention). A ``GroupQueryAttention``'s output, which shape inference leaves unknown,
-    has its query's shape (``[batch, seq, heads * dim]``, unpacked). Returns how many went."""
+    decoder layer around its attention). Shape inference leaves the outputs of ONNX Runtime's ops unknown; two keep
+    a known shape and type: a ``RotaryEmbedding``'s output has its input's, a ``GroupQueryAttention``'s its query's
+    (``[batch, seq, heads * dim]``, unpacked). Returns how many went."""
     graph = model.graph
-    for node in graph:
-        if node.op_type == "GroupQueryAttention" and node.domain == _MS and node.outputs[0].shape is None \
-                and len(node.inputs) > 2 and node.inputs[1] is not None and node.inputs[0].shape is not None:
+    for node in graph:  # in topological order: a rotary's shape reaches the attention after it
+        if node.domain != _MS or node.outputs[0].shape is not None or node.inputs[0] is None \
+                or node.inputs[0].shape is None:
+            continue
+        if node.op_type == "RotaryEmbedding" or (node.op_type == "GroupQueryAttention" and len(node.inputs) > 2
+                                                 and node.inputs[1] is not None):
             node.outputs[0].shape = node.inputs[0].shape
+            if node.outputs[0].type is None:
+                node.outputs[0].type = node.inputs[0].type
     import onnx_ir.passes.common as common_passes
 
     graph_outputs = {id(v) for v in graph.outputs}
