@@ -16,7 +16,7 @@ ATOL = 1e-5
 
 @pytest.mark.parametrize("kind", ["bert", "llama", "vit", "t5", "whisper"])
 def test_tiny_model_exports_dynamic_and_matches_at_two_shapes(kind, tmp_path):
-    model = tiny_model(kind, layers=1)  # one layer shows dynamic shapes as well as two, at about half the trace
+    model = tiny_model(kind, layers=1)  # one layer shows the dynamic shapes as two do, in about half the time
     exported = hfexport.export(model, dynamic=True)  # inputs built from the config
     first = dummy_inputs(model)  # the traced shape: batch 2
     second = dummy_inputs(model, batch=3, seq=13, seed=1)
