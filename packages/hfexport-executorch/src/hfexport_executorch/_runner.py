@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,7 +16,7 @@ from hfexport.plugin import FileRunner, IntegrityError
 from ._attention import register_llm_kernels
 from ._quiet import without_cpuinfo_lines, without_temp_allocator_lines
 
-__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes"]
+__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes", "program_writer"]
 
 PROGRAM_FILE = "model.pte"
 DATA_FILE_SUFFIX = ".ptd"
@@ -109,27 +110,17 @@ class ExecutorchRunner(FileRunner):
     def reset(self) -> None:
         """Open the program again: its mutable buffers start from their initial value (the runtime initializes
         them when a program's method loads into fresh memory; reloading only the method would keep the values
-        of buffers the program serializes without one)."""
+        of buffers the program serializes without one). The old program goes first: the runtime would otherwise
+        hold both while the new one loads (its delegates' packed weights: the size of the model)."""
+        self.method = self.program = None
+        gc.collect()
         self.open()
 
     @classmethod
     def from_program_manager(cls, manager: Any, **kwargs: Any) -> ExecutorchRunner:
         """Write an ``ExecutorchProgramManager``'s ``.pte`` (and ``.ptd``) into a temporary directory owned by the
         runner, and open it from there (the runtime reads the file as a saved artifact would be read)."""
-
-        def write(directory: Path) -> Path | None:
-            with open(directory / PROGRAM_FILE, "wb") as file:
-                manager.write_to_file(file)
-            if not getattr(manager, "_tensor_data", None):  # set by write_to_file: weights kept outside the .pte
-                return None
-            manager.write_tensor_data_to_file(directory)
-            data_files = sorted(directory.glob(f"*{DATA_FILE_SUFFIX}"))
-            if len(data_files) > 1:
-                raise ValueError(f"the program has {len(data_files)} data files ({[p.name for p in data_files]}); "
-                                 "the ExecuTorch runtime loads one")
-            return data_files[0] if data_files else None
-
-        return cls.from_writer(write, **kwargs)
+        return cls.from_writer(program_writer(manager), **kwargs)
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
@@ -140,3 +131,29 @@ class ExecutorchRunner(FileRunner):
             outputs = self.method.execute(flat)
         # The outputs live in the method's planned memory: copy them out before the next call reuses it.
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+
+
+def program_writer(manager: Any) -> Callable[[Path], Path | None]:
+    """``write(directory)`` for :meth:`FileRunner.from_writer`: writes ``manager``'s ``.pte`` (and ``.ptd``), then
+    lets go of the manager and collects it, so that the runtime does not load the program while the lowered
+    programs and the bytes of their weights (the size of the model) are still held. The caller drops its own
+    references first."""
+    held = [manager]
+    del manager
+
+    def write(directory: Path) -> Path | None:
+        manager = held.pop()
+        with open(directory / PROGRAM_FILE, "wb") as file:
+            manager.write_to_file(file)
+        data_files: list[Path] = []
+        if getattr(manager, "_tensor_data", None):  # set by write_to_file: weights kept outside the .pte
+            manager.write_tensor_data_to_file(directory)
+            data_files = sorted(directory.glob(f"*{DATA_FILE_SUFFIX}"))
+        del manager
+        gc.collect()  # fx graphs hold reference cycles: their lowered modules go only with a collection
+        if len(data_files) > 1:
+            raise ValueError(f"the program has {len(data_files)} data files ({[p.name for p in data_files]}); "
+                             "the ExecuTorch runtime loads one")
+        return data_files[0] if data_files else None
+
+    return write

@@ -54,6 +54,7 @@ from hfexport.plugin import (
 )
 from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
 
+from . import _export_cost  # noqa: F401 - registers its patches
 from ._attention import llm_cache_attention
 from ._bisect import bisect_delegates
 from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
@@ -81,7 +82,7 @@ from ._quantize import (
     register_quantized_kernels,
 )
 from ._quiet import quiet_torchao_pytree_warnings
-from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes
+from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, program_writer
 from ._variants import (
     BackendPreparation,
     place_model_and_inputs,
@@ -89,6 +90,7 @@ from ._variants import (
     require_executorch,
     variant_registration,
 )
+from ._weights import external_weights, shares_weights_with_portable_kernels
 
 __all__ = ["CudaExporter", "ExecutorchConfig", "ExecutorchExporter", "XnnpackExporter"]
 
@@ -182,9 +184,10 @@ class ExecutorchExporter(Exporter):
         ctx.apply_fx_node_fixes(ctx.program.graph_module, self.variant_scopes(config.backend))
         preparation: BackendPreparation = ctx.extras["executorch_preparation"]
         edge, manager, planning, delegation = lower_program(ctx, preparation.partitioners, ctx.step)
-        dtypes = input_dtypes(ctx.inputs)
-        runner = ctx.extras["executorch_runner"] = ExecutorchRunner.from_program_manager(manager, input_dtypes=dtypes)
-        bounds, planned = ctx.extras.get("executorch_dim_bounds") or DimBounds(), planned_memory_bytes(manager)
+        dtypes, planned, write = input_dtypes(ctx.inputs), planned_memory_bytes(manager), program_writer(manager)
+        del edge, manager  # the lowered programs and their weights' bytes go before the runtime loads the file
+        runner = ctx.extras["executorch_runner"] = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
+        bounds = ctx.extras.get("executorch_dim_bounds") or DimBounds()
         ctx.extras["executorch_manifest"] = {
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
@@ -278,6 +281,9 @@ def lower_program(ctx: ExportContext, partitioners: list[Any],
     # selective scan, hfexport_dynamo._recurrences) then traces its forward for a backward and keeps the SymInt
     # sizes it saves as outputs, which its fake implementation refuses ("Expected leaf to be a Tensor or None,
     # got <class 'torch.SymInt'>")
+    # a weight that a delegate and a portable kernel both read (a tied LM head) is stored once, in model.ptd
+    weights = external_weights(ctx.program) if config.backend == "xnnpack" and partitioners \
+        and shares_weights_with_portable_kernels(ctx.program) else False
     with timed("to_edge_transform_and_lower"), torch.no_grad():
         edge = to_edge_transform_and_lower(ctx.program, transform_passes=list(preparation.transform_passes),
                                            partitioner=list(partitioners) or None,
@@ -291,7 +297,7 @@ def lower_program(ctx: ExportContext, partitioners: list[Any],
     # (without it, each call copies the whole buffer twice: into index_put's output, then back)
     backend_options = {"run_reinplace_pass": all(map(index_puts_reinplaceable,
                                                      (edge.exported_program(n) for n in edge.methods))),
-                       **preparation.backend_config_options}
+                       "external_constants": weights, **preparation.backend_config_options}
     # no_grad: the passes after the re-inplace pass run index_put_ on the buffer's example value, which autograd
     # refuses for a leaf that requires grad ("a leaf Variable that requires grad is being used in an in-place
     # operation"); the program is inference-only

@@ -1,0 +1,138 @@
+"""What a large export costs on ExecuTorch: a tied weight stored once (``_weights.py``), and the workarounds of
+``_export_cost.py`` (each left out with ``disable=``: what it saves, and the same program either way)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hfexport
+
+pytest.importorskip("executorch")
+
+
+class TiedLM(torch.nn.Module):
+    """Input and output embeddings share one tensor: ``aten.embedding`` on a portable kernel, the head in XNNPACK."""
+
+    def __init__(self, vocab=512, hidden=64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.hidden = torch.nn.Linear(hidden, hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, input_ids):
+        return self.head(torch.relu(self.hidden(self.embed(input_ids))))
+
+
+class TwoPartitions(torch.nn.Module):
+    """A portable ``mean`` (3-d, which XNNPACK refuses) reads the first partition's first output before that
+    partition ends: fusing the partition puts its call after a user of it, which the graph's sort must move."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        a = self.first(x)
+        m = a.mean(-1, keepdim=True)
+        b = self.second(torch.relu(a))
+        return b * m + b
+
+
+def export(model, inputs, **options):
+    return hfexport.export(model.eval(), copy.deepcopy(inputs), backend="executorch-xnnpack", **options)
+
+
+def program_bytes(exported, tmp_path) -> dict[str, int]:
+    exported.save(tmp_path)
+    return {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.suffix in (".pte", ".ptd")}
+
+
+def test_a_tied_weight_is_stored_once(tmp_path):
+    torch.manual_seed(0)
+    model = TiedLM().eval()
+    inputs = {"input_ids": torch.randint(0, 512, (2, 7))}
+    exported = export(model, inputs)
+    sizes = program_bytes(exported, tmp_path / "tied")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # the tied tensor once
+    assert set(sizes) == {"model.pte", "model.ptd"}
+    assert sum(sizes.values()) < 1.1 * weights, (sizes, weights)  # was 1.8x: the 128 KiB table twice
+    with torch.no_grad():
+        expected = model(**inputs)
+    loaded = hfexport.load(tmp_path / "tied")
+    torch.testing.assert_close(loaded(**inputs), expected, atol=1e-5, rtol=0)
+
+    untied = TiedLM().eval()
+    untied.head.weight = torch.nn.Parameter(untied.embed.weight.detach().clone())
+    assert set(program_bytes(export(untied, inputs), tmp_path / "untied")) == {"model.pte"}  # nothing shared
+
+
+def test_patch_preprocess_copy_shares_weights(monkeypatch):
+    """XNNPACK's ``preprocess`` gets the model's own weight tensors, not a copy of each."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    original, seen = XnnpackBackend.preprocess, []
+
+    def preprocess(edge_program, compile_specs):
+        seen.extend(t.data_ptr() for t in edge_program.state_dict.values())
+        return original(edge_program, compile_specs)
+
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(preprocess))
+    model = TwoPartitions().eval()
+    own = {p.data_ptr() for p in model.parameters()}
+    inputs = {"x": torch.randn(2, 3, 8)}
+    export(model, inputs)
+    assert seen and set(seen) <= own
+    seen.clear()
+    export(model, inputs, disable=("_patch_preprocess_copy_shares_weights",))
+    assert seen and not set(seen) & own  # every weight copied once more before preprocess
+
+
+def test_patch_partition_without_regenerating_the_graph(monkeypatch):
+    """Without the patch, the owning graph is rebuilt (``legalize_graph``) once per partition; with it, never, and
+    the program is the same (it matches eager, the first partition's early user moved after its call)."""
+    import executorch.exir.lowered_backend_module as lbm
+
+    original, calls = lbm.legalize_graph, []
+    monkeypatch.setattr(lbm, "legalize_graph", lambda gm: calls.append(gm) or original(gm))
+    model = TwoPartitions().eval()
+    inputs = {"x": torch.randn(2, 3, 8)}
+    with torch.no_grad():
+        expected = model(**inputs)
+    for disable, rebuilds in (((), 0), (("_patch_partition_without_regenerating_the_graph",), 2)):
+        calls.clear()
+        exported = export(model, inputs, disable=disable)
+        assert exported.manifest["executorch"]["delegates"] == 2
+        assert len(calls) == rebuilds
+        torch.testing.assert_close(exported(**inputs), expected, atol=1e-5, rtol=0)
+
+
+def test_patch_cia_ops_collected_once(monkeypatch):
+    """Without the patch, torch collects the preservable CIA ops on every decomposition (5 times for this module);
+    with it once or twice (again when the lowering registers new ops); the same program either way."""
+    import torch.export.decomp_utils as decomp_utils
+    import torch.export.exported_program as exported_program
+
+    walks = []
+    for module in (
+        exported_program,
+        decomp_utils,
+    ):  # the names the patch wraps: it counts the walks it lets through
+        original = module._collect_all_valid_cia_ops
+        monkeypatch.setattr(
+            module, "_collect_all_valid_cia_ops", lambda original=original: walks.append(1) or original()
+        )
+    model = TwoPartitions().eval()
+    inputs = {"x": torch.randn(2, 3, 8)}
+    with torch.no_grad():
+        expected = model(**inputs)
+    counts = {}
+    for disable in (("_patch_cia_ops_collected_once",), ()):
+        walks.clear()
+        exported = export(model, inputs, disable=disable)
+        counts[disable] = len(walks)
+        torch.testing.assert_close(exported(**inputs), expected, atol=1e-5, rtol=0)
+    assert counts[()] <= 2 and counts[("_patch_cia_ops_collected_once",)] >= 4, counts
