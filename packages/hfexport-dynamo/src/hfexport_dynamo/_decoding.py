@@ -80,6 +80,30 @@ def greedy_tokens(scores: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(scores.numpy().argmax(-1)).to(torch.long)
 
 
+def next_greedy(sequences: torch.Tensor, logits: torch.Tensor, processors: Any, criteria: Any,
+                unfinished: torch.Tensor, pad: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of transformers' greedy loop (``GenerationMixin._sample`` with ``do_sample=False``): the logits
+    processors over the ids so far, the argmax, ``pad`` for the rows that have finished, then the stopping criteria.
+
+    Args:
+        sequences: ``int64 [batch, length]``, the ids so far.
+        logits: ``[batch, vocab]`` of the last position (any float dtype; processed in float32).
+        processors, criteria: transformers' ``LogitsProcessorList`` and ``StoppingCriteriaList``.
+        unfinished: ``bool [batch]``, updated in place: a row that a criterion stops is finished.
+        pad: the id written for finished rows (None: they keep their argmax).
+
+    Returns:
+        ``(sequences with the new column, the new ids int64 [batch])``.
+    """
+    scores = processors(sequences, logits.float())
+    next_tokens = greedy_tokens(scores)
+    if pad is not None:
+        next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
+    sequences = torch.cat([sequences, next_tokens[:, None]], -1)
+    unfinished &= ~criteria(sequences, scores)
+    return sequences, next_tokens
+
+
 def token_id_list(value: Any) -> list[int]:
     if value is None:
         return []

@@ -67,9 +67,9 @@ from ._decoding import (
     check_bounds,
     check_prompt,
     generation_manifest,
-    greedy_tokens,
     input_names,
     logits_processors,
+    next_greedy,
     stopping_criteria,
     token_id_list,
 )
@@ -471,12 +471,7 @@ def generate_seq2seq(exported: Any, input_ids: Any, attention_mask: Any, config:
         steps += 1
     unfinished = torch.ones(batch, dtype=torch.bool)
     while True:
-        scores = processors(sequences, out["logits"].float())
-        next_tokens = greedy_tokens(scores)
-        if pad is not None:
-            next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
-        sequences = torch.cat([sequences, next_tokens[:, None]], -1)
-        unfinished &= ~criteria(sequences, scores)
+        sequences, next_tokens = next_greedy(sequences, out["logits"], processors, criteria, unfinished, pad)
         if not bool(unfinished.any()):
             break
         out = step(next_tokens)

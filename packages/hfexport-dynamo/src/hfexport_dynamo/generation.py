@@ -59,10 +59,10 @@ from ._decoding import (
     GenerationStats,
     check_prompt,
     generation_manifest,
-    greedy_tokens,
     input_names,
     logits_processors,
     merged_generation_config,
+    next_greedy,
     stopping_criteria,
     token_id_list,
 )
@@ -788,12 +788,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
         start = time.perf_counter()
         step_ends = [start]
         while True:  # stopping_criteria ends it: max length, or every row at EOS
-            scores = processors(sequences, logits.float())
-            next_tokens = greedy_tokens(scores)
-            if pad is not None:
-                next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad, dtype=next_tokens.dtype))
-            sequences = torch.cat([sequences, next_tokens[:, None]], -1)
-            unfinished &= ~criteria(sequences, scores)
+            sequences, next_tokens = next_greedy(sequences, logits, processors, criteria, unfinished, pad)
             if not bool(unfinished.any()):
                 break
             mask[:, past] = 1
