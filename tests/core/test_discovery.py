@@ -107,6 +107,28 @@ def test_a_fresh_environment_lists_the_product_backends_only():
                     "executorch-xnnpack": "hfexport-executorch", "executorch-cuda": "hfexport-executorch"}
 
 
+def test_the_listing_says_a_cuda_backend_needs_a_gpu_where_none_is_visible(monkeypatch):
+    """``hfexport backends`` (a new process, no toolchain imported) marks ``executorch-cuda`` where the process sees
+    no GPU (``CUDA_VISIBLE_DEVICES=-1`` hides every device), and no CPU backend; where a GPU is visible, no note."""
+    import json
+    import os
+
+    from hfexport import _discovery
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "-1"}
+    out = subprocess.run([sys.executable, "-m", "hfexport.cli", "backends", "--json"], capture_output=True,
+                         text=True, check=True, env=env).stdout
+    notes = {r["name"]: r["note"] for r in json.loads(out)}
+    assert notes["executorch-cuda"] == "needs a GPU; none is visible"
+    assert notes["executorch-xnnpack"] == notes["onnx"] == notes["dynamo"] == ""
+    table = subprocess.run([sys.executable, "-m", "hfexport.cli", "backends"], capture_output=True, text=True,
+                           check=True, env=env).stdout
+    assert "ok (needs a GPU; none is visible)" in next(line for line in table.splitlines()
+                                                       if line.startswith("executorch-cuda "))
+    monkeypatch.setattr(_discovery, "cuda_visible", lambda: True)
+    assert _by_name()["executorch-cuda"].note == ""
+
+
 def test_plugin_autoload_can_be_disabled_with_an_allow_list(monkeypatch):
     monkeypatch.setenv("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setenv("HFEXPORT_PLUGINS", "dynamo,onnx")

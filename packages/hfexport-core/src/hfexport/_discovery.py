@@ -40,6 +40,8 @@ class Backend:
             so that a missing toolchain is reported before any export starts.
         distribution: the distribution that ships this backend (``"hfexport-onnx"``), for error messages.
         install_hint: how to install it (default ``pip install <distribution>``).
+        device: the accelerator its exports need (``"cuda"``), if any: ``hfexport backends`` says when none is
+            visible, without importing the toolchain.
     """
 
     name: str
@@ -48,6 +50,7 @@ class Backend:
     requires: tuple[str, ...] = ()
     distribution: str = ""
     install_hint: str = ""
+    device: str = ""
 
     @property
     def install(self) -> str:
@@ -114,6 +117,24 @@ class BackendInfo:
     status: str
     error: str = ""
     backend: Backend | None = None
+
+    @property
+    def note(self) -> str:
+        """What the listing adds to an usable backend: ``"needs a GPU; none is visible"`` for a CUDA backend on a
+        machine that shows no NVIDIA device."""
+        if self.status == "ok" and self.backend is not None and self.backend.device == "cuda" and not cuda_visible():
+            return "needs a GPU; none is visible"
+        return ""
+
+
+def cuda_visible() -> bool:
+    """Whether this process can see an NVIDIA GPU, from the driver's device files and ``CUDA_VISIBLE_DEVICES``
+    (no torch import: ``hfexport backends`` stays instant). A listing's hint; an export checks with torch."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    gpus = "/proc/driver/nvidia/gpus"
+    return (os.path.isdir(gpus) and bool(os.listdir(gpus))) or os.path.exists("/dev/nvidia0")
 
 
 class UnknownBackendError(LookupError):

@@ -103,10 +103,12 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     infos = list_backends(load=not args.no_load)
     if args.json:
         print(json.dumps([{"name": i.name, "distribution": i.distribution, "version": i.version,
-                           "status": i.status, "error": i.error, "entry_point": i.value} for i in infos], indent=2))
+                           "status": i.status, "error": i.error, "note": i.note, "entry_point": i.value}
+                          for i in infos], indent=2))
         return 0
     rows = [("name", "distribution", "version", "status")]
-    rows += [(i.name, i.distribution, i.version, i.status + (f": {i.error}" if i.error else "")) for i in infos]
+    rows += [(i.name, i.distribution, i.version, i.status + (f": {i.error}" if i.error else "")
+              + (f" ({i.note})" if i.note else "")) for i in infos]
     widths = [max(len(r[c]) for r in rows[:]) for c in range(3)]
     for r in rows:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")

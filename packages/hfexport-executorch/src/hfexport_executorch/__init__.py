@@ -25,6 +25,7 @@ CUDA_BACKEND = Backend(
     exporter="hfexport_executorch.exporter_executorch:CudaExporter",
     description="ExecuTorch program (.pte) for CUDA (bfloat16, needs a visible GPU)",
     requires=_REQUIRES,
+    device="cuda",
     **_DISTRIBUTION,
 )
 
