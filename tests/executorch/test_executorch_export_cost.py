@@ -147,3 +147,16 @@ def test_patch_cia_ops_collected_once(monkeypatch):
         counts[disable] = len(walks)
         torch.testing.assert_close(exported(**inputs), expected, atol=1e-5, rtol=0)
     assert counts[()] <= 2 and counts[("_patch_cia_ops_collected_once",)] >= 4, counts
+
+
+def test_reset_lets_go_of_the_old_program_before_loading_again(monkeypatch):
+    """The export's verification resets a program that mutates buffers: the runtime must not hold the old program
+    (its delegates' packed weights, the size of the model) while it loads the new one."""
+    from hfexport_executorch._runner import ExecutorchRunner
+
+    exported = export(EarlyUser(), {"x": torch.randn(2, 3, 8)})
+    runner = exported.default_component.runner
+    original, held = ExecutorchRunner.open, []
+    monkeypatch.setattr(ExecutorchRunner, "open", lambda self: held.append(self.program) or original(self))
+    runner.reset()
+    assert held == [None] and runner.program is not None
