@@ -116,7 +116,8 @@ def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artif
     (["--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--dynamic"], "drop --dynamic"),
     (["--task", "text-generation", "--max-batch", "0"], "--max-batch must be a positive number"),
-    (["--task", "text-generaton"], "unknown task 'text-generaton'; tasks: text-generation"),
+    (["--task", "text-generaton"], "unknown task 'text-generaton' (did you mean 'text-generation'?); backend "
+                                   "'dynamo' exports the tasks text-generation, text2text-generation"),
     (["--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--prefill-chunk", "1"], "prefill_chunk must be an int from 2 to max_cache_len=64"),
     (["--task", "text2text-generation", "--prefill-chunk", "4"], "--prefill-chunk bounds a decoder's prompt chunks"),
@@ -128,6 +129,22 @@ def test_export_task_usage_errors(llama, tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and message in err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_unknown_task_is_refused_before_the_model_or_the_toolchain_loads(tmp_path):
+    """The backend's declaration names its tasks (``Backend.tasks``, no toolchain import): a typo is refused with a
+    did-you-mean before the model directory is read (its config.json here is not a model's) and before torch is
+    imported."""
+    model = tmp_path / "not-a-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    code = ("import sys; from hfexport import cli; rc = cli.main(['export', sys.argv[1], '--task', 'text-generaton', "
+            "'-b', 'onnx', '-o', sys.argv[2]]); print('torch imported:', 'torch' in sys.modules); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code, str(model), str(tmp_path / "o")], capture_output=True,
+                          text=True)
+    assert done.returncode == 2, done.stderr
+    assert "unknown task 'text-generaton' (did you mean 'text-generation'?); backend 'onnx'" in done.stderr
+    assert "torch imported: False" in done.stdout and not (tmp_path / "o").exists()
 
 
 def test_export_task_refuses_a_model_without_a_generation_head(tmp_path, capsys):

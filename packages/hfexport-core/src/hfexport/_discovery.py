@@ -42,6 +42,8 @@ class Backend:
         install_hint: how to install it (default ``pip install <distribution>``).
         device: the accelerator its exports need (``"cuda"``), if any: ``hfexport backends`` says when none is
             visible, without importing the toolchain.
+        tasks: the ``task=`` names its exports take (its tracer's ``plan_task``); the CLI refuses another before
+            it loads a model. Empty: not declared (the export itself says).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Backend:
     distribution: str = ""
     install_hint: str = ""
     device: str = ""
+    tasks: tuple[str, ...] = ()
 
     @property
     def install(self) -> str:

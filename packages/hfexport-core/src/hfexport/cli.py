@@ -6,6 +6,7 @@ Kept light: ``hfexport --help`` and ``hfexport backends`` import neither torch n
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -428,7 +429,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     # user of this command can act on. Errors from that logger still show.
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     try:
-        exporter_class = get_backend(args.backend).load_exporter()
+        backend = get_backend(args.backend)
+        if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
+            close = difflib.get_close_matches(task, backend.tasks, n=1)
+            raise UsageError(f"unknown task {task!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; backend {args.backend!r} exports the tasks {', '.join(backend.tasks)}")
+        exporter_class = backend.load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     exporter_class = _with_backend_options(exporter_class, args)

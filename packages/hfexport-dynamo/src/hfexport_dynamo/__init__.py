@@ -14,12 +14,15 @@ from typing import Any
 
 from hfexport.plugin import Backend
 
+from ._task_names import TASKS
+
 DYNAMO_BACKEND = Backend(
     name="dynamo",
     exporter="hfexport_dynamo.exporter_dynamo:DynamoExporter",
     description="torch.export program (.pt2), run with torch.export.load",
     requires=("torch", "transformers"),
     distribution="hfexport-dynamo",
+    tasks=TASKS,
 )
 
 _LAZY = {
@@ -34,7 +37,7 @@ _LAZY = {
     "cache_attention": "_cache_attention",
 }
 
-__all__ = ["DYNAMO_BACKEND", *_LAZY]
+__all__ = ["DYNAMO_BACKEND", "TASKS", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

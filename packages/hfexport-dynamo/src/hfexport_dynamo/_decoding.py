@@ -12,14 +12,12 @@ from typing import Any
 
 import torch
 
+from ._task_names import SPEECH_RECOGNITION, TASKS, TEXT2TEXT_GENERATION, TEXT_GENERATION
+
 __all__ = ["SPEECH_RECOGNITION", "TASKS", "TEXT2TEXT_GENERATION", "TEXT_GENERATION", "GenerationStats", "check_bounds",
            "check_prompt", "generation_manifest", "input_names", "logits_processors", "merged_generation_config",
            "stopping_criteria", "token_id_list"]
 
-TEXT_GENERATION = "text-generation"
-TEXT2TEXT_GENERATION = "text2text-generation"
-SPEECH_RECOGNITION = "automatic-speech-recognition"
-TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
 
 
 _SPEECH_OPTIONS = {"language", "task", "is_multilingual", "return_timestamps"}

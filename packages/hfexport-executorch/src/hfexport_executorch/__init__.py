@@ -9,9 +9,10 @@ load needs it. A vendor's variant builds on :func:`register_backend_prepare`, :c
 from typing import Any
 
 from hfexport.plugin import Backend
+from hfexport_dynamo import TASKS  # light: the names of the tasks its tracer plans
 
 _REQUIRES = ("torch", "transformers", "executorch")
-_DISTRIBUTION = dict(distribution="hfexport-executorch", install_hint="pip install hfexport-executorch")
+_DISTRIBUTION = dict(distribution="hfexport-executorch", install_hint="pip install hfexport-executorch", tasks=TASKS)
 
 XNNPACK_BACKEND = Backend(
     name="executorch-xnnpack",

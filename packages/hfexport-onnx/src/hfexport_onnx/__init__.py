@@ -7,6 +7,7 @@ onnx, onnxscript and onnxruntime) is imported when an export or load needs it.
 from typing import Any
 
 from hfexport.plugin import Backend
+from hfexport_dynamo import TASKS  # light: the names of the tasks its tracer plans
 
 ONNX_BACKEND = Backend(
     name="onnx",
@@ -15,6 +16,7 @@ ONNX_BACKEND = Backend(
     requires=("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnxruntime"),
     distribution="hfexport-onnx",
     install_hint="pip install hfexport-onnx",
+    tasks=TASKS,
 )
 
 __all__ = ["ONNX_BACKEND", "OnnxConfig", "OnnxExporter", "OnnxRunner", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE"]

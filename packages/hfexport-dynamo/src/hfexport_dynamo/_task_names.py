@@ -1,0 +1,8 @@
+"""The tasks hfexport-dynamo's tracer plans (``plan_task``), as names only: imported by the package's light
+``__init__`` so that the backends' declarations list them (``Backend.tasks``) and the CLI refuses an unknown
+``--task`` before it loads a model or a toolchain."""
+
+TEXT_GENERATION = "text-generation"
+TEXT2TEXT_GENERATION = "text2text-generation"
+SPEECH_RECOGNITION = "automatic-speech-recognition"
+TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
