@@ -1,6 +1,7 @@
 """The hfexport console script: help teaches, backends lists, export refuses to clobber."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -49,8 +50,14 @@ def test_export_unknown_backend_exits_2_and_names_the_distribution(tmp_path, cap
 
 def test_demo_export_end_to_end(tmp_path, capsys):
     code = cli.main(["export", "--demo", "--output", str(tmp_path / "demo")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out
+    # stderr is no terminal here (a log): a plain line per stage start and end and per toolchain step, with the
+    # seconds since the export began; transformers' per-weight loading bar is off inside hfexport's own loading
+    assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] State cleanup → torch\.export\.export \.\.\.$", err, re.M), err
+    assert re.search(r"^\[hfexport \d+\.\ds\]   → torch\.export\.export done in \d+\.\d\ds$", err, re.M), err
+    assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] .* done in \d+\.\d\ds$", err, re.M), err
+    assert "Loading weights" not in err
     assert "last_hidden_state" in out and "PASSED" in out
     assert (tmp_path / "demo" / "model.pt2").exists()
     # export.json keeps the report of the verification of the saved files (written after it, atomically)

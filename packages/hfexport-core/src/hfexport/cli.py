@@ -55,32 +55,45 @@ def _console() -> Any:
 
 
 class _Progress:
-    """One line per stage on a TTY (✅/❌ with seconds); silent when piped. Keeps the lines for --report."""
+    """Progress of an export on stderr: on a terminal, a spinner on the running stage and one line per stage and
+    toolchain step when it ends (✅/❌ with seconds); elsewhere (a log file, CI), plain lines when a stage starts and
+    when a stage or step ends, each led by the seconds since the export began, so that a long lowering is never
+    silent. Keeps the stage lines for --report."""
 
     def __init__(self, console: Any):
         self.console = console
         self.enabled = console.is_terminal
         self._status: Any = None
+        self._began = time.perf_counter()
         self.lines: list[str] = []
+
+    def _log(self, text: str) -> None:
+        """A plain line for a log: ``[hfexport 12.3s] text``."""
+        print(f"[hfexport {time.perf_counter() - self._began:.1f}s] {text}", file=sys.stderr, flush=True)
 
     def __call__(self, event: Any) -> None:
         from rich.markup import escape  # "[dynamo 1/5]" is not rich markup
 
         if event.step:  # a toolchain call inside a stage: one indented line when it ends
-            if event.status != "start" and self.enabled:
+            if event.status != "start":
                 mark = "✅" if event.status == "done" else "❌"
-                self.console.print(escape(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s"))
+                if self.enabled:
+                    self.console.print(escape(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s"))
+                else:
+                    self._log(f"{'  ' * event.depth}→ {event.step} {event.status} in {event.seconds:.2f}s")
             return
         if event.status != "start":
             mark = "✅" if event.status == "done" else "❌"
             self.lines.append(f"| {event.backend} | {'  ' * event.depth}{event.stage.number}/{event.total} "
                               f"{event.stage.title} | {mark} | {event.seconds:.2f} |")
-        if not self.enabled:
-            return
         indent = "    " * event.depth
         label = f"{indent}[{event.backend} {event.stage.number}/{event.total}] {event.stage.title}"
         if event.stage.runs:
             label += f" → {event.stage.runs}"
+        if not self.enabled:
+            self._log(label.strip() + (" ..." if event.status == "start"
+                                       else f" {event.status} in {event.seconds:.2f}s"))
+            return
         label = escape(label)
         if event.status == "start":
             if self._status is None:

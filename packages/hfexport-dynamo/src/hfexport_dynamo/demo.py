@@ -40,9 +40,12 @@ def minilm_demo() -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
+    from ._quiet import no_loading_bar
+
     path = minilm_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).eval()
+    with no_loading_bar():
+        model = AutoModel.from_pretrained(path).eval()
 
     def encode(sentences: list[str]) -> dict[str, Any]:
         return dict(tokenizer(sentences, padding=True, return_tensors="pt"))

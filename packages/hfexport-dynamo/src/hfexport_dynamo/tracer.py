@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 
 from ._pytree import register_transformers_pytrees
+from ._quiet import no_loading_bar
 from .inputs import dummy_inputs, forward_parameters
 
 __all__ = ["DYNAMO_TRACER", "IGNORED_KWARGS", "KWARG_ALIASES", "DynamoTracer", "SpecializedDimWarning",
@@ -171,7 +172,8 @@ class DynamoTracer:
         config = transformers.AutoConfig.from_pretrained(path)
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_cls = getattr(transformers, arch, None) if arch else None
-        return (model_cls or transformers.AutoModel).from_pretrained(path).eval()
+        with no_loading_bar():
+            return (model_cls or transformers.AutoModel).from_pretrained(path).eval()
 
     def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Dummy inputs at batch+1 and seq+5 along the dims the program kept dynamic (traced size otherwise)."""
