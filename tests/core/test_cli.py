@@ -48,10 +48,18 @@ def test_export_unknown_backend_exits_2_and_names_the_distribution(tmp_path, cap
     assert not (tmp_path / "o").exists()
 
 
-def test_demo_export_end_to_end(tmp_path, capsys):
-    code = cli.main(["export", "--demo", "--output", str(tmp_path / "demo")])
+def test_demo_export_end_to_end(tmp_path, capsys, monkeypatch):
+    """The README's first command, run where an earlier run left its artifact (``out/dynamo``): the demo replaces
+    its own default directory (an earlier export: it has ``export.json``) instead of refusing."""
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / "out" / "dynamo"
+    earlier.mkdir(parents=True)
+    (earlier / "export.json").write_text("{}")
+    (earlier / "stale.bin").write_bytes(b"from the earlier run")
+    code = cli.main(["export", "--demo"])
     out, err = capsys.readouterr()
     assert code == 0, out
+    assert not (earlier / "stale.bin").exists()
     # stderr is no terminal here (a log): a plain line per stage start and end and per toolchain step, with the
     # seconds since the export began; transformers' per-weight loading bar is off inside hfexport's own loading
     assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] State cleanup → torch\.export\.export \.\.\.$", err, re.M), err
@@ -59,13 +67,14 @@ def test_demo_export_end_to_end(tmp_path, capsys):
     assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] .* done in \d+\.\d\ds$", err, re.M), err
     assert "Loading weights" not in err
     assert "last_hidden_state" in out and "PASSED" in out
-    assert (tmp_path / "demo" / "model.pt2").exists()
+    assert (earlier / "model.pt2").exists()
     # export.json keeps the report of the verification of the saved files (written after it, atomically)
-    report = json.loads((tmp_path / "demo" / "export.json").read_text())["verification"]
+    report = json.loads((earlier / "export.json").read_text())["verification"]
     assert report["passed"] is True and report["inputs"]["input_ids"] and report["atol"] == 1e-4
     assert report["outputs"][0]["name"] == "last_hidden_state" and isinstance(report["outputs"][0]["max_abs_diff"],
                                                                               float)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # no lock, staging or temporary manifest
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no lock, staging, retired or temporary manifest
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["dynamo"]
 
 
 def test_demo_and_a_model_directory_together_are_a_usage_error(tmp_path, capsys):

@@ -441,6 +441,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     # constants as pytree nodes, and torch logs a deprecation warning for each on every run: nothing the
     # user of this command can act on. Errors from that logger still show.
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    from ._artifact import MANIFEST_NAME
+
+    output = Path(args.output or f"out/{args.backend}")
+    if demo and args.output is None and (output / MANIFEST_NAME).is_file():
+        args.overwrite = True  # the demo's own directory: running the README's first command again replaces it
+    _check_output(output, args.overwrite)  # before the toolchain loads
     try:
         backend = get_backend(args.backend)
         if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
@@ -451,8 +457,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     exporter_class = _with_backend_options(exporter_class, args)
-    output = Path(args.output or f"out/{args.backend}")
-    _check_output(output, args.overwrite)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if task is not None:
         return _export_task(args, exporter_class, output, console)
