@@ -240,6 +240,11 @@ def test_generate_refuses_an_artifact_exported_without_a_task(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "was exported for one forward pass and cannot generate: export it with task='text-generation'" in err
     assert "hfexport export MODEL --task" in err and len(err.strip().splitlines()) == 1
+    # refused from export.json alone: no runtime (nor torch) loads first
+    code = ("import sys; from hfexport import cli; rc = cli.main(['generate', sys.argv[1], '--input-ids', '1,2', "
+            "'--max-new-tokens', '2']); print('torch imported:', 'torch' in sys.modules); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bert")], capture_output=True, text=True)
+    assert done.returncode == 2 and "cannot generate" in done.stderr and "torch imported: False" in done.stdout
 
 
 def test_generate_runtime_failure_exits_1_with_one_line(artifact, tmp_path, capsys):

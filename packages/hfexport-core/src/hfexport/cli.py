@@ -206,6 +206,35 @@ def _parse_ids(text: str, flag: str) -> list[int]:
     return ids
 
 
+def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: list[list[int]]) -> None:
+    """Refuse from the manifest alone (hfexport's own reader, as ``load`` reads it) what ``generate`` would refuse
+    after loading the runtime: an export for one forward pass, a batch beyond ``max_batch``, and token ids plus
+    ``--max-new-tokens`` beyond a decoder's ``max_cache_len``. A manifest that does not read is left to ``load``,
+    whose error says why."""
+    from ._artifact import read_manifest
+
+    try:
+        manifest = read_manifest(directory)
+    except (OSError, ValueError):
+        return
+    section = manifest.get("generation")
+    if not manifest.get("task") or not isinstance(section, dict):
+        raise UsageError(f"this {manifest.get('backend')} artifact of {manifest.get('model_class')} was exported for "
+                         "one forward pass and cannot generate: export it with task='text-generation' (decoders), "
+                         "'text2text-generation' (encoder-decoders) or 'automatic-speech-recognition' (Whisper), or "
+                         "`hfexport export MODEL --task ...`")
+    batch, cache = section.get("max_batch"), section.get("max_cache_len")
+    if rows and isinstance(batch, int) and len(rows) > batch:
+        raise UsageError(f"a batch of {len(rows)} exceeds this export's max_batch={batch}: give at most {batch} "
+                         "--input-ids, or re-export with a larger --max-batch")
+    longest = max((len(r) for r in rows), default=0)
+    if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
+            and longest + args.max_new_tokens > cache:
+        raise UsageError(f"a prompt of {longest} tokens plus max_new_tokens={args.max_new_tokens} exceeds this "
+                         f"export's max_cache_len={cache}: give at most {cache - longest} new tokens, or re-export "
+                         "with a larger --max-cache-len")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ._hub import is_hub_reference
 
@@ -246,6 +275,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt and tokenizer_dir is None:
         raise UsageError(f"--prompt needs a tokenizer, and {args.artifact} holds no tokenizer files: pass --tokenizer "
                          "DIR (the exported model's directory), or the prompt as token ids with --input-ids 1,2,3")
+    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     from ._api import load
