@@ -219,6 +219,27 @@ def test_int4_loads_in_a_fresh_process_close_to_float_eager(llama_int4, fresh_pr
     assert cosine >= 0.99  # measured 0.9959 (int8-dynamic: 0.9999); top-1 85%: near-tied random logits
 
 
+def test_int4_quantizes_a_tied_head_that_reads_the_embedding_table_transposed():
+    """A tied LM head is a ``FusedMatMul(transB=1)`` over the embedding table in the float graph (the table stored
+    once); MatMulNBits takes ``MatMul`` only, so int4 first writes the head as ``MatMul`` over its own transposed
+    copy (``matmuls_over_transposed_weights``): every MatMul is 4-bit, the table stays for the Gather (int8)."""
+    # a table above onnxscript's constant-folding limit (8,192 elements), as every real one: not folded transposed
+    model = tiny_model("llama", tie_word_embeddings=True, vocab_size=1024)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    exported = hfexport.export(model, inputs, backend="onnx", quantize="int4")
+    section = exported.manifest["quantization"]
+    assert section["transposed_weights_untied"] == 1
+    assert section["quantized"] == {"MatMul": 9, "Gather": 1}, section  # the head among the 9, as untied
+    assert section["kept_float"]["MatMul with a constant weight"] == 0, section
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    got = exported(**inputs).logits
+    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+    assert cosine >= 0.99, cosine  # the untied tiny Llama's int4: 0.9959
+
+
 # ── bad input ──────────────────────────────────────────────────────────────────────────────────────────
 def test_a_recipe_the_backend_does_not_support_names_those_it_does():
     with pytest.raises(ValueError, match=r"backend 'onnx' does not support quantize='8da4w': it supports "

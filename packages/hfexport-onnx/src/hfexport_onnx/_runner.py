@@ -120,11 +120,15 @@ class OnnxRunner(FileRunner):
     def from_model(cls, model: ir.Model, providers: Sequence[str], io: Mapping[str, Any]) -> OnnxRunner:
         """Write ``model`` into a temporary directory owned by the runner and open a session on the file.
 
-        Opening from a file (weights in ``model.onnx.data``) works past the 2 GB protobuf limit.
+        Opening from a file (weights in ``model.onnx.data``) works past the 2 GB protobuf limit. The model's
+        initializers become references to that file (memory-mapped): the arrays the optimizer folded (each Linear's
+        weight, transposed) are freed before ONNX Runtime loads its own copy, and the model is not to be changed
+        afterwards.
         """
 
         def write(directory: Path) -> Path | None:
-            ir.save(model, directory / MODEL_FILE, external_data=DATA_FILE)
+            ir.external_data.unload_from_model(model, directory, DATA_FILE, size_threshold_bytes=256, max_workers=2)
+            ir.save(model, directory / MODEL_FILE)  # the graph: its initializers are in the data file already
             data = directory / DATA_FILE
             return data if data.exists() else None
 
