@@ -100,10 +100,13 @@ def test_a_passing_report_has_abs_and_rel_diffs_and_the_tolerance():
     report = compare_outputs("fake", e, e + 1e-4, atol=1e-3, rtol=1e-3)
     o = report.outputs[0]
     assert report.passed and o.max_abs_diff == pytest.approx(1e-4, rel=1e-2)
-    assert o.max_rel_diff == math.inf  # eager is 0 where the export is not
+    # relative where |eager| > atol only (1, -2, 4): the 0 that the export puts 1e-4 off is the absolute term's
+    assert o.max_rel_diff == pytest.approx(1e-4, rel=1e-2)
     assert o.tolerance == pytest.approx(1e-3 + 1e-3 * 4.0)
     d = report.as_dict()
-    assert d["outputs"][0]["max_rel_diff"] == "inf" and d["passed"] is True
+    assert d["outputs"][0]["max_rel_diff"] == pytest.approx(1e-4, rel=1e-2) and d["passed"] is True
+    assert "max_rel_diff over the elements where |eager| > atol" in d["rule"]
+    assert "'rel': the largest |exported - eager| / |eager| where |eager| > atol" in str(report)
     json.dumps(d, allow_nan=False)
 
 

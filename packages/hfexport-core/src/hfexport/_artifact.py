@@ -228,7 +228,8 @@ class OutputDiff:
     0.0), fails the output and is counted in ``note``; NaN and Inf at the same places on both sides are equal.
 
     Attributes:
-        max_rel_diff: the largest ``|exported - eager| / |eager|`` (Inf where eager is 0 and the export not).
+        max_rel_diff: the largest ``|exported - eager| / |eager|`` over the elements where ``|eager| > atol`` (below
+            it the absolute tolerance decides); 0.0 where there is none.
         tolerance: the largest difference the tolerances allowed for this output (``atol + rtol * max|eager|``).
         note: what else failed (non-finite values on one side only).
     """
@@ -290,7 +291,8 @@ class VerificationReport:
         """The report as stored in the manifest (``manifest["verification"]``)."""
         return {"backend": self.backend, "passed": self.passed, "atol": self.atol, "rtol": self.rtol,
                 "rule": "|exported - eager| <= atol + rtol * |eager| elementwise; integer and boolean outputs "
-                        "equal; NaN/Inf only where eager has the same",
+                        "equal; NaN/Inf only where eager has the same; max_rel_diff over the elements where "
+                        "|eager| > atol",
                 "max_abs_diff": _json_float(self.max_abs_diff), "inputs": self.inputs,
                 "outputs": [o.as_dict() for o in self.outputs],
                 **({"diagnosis": self.diagnosis} if self.diagnosis else {})}
@@ -303,7 +305,9 @@ class VerificationReport:
 
     def __str__(self) -> str:
         lines = [f"verification on {self.backend} (atol={self.atol:g}, rtol={self.rtol:g}): "
-                 f"{'PASSED' if self.passed else 'FAILED'}"]
+                 f"{'PASSED' if self.passed else 'FAILED'}",
+                 "  ✅: |exported - eager| <= atol + rtol * |eager| at every element; 'rel': the largest "
+                 "|exported - eager| / |eager| where |eager| > atol"]
         for o in self.outputs:
             lines.append(f"  {'✅' if o.ok else '❌'} {o.name:<28} {str(list(o.shape)):<18} {o.dtype:<10} "
                          f"max abs diff {o.max_abs_diff:.3e}  rel {o.max_rel_diff:.3e}"
@@ -375,7 +379,9 @@ def _compare_tensors(e: Any, a: Any, atol: float, rtol: float) -> tuple[float, f
     diff = torch.where(same, torch.zeros((), dtype=torch.float64), (ad - ed).abs())  # NaN/Inf stay
     scale = torch.where(torch.isfinite(ed), ed.abs(), torch.zeros((), dtype=torch.float64))
     ok = bool(torch.all(diff <= atol + rtol * scale))  # a NaN difference is never within tolerance
-    rel = torch.where(diff == 0, torch.zeros((), dtype=torch.float64), diff / scale)
+    # relative only where eager's value is above atol: below it the absolute term decides, and |diff| / |eager|
+    # near zero says nothing (1e-7 off an eager 1e-7 would read as 100%)
+    rel = torch.where((diff == 0) | (scale <= atol), torch.zeros((), dtype=torch.float64), diff / scale)
 
     def top(t: Any) -> float:
         if not t.numel():
