@@ -70,7 +70,8 @@ def test_demo_export_end_to_end(tmp_path, capsys, monkeypatch):
     assert (earlier / "model.pt2").exists()
     # export.json keeps the report of the verification of the saved files (written after it, atomically)
     report = json.loads((earlier / "export.json").read_text())["verification"]
-    assert report["passed"] is True and report["inputs"]["input_ids"] and report["atol"] == 1e-4
+    # the backend's tolerances (dynamo: 1e-4 / 1e-3), as the library's export and the sweep use
+    assert report["passed"] is True and report["inputs"]["input_ids"] and (report["atol"], report["rtol"]) == (1e-4, 1e-3)
     assert report["outputs"][0]["name"] == "last_hidden_state" and isinstance(report["outputs"][0]["max_abs_diff"],
                                                                               float)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no lock, staging, retired or temporary manifest

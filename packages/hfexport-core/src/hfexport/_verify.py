@@ -93,11 +93,13 @@ def _run_check(loaded: Any, config: Mapping[str, Any] | None) -> str:
             "shapes as recorded")
 
 
-def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: float = 1e-4, rtol: float = 1e-4,
+def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: float | None = None,
+                    rtol: float | None = None,
                     trust_remote_code: bool = False, run: bool = True,
                     out: Callable[[str], None] = print) -> int:
     """Check the artifact at ``path`` and print one line per check; return the exit status (0, or 3 when the
-    eager comparison fails).
+    eager comparison fails). ``atol``/``rtol`` of the eager comparison default to those the export verified with
+    (the manifest's ``verification``), else 1e-4 / 1e-3.
 
     Raises:
         hfexport.ManifestError, ValueError, FileNotFoundError, hfexport.IntegrityError,
@@ -151,10 +153,20 @@ def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: 
         out(f"·  eager     not compared: backend {manifest['backend']!r} gives no sample inputs for this model's "
             f"program inputs {loaded.input_names}")
         return status
+    recorded = stored if isinstance(stored, dict) else {}
+    atol = _tolerance(recorded.get("atol"), 1e-4) if atol is None else atol
+    rtol = _tolerance(recorded.get("rtol"), 1e-3) if rtol is None else rtol
     report = loaded.verify(inputs, atol=atol, rtol=rtol, reference=reference)
     out(f"{'✅' if report.passed else '❌'} eager     at {_shape_text(inputs)}:")
     out(str(report))
     return status if report.passed else 3
+
+
+def _tolerance(recorded: Any, default: float) -> float:
+    """A tolerance the manifest records (untrusted input): a non-negative number, else ``default``."""
+    if isinstance(recorded, int | float) and not isinstance(recorded, bool) and 0 <= recorded < float("inf"):
+        return float(recorded)
+    return default
 
 
 def _stored_check(loaded: Any, out: Callable[[str], None]) -> int:

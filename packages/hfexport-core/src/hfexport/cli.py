@@ -526,7 +526,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 0
     shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in check_inputs.items() if hasattr(v, "shape"))
     console.print(f"verifying the artifact loaded back from disk at {shapes}")
-    report = reloaded.verify(check_inputs, atol=args.atol, rtol=args.rtol, reference=model)
+    recorded = reloaded.manifest.get("verification") or {}  # the tolerances the export verified with
+    report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
+                             rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol, reference=model)
     from ._artifact import MANIFEST_NAME
     from ._saving import update_manifest
 
@@ -779,8 +781,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="save the export even when its outputs differ from eager "
                    "on the traced inputs (export.json records the report), and skip the check of the saved artifact")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the verification (default 1e-4)")
-    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the verification (default 1e-4)")
+    p.add_argument("--atol", type=float, help="absolute tolerance of the verification (default: the backend's, "
+                                              "1e-4 on float32 runtimes, 5e-2 on executorch-cuda)")
+    p.add_argument("--rtol", type=float, help="relative tolerance of the verification (default: the backend's, "
+                                              "1e-3 on float32 runtimes, 5e-2 on executorch-cuda)")
     p.add_argument("--debug", "--traceback", dest="debug", action="store_true", default=argparse.SUPPRESS,
                    help="on an error, show the full (chained) traceback, not only the one-line message")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
@@ -868,8 +872,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subfolder", help="the artifact's folder in the repository or directory (push_to_hub's "
                                        "default is hfexport/<backend>)")
     p.add_argument("--model", help="the exported model's directory: compare the artifact with it on eager PyTorch")
-    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the comparison (default 1e-4)")
-    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of the comparison (default 1e-4)")
+    p.add_argument("--atol", type=float, help="absolute tolerance of the comparison (default: the one the export "
+                                              "verified with, in export.json; else 1e-4)")
+    p.add_argument("--rtol", type=float, help="relative tolerance of the comparison (default: the one the export "
+                                              "verified with, in export.json; else 1e-3)")
     p.add_argument("--no-run", action="store_true", help="check files and loading only; run nothing")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow what loading refuses by default (unpickling objects from a .pt2, importing the "
