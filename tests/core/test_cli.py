@@ -82,3 +82,29 @@ def test_demo_and_a_model_directory_together_are_a_usage_error(tmp_path, capsys)
     assert cli.main(["export", str(tmp_path), "--demo", "--output", str(tmp_path / "o")]) == 2
     assert "not both" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_hfexport_warnings_print_as_one_line_and_others_keep_their_format(capsys):
+    """Inside a command, hfexport's warning classes and its ``hfexport`` logger print ``warning: ...`` on stderr,
+    as its errors print ``error: ...``; another library's warning keeps Python's format; all is restored after."""
+    import logging
+    import warnings
+
+    from hfexport._patching import UnresolvedPatchWarning
+
+    shown = []  # what the previous showwarning gets: the other libraries' warnings
+
+    def showwarning(message, category, *args):
+        shown.append((category, str(message)))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = showwarning
+        with cli._warnings_in_hfexport_format():
+            warnings.warn("a patch matched nothing", UnresolvedPatchWarning, stacklevel=1)
+            logging.getLogger("hfexport").warning("two patches on %s", "Foo.forward")
+            warnings.warn("a third party's", UserWarning, stacklevel=1)
+        assert warnings.showwarning is showwarning and logging.getLogger("hfexport").propagate
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: a patch matched nothing", "warning: two patches on Foo.forward"]
+    assert shown == [(UserWarning, "a third party's")]

@@ -6,12 +6,14 @@ Kept light: ``hfexport --help`` and ``hfexport backends`` import neither torch n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -902,6 +904,38 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+@contextlib.contextmanager
+def _warnings_in_hfexport_format() -> Iterator[None]:
+    """hfexport's own warnings (its warning classes, its ``hfexport`` logger) as one ``warning: ...`` line each on
+    stderr, like its errors, instead of Python's ``path:line: Category: message`` or a bare ``WARNING:hfexport:``;
+    third parties' warnings keep their format."""
+    import warnings
+
+    original = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if category.__module__.split(".")[0].startswith("hfexport"):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    class _Line(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+    logger, handler = logging.getLogger("hfexport"), _Line(logging.WARNING)
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 error, 2 bad usage, 3 verification mismatch).
 
@@ -916,7 +950,8 @@ def main(argv: list[str] | None = None) -> int:
     from ._discovery import UnknownBackendError
 
     try:
-        return args.func(args)
+        with _warnings_in_hfexport_format():
+            return args.func(args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
