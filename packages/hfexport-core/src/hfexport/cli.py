@@ -531,7 +531,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     recorded = reloaded.manifest.get("verification") or {}  # the tolerances the export verified with
     report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
                              rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol, reference=model)
-    from ._artifact import MANIFEST_NAME
     from ._saving import update_manifest
 
     # The saved export.json keeps the report of the check of the files on disk (written atomically).
