@@ -137,3 +137,12 @@ def test_exporter_files_hold_stages_and_workarounds_only(file):
 def test_the_vendor_test_plugin_is_small():
     file = ROOT / "tests/plugins/hfexport-testplugin/src/hfexport_testplugin/exporter_testplugin.py"
     assert len(file.read_text().splitlines()) <= 60
+
+
+def test_the_kernel_imports_no_transformers():
+    """The kernel packages, verifies, saves and loads; everything that knows a Transformers model (its inputs, its
+    tasks, generation and its commands) lives in hfexport-dynamo (issue 27)."""
+    offences = [f"{file.relative_to(ROOT)} imports {target}"
+                for file, imports in _sources(PACKAGES["hfexport"]).values()
+                for target in imports if target.split(".")[0] == "transformers"]
+    assert not offences, "\n".join(offences)

@@ -1,0 +1,143 @@
+"""What a command plugin builds on (the ``hfexport.commands`` entry point group).
+
+A distribution adds subcommands, or options to the kernel's, with an entry point
+``register(subparsers: argparse._SubParsersAction) -> None`` in the group ``hfexport.commands`` (hfexport-dynamo adds
+``export --demo``, ``export --task`` and ``generate``). Its command functions take the parsed
+``argparse.Namespace`` and return an exit status; they raise :class:`UsageError` for bad arguments (exit status 2,
+the message printed on one line) and report an export's stages with :class:`Progress`.
+
+Kept light: importing this module imports neither torch nor any toolchain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "Progress", "UsageError", "configured_exporter",
+           "console", "record_verification", "resolve_artifact", "write_report"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A command was called wrongly (exit status 2); the message says what to pass instead."""
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class Progress:
+    """Progress of an export on stderr: on a terminal, a spinner on the running stage and one line per stage and
+    toolchain step when it ends (✅/❌ with seconds); elsewhere (a log file, CI), plain lines when a stage starts and
+    when a stage or step ends, each led by the seconds since the export began, so that a long lowering is never
+    silent. Keeps the stage lines for --report."""
+
+    def __init__(self, console: Any):
+        self.console = console
+        self.enabled = console.is_terminal
+        self._status: Any = None
+        self._began = time.perf_counter()
+        self.lines: list[str] = []
+
+    def _log(self, text: str) -> None:
+        """A plain line for a log: ``[hfexport 12.3s] text``."""
+        print(f"[hfexport {time.perf_counter() - self._began:.1f}s] {text}", file=sys.stderr, flush=True)
+
+    def __call__(self, event: Any) -> None:
+        from rich.markup import escape  # "[dynamo 1/5]" is not rich markup
+
+        if event.step:  # a toolchain call inside a stage: one indented line when it ends
+            if event.status != "start":
+                mark = "✅" if event.status == "done" else "❌"
+                if self.enabled:
+                    self.console.print(escape(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s"))
+                else:
+                    self._log(f"{'  ' * event.depth}→ {event.step} {event.status} in {event.seconds:.2f}s")
+            return
+        if event.status != "start":
+            mark = "✅" if event.status == "done" else "❌"
+            self.lines.append(f"| {event.backend} | {'  ' * event.depth}{event.stage.number}/{event.total} "
+                              f"{event.stage.title} | {mark} | {event.seconds:.2f} |")
+        indent = "    " * event.depth
+        label = f"{indent}[{event.backend} {event.stage.number}/{event.total}] {event.stage.title}"
+        if event.stage.runs:
+            label += f" → {event.stage.runs}"
+        if not self.enabled:
+            self._log(label.strip() + (" ..." if event.status == "start"
+                                       else f" {event.status} in {event.seconds:.2f}s"))
+            return
+        label = escape(label)
+        if event.status == "start":
+            if self._status is None:
+                self._status = self.console.status(label)
+                self._status.start()
+            else:
+                self._status.update(label)
+            return
+        mark = "✅" if event.status == "done" else "❌"
+        self.console.print(f"{label} {mark} {event.seconds:.2f}s")
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def configured_exporter(exporter_class: Any, args: argparse.Namespace, **options: Any) -> Any:
+    """The backend's exporter with the command's options (``--quantize``); an option it refuses is a usage error."""
+    if getattr(args, "quantize", None):
+        if "quantize" not in exporter_class.config_class.option_names():
+            raise UsageError(f"backend {args.backend!r} does not quantize (--quantize {args.quantize}): export with a "
+                             "backend that does (`hfexport backends` lists them; each documents its recipes)")
+        options["quantize"] = args.quantize
+    try:
+        return exporter_class(**options)
+    except (TypeError, ValueError) as exc:  # a recipe the backend does not support names those it does
+        raise UsageError(str(exc)) from exc
+
+
+def write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,
+                  shapes: str) -> None:
+    """The export as markdown: stages with seconds, workarounds applied, verification."""
+    m = exported.manifest
+    lines = [f"# hfexport: {m['model_class']} -> {m['backend']}", "",
+             f"- artifact: `{args.output or 'out/' + args.backend}` ({', '.join(m.get('files', []))})",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}", "",
+             "| backend | stage | | seconds |", "|---|---|---|---|", *stage_lines, "",
+             "## Workarounds installed (patches) and applied (fixes)", ""]
+    lines += [f"- patch `{p['name']}` on `{p['path']}`: {p['summary']}" for p in m["workarounds"]["patches"]]
+    lines += [f"- fix `{name}` x{count}" for name, count in m["workarounds"]["fixes"].items()]
+    lines += ["", f"## Verification at {shapes}", "", "```", str(report), "```", ""]
+    path.write_text("\n".join(lines))
+
+
+def resolve_artifact(artifact: str, revision: str | None = None, subfolder: str | None = None) -> str:
+    """The local directory of ``artifact``: a Hub repository id (``org/name``) is downloaded (``export.json``, then
+    only the files it names, into the Hugging Face cache); a local path gets ``subfolder`` appended.
+
+    Raises:
+        UsageError: ``revision`` given with a local path.
+    """
+    from ._hub import download_artifact, is_hub_reference
+
+    if is_hub_reference(artifact):
+        return str(download_artifact(artifact, revision=revision, subfolder=subfolder))
+    if revision is not None:
+        raise UsageError(f"--revision is for a Hub repository id (org/name); {artifact} is a local path")
+    return str(Path(artifact) / subfolder) if subfolder else artifact
+
+
+def record_verification(directory: Path, verification: dict[str, Any]) -> dict[str, Any]:
+    """Write ``verification`` (the check of the artifact loaded back from disk) into the saved ``export.json`` of
+    ``directory``, atomically (a new file renamed over the old one); returns the new manifest."""
+    from ._artifact import MANIFEST_NAME
+    from ._saving import update_manifest
+
+    return update_manifest(directory, MANIFEST_NAME, {"verification": verification})
