@@ -48,17 +48,24 @@ def test_export_unknown_backend_exits_2_and_names_the_distribution(tmp_path, cap
     assert not (tmp_path / "o").exists()
 
 
-def test_demo_export_end_to_end(tmp_path, capsys, monkeypatch):
-    """The README's first command, run where an earlier run left its artifact (``out/dynamo``): the demo replaces
-    its own default directory (an earlier export: it has ``export.json``) instead of refusing."""
-    monkeypatch.chdir(tmp_path)
+# What the demo may print on stderr: hfexport's own lines only (issue 27: no third-party warning or progress bar).
+_OWN_LINE = re.compile(r"^(exporting |saved to |verifying |\[hfexport \d+\.\ds\] |warning: )")
+
+
+def test_demo_export_end_to_end(tmp_path):
+    """The README's first command as a user runs it (a new process, stderr a log), where an earlier run left its
+    artifact (``out/dynamo``): the demo replaces its own default directory (an earlier export: it has
+    ``export.json``) instead of refusing, and prints no third-party warning or progress bar."""
     earlier = tmp_path / "out" / "dynamo"
     earlier.mkdir(parents=True)
     (earlier / "export.json").write_text("{}")
     (earlier / "stale.bin").write_bytes(b"from the earlier run")
-    code = cli.main(["export", "--demo"])
-    out, err = capsys.readouterr()
-    assert code == 0, out
+    run = subprocess.run([sys.executable, "-m", "hfexport.cli", "export", "--demo"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    out, err = run.stdout, run.stderr
+    assert run.returncode == 0, err
+    foreign = [line for line in err.splitlines() if not _OWN_LINE.match(line)]
+    assert not foreign, f"third-party lines in the demo's output: {foreign}"
     assert not (earlier / "stale.bin").exists()
     # stderr is no terminal here (a log): a plain line per stage start and end and per toolchain step, with the
     # seconds since the export began; transformers' per-weight loading bar is off inside hfexport's own loading
@@ -108,3 +115,29 @@ def test_hfexport_warnings_print_as_one_line_and_others_keep_their_format(capsys
     err = capsys.readouterr().err.splitlines()
     assert err == ["warning: a patch matched nothing", "warning: two patches on Foo.forward"]
     assert shown == [(UserWarning, "a third party's")]
+
+
+def test_verbose_shows_what_is_filtered_by_default(monkeypatch, capsys):
+    """``--verbose`` (HFEXPORT_VERBOSE=1): transformers' loading bar stays on inside hfexport's loading, and the
+    ``hfexport`` logger's info lines (patches installed, fixes applied) print; without it, neither."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    from hfexport_dynamo._quiet import no_loading_bar
+
+    monkeypatch.setenv(cli.VERBOSE_ENV, "")  # restored after the test, whatever main() sets
+    assert not cli.verbose()
+    assert cli.main(["--verbose", "backends", "--no-load"]) == 0  # the flag sets the variable the filters ask
+    assert cli.verbose()
+    with no_loading_bar():
+        assert transformers_logging.is_progress_bar_enabled()
+    with cli._warnings_in_hfexport_format():
+        logging.getLogger("hfexport.test").info("patch p installed on torch.t")
+    assert "info: patch p installed on torch.t" in capsys.readouterr().err
+    monkeypatch.delenv(cli.VERBOSE_ENV)
+    with no_loading_bar():
+        assert not transformers_logging.is_progress_bar_enabled()
+    with cli._warnings_in_hfexport_format():
+        logging.getLogger("hfexport.test").info("patch p installed on torch.t")
+    assert "info:" not in capsys.readouterr().err

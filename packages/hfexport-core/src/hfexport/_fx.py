@@ -75,6 +75,7 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
     fixes = list(fixes)
     if not fixes:
         return report
+    before = dict(report.applied)
     for module in iter_graph_modules(gm):
         changed = False
         for node in list(module.graph.nodes):
@@ -92,6 +93,9 @@ def apply_fx_node_fixes(gm: torch.fx.GraphModule, fixes: Iterable[Registration],
                 logger.warning("dead-code elimination failed on %s: %s", type(module).__name__, exc)
             module.graph.lint()
             module.recompile()
+    for name, count in report.applied.items():
+        if count != before.get(name, 0):
+            logger.info("FX node fix %s applied to %d node(s)", name, count - before.get(name, 0))
     return report
 
 
@@ -106,5 +110,6 @@ def apply_fx_program_fixes(exported_program: Any, fixes: Iterable[Registration],
     for fix in fixes:
         if _call(fix, ctx, exported_program) is not False:
             report.count(fix)
+            logger.info("FX program fix %s applied", fix.qualified_name)
     return report
 

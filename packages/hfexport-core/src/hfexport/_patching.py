@@ -316,3 +316,4 @@ def _install_one(owner: Any, attr: str, path: str, registration: Registration, r
     undo.append((owner, attr, raw))
     ours[id(getattr(owner, attr))] = registration
     report.installed.append((registration, path))
+    logger.info("patch %s installed on %s", registration.qualified_name, path)

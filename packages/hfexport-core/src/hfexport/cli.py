@@ -23,11 +23,14 @@ from .commands import (
     EXIT_MISMATCH,
     EXIT_OK,
     EXIT_USAGE,
+    VERBOSE_ENV,
     Progress,
     UsageError,
     configured_exporter,
     console,
+    quiet_third_party_logs,
     record_verification,
+    verbose,
     write_report,
 )
 
@@ -112,7 +115,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.model is not None and not Path(args.model).is_dir():
         raise UsageError(f"--model {args.model} is not a directory: give the exported model's directory")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    quiet_third_party_logs()
     return verify_artifact(artifact, model=args.model, atol=args.atol, rtol=args.rtol,
                            trust_remote_code=args.trust_remote_code, run=not args.no_run)
 
@@ -234,10 +237,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         args.check_task_options(args, task, demo)
     from ._discovery import UnknownBackendError, get_backend
 
-    # torchao (imported by transformers when installed, e.g. as an executorch dependency) registers Enum
-    # constants as pytree nodes, and torch logs a deprecation warning for each on every run: nothing the
-    # user of this command can act on. Errors from that logger still show.
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    quiet_third_party_logs()
     from ._artifact import MANIFEST_NAME
 
     output = Path(args.output or f"out/{args.backend}")
@@ -340,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hfexport {version}")
     parser.add_argument("--debug", action="store_true",
                         help="on an error, show the full traceback (every command; errors are one line without it)")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="show everything: hfexport's info lines (bounds chosen, workarounds installed) and the "
+                             "third-party warnings and progress bars it filters out of its commands by default "
+                             "(same as HFEXPORT_VERBOSE=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("export", help="export a model directory (or the demo model), save it and verify it",
@@ -418,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
         if "--debug" not in command._option_string_actions:
             command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                                  help="on an error, show the full traceback")
+        if "--verbose" not in command._option_string_actions:
+            command.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+                                 help="show everything (see `hfexport --help`)")
     return parser
 
 
@@ -447,9 +454,12 @@ def _warnings_in_hfexport_format() -> Iterator[None]:
         def emit(self, record: logging.LogRecord) -> None:
             print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
 
-    logger, handler = logging.getLogger("hfexport"), _Line(logging.WARNING)
+    logger, handler = logging.getLogger("hfexport"), _Line(logging.INFO if verbose() else logging.WARNING)
     logger.addHandler(handler)
     propagate, logger.propagate = logger.propagate, False
+    level = logger.level
+    if verbose() and logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
     warnings.showwarning = show
     try:
         yield
@@ -457,6 +467,7 @@ def _warnings_in_hfexport_format() -> Iterator[None]:
         warnings.showwarning = original
         logger.removeHandler(handler)
         logger.propagate = propagate
+        logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -472,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     from ._artifact import VerificationError
     from ._discovery import UnknownBackendError
 
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"  # the filters ask it; the processes a command starts inherit it
     try:
         with _warnings_in_hfexport_format():
             return args.func(args)

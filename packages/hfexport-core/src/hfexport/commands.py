@@ -12,15 +12,41 @@ Kept light: importing this module imports neither torch nor any toolchain.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "Progress", "UsageError", "configured_exporter",
-           "console", "record_verification", "resolve_artifact", "write_report"]
+__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError",
+           "configured_exporter", "console", "quiet_third_party_logs", "record_verification", "resolve_artifact",
+           "verbose", "write_report"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+
+
+# ``hfexport --verbose`` sets it for the command and the processes it starts (a sweep's workers).
+VERBOSE_ENV = "HFEXPORT_VERBOSE"
+
+
+def verbose() -> bool:
+    """Whether hfexport shows everything: ``hfexport --verbose`` (or ``HFEXPORT_VERBOSE=1`` in the environment).
+
+    By default hfexport keeps out of its commands' output the third-party lines a user can do nothing about (torch's
+    pytree deprecation warnings about torchao's enums, transformers' per-weight loading bar, ExecuTorch's
+    ``cpuinfo_utils.cpp`` and ``No temp allocator provided`` lines); each filter asks this first and passes
+    everything when it is true. Only hfexport's own calls are filtered; a user's own calls keep their settings.
+    """
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def quiet_third_party_logs() -> None:
+    """Inside a command: torch's ``torch.utils._pytree`` logger shows errors only (torchao, imported by transformers
+    and executorch, registers Enum constants as pytree nodes, and torch logs a deprecation warning for each on every
+    run); nothing is changed when :func:`verbose`."""
+    if not verbose():
+        logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 class UsageError(Exception):

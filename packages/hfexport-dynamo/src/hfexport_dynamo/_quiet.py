@@ -9,8 +9,15 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def no_loading_bar() -> Iterator[None]:
-    """Within the body, transformers' progress bars are off; the previous setting comes back after."""
+    """Within the body, transformers' progress bars are off (unless ``hfexport --verbose``); the previous setting
+    comes back after."""
     from transformers.utils import logging
+
+    from hfexport.commands import verbose
+
+    if verbose():
+        yield
+        return
 
     was_enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()

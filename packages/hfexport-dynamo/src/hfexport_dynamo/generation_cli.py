@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ from hfexport.commands import (
     Progress,
     UsageError,
     configured_exporter,
+    quiet_third_party_logs,
     record_verification,
     resolve_artifact,
     write_report,
@@ -190,7 +190,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                          "DIR (the exported model's directory), or the prompt as token ids with --input-ids 1,2,3")
     _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    quiet_third_party_logs()
     from hfexport import load
 
     exported = load(directory, trust_remote_code=args.trust_remote_code)

@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from hfexport.commands import verbose
+
 __all__ = ["quiet_torchao_pytree_warnings", "without_cpuinfo_lines", "without_temp_allocator_lines"]
 
 _NOISE = "cpuinfo_utils.cpp"
@@ -36,7 +38,10 @@ class _TorchaoEnumConstants(logging.Filter):
 
 
 def quiet_torchao_pytree_warnings() -> None:
-    """Drop torch's pytree deprecation warnings about torchao's Enum classes (idempotent)."""
+    """Drop torch's pytree deprecation warnings about torchao's Enum classes (idempotent; nothing under
+    ``hfexport --verbose``)."""
+    if verbose():
+        return
     logger = logging.getLogger("torch.utils._pytree")
     if not any(isinstance(f, _TorchaoEnumConstants) for f in logger.filters):
         logger.addFilter(_TorchaoEnumConstants())
@@ -49,8 +54,12 @@ _captured: Any = None  # one file for every call's output (a new temporary file 
 @contextlib.contextmanager
 def _stderr_without(*noise: str) -> Iterator[None]:
     """Run the body with file descriptor 2 captured; then pass on every line that holds none of ``noise`` (also
-    when the body raises). Not re-entrant: the capture file is shared."""
+    when the body raises); under ``hfexport --verbose`` every line passes. Not re-entrant: the capture file is
+    shared."""
     global _captured
+    if verbose():
+        yield
+        return
     if _captured is None:
         _captured = tempfile.TemporaryFile()
     sys.stderr.flush()
