@@ -12,6 +12,12 @@ Run from the repository root:
     uv run python benchmarks/bench_sweep.py --backend dynamo --filter '^(bert|llama|t5)/' --jobs 2
     uv run python benchmarks/bench_sweep.py --backend dynamo --ours-from reports/dynamo --write-peer
     uv run python benchmarks/bench_sweep.py --backend onnx --sample --seed 0 --ours-from reports/onnx --write-peer
+    uv run python benchmarks/bench_sweep.py --zoo testers --backend dynamo --backend onnx --write-peer \
+        --work /tmp/bench-testers
+
+``--zoo testers`` runs both exporters on the tester zoo (``hfexport sweep --zoo testers``: each architecture as
+Transformers' own model tester builds it, checked at the tester's shape and at a second one); hfexport's side
+goes straight into ``reports/testers/<backend>`` (resumable, with its report), the peer's into ``--work``.
 
 ``--sample [--seed N]`` selects the same seeded sample as ``hfexport sweep --sample --seed N`` (one class per
 model type), so that both sides run the same cases as the committed sample sweeps.
@@ -53,7 +59,7 @@ PEER_RUNNER = "bench_sweep:peer_export_and_verify"
 
 
 def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, Any], backend: str,
-                           atol: float, rtol: float) -> dict[str, Any]:
+                           atol: float, rtol: float, verify_traced: bool = False) -> dict[str, Any]:
     """Export one case with the peer and verify it like hfexport's sweep does (a sweep runner).
 
     Args:
@@ -63,14 +69,14 @@ def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[
         backend: the hfexport backend name the peer backend is matched to.
         atol: absolute tolerance.
         rtol: relative tolerance.
+        verify_traced: compare at ``inputs`` too, before ``alt_inputs`` (the tester zoo's criterion, as for
+            hfexport's runner).
 
     Returns:
         The outcome fields of a sweep record (``status``, ``export_s``, ``max_abs_diff``, ``cause`` ...).
     """
-    import torch
     import transformers.exporters as peer
 
-    from hfexport.plugin import compare_outputs, flatten_with_names
     from hfexport_sweep.sweep import failure_record
 
     exporter_name, config_name, options, _ = PEER_BACKENDS[backend]
@@ -82,6 +88,23 @@ def peer_export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[
         return failure_record("export_error", exc, stage="peer export",
                               export_s=round(time.perf_counter() - start, 3))
     export_s = round(time.perf_counter() - start, 3)
+    if verify_traced:
+        traced = _peer_compare(model, exported, inputs, backend, atol, rtol, export_s)
+        if traced["status"] != "ok":
+            return {**traced, "cause": f"at the traced shape: {traced.get('cause') or ''}"}
+        return {**_peer_compare(model, exported, alt_inputs, backend, atol, rtol, export_s),
+                "traced_max_abs_diff": traced.get("max_abs_diff")}
+    return _peer_compare(model, exported, alt_inputs, backend, atol, rtol, export_s)
+
+
+def _peer_compare(model: Any, exported: Any, alt_inputs: dict[str, Any], backend: str, atol: float, rtol: float,
+                  export_s: float) -> dict[str, Any]:
+    """Run the peer's program and eager PyTorch at ``alt_inputs`` and compare them (a sweep record's outcome)."""
+    import torch
+
+    from hfexport.plugin import compare_outputs, flatten_with_names
+    from hfexport_sweep.sweep import failure_record
+
     start = time.perf_counter()
     note = ""
     try:
@@ -135,12 +158,19 @@ def main() -> int:
                              "running them; the peer runs on its instantiable cases")
     parser.add_argument("--write-peer", action="store_true",
                         help="write the peer's records to reports/<backend>/peer.json for the sweep report")
-    parser.add_argument("--reports", type=Path, default=Path("reports"), help="reports root (default reports/)")
+    parser.add_argument("--zoo", choices=("default", "testers"), default="default",
+                        help="the zoo (hfexport sweep --zoo): testers builds each architecture from Transformers' "
+                             "model tester and checks both exporters at the tester's shape and at a second one; "
+                             "hfexport's side then runs into <reports>/<backend> (resumable, with its report)")
+    parser.add_argument("--reports", type=Path, default=None,
+                        help="reports root (default reports/, reports/testers/ with --zoo testers)")
     parser.add_argument("--work", type=Path,
                         help="keep the sweeps' results here (ours-<backend>/, peer-<backend>/) instead of a temporary "
                              "directory, so that an interrupted comparison resumes where it stopped (run the same "
                              "command again; --limit N compares the first N cases, and a larger N later extends it)")
     args = parser.parse_args()
+    if args.reports is None:
+        args.reports = Path("reports") / ("testers" if args.zoo == "testers" else "")
     backends = args.backend or ["dynamo"]
     if args.ours_from and len(backends) > 1:
         parser.error("--ours-from takes one --backend")
@@ -176,9 +206,10 @@ def main() -> int:
                     peer_filter, peer_limit, peer_common, peer_sample = _case_regex(runnable), None, False, None
                     ours_how = f"from {args.ours_from / RESULTS_FILE}"
                 else:
+                    ours_out = args.reports / backend if args.zoo == "testers" else Path(tmp) / f"ours-{backend}"
                     summary = run_sweep(backend, filter=args.filter, limit=args.limit, common=args.common,
-                                        sample=sample, jobs=args.jobs, timeout=args.timeout, output=Path(tmp) / f"ours-{backend}",
-                                        report=False, command=command, preload=preload)
+                                        sample=sample, jobs=args.jobs, timeout=args.timeout, output=ours_out,
+                                        report=args.zoo == "testers", command=command, preload=preload, zoo=args.zoo)
                     ours = summary.records
                     peer_filter, peer_limit, peer_common, peer_sample = args.filter, args.limit, args.common, sample
                     ours_how = "run now"
@@ -188,7 +219,7 @@ def main() -> int:
                                  sample=peer_sample, jobs=args.jobs,
                                  timeout=args.timeout,
                                  output=Path(tmp) / f"peer-{backend}", report=False, runner=PEER_RUNNER,
-                                 command=command, preload=preload, apply_skips=False).records
+                                 command=command, preload=preload, apply_skips=False, zoo=args.zoo).records
                 peer_s = time.perf_counter() - started
             except SweepError as exc:
                 print(f"error: {exc}", file=sys.stderr)
@@ -213,6 +244,9 @@ def main() -> int:
                 target.mkdir(parents=True, exist_ok=True)
                 selection = ("the cases of the 60 common architectures (--common)" if args.common else
                              f"the cases matching {args.filter!r}" if args.filter else "every zoo case")
+                if args.zoo == "testers":
+                    selection += (" of the tester zoo (--zoo testers: Transformers' model testers' configs and "
+                                  "inputs, each case checked at the tester's shape and at a second one)")
                 if sample is not None:
                     selection += (f" in the seeded sample of one class per model type (--sample --seed {sample}, "
                                   f"{len(in_sample)} cases)")

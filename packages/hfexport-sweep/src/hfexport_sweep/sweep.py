@@ -92,6 +92,8 @@ __all__ = [
     "STATUSES",
     "SweepError",
     "SweepSummary",
+    "ZOOS",
+    "default_output",
     "export_and_verify",
     "export_skips",
     "failure_record",
@@ -101,6 +103,7 @@ __all__ = [
     "run_case",
     "run_sweep",
     "stage_label",
+    "zoo_module",
 ]
 
 ATOL, RTOL = 1e-4, 1e-3
@@ -111,13 +114,14 @@ DEFAULT_RUNNER = "hfexport_sweep.sweep:export_and_verify"
 # Results written while the zoo and the sweep lived in hfexport-dynamo (the same cases and inputs): still theirs.
 _LEGACY_RUNNERS = {"hfexport_dynamo.sweep:export_and_verify": DEFAULT_RUNNER}
 # Versions that make two sweeps comparable: a results directory written with other values is not mixed in.
-_META_KEYS = ("backend", "backend_distribution", "runner", "versions")
+_META_KEYS = ("backend", "backend_distribution", "runner", "versions", "zoo")
 # Imported once by the fork server so that every case process starts with them in memory.
 # (Imports only: no tensor work runs in the server, so no thread pool exists when it forks.)
 _PRELOAD = ("torch", "torch.export", "torch.export._trace", "torch._dynamo", "torch._functorch.aot_autograd",
             "torch._functorch.partitioners", "torch._export.passes", "torch._export.serde.serialize",
             "torch.fx.experimental.validator", "sympy", "networkx", "transformers", "transformers.modeling_utils",
-            "transformers.generation", "hfexport", "hfexport_dynamo", "hfexport_sweep.zoo")
+            "transformers.generation", "hfexport", "hfexport_dynamo", "hfexport_sweep.zoo",
+            "hfexport_sweep.tester_zoo")
 
 EXAMPLES = """\
 examples:
@@ -125,6 +129,7 @@ examples:
   hfexport sweep --backend onnx --filter '^(bert|llama|t5)/' --jobs 2 --timeout 120
   hfexport sweep --backend dynamo --recheck-skips              re-run the EXPORT_SKIPS classes
   hfexport sweep --backend onnx --sample --seed 0 --jobs 2     one seeded class per model type (~450 cases)
+  hfexport sweep --backend dynamo --zoo testers --jobs 2       Transformers' model testers' configs and inputs
   hfexport sweep --backend onnx --executor ray --address HEAD:6379 --memory-limit 8
                                                                the zoo on a Ray cluster, one task per case
 
@@ -216,8 +221,31 @@ def resolve_backend(name: str) -> tuple[str, str]:
     return backend.exporter.partition(":")[0], f"{info.distribution} {info.version}"
 
 
+ZOOS = ("default", "testers")
+"""``--zoo``: ``default`` is :mod:`hfexport_sweep.zoo` (every auto-mapped class, shrunk configs, batch 2 and 3);
+``testers`` is :mod:`hfexport_sweep.tester_zoo` (configs and inputs of Transformers' own model testers, checked at
+the tester's shape and at a second one)."""
+
+
+def zoo_module(zoo: str = "default") -> Any:
+    """The module of a zoo: it has ``list_cases(filter)`` and ``build_case(case_id)``.
+
+    Raises:
+        SweepError: ``zoo`` is not one of :data:`ZOOS`.
+    """
+    if zoo not in ZOOS:
+        raise SweepError(f"--zoo takes one of {', '.join(ZOOS)}; got {zoo!r}")
+    if zoo == "testers":
+        from . import tester_zoo
+
+        return tester_zoo
+    from . import zoo as default_zoo
+
+    return default_zoo
+
+
 def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A002 - CLI name
-                 common: bool = False, sample: int | None = None) -> list[Any]:
+                 common: bool = False, sample: int | None = None, zoo: str = "default") -> list[Any]:
     """The zoo cases to sweep, sorted by id.
 
     Args:
@@ -226,6 +254,7 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
         common: keep only the cases of :data:`COMMON_ARCHITECTURES`.
         sample: a seed: start from :func:`hfexport_sweep.zoo.sample_cases` (one case per model type, drawn
             with this seed) instead of the whole zoo; ``filter``, ``common`` and ``limit`` then narrow it.
+        zoo: ``"default"`` or ``"testers"`` (:data:`ZOOS`); ``sample`` is the default zoo's only.
 
     Returns:
         The :class:`~hfexport_sweep.zoo.ZooCase` list.
@@ -233,10 +262,13 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
     Raises:
         SweepError: the filter is not a valid regular expression or matches no case; ``limit`` < 1.
     """
-    from .zoo import list_cases, sample_cases
+    from .zoo import sample_cases
 
+    list_cases = zoo_module(zoo).list_cases
     if limit is not None and limit < 1:
         raise SweepError(f"--limit must be at least 1, got {limit}")
+    if sample is not None and zoo != "default":
+        raise SweepError(f"--sample draws from the default zoo; the {zoo} zoo is swept whole (narrow it with --filter)")
     try:
         cases = list_cases(filter)
     except re.error as exc:
@@ -249,15 +281,13 @@ def select_cases(filter: str | None = None, limit: int | None = None,  # noqa: A
     if not cases:
         where = (f"--filter {filter!r}{' with --common' if common else ''}"
                  f"{f' with --sample --seed {sample}' if sample is not None else ''}")
-        raise SweepError(f"{where} matches none of the {len(list_cases())} zoo cases; ids look like "
+        raise SweepError(f"{where} matches none of the {len(list_cases())} {zoo} zoo cases; ids look like "
                          "'llama/LlamaForCausalLM' (see hfexport_sweep.zoo.list_cases)")
     return cases[:limit] if limit else cases
 
 
-def _all_cases() -> list[Any]:
-    from .zoo import list_cases
-
-    return list_cases()
+def _all_cases(zoo: str = "default") -> list[Any]:
+    return zoo_module(zoo).list_cases()
 
 
 def _version(dist: str) -> str:
@@ -267,18 +297,20 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def sweep_meta(backend: str, distribution: str, runner: str = DEFAULT_RUNNER) -> dict[str, Any]:
+def sweep_meta(backend: str, distribution: str, runner: str = DEFAULT_RUNNER, zoo: str = "default") -> dict[str, Any]:
     """The identity of a results directory: backend, runner and the versions that decide the results.
 
     Args:
         backend: the backend name.
         distribution: ``"name version"`` of the distribution that declares it.
         runner: ``"module:function"`` that exports and verifies one case.
+        zoo: the zoo swept (:data:`ZOOS`); recorded when it is not the default one.
 
     Returns:
         The ``meta.json`` content (without the run history).
     """
     return {
+        **({"zoo": zoo} if zoo != "default" else {}),
         "kind": META_KIND,
         "schema": META_SCHEMA,
         "backend": backend,
@@ -309,6 +341,8 @@ def _describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     diffs = []
     for key in _META_KEYS:
         a, b = old.get(key), new.get(key)
+        if key == "zoo":  # a directory of the default zoo has no "zoo" key
+            a, b = a or "default", b or "default"
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += [f"{k} {a.get(k)} there, {b.get(k)} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         elif a != b:
@@ -470,8 +504,8 @@ def failure_record(status: str, exc: BaseException, **fields: Any) -> dict[str, 
 
 
 def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, Any], backend: str,
-                      atol: float = ATOL, rtol: float = RTOL, options: Mapping[str, Any] | None = None
-                      ) -> dict[str, Any]:
+                      atol: float = ATOL, rtol: float = RTOL, options: Mapping[str, Any] | None = None,
+                      verify_traced: bool = False) -> dict[str, Any]:
     """The default case runner: ``hfexport.export(dynamic=True)``, then verify at the alt input shape.
 
     On an ExecuTorch backend (:data:`STATIC_FALLBACK_PREFIXES`), a dynamic export that fails is tried again with
@@ -488,6 +522,9 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
         atol: absolute tolerance of the verification.
         rtol: relative tolerance of the verification.
         options: more config options of the export (a known-failure recheck's ``recheck_options``).
+        verify_traced: verify at ``inputs`` too, before ``alt_inputs`` (the tester zoo's criterion: both shapes);
+            a failure there is the case's status, its cause prefixed with ``at the traced shape:``, and the
+            record gains ``traced_max_abs_diff``.
 
     Returns:
         The case's outcome: ``status`` (``ok``, ``export_error``, ``runtime_error`` or ``mismatch``) and, as
@@ -518,6 +555,14 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
         _phase("verify (static)")
         return _verify_at(exported, inputs, export_s, atol=atol, rtol=rtol, shapes="static", dynamic_error=(
             "the dynamic export specialized every input dim to the traced shape (no dynamic dim left)"))
+    if verify_traced:
+        _phase("verify (traced shape)")
+        traced = _verify_at(exported, inputs, export_s, atol=atol, rtol=rtol)
+        if traced["status"] != "ok":
+            return {**traced, "cause": f"at the traced shape: {traced.get('cause') or ''}"}
+        _phase("verify")
+        return {**_verify_at(exported, alt_inputs, export_s, atol=atol, rtol=rtol),
+                "traced_max_abs_diff": traced.get("max_abs_diff")}
     _phase("verify")
     return _verify_at(exported, alt_inputs, export_s, atol=atol, rtol=rtol)
 
@@ -608,7 +653,7 @@ def _load_runner(runner: str) -> Callable[..., dict[str, Any]]:
 
 
 def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: float = ATOL,
-             rtol: float = RTOL, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             rtol: float = RTOL, options: Mapping[str, Any] | None = None, zoo: str = "default") -> dict[str, Any]:
     """Build one zoo case, run it eagerly, then export and verify it (in the calling process).
 
     Args:
@@ -619,6 +664,8 @@ def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: 
         atol: absolute tolerance of the verification.
         rtol: relative tolerance of the verification.
         options: config options of the export (a known-failure list's ``recheck_options``).
+        zoo: the case's zoo (:data:`ZOOS`); for ``"testers"`` the runner also gets ``verify_traced=True`` (both
+            shapes are the criterion).
 
     Returns:
         The outcome fields of the case's record (``status`` and what applies of ``reason``, ``stage``,
@@ -627,23 +674,33 @@ def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: 
     Raises:
         hfexport_sweep.zoo.UnknownCaseError: the case is not in the zoo.
     """
-    from . import zoo
+    from . import zoo as default_zoo
 
     _phase("build")
     try:
-        model, inputs, alt_inputs = zoo.build_case(case_id)
-        zoo.check_eager(model, inputs, alt_inputs)
-    except zoo.NotInstantiable as exc:
+        model, inputs, alt_inputs = zoo_module(zoo).build_case(case_id)
+        default_zoo.check_eager(model, inputs, alt_inputs)
+    except default_zoo.NotInstantiable as exc:
         return {"status": "not_instantiable", "reason": exc.reason, "cause": exc.reason, "where": _where(exc)}
     _phase("export")
-    extra = {"options": dict(options)} if options else {}
+    extra: dict[str, Any] = {"options": dict(options)} if options else {}
+    if zoo == "testers":
+        extra["verify_traced"] = True
     outcome = _load_runner(runner)(model, inputs, alt_inputs, backend, atol, rtol, **extra)
-    images = zoo.image_inputs(model)
+    if zoo == "testers" and isinstance(outcome, dict):
+        outcome["shapes_checked"] = _shapes(inputs, alt_inputs)
+    images = default_zoo.image_inputs(model)
     if images is not None and isinstance(outcome, dict):  # a multimodal case: whether its vision tower was traced
         outcome["images"] = (f"one image, {images.tokens_per_image} placeholder tokens" if images.used
                              and images.tokens_per_image else "one image per row" if images.used
                              else f"text only: {images.reason}")
     return outcome
+
+
+def _shapes(*kwargs_sets: Mapping[str, Any]) -> list[str]:
+    """``["input_ids 13x7, attention_mask 13x7", ...]``: the tensor shapes of each set of forward kwargs."""
+    return [", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in kw.items() if hasattr(v, "shape"))
+            for kw in kwargs_sets]
 
 
 def _case_process(job: dict[str, Any], result_path: str, log_path: str) -> None:
@@ -664,7 +721,7 @@ def _case_process(job: dict[str, Any], result_path: str, log_path: str) -> None:
     torch.set_num_threads(job["threads"])
     try:
         outcome = run_case(job["case_id"], job["backend"], runner=job["runner"], atol=job["atol"],
-                           rtol=job["rtol"], options=job.get("options"))
+                           rtol=job["rtol"], options=job.get("options"), zoo=job.get("zoo", "default"))
     except BaseException as exc:  # the sweep records every failure as a status
         traceback.print_exc()
         phase = _PHASE_FILE.read_text() if _PHASE_FILE.exists() else "build"
@@ -1003,7 +1060,7 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int | None = Non
               rerun: Iterable[str] = (), runner: str = DEFAULT_RUNNER, command: str | None = None,
               progress: bool | None = None, report: bool = True, preload: Iterable[str] = (),
               apply_skips: bool = True, sample: int | None = None, executor: str = "local",
-              address: str | None = None, memory_limit: float | None = None) -> SweepSummary:
+              address: str | None = None, memory_limit: float | None = None, zoo: str = "default") -> SweepSummary:
     """Export every selected zoo case with ``backend``, one process per case, and write the results.
 
     Args:
@@ -1040,6 +1097,9 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int | None = Non
             ``memory`` request. ``None``: no limit.
         preload: more modules for the fork server to import once (only the first sweep of a process starts
             the server: a caller running several sweeps passes the union to the first).
+        zoo: ``"default"`` (:mod:`hfexport_sweep.zoo`) or ``"testers"`` (:mod:`hfexport_sweep.tester_zoo`: the
+            configs and inputs of Transformers' model testers, each case verified at the tester's shape and at a
+            second one; default output ``reports/testers/<backend>``).
 
     Returns:
         A :class:`SweepSummary`.
@@ -1060,23 +1120,23 @@ def run_sweep(backend: str, *, filter: str | None = None, jobs: int | None = Non
     if unknown:
         raise SweepError(f"--rerun takes statuses among {', '.join(STATUSES)}; got {', '.join(unknown)}")
     exporter_module, distribution = resolve_backend(backend)
-    cases = select_cases(filter, limit, common, sample)
-    out = Path(output) if output is not None else Path("reports") / backend
-    meta = sweep_meta(backend, distribution, runner)
+    cases = select_cases(filter, limit, common, sample, zoo)
+    out = Path(output) if output is not None else default_output(backend, zoo)
+    meta = sweep_meta(backend, distribution, runner, zoo)
     done = prepare_output(out, meta, overwrite)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     run_entry: dict[str, Any] = {
         "run_id": uuid.uuid4().hex, "started": started,
         "command": command or shlex.join(["hfexport", *sys.argv[1:]]), "filter": filter, "limit": limit,
         "common": common, "sample_seed": sample, "rerun": list(rerun), "jobs": jobs, "timeout_s": timeout,
-        "recheck_skips": recheck_skips, "selected": len(cases), "zoo_cases": len(_all_cases()),
+        "recheck_skips": recheck_skips, "zoo": zoo, "selected": len(cases), "zoo_cases": len(_all_cases(zoo)),
         "executor": executor, "address": address, "memory_limit_gib": memory_limit}
     if sample is not None:
         from .zoo import sample_cases
 
         run_entry["sample_cases"] = len(sample_cases(sample))
     threads = 1 if executor == "ray" else max(1, (os.cpu_count() or 1) // (jobs or 1))
-    job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads}
+    job_base = {"backend": backend, "runner": runner, "atol": ATOL, "rtol": RTOL, "threads": threads, "zoo": zoo}
     if memory_limit is not None:
         job_base["memory_limit"] = int(memory_limit * 2**30)
     preload = [*_PRELOAD, exporter_module, runner.partition(":")[0], *preload]
@@ -1151,7 +1211,7 @@ def _recheck(cases: list[Any], skips: dict[str, str], backend: str, job_base: di
                     listed.append((name, case, {**job_base, "case_id": case.case_id, "options": options}))
     for note in notes:
         print(note, file=sys.stderr)
-    in_zoo = {c.class_name for c in _all_cases()}
+    in_zoo = {c.class_name for c in _all_cases(job_base.get("zoo", "default"))}
     missing = [(name, cls) for name, entries in lists.items() for cls in entries if cls not in in_zoo]
     display = _Display(len(listed), backend, progress)
     records: list[dict[str, Any]] = []
@@ -1221,6 +1281,12 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--common", action="store_true",
                    help=f"only the cases of {len(COMMON_ARCHITECTURES)} widely used architectures (a stratified "
                         "sweep, for slow backends)")
+    p.add_argument("--zoo", choices=ZOOS, default="default",
+                   help="default: every auto-mapped class with shrunk configs (batch 2, then 3); testers: ~90 "
+                        "architectures built with the configs and inputs of Transformers' own model testers (batch "
+                        "13-14, 7 tokens, 1024 audio samples, 30-pixel images), each verified at the tester's shape "
+                        "and at batch + 1 with another length (a larger image where the model allows); results in "
+                        "reports/testers/<backend> (see hfexport_sweep.tester_zoo)")
     p.add_argument("--sample", action="store_true",
                    help="a seeded sample: one class per model type (family), drawn among the classes that have an "
                         "input recipe by an RNG seeded with --seed and the model type (the same on every run and "
@@ -1242,9 +1308,15 @@ def register_cli(subparsers: Any) -> None:
     p.set_defaults(func=_cmd_sweep)
 
 
+def default_output(backend: str, zoo: str = "default") -> Path:
+    """The results directory of a sweep without ``--output``: ``reports/<backend>``, ``reports/testers/<backend>``
+    for the tester zoo (a reports root of its own, so that its coverage matrix holds tester sweeps only)."""
+    return Path("reports") / ("testers" if zoo == "testers" else "") / backend
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    output = Path(args.output) if args.output else Path("reports") / args.backend
+    output = Path(args.output) if args.output else default_output(args.backend, args.zoo)
     if args.report_only:
         if not (output / RESULTS_FILE).exists():
             print(f"error: no {RESULTS_FILE} in {output}", file=sys.stderr)
@@ -1260,7 +1332,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         summary = run_sweep(args.backend, filter=args.filter, jobs=args.jobs, timeout=args.timeout, output=output,
                             overwrite=args.overwrite, recheck_skips=args.recheck_skips, limit=args.limit,
                             common=args.common, rerun=[s for s in args.rerun.split(",") if s], sample=sample,
-                            executor=args.executor, address=args.address, memory_limit=args.memory_limit)
+                            executor=args.executor, address=args.address, memory_limit=args.memory_limit,
+                            zoo=args.zoo)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

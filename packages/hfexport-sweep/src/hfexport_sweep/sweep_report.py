@@ -178,7 +178,8 @@ def _coverage(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
     runs = meta.get("runs", [])
     total = next((r.get("zoo_cases") for r in reversed(runs) if r.get("zoo_cases")), None)
     filters = sorted({r.get("filter") or "" for r in runs if not r.get("recheck_skips")})
-    what = f"{len(records)} of {total} zoo cases" if total else f"{len(records)} zoo cases"
+    zoo = "tester-zoo" if meta.get("zoo") == "testers" else "zoo"
+    what = f"{len(records)} of {total} {zoo} cases" if total else f"{len(records)} {zoo} cases"
     if any(r.get("common") for r in runs if not r.get("recheck_skips")):
         what += (f": a stratified subset, every case of the {len(COMMON_ARCHITECTURES)} common architectures of "
                  f"`hfexport sweep --common` ({', '.join(COMMON_ARCHITECTURES)})")
@@ -229,6 +230,52 @@ def load_history(path: Path) -> dict[str, list[dict[str, Any]]]:
     return history
 
 
+def _criterion(meta: Mapping[str, Any]) -> str:
+    if meta.get("zoo") == "testers":
+        return ("- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the model as its "
+                "Transformers model tester builds it (the tester's config and inputs: `hfexport sweep --zoo testers`, "
+                "`hfexport_sweep.tester_zoo`), then `exported.verify(..., atol=1e-4, rtol=1e-3)` at the tester's "
+                "shape and at a second one: batch + 1 and another sequence length, an image twice the size where "
+                "the model takes other sizes (`shapes_checked` in results.jsonl).")
+    return ("- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the tiny zoo model (batch 2), "
+            "then `exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)` at batch 3 and another sequence length.")
+
+
+UPSTREAM_REASONS: tuple[tuple[str, str], ...] = ()
+"""``(regular expression searched in a failure's cause, the upstream reason)``: failures whose fix is not
+hfexport's, named in the report's comparison with dynamo (a case that passes on dynamo and fails on this backend
+either has such a reason or is hfexport's to fix)."""
+
+
+def upstream_reason(record: Mapping[str, Any]) -> str | None:
+    """The named upstream reason of a failed record (:data:`UPSTREAM_REASONS`), or None."""
+    text = f"{record.get('cause') or ''} {record.get('error') or ''} {record.get('dynamic_error') or ''}"
+    return next((why for pattern, why in UPSTREAM_REASONS if re.search(pattern, text)), None)
+
+
+def _against_dynamo(backend: str, records: Sequence[Mapping[str, Any]],
+                    sweeps: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Markdown lines: the cases ok on dynamo (the sweep beside this one) that are not ok here, each with its
+    cause and named upstream reason."""
+    if backend == "dynamo" or "dynamo" not in sweeps:
+        return []
+    dynamo_ok = {r["case_id"] for r in sweeps["dynamo"] if r["status"] == "ok"}
+    here = {r["case_id"]: r for r in records}
+    compared = sorted(dynamo_ok & set(here))
+    missing = [here[c] for c in compared if here[c]["status"] != "ok"]
+    static = sum(here[c].get("shapes") == "static" and here[c]["status"] == "ok" for c in compared)
+    lines = ["", "## Against dynamo", "",
+             f"Of the {len(compared)} cases ok on dynamo beside this sweep, {len(compared) - len(missing)} are ok here"
+             + (f" ({static} of them as static exports)" if static else "") + "."]
+    if missing:
+        named = sum(upstream_reason(r) is not None for r in missing)
+        lines += [f"The {len(missing)} others ({named} with a named upstream reason):", "",
+                  "| case | status | cause | upstream reason |", "|---|---|---|---|"]
+        lines += [f"| `{r['case_id']}` | {r['status']} | {_md((r.get('cause') or '')[:200])} | "
+                  f"{_md(upstream_reason(r) or 'none named: hfexport to look at')} |" for r in missing]
+    return lines
+
+
 def _stage(record: Mapping[str, Any]) -> str:
     return record.get("stage") or {"mismatch": "verify", "runtime_error": "verify"}.get(record["status"], "?")
 
@@ -256,9 +303,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
              f"Generated {now} from `{RESULTS_FILE}`: {_coverage(meta, records)}.", "",
              f"- Backend: `{backend}` from {meta.get('backend_distribution', '?')}",
              f"- Tested versions: {versions}, Python {meta.get('python', '?')}",
-             "- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the tiny zoo model "
-             "(batch 2), "
-             "then `exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)` at batch 3 and another sequence length.",
+             _criterion(meta),
              "- Commands that produced these results (run from the repository root):", ""]
     for run in meta.get("runs", []):
         if run.get("recheck_skips"):
@@ -308,6 +353,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
         for name, recs in sweeps.items():
             m = summarize(recs)
             lines.append(f"| {name} | {m['tried']} | {m['instantiable']} | {m['ok']} | {m['ok_pct']}% |")
+    lines += _against_dynamo(backend, records, sweeps)
     # failures by stage
     stages = Counter(_stage(r) for r in records if r["status"] in FAILURES)
     if stages:
