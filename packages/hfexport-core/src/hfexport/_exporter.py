@@ -102,7 +102,10 @@ class ExportContext:
         stack: contexts entered by stages (patches, state cleanup); closed when the stages end.
         program: the ``torch.export.ExportedProgram`` once traced.
         report: what the export did: installed patches, fixes applied, timings, notes (into the manifest).
-        extras: backend-specific results (an ONNX model, a .pte buffer, partitioners ...).
+        trace: the tracer's typed state for this export (``hfexport_dynamo.TraceState``: the dynamic shapes, the
+            forward constants baked in ...), set by the tracer's stages.
+        state: the backend's typed state for this export (a dataclass of what its stages hand on: an ONNX model,
+            a runner, a manifest section ...), made by :meth:`Exporter.new_state` before the first stage.
         steps: times the toolchain calls of the stages (``with ctx.step("torch.onnx.export"): ...``).
     """
 
@@ -115,7 +118,8 @@ class ExportContext:
     program: Any = None
     report: dict[str, Any] = field(default_factory=lambda: {"patches": [], "skipped_patches": [], "fixes": {},
                                                              "timings": {}, "notes": []})
-    extras: dict[str, Any] = field(default_factory=dict)
+    trace: Any = None
+    state: Any = None
     steps: StepRecorder = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -441,6 +445,16 @@ class Exporter:
         _check_config_class(type(self), config)
         self.config = self.config_class.from_options(config, **options)
 
+    def cache_attention(self) -> Any:
+        """The fused KV-cache attention this export lowers (:attr:`fused_cache_attention`, unless the config turns
+        it off: ONNX's ``ort_fusions=None`` writes plain ONNX ops)."""
+        return self.fused_cache_attention
+
+    def new_state(self, ctx: ExportContext) -> Any:
+        """The typed state the stages of one export hand on (a dataclass of the backend's own), kept in
+        ``ctx.state``; None by default (a backend whose stages hand on nothing but ``ctx.program``)."""
+        return None
+
     @classmethod
     def nested(cls, config: ExportConfig) -> Exporter:
         """An exporter that runs this backend's stages inside another backend's export, with that export's
@@ -544,6 +558,7 @@ class Exporter:
             try:
                 with contextlib.ExitStack() as stack:
                     ctx = ExportContext(self, model, inputs, self.config, stack, progress)
+                    ctx.state = self.new_state(ctx)
                     model.eval()
                     ctx.report["timings"].update(run_stages(self.name, self.stages, self, ctx, model_class,
                                                             progress))

@@ -119,7 +119,7 @@ def export_task(exporter: Any, model: Any, task: str, inputs: Mapping[str, Any] 
     if "stateful" in inspect.signature(plan_task).parameters:  # where the plan keeps state: the runtime's say
         task_options["stateful"] = exporter.stateful_programs
     if "fused_cache_attention" in inspect.signature(plan_task).parameters:  # the runtime's fused kernel, if any
-        task_options["fused_cache_attention"] = exporter.fused_cache_attention
+        task_options["fused_cache_attention"] = exporter.cache_attention()
     plan: TaskPlan = plan_task(model, task, inputs, **task_options)
     exported: list[tuple[str, ExportedModel]] = []
     for part in plan.components:

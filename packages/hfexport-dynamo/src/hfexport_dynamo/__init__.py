@@ -3,7 +3,8 @@
 The public tracing API other backends compose: :func:`trace` (the five dynamo stages, nested under the
 caller's stage), ``DYNAMO_TRACER`` (inputs from the config, pytrees, manifest descriptions, the eager
 reference), :class:`DynamoConfig` (backend configs extend it), :func:`dummy_inputs`,
-:func:`register_cache_type` / :func:`register_transformers_pytrees`, ``EXPORT_SKIPS``, and graph rewrites that
+:func:`register_cache_type` / :func:`register_transformers_pytrees`, :class:`TraceState` / :func:`trace_state` (what
+the dynamo stages decided for one export: its dynamic shapes, the forward constants baked in), ``EXPORT_SKIPS``, and graph rewrites that
 several backends apply (:func:`complex_to_real_pairs`).
 
 Importing this package is light: it declares the backend for discovery; torch is imported when one of the
@@ -26,7 +27,7 @@ DYNAMO_BACKEND = Backend(
 )
 
 _LAZY = {
-    "DynamoConfig": "exporter_dynamo", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
+    "DynamoConfig": "_config", "TraceState": "_config", "trace_state": "_config", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
     "trace": "exporter_dynamo", "PROGRAM_FILE": "exporter_dynamo",
     "DYNAMO_TRACER": "tracer", "DynamoTracer": "tracer",
     "EXPORT_SKIPS": "skips",

@@ -21,7 +21,6 @@ import inspect
 import logging
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,6 +46,7 @@ from . import (
     _model_patches,  # noqa: F401  (registers the single-family model patches)
     _window_padding,  # noqa: F401  (registers the shifted-window padding patches)
 )
+from ._config import DynamoConfig, trace_state
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program
 from ._pytree import register_transformers_pytrees
@@ -79,72 +79,6 @@ _STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
 _CACHE_INPUT_NAMES = ("cache", "past_key_values", "cache_params")
 
 
-@dataclass
-class DynamoConfig(ExportConfig):
-    """Options of the ``dynamo`` backend.
-
-    Attributes:
-        strict: trace with TorchDynamo's strict mode (``torch.export.export(strict=True)``); the default
-            non-strict mode traces Python as it runs, which Transformers models need.
-        fixed_kwargs: forward keyword arguments baked into the program (not inputs), e.g.
-            ``{"output_hidden_states": True}``. ``use_cache=False`` is added for models that take it,
-            unless ``past_key_values`` is an input.
-    """
-
-    strict: bool = False
-    fixed_kwargs: Mapping[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.strict, bool):
-            raise TypeError(f"strict must be True or False, got {self.strict!r} ({type(self.strict).__name__})")
-        if self.fixed_kwargs is not None:
-            if not isinstance(self.fixed_kwargs, Mapping):
-                raise TypeError(f"fixed_kwargs must map forward keyword names to constants, e.g. "
-                                f"{{'output_hidden_states': True}}; got {type(self.fixed_kwargs).__name__}")
-            bad = [k for k in self.fixed_kwargs if not isinstance(k, str)]
-            if bad:
-                raise TypeError(f"fixed_kwargs is keyed by forward keyword names (str), got keys {bad!r}")
-        for name, spec in (self.dynamic_shapes or {}).items():
-            _check_dynamic_shape_spec(spec, f"dynamic_shapes[{name!r}]")
-
-
-_DIM_SPEC_HELP = ("a dim is given a torch.export.Dim('name', min=..., max=...), Dim.AUTO, Dim.DYNAMIC, Dim.STATIC, "
-                  "None or an int; a tensor's spec maps dim indices to those ({0: Dim('batch')}) or lists one per "
-                  "dim, and a cache or nested input nests such specs")
-
-
-def _check_dynamic_shape_spec(spec: Any, where: str) -> None:
-    """Raise a TypeError naming ``where`` when ``spec`` is not a dynamic-shapes spec torch.export takes."""
-    import torch.export.dynamic_shapes as ds
-
-    dim_types = tuple(t for t in (getattr(ds, n, None) for n in ("Dim", "_Dim", "_DerivedDim", "_StaticDim", "_DimHint"))
-                      if isinstance(t, type))
-
-    def is_dim(value: Any) -> bool:
-        return value is None or isinstance(value, dim_types) or (isinstance(value, int) and not isinstance(value, bool))
-
-    if is_dim(spec):
-        return
-    if isinstance(spec, Mapping):
-        for key, value in spec.items():
-            if isinstance(key, int) and not isinstance(key, bool):
-                if key < 0:
-                    raise TypeError(f"{where} has dim index {key}: use non-negative dim indices ({_DIM_SPEC_HELP})")
-                if not is_dim(value):
-                    raise TypeError(f"{where}[{key}] is {value!r} ({type(value).__name__}); {_DIM_SPEC_HELP}")
-            elif isinstance(key, str):  # a dict-like input (a mapping pytree): nested specs by key
-                _check_dynamic_shape_spec(value, f"{where}[{key!r}]")
-            else:
-                raise TypeError(f"{where} has key {key!r} ({type(key).__name__}); {_DIM_SPEC_HELP}")
-        return
-    if isinstance(spec, list | tuple):
-        for i, value in enumerate(spec):
-            _check_dynamic_shape_spec(value, f"{where}[{i}]")
-        return
-    raise TypeError(f"{where} is {spec!r} ({type(spec).__name__}); {_DIM_SPEC_HELP}")
-
-
 class _ExportSignature(torch.nn.Module):
     """Calls ``model(**dict(zip(names, args)), **fixed_kwargs)``; forward gets an explicit signature.
 
@@ -175,7 +109,7 @@ def _with_signature(model: torch.nn.Module, names: list[str], fixed: dict[str, A
     def forward(self: _ExportSignature, *args: Any) -> Any:
         return _ExportSignature.forward(self, *args)
 
-    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    forward.__dict__["__signature__"] = inspect.Signature(params)  # what inspect.signature reads
     cls = type(f"{type(model).__name__}Signature", (_ExportSignature,), {"forward": forward})
     return cls(model, names, fixed)
 
@@ -253,7 +187,7 @@ class DynamoExporter(Exporter):
                        "removed in transformers 5); it is not a program input, and calls of the export drop it too")
             warnings.warn(message, UserWarning, stacklevel=2)
             ctx.note(message)
-            ctx.extras["ignored_inputs"] = ignored
+            trace_state(ctx).ignored_inputs = ignored
             ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in ignored}
         # Python constants among the inputs (use_cache=False, return_dict=True) are not program inputs: they
         # are baked in, and ExportedModel accepts them again only with the same value.
@@ -263,9 +197,10 @@ class DynamoExporter(Exporter):
         has_cache_input = any(n in ctx.inputs for n in _CACHE_INPUT_NAMES)
         if "use_cache" in names and "use_cache" not in ctx.inputs:
             fixed["use_cache"] = has_cache_input
-        fixed.update(ctx.config.fixed_kwargs or {})  # type: ignore[attr-defined]
-        ctx.extras["fixed_kwargs"] = fixed
-        ctx.extras["wrapper"] = _with_signature(ctx.model, list(ctx.inputs), fixed)
+        state = trace_state(ctx)
+        fixed.update(state.config.fixed_kwargs or {})
+        state.fixed_kwargs = fixed
+        state.wrapper = _with_signature(ctx.model, list(ctx.inputs), fixed)
 
 # ── Stage 2: Model patches ──
     def stage_model_patches(self, ctx: ExportContext) -> None:
@@ -300,8 +235,9 @@ class DynamoExporter(Exporter):
                 raise ValueError(f"dynamic_shapes[{name!r}] gives {len(spec)} dim specs, but input {name!r} has "
                                  f"{value.dim()} dims (shape {list(value.shape)}): give one per dim, or a "
                                  "mapping {dim index: Dim}")
+        state = trace_state(ctx)
         if not ctx.config.dynamic and not overrides:
-            ctx.extras["dynamic_shapes"] = None
+            state.dynamic_shapes = None
             return
         shapes = []
         for name, value in ctx.inputs.items():
@@ -313,9 +249,9 @@ class DynamoExporter(Exporter):
                 shapes.append(None)
         shared = shared_dims(ctx.model, ctx.inputs) if ctx.config.dynamic and not overrides else {}
         if shared:  # one batch and one sequence symbol across the token inputs; Dim.AUTO kept for a retrace
-            ctx.extras["auto_dynamic_shapes"] = tuple(shapes)
+            state.auto_dynamic_shapes = tuple(shapes)
             shapes = [{**spec, **shared[name]} if name in shared else spec for name, spec in zip(ctx.inputs, shapes, strict=True)]
-        ctx.extras["dynamic_shapes"] = tuple(shapes)
+        state.dynamic_shapes = tuple(shapes)
 
 # ── Stage 5: State cleanup ──
     def stage_state_cleanup(self, ctx: ExportContext) -> None:
@@ -326,8 +262,8 @@ class DynamoExporter(Exporter):
                 return tuple(copy.deepcopy(v) if not isinstance(v, torch.Tensor) else v for v in ctx.inputs.values())
 
             with ctx.step("torch.export.export"):
-                ctx.program = export_with_shared_dims(ctx, ctx.extras["wrapper"], args,
-                                                      strict=ctx.config.strict)  # type: ignore[attr-defined]
+                state = trace_state(ctx)
+                ctx.program = export_with_shared_dims(ctx, state.wrapper, args, strict=state.config.strict)
         _warn_specialized(ctx)
 
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
@@ -374,14 +310,15 @@ def _transformers_version() -> str:
 def _warn_specialized(ctx: ExportContext) -> None:
     """Warn about each dim asked to be dynamic that the trace fixed; record them for the manifest (notes and
     ``specialized_dims``). Never fails the export: the description is best effort."""
-    if not ctx.extras.get("dynamic_shapes"):
+    state = trace_state(ctx)
+    if not state.dynamic_shapes:
         return
     try:
-        fixed = specialized_dims(ctx.program, ctx.inputs, ctx.extras["dynamic_shapes"])
+        fixed = specialized_dims(ctx.program, ctx.inputs, state.dynamic_shapes)
     except Exception as exc:  # noqa: BLE001
         logger.debug("could not compare the requested dynamic dims with the program's: %s", exc)
         return
-    ctx.extras["specialized_dims"] = fixed
+    state.specialized_dims = fixed
     for entry in fixed:
         message = specialized_message(entry)
         ctx.note(message)

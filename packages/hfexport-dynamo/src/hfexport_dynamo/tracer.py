@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 
 from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 
+from ._config import trace_state
 from ._pytree import register_transformers_pytrees
 from ._quiet import no_loading_bar
 from .inputs import dummy_inputs, forward_parameters
@@ -123,20 +124,21 @@ class DynamoTracer:
 
     def program_manifest(self, ctx: ExportContext, program: torch.export.ExportedProgram) -> dict[str, Any]:
         """A component's manifest keys: inputs, outputs, output spec (and the modules of its types)."""
+        state = trace_state(ctx)
         return {
             "inputs": describe_inputs(program, ctx.inputs),
             "outputs": describe_outputs(program),
             "output_spec": pytree.treespec_dumps(program.call_spec.out_spec),
             "output_modules": sorted(_spec_modules(program.call_spec.out_spec)),
-            "fixed_kwargs": ctx.extras.get("fixed_kwargs", {}),
+            "fixed_kwargs": state.fixed_kwargs,
             # dims asked to be dynamic that the trace fixed (stage 5 warns about each)
-            **({"specialized_dims": ctx.extras["specialized_dims"]}
-               if "specialized_dims" in ctx.extras and program is ctx.program else {}),
+            **({"specialized_dims": state.specialized_dims}
+               if state.specialized_dims is not None and program is ctx.program else {}),
             # named Dim ranges torch.export's solver refused, traced as Dim.DYNAMIC over the same range
-            **({"relaxed_dims": ctx.extras["relaxed_dims"]}
-               if "relaxed_dims" in ctx.extras and program is ctx.program else {}),
+            **({"relaxed_dims": state.relaxed_dims} if state.relaxed_dims is not None and program is ctx.program
+               else {}),
             # inputs forward took through **kwargs and transformers ignores: dropped, also from later calls
-            **({"ignored_inputs": ctx.extras["ignored_inputs"]} if ctx.extras.get("ignored_inputs") else {}),
+            **({"ignored_inputs": state.ignored_inputs} if state.ignored_inputs else {}),
         }
 
     def extra_files(self, ctx: ExportContext) -> dict[str, Any]:
@@ -162,7 +164,7 @@ class DynamoTracer:
         return generate(exported, input_ids, attention_mask, **options)
 
     def reference(self, ctx: ExportContext) -> Any:
-        model, fixed = ctx.model, dict(ctx.extras.get("fixed_kwargs", {}))
+        model, fixed = ctx.model, dict(trace_state(ctx).fixed_kwargs)
         return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
 
     def load_model(self, path: str | Path) -> torch.nn.Module:
@@ -450,8 +452,8 @@ def specialized_message(entry: Mapping[str, Any]) -> str:
 
 
 def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, strict: bool) -> torch.export.ExportedProgram:
-    """``torch.export.export`` with ``ctx.extras["dynamic_shapes"]``; when those hold the named dims of
-    :func:`hfexport_dynamo.inputs.shared_dims` (``ctx.extras["auto_dynamic_shapes"]`` is then the plain
+    """``torch.export.export`` with the trace state's ``dynamic_shapes``; when those hold the named dims of
+    :func:`hfexport_dynamo.inputs.shared_dims` (its ``auto_dynamic_shapes`` is then the plain
     ``Dim.AUTO`` spec) and torch.export refuses them (a constraint violation: the model fixes the batch, or
     relates the sequence to another size), trace again with ``Dim.AUTO`` on every dim and say so in the notes.
 
@@ -460,10 +462,10 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
     """
     from torch._dynamo.exc import UserError, UserErrorType
 
-    auto = ctx.extras.get("auto_dynamic_shapes")
+    state = trace_state(ctx)
+    auto = state.auto_dynamic_shapes
     try:
-        program = torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"],
-                                      strict=strict)
+        program = torch.export.export(module, make_args(), dynamic_shapes=state.dynamic_shapes, strict=strict)
     except UserError as exc:
         if exc.error_type is not UserErrorType.CONSTRAINT_VIOLATION:
             raise
@@ -473,7 +475,7 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
             reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
             ctx.note(f"torch.export refused the dims shared across inputs (batch, sequence): {reason}; traced "
                      "again with Dim.AUTO on every dim")
-            ctx.extras["dynamic_shapes"] = auto
+            state.dynamic_shapes = auto
             program = torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
     return _widen_narrowed_dims(ctx, module, make_args, strict, program)
 
@@ -520,15 +522,15 @@ def _widen_narrowed_dims(ctx: ExportContext, module: Any, make_args: Any, strict
     unbacked sizes, and add no guard. The export's verification then checks the program at the traced shape
     (where that size is 1) and at a second shape. The setting stays on for the rest of the export's stages
     (``ctx.stack``): a backend's retraces of the program evaluate those checks again."""
-    narrowed = narrowed_dims(program, ctx.inputs, ctx.extras.get("dynamic_shapes"), ctx.model)
+    state = trace_state(ctx)
+    narrowed = narrowed_dims(program, ctx.inputs, state.dynamic_shapes, ctx.model)
     if not narrowed:
         return program
     from torch.fx.experimental import _config as fx_config
 
     try:
         with fx_config.patch(backed_size_oblivious=True):
-            retried = torch.export.export(module, make_args(), dynamic_shapes=ctx.extras["dynamic_shapes"],
-                                          strict=strict)
+            retried = torch.export.export(module, make_args(), dynamic_shapes=state.dynamic_shapes, strict=strict)
     except Exception as exc:  # noqa: BLE001 - the first program stands
         logger.debug("the size-oblivious retrace failed: %s", exc)
         return program
@@ -574,15 +576,18 @@ def _export_with_ranges_as_hints(ctx: ExportContext, module: Any, make_args: Any
                                  exc: Exception) -> torch.export.ExportedProgram:
     """Trace again with the user's named ``Dim(min=, max=)`` as ``Dim.DYNAMIC(min=, max=)`` after a constraint
     violation, keeping each range as the program's checked bound (torch.export's input check refuses sizes
-    outside it); warn, note, and record the dims in ``ctx.extras["relaxed_dims"]`` (the manifest's
+    outside it); warn, note, and record the dims in the trace state's ``relaxed_dims`` (the manifest's
     ``relaxed_dims``, with the range the program checks). A named dim goes through torch.export's solver, which
     refuses a range when it cannot prove every guard over all of it, including guards that hold for every size
     (``h <= 2*((h + 1)//2)`` from padding to even sizes); a ``Dim.DYNAMIC`` hint keeps such guards as checks
     (pytorch/pytorch#146315). torch.onnx retries the same way. Re-raises the original error when the spec holds
     no named dim, or when the retry fails too."""
+    state = trace_state(ctx)
+    if not state.dynamic_shapes:
+        raise exc
     found: list[dict[str, Any]] = []
     relaxed = tuple(_ranges_as_hints(spec, found, {"input": name})
-                    for name, spec in zip(ctx.inputs, ctx.extras["dynamic_shapes"], strict=True))
+                    for name, spec in zip(ctx.inputs, state.dynamic_shapes, strict=True))
     if not found:
         raise exc
     try:
@@ -604,6 +609,6 @@ def _export_with_ranges_as_hints(ctx: ExportContext, module: Any, make_args: Any
                "called" + (f"; the trace narrowed {', '.join(narrowed)}" if narrowed else ""))
     logger.warning(message)
     ctx.note(message)
-    ctx.extras["relaxed_dims"] = found
-    ctx.extras["dynamic_shapes"] = relaxed
+    state.relaxed_dims = found
+    state.dynamic_shapes = relaxed
     return program

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfexport.plugin import Quantization
+from hfexport.plugin import ExportContext, Quantization
 from hfexport_dynamo import DynamoConfig
 
 from ._quantize import resolve_executorch_quantization
 from ._variants import backend_variants, variant_registration
 
-__all__ = ["ExecutorchConfig"]
+__all__ = ["ExecutorchConfig", "executorch_config"]
 
 
 @dataclass
@@ -73,3 +73,14 @@ class ExecutorchConfig(DynamoConfig):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1 (the largest size planned for), got {value!r}")
         self.quantize = resolve_executorch_quantization(self.quantize, self.backend)
+
+
+def executorch_config(ctx: ExportContext) -> ExecutorchConfig:
+    """The :class:`ExecutorchConfig` of an ExecuTorch export's context, typed.
+
+    Raises:
+        TypeError: the context's config is another backend's.
+    """
+    if not isinstance(ctx.config, ExecutorchConfig):
+        raise TypeError(f"an ExecuTorch export's config is an ExecutorchConfig, got {type(ctx.config).__name__}")
+    return ctx.config

@@ -53,6 +53,9 @@ from hfexport.plugin import (
     resolve_quantization,
     weight_bytes,
 )
+from hfexport_dynamo import trace_state
+
+from ._state import executorch_state
 
 __all__ = ["QUANTIZATION_RECIPES", "quantization_section", "quantize_program", "quantize_source", "recipes_for",
            "register_quantized_kernels", "resolve_executorch_quantization"]
@@ -168,7 +171,7 @@ def quantize_source(ctx: ExportContext) -> None:
     if quantization.embedding and embeddings:
         # to_executorch fuses torchao's dequantize_affine + embedding into quantized_decomposed::embedding_byte /
         # embedding_4bit (ExecuTorch's QuantFusionPass), which run on its quantized kernels
-        ctx.extras["executorch_preparation"].backend_config_options.setdefault("do_quant_fusion_and_const_prop", True)
+        executorch_state(ctx).preparation.backend_config_options.setdefault("do_quant_fusion_and_const_prop", True)
         register_quantized_kernels()  # the runner opens the program at the end of stage 5
     linear_weights = (f"int4, symmetric, groups of {group} input weights (int8 per output channel where {group} "
                       "does not divide the input size: XNNPACK's int4 kernels need whole groups of 32)"
@@ -176,7 +179,7 @@ def quantize_source(ctx: ExportContext) -> None:
     embedding_weights = (f"{quantization.embedding}: {EMBEDDING_SCHEMES[quantization.embedding]}"
                          + (f" (per row where {_EMBEDDING_GROUP} does not divide the row)" if per_row_tables else "")
                          if quantization.embedding else "float32")
-    ctx.extras["executorch_quantization"] = {
+    executorch_state(ctx).quantization = {
         "recipe": quantization.recipe, "step": "torchao.quantization.quantize_ (before the trace)",
         "weights": f"linear: {linear_weights}; embedding: {embedding_weights}",
         "activations": "int8, asymmetric, per token, at run time",
@@ -229,7 +232,7 @@ def quantize_program(ctx: ExportContext) -> None:
     batches = _calibration_args(ctx, quantization)
     register_quantized_kernels()  # the runner opens the program at the end of stage 5
     # to_executorch fuses the embedding tables' dequantize + embedding into quantized_decomposed::embedding_byte
-    ctx.extras["executorch_preparation"].backend_config_options.setdefault("do_quant_fusion_and_const_prop", True)
+    executorch_state(ctx).preparation.backend_config_options.setdefault("do_quant_fusion_and_const_prop", True)
     # Linear layers only: quantizing XNNPACK's other patterns too (add, mul, cat: the residual stream) costs
     # all-MiniLM-L6-v2 most of its accuracy (sentence embeddings at cosine 0.85 with float, against 0.95).
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
@@ -245,13 +248,13 @@ def quantize_program(ctx: ExportContext) -> None:
         converted = convert_pt2e(prepared)
     with ctx.step("torch.export.export (quantized)"):
         ctx.program = torch.export.export(converted, tuple(ctx.inputs.values()),
-                                          dynamic_shapes=ctx.extras.get("dynamic_shapes"), strict=False)
+                                          dynamic_shapes=trace_state(ctx).dynamic_shapes, strict=False)
     targets = [str(n.target) for n in ctx.program.graph.nodes if n.op == "call_function"]
     linear = sum(1 for n in float_program.graph.nodes if n.op == "call_function" and n.target in (
         torch.ops.aten.linear.default, torch.ops.aten.addmm.default, torch.ops.aten.mm.default))
     embedding = sum(1 for n in float_program.graph.nodes
                     if n.op == "call_function" and n.target is torch.ops.aten.embedding.default)
-    ctx.extras["executorch_quantization"] = {
+    executorch_state(ctx).quantization = {
         "recipe": quantization.recipe, "step": "prepare_pt2e, calibration, convert_pt2e (after the trace)",
         "quantizer": f"XNNPACKQuantizer (aten.linear: get_symmetric_quantization_config(is_per_channel=True, "
                      f"is_dynamic={dynamic})) + EmbeddingQuantizer",
@@ -266,13 +269,12 @@ def quantize_program(ctx: ExportContext) -> None:
     }
 
 
-def quantization_section(ctx: ExportContext) -> dict[str, Any]:
-    """The component manifest's ``quantization`` key (empty for a float export), with the program's size."""
-    section = ctx.extras.get("executorch_quantization")
+def quantization_section(section: dict[str, Any] | None, runner: Any) -> dict[str, Any]:
+    """The component manifest's ``quantization`` key (empty for a float export), with the size of ``runner``'s
+    program."""
     if not section:
         return {}
     section = dict(section)
-    runner = ctx.extras.get("executorch_runner")
     size = file_bytes([getattr(runner, "path", None), getattr(runner, "data_path", None)])
     float_bytes = section.pop("float_weights_bytes")
     section["size_bytes"] = {"float_weights": float_bytes, "quantized_program": size,

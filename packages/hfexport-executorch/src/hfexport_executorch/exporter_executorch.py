@@ -59,7 +59,7 @@ from ._attention import llm_cache_attention
 from ._bisect import bisect_delegates
 from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
-from ._config import ExecutorchConfig
+from ._config import ExecutorchConfig, executorch_config
 from ._decompositions import (
     ET_DECOMPOSITIONS,
     XNNPACK_DECOMPOSITIONS,
@@ -83,6 +83,7 @@ from ._quantize import (
 )
 from ._quiet import quiet_torchao_pytree_warnings
 from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, program_writer
+from ._state import ExecutorchState, executorch_state
 from ._variants import (
     BackendPreparation,
     place_model_and_inputs,
@@ -103,8 +104,8 @@ class ExecutorchExporter(Exporter):
     """Export to an ExecuTorch program (``model.pte``), verified on the ExecuTorch runtime.
 
     ``variant`` presets the ExecuTorch variant (``XnnpackExporter``, ``CudaExporter``, a vendor's subclass); the
-    generic exporter takes it from ``ExecutorchConfig.backend``. Per-export state of the stages and fixes is kept
-    in ``ctx.extras["executorch_*"]``.
+    generic exporter takes it from ``ExecutorchConfig.backend``. What the stages and their fixes hand on within one
+    export is its :class:`~hfexport_executorch._state.ExecutorchState` (``ctx.state``).
     """
 
     name: ClassVar[str] = "executorch"
@@ -143,56 +144,59 @@ class ExecutorchExporter(Exporter):
         if cls.variant is not None and "variant" in vars(cls):  # the scopes a variant's exports activate
             cls.scopes = (*ExecutorchExporter.scopes, f"executorch.{cls.variant}", f"executorch.{cls.variant}.internals")
 
+    def new_state(self, ctx: ExportContext) -> ExecutorchState:
+        return ExecutorchState()
+
     def variant_scopes(self, variant: str) -> tuple[str, ...]:
         """The scopes of torch patches, program fixes and node fixes for ``variant``."""
         return ("executorch", f"executorch.{variant}")
 
     def stage_backend_preparation(self, ctx: ExportContext) -> None:
         """Stage 1: the variant's ``prepare_for_<variant>`` (device, dtype, partitioners)."""
-        prepare = variant_registration(ctx.config.backend)  # type: ignore[attr-defined]
-        if is_disabled(prepare, ctx.config.disable):
+        state, config = executorch_state(ctx), executorch_config(ctx)
+        prepare = variant_registration(config.backend)
+        if is_disabled(prepare, config.disable):
             # Consistent with the workarounds: a disabled preparation is left out entirely. The model is traced
             # where and as it is, and no partitioner runs (every op on portable kernels).
             ctx.note(f"{prepare.name} disabled: no device/dtype move and no partitioner (portable kernels only)")
-            ctx.extras["executorch_preparation"] = BackendPreparation()
+            state.preparation = BackendPreparation()
         else:
-            ctx.extras["executorch_preparation"] = BackendPreparation.of(prepare.func(ctx))
+            state.preparation = BackendPreparation.of(prepare.func(ctx))
         quantize_source(ctx)  # quantize='8da4w': the traced model is a quantized copy
 
     def stage_torch_patches(self, ctx: ExportContext) -> None:
         """Stage 2: the torch patches of ``executorch`` and ``executorch.<variant>``."""
-        ctx.install_patches(self.variant_scopes(ctx.config.backend))  # type: ignore[attr-defined]
+        ctx.install_patches(self.variant_scopes(executorch_config(ctx).backend))
 
     def stage_executorch_patches(self, ctx: ExportContext) -> None:
         """Stage 3: the patches of ExecuTorch internals (``executorch.internals``, ``executorch.<variant>.internals``)."""
-        ctx.extras["executorch_admitted_ops"] = []  # what _patch_aten_dialect_verifier admits
-        ctx.install_patches(("executorch.internals", f"executorch.{ctx.config.backend}.internals"))  # type: ignore[attr-defined]
+        ctx.install_patches(("executorch.internals", f"executorch.{executorch_config(ctx).backend}.internals"))
 
     def stage_fx_program_fixes(self, ctx: ExportContext) -> None:
         """Stage 4: dynamo's trace (nested stages, then ``torch.export.export``), then the FX program fixes."""
         trace(ctx)
         quantize_program(ctx)  # quantize='int8': PT2E on the traced program, traced again
-        ctx.apply_fx_program_fixes(ctx.program, self.variant_scopes(ctx.config.backend))  # type: ignore[attr-defined]
-        bounds: DimBounds | None = ctx.extras.get("executorch_dim_bounds")
+        ctx.apply_fx_program_fixes(ctx.program, self.variant_scopes(executorch_config(ctx).backend))
+        bounds = executorch_state(ctx).dim_bounds
         if bounds is not None and bounds.bounded:
             ctx.note("dynamic dims given a finite upper bound: " + ", ".join(
                 f"{sym} in [{lo}, {hi}]" for sym, (lo, hi) in sorted(bounds.bounded.items())))
 
     def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
         """Stage 5: the FX node fixes, then the steps ``to_edge_transform_and_lower`` and ``to_executorch``."""
-        config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
+        state, config = executorch_state(ctx), executorch_config(ctx)
         ctx.apply_fx_node_fixes(ctx.program.graph_module, self.variant_scopes(config.backend))
-        preparation: BackendPreparation = ctx.extras["executorch_preparation"]
+        preparation = state.preparation
         edge, manager, planning, delegation = lower_program(ctx, preparation.partitioners, ctx.step)
         dtypes, planned, write = input_dtypes(ctx.inputs), planned_memory_bytes(manager), program_writer(manager)
         del edge, manager  # the lowered programs and their weights' bytes go before the runtime loads the file
-        runner = ctx.extras["executorch_runner"] = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
-        bounds = ctx.extras.get("executorch_dim_bounds") or DimBounds()
-        ctx.extras["executorch_manifest"] = {
+        runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
+        bounds = state.dim_bounds or DimBounds()
+        state.manifest = {
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
-            "non_core_aten_on_portable_kernels": sorted(set(ctx.extras["executorch_admitted_ops"])),
-            "initialized_mutable_buffers": sorted(set(ctx.extras.get("executorch_initialized_buffers", []))),
+            "non_core_aten_on_portable_kernels": sorted(set(state.admitted_ops)),
+            "initialized_mutable_buffers": sorted(set(state.initialized_buffers)),
             "memory_planning": planning, "planned_memory_bytes": planned,
             "dim_upper_bound": config.dim_upper_bound or DEFAULT_DIM_UPPER_BOUND,
             "max_batch": bounds.roles.get("batch", {}).get("max", config.max_batch or DEFAULT_MAX_BATCH),
@@ -208,27 +212,32 @@ class ExecutorchExporter(Exporter):
                           report: Any) -> dict[str, Any] | None:
         """The delegated partition (and op) that makes the program differ from eager, found by lowering the program
         again with partitions left on portable kernels (``_bisect.py``); None when nothing was delegated."""
-        preparation: BackendPreparation | None = ctx.extras.get("executorch_preparation")
-        if preparation is None or not preparation.partitioners or ctx.program is None:
+        preparation, variant = executorch_state(ctx).preparation, executorch_config(ctx).backend
+        if not preparation.partitioners or ctx.program is None:
             return None
         return bisect_delegates(ctx, exported, inputs, report, preparation.partitioners, lower_program,
-                                scopes=(*self.variant_scopes(ctx.config.backend), "executorch.internals",  # type: ignore[attr-defined]
-                                        f"executorch.{ctx.config.backend}.internals"))  # type: ignore[attr-defined]
+                                scopes=(*self.variant_scopes(variant), "executorch.internals",
+                                        f"executorch.{variant}.internals"))
 
     # ── packaging and loading ─────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
-        runner: ExecutorchRunner = ctx.extras["executorch_runner"]
+        state = executorch_state(ctx)
+        runner = state.runner
+        if runner is None:
+            raise RuntimeError("package() runs after stage 5, which opens the runner")
         return self.artifact(ctx, [Component(
             "model", runner, out_spec=ctx.program.call_spec.out_spec, write=runner.write_files,
-            manifest={"program_file": PROGRAM_FILE, "executorch": ctx.extras["executorch_manifest"],
-                      **quantization_section(ctx)})])
+            manifest={"program_file": PROGRAM_FILE, "executorch": state.manifest,
+                      **quantization_section(state.quantization, runner)})])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already, or calibration inputs that do not
         match the export's, are refused before any work."""
         super().check_inputs(inputs, model)
-        config: ExecutorchConfig = self.config  # type: ignore[assignment]
-        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,  # type: ignore[arg-type]
+        config = self.config
+        if not isinstance(config, ExecutorchConfig):
+            raise TypeError(f"an ExecutorchExporter's config is an ExecutorchConfig, got {type(config).__name__}")
+        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
                                   static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
@@ -236,8 +245,10 @@ class ExecutorchExporter(Exporter):
                     trust_remote_code: bool = False) -> ExecutorchRunner:
         """Open a saved component's ``model.pte`` (and its ``.ptd`` data file, if any) on the ExecuTorch runtime.
 
-        A ``.pte`` is a flatbuffer of operator calls and weights: the runtime runs no code from it, so
-        ``trust_remote_code`` changes nothing here (the kernel checked both files' paths and SHA-256).
+        A ``.pte`` is a flatbuffer of operator calls and weights, read first by ``check_pte`` (strings the runtime
+        prints, XNNPACK ids, dims and constant sizes, planned memory). A delegate other than XNNPACK is refused
+        unless ``trust_remote_code=True``: ``CudaBackend`` loads an AOTInductor shared library stored in the
+        artifact.
         """
         require_executorch()
         section = component_manifest(manifest, component)
@@ -249,7 +260,8 @@ class ExecutorchExporter(Exporter):
                                 f"{where}.executorch.program_file")
         data = executorch.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.executorch.data_file") if data is not None else None
-        return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"))
+        return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"),
+                                untrusted="trusted" if trust_remote_code else True)
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"
@@ -273,8 +285,7 @@ def lower_program(ctx: ExportContext, partitioners: list[Any],
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
-    config: ExecutorchConfig = ctx.config  # type: ignore[assignment]
-    preparation: BackendPreparation = ctx.extras["executorch_preparation"]
+    config, preparation = executorch_config(ctx), executorch_state(ctx).preparation
     timed = step or (lambda name: contextlib.nullcontext())
     # no_grad: the program is inference-only, but its parameters' example values require grad, so that ExecuTorch's
     # passes, which re-run each node on them, would dispatch a higher-order op through autograd: ``scan`` (Mamba's
@@ -649,7 +660,10 @@ def _patch_default_decomposition_table(original: Any, ctx: ExportContext | None 
     ``original()`` (Core ATen decompositions + ``linalg_vector_norm``) is extended with the
     aten-level ``torch._decomp.decomposition_table`` entries of the ops the edge verifier rejects, and with our own
     ``ET_DECOMPOSITIONS``: a comparison-based stable sort for ``sort.stable``/``sort.default`` (so ``argsort``
-    too), ``bucketize``/``searchsorted`` as a comparison and a sum (d04). This is the first step of the policy for
+    too), ``bucketize``/``searchsorted`` as a comparison and a sum (d04), and every shift and bitwise spelling
+    (``__rshift__``/``__lshift__``/``__and__``/``__or__``/``__xor__`` by scalar and by tensor,
+    ``bitwise_*.Scalar_Tensor``) as the ``bitwise_*`` overload that has a portable kernel (e06: int4 weights
+    unpacked with ``>>`` and ``&``). This is the first step of the policy for
     non-Core-ATen ops: a decomposition where one exists, else a portable kernel (``_patch_aten_dialect_verifier``),
     else an error naming the op and what to do. Partitioners still
     pop the ops they keep whole (``linear`` for XNNPACK): ``to_edge_transform_and_lower`` removes its
@@ -661,16 +675,20 @@ def _patch_default_decomposition_table(original: Any, ctx: ExportContext | None 
     ``aten::sort.values`` either, though ``sort.default`` is Core ATen). Decomposing before lowering with
     ``run_decompositions(...)`` is wrong: it also decomposes ``linear`` and XNNPACK's ``ConvertToLinearPass``
     fails (``t() expects a tensor with <= 2 dimensions, but self is 3D``). The table must be the one ``to_edge``
-    uses.
+    uses. ``x >> 4`` traces to ``aten.__rshift__.Scalar``, which is not Core ATen and has no decomposition in
+    torch (e06: ``SpecViolationError: aten.__rshift__.Scalar is not in Core ATen, has no decomposition``).
     The table is torch's ``CustomDecompTable``: entries go in with ``table[op] = fn`` (its ``setdefault`` is the
     plain dict's, which the table ignores: no ``torch._decomp`` entry reached ``to_edge`` that way).
     **Upstream**: pytorch/executorch#20270 (``bucketize`` listed as an exception, then "kernel
     'aten::bucketize.Tensor_out' not found"); apple/coremltools#2782 (``sort.stable`` rejected by ``to_edge``);
     pytorch/executorch#11320
     (portable library Core ATen coverage: no ``sort`` kernel); pytorch/executorch#4742 (exception list, then
-    kernel not found).
+    kernel not found); pytorch/executorch#15673 (open: "missing aten::bitwise_right_shift operator", the shifts
+    of an int4 unpacking).
     **Remove when**: ``to_edge_transform_and_lower`` takes a user decomposition table and the portable library
-    ships ``sort`` (c21 lowers with ``disable=("_patch_default_decomposition_table",)``).
+    ships ``sort``, and shifts trace to Core ATen ops (c21 and the shifts of
+    ``test_bitwise_decompositions_cover_every_shift_spelling`` lower with
+    ``disable=("_patch_default_decomposition_table",)``).
     """
 
     @functools.wraps(original)
@@ -680,7 +698,7 @@ def _patch_default_decomposition_table(original: Any, ctx: ExportContext | None 
             if op not in table:  # not setdefault: torch's CustomDecompTable overrides __setitem__, not setdefault
                 table[op] = fn
         table.update(ET_DECOMPOSITIONS)
-        preparation = ctx.extras.get("executorch_preparation") if ctx is not None else None
+        preparation = executorch_state(ctx).preparation if ctx is not None else None
         table.update(getattr(preparation, "decompositions", None) or {})  # the variant's (XNNPACK_DECOMPOSITIONS)
         return table
 
@@ -733,7 +751,7 @@ def _patch_aten_dialect_verifier(original: Any, ctx: ExportContext | None = None
                 if portable_kernel_for(op) is None:  # no decomposition reached it and no kernel: say so, and what to do
                     raise SpecViolationError(unsupported_op_message(op)) from None
                 if ctx is not None:
-                    ctx.extras.setdefault("executorch_admitted_ops", []).append(str(op))
+                    executorch_state(ctx).admitted_ops.append(str(op))
                 return None
 
         cls.check_valid_op = check_valid_op  # a fresh class per call: nothing else sees this
@@ -776,7 +794,7 @@ def _patch_mutable_buffer_initial_state(original: Any, ctx: ExportContext | None
                                    "alloc_mutable_buffers=True, or zero the buffer and fill it in forward")
             self.node.meta["et_init_buffer"] = True
             if ctx is not None:
-                ctx.extras.setdefault("executorch_initialized_buffers", []).append(name)
+                executorch_state(ctx).initialized_buffers.append(name)
         return original(self, target, args, kwargs)
 
     return placeholder
@@ -809,8 +827,7 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     if ctx is None:
         return False
     bounds = bound_dynamic_dims(exported_program, ctx)
-    ctx.extras["executorch_bounded_dims"] = bounds.bounded
-    ctx.extras["executorch_dim_bounds"] = bounds
+    executorch_state(ctx).dim_bounds = bounds
     return bool(bounds.bounded)
 
 
@@ -875,7 +892,7 @@ def _fix_float_casts_to_variant_dtype(gm: torch.fx.GraphModule, node: torch.fx.N
     **Remove when**: never while a variant moves the model to one dtype; a variant that keeps mixed dtypes
     disables it (``executorch-cuda`` keeps bfloat16: the fix leaves casts to the variant's own dtype alone).
     """
-    preparation = ctx.extras.get("executorch_preparation") if ctx is not None else None
+    preparation = executorch_state(ctx).preparation if ctx is not None else None
     dtype = getattr(preparation, "dtype", None)
     if node.op != "call_function" or dtype is None or not dtype.is_floating_point:
         return False

@@ -165,15 +165,16 @@ def _import_matmul_nbits_quantizer() -> Any:
     return matmul_nbits_quantizer
 
 
-def quantize_model(ctx: ExportContext, model: ir.Model) -> ir.Model:
-    """``model`` quantized with ``ctx.config.quantize`` (see the module docstring for the steps of each recipe);
-    records what was quantized and the sizes in ``ctx.extras["onnx_quantization"]`` (the manifest's
-    ``quantization`` section).
+def quantize_model(ctx: ExportContext, model: ir.Model, quantization: Quantization,
+                   input_leaves: list[str | None]) -> tuple[ir.Model, dict[str, Any]]:
+    """``model`` quantized with ``quantization`` (the export's config; see the module docstring for the steps of
+    each recipe), and what was quantized and the sizes (the manifest's ``quantization`` section).
+    ``input_leaves`` names the graph input of each flattened input leaf (None: not a graph input), for the
+    calibration feeds.
 
     The model goes through files (ORT's quantizers read and write them), its weights as external data, so that
     models past protobuf's 2 GB limit quantize too; the result is read back into memory, its tables inlined.
     """
-    quantization: Quantization = ctx.config.quantize  # type: ignore[attr-defined]
     # a tied head reads its table transposed (FusedMatMul): MatMul again, so that MatMulNBits quantizes it
     untransposed = matmuls_over_transposed_weights(model) if quantization.recipe in _NBITS_BITS else 0
     with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
@@ -182,13 +183,13 @@ def quantize_model(ctx: ExportContext, model: ir.Model) -> ir.Model:
         float_size = file_bytes([source, Path(tmp) / "float.onnx.data"])
         with _quiet_quantizer():
             if quantization.recipe == "int8-static":
-                details = _static(ctx, quantization, source, target)
+                details = _static(ctx, quantization, source, target, input_leaves)
             else:
                 details = _dynamic(ctx, quantization, source, target)
         quantized_size = file_bytes(list(Path(tmp).glob("quantized.onnx*")))
         proto = onnx.load(str(target))  # external data read into memory: the temporary directory goes
     quantized = ir.serde.deserialize_model(proto)
-    ctx.extras["onnx_quantization"] = {
+    section = {
         "recipe": quantization.recipe, **details, **_census(quantized),
         "size_bytes": {"float_weights": weight_bytes(ctx.model), "float_onnx": float_size,
                        "quantized_onnx": quantized_size, "ratio": round(quantized_size / max(float_size, 1), 4)},
@@ -196,7 +197,7 @@ def quantize_model(ctx: ExportContext, model: ir.Model) -> ir.Model:
         "transposed_weights_untied": untransposed,
     }
     quantized.metadata_props["pkg.hfexport.quantization"] = quantization.recipe
-    return quantized
+    return quantized, section
 
 
 def matmuls_over_transposed_weights(model: ir.Model) -> int:
@@ -261,7 +262,8 @@ def _dynamic(ctx: ExportContext, quantization: Quantization, source: Path, targe
             "activations": "uint8, asymmetric, per tensor, at run time"}
 
 
-def _static(ctx: ExportContext, quantization: Quantization, source: Path, target: Path) -> dict[str, Any]:
+def _static(ctx: ExportContext, quantization: Quantization, source: Path, target: Path,
+            input_leaves: list[str | None]) -> dict[str, Any]:
     """``int8-static``: ``quantize_static`` (QDQ, MinMax) calibrated on the calibration batches."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -272,7 +274,7 @@ def _static(ctx: ExportContext, quantization: Quantization, source: Path, target
     )
 
     graph_inputs = [i.name for i in onnx.load(str(source), load_external_data=False).graph.input]
-    feeds = _calibration_feeds(ctx, quantization, graph_inputs)
+    feeds = _calibration_feeds(ctx, quantization, graph_inputs, input_leaves)
 
     class _Batches(CalibrationDataReader):
         def __init__(self) -> None:
@@ -297,17 +299,16 @@ def _static(ctx: ExportContext, quantization: Quantization, source: Path, target
                             else "the export's inputs"}}
 
 
-def _calibration_feeds(ctx: ExportContext, quantization: Quantization,
-                       graph_inputs: list[str]) -> list[dict[str, Any]]:
+def _calibration_feeds(ctx: ExportContext, quantization: Quantization, graph_inputs: list[str],
+                       leaves_names: list[str | None]) -> list[dict[str, Any]]:
     """The calibration batches (the export's inputs by default) as ONNX Runtime feeds: each flattened like the
-    export's inputs and named by the graph inputs (``ctx.extras["onnx_io"]``), floating tensors in the graph's
+    export's inputs and named by the graph inputs (``leaves_names``), floating tensors in the graph's
     dtype. A batch leaves out no tensor input (``check_quantization_inputs`` refused that before any stage); a
     non-tensor input it leaves out is the export's."""
     import numpy as np
     import torch
     import torch.utils._pytree as pytree
 
-    leaves_names = ctx.extras["onnx_io"]["input_leaves"]
     batches: list[Mapping[str, Any]] = list(quantization.calibration or [ctx.inputs])
     like = pytree.tree_leaves(dict(ctx.inputs))
     feeds = []
@@ -350,7 +351,6 @@ def _census(model: ir.Model) -> dict[str, Any]:
             "kept_float": {"MatMul with a constant weight": kept_float}}
 
 
-def quantization_section(ctx: ExportContext) -> dict[str, Any]:
+def quantization_section(section: dict[str, Any] | None) -> dict[str, Any]:
     """The component manifest's ``quantization`` key (empty for a float export)."""
-    section = ctx.extras.get("onnx_quantization")
     return {"quantization": section} if section else {}

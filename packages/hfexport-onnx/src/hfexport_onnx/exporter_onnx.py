@@ -26,11 +26,9 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import onnx
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
@@ -41,7 +39,6 @@ from hfexport.plugin import (
     ExportContext,
     ExportedModel,
     Exporter,
-    FixReport,
     Quantization,
     Registration,
     Stage,
@@ -54,9 +51,10 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, complex_to_real_pairs, involves_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
 
 from ._attention import lowerings
+from ._config import OnnxConfig
 from ._errors import (
     OnnxConversionError,
     OnnxSessionError,
@@ -65,18 +63,18 @@ from ._errors import (
     onnx_hints,
     quiet_torch_onnx,
 )
-from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, check_ort_fusions, fuse_and_open
-from ._model import MIN_OPSET, TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count
+from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_open
+from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count
 from ._naming import io_names, name_graph_io
-from ._quantize import quantization_section, quantize_model, resolve_onnx_quantization
+from ._quantize import quantization_section, quantize_model
 from ._runner import (
     DATA_FILE,
     MODEL_FILE,
     OnnxRunner,
-    available_providers,
     in_place_outputs,
     providers_for,
 )
+from ._state import OnnxState, onnx_state
 from ._untrusted import check_onnx_file
 
 __all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE", "OnnxConfig", "OnnxConversionError",
@@ -90,60 +88,6 @@ aten = torch.ops.aten
 # entry only saves the failed attempt and its re-export. Expected to shrink; the sweep re-checks each entry
 # through OnnxExporter.known_failures() and recheck_options().
 ONNX_DISABLE_OPTIMIZE: dict[str, str] = {}
-
-
-@dataclass
-class OnnxConfig(DynamoConfig):
-    """Options of the ``onnx`` backend.
-
-    Attributes:
-        opset_version: the ONNX opset of the default domain. torch.onnx writes opset 18 and converts down
-            to lower ones when the graph allows it; an opset lower than the graph needs fails the export.
-        optimize: run the onnxscript optimizer (constant folding, inlining, dead code) on the model.
-        optimize_fallback: when the optimizer cannot be used — the model class is in ``ONNX_DISABLE_OPTIMIZE``
-            or the optimizer crashes — keep the unoptimized model (``True``, with a warning on a crash).
-            ``False`` runs the optimizer even for a listed class and fails the export when it crashes: this is
-            how an ``ONNX_DISABLE_OPTIMIZE`` entry is re-checked (``OnnxExporter.recheck_options``).
-        providers: ONNX Runtime execution providers of the runner, in priority order.
-        ort_fusions: the provider to fuse the optimized graph for with onnxscript's ONNX Runtime fusions
-            (attention, layer norms, GELU, rotary: ``_fusions.py``), ``"cpu"``; ``None`` (or ``False``) writes
-            plain ONNX ops. A class in ``ORT_FUSIONS_DISABLE``, a fusion that fails or a fused graph ONNX Runtime
-            refuses exports unfused, with a warning; ``optimize_fallback=False`` makes those errors.
-        quantize: a quantization recipe (or an ``hfexport.Quantization``), applied last in stage 5, before the
-            session opens: ``"int8-dynamic"`` (ONNX Runtime's MatMulNBits, 8-bit, blockwise), ``"int4"`` (the same,
-            4-bit, blocks of 32, for decoders), ``"int8-dynamic-per-tensor"`` or ``"int8-static"`` (QDQ, calibrated):
-            ``_quantize.py``. The export is then
-            verified against float eager by cosine similarity (``hfexport._quantization``).
-    """
-
-    opset_version: int = TORCHLIB_OPSET
-    optimize: bool = True
-    optimize_fallback: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    ort_fusions: str | None = "cpu"
-    quantize: str | Quantization | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        highest = onnx.defs.onnx_opset_version()
-        if (isinstance(self.opset_version, bool) or not isinstance(self.opset_version, int)
-                or not MIN_OPSET <= self.opset_version <= highest):
-            raise ValueError(f"opset_version must be an int from {MIN_OPSET} to {highest} (onnx "
-                             f"{onnx.__version__}); {TORCHLIB_OPSET} is what torch.onnx writes natively; "
-                             f"got {self.opset_version!r}")
-        for flag in ("optimize", "optimize_fallback"):
-            if not isinstance(getattr(self, flag), bool):
-                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        if isinstance(self.providers, str):
-            self.providers = (self.providers,)
-        self.providers = tuple(self.providers)
-        available = available_providers()
-        unknown = [p for p in self.providers if p not in available]
-        if not self.providers or unknown:
-            raise ValueError(f"providers must name execution providers of the installed onnxruntime; "
-                             f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
-        self.ort_fusions = check_ort_fusions(self.ort_fusions)
-        self.quantize = resolve_onnx_quantization(self.quantize)
 
 
 class OnnxExporter(Exporter):
@@ -160,7 +104,7 @@ class OnnxExporter(Exporter):
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
     # A generation program's attention as ONNX Runtime's GroupQueryAttention (_attention.py), except for plain
     # ONNX ops (ort_fusions=None)
-    fused_cache_attention = property(lambda self: self.config.ort_fusions is not None)  # type: ignore[assignment]
+    fused_cache_attention: ClassVar[Any] = True  # unless ort_fusions=None: see cache_attention()
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Torch patches", '@register_patch("onnx", ...)', "stage_torch_patches"),
         Stage(2, "ONNX patches", '@register_patch("onnx.decomposition", ...)', "stage_onnx_patches"),
@@ -172,6 +116,19 @@ class OnnxExporter(Exporter):
               runs="onnxscript optimizer, onnxscript ort_fusions, onnxruntime.InferenceSession"),
     )
 
+    @property
+    def onnx_config(self) -> OnnxConfig:
+        """This exporter's config, typed."""
+        if not isinstance(self.config, OnnxConfig):
+            raise TypeError(f"an OnnxExporter's config is an OnnxConfig, got {type(self.config).__name__}")
+        return self.config
+
+    def new_state(self, ctx: ExportContext) -> OnnxState:
+        return OnnxState()
+
+    def cache_attention(self) -> Any:
+        return self.onnx_config.ort_fusions is not None
+
     # Stage 1: Torch patches (the patches are under the stage's banner below, as for every stage)
     def stage_torch_patches(self, ctx: ExportContext) -> None:
         ctx.install_patches(("onnx",))
@@ -179,7 +136,6 @@ class OnnxExporter(Exporter):
     # Stage 2: ONNX patches
     def stage_onnx_patches(self, ctx: ExportContext) -> None:
         ctx.install_patches(("onnx.decomposition",))
-        ctx.extras["onnx_decomposition_fixes"] = FixReport()  # what _patch_decompose_with_registry applies
 
     # Stage 3: FX node fixes
     def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
@@ -188,16 +144,17 @@ class OnnxExporter(Exporter):
 
     # Stage 4: ONNX translations
     def stage_onnx_translations(self, ctx: ExportContext) -> None:
-        table = translation_table(ctx.config.disable, ctx.config.opset_version)  # type: ignore[attr-defined]
-        ctx.extras["onnx_translations"] = sorted({fn.__name__ for fn in table.values()})
-        ctx.extras["onnx_program"] = self._convert(ctx, table)
+        state, config = onnx_state(ctx), self.onnx_config
+        table = translation_table(config.disable, config.opset_version)
+        state.translations = sorted({fn.__name__ for fn in table.values()})
+        state.program = self._convert(ctx, table)
 
     # Stage 5: ONNX IR fixes
     def stage_onnx_ir_fixes(self, ctx: ExportContext) -> None:
-        config: OnnxConfig = ctx.config  # type: ignore[assignment]
+        state, config = onnx_state(ctx), self.onnx_config
         fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
         # The ONNX program's initializers are views of the torch weights: not kept; the runner's files are.
-        program = ctx.extras.pop("onnx_program")
+        program, state.program = state.program, None
         applied = apply_ir_fixes(program.model, fixes)
         not_optimized_because, seconds, crashed = self._optimize(ctx, program)
         if crashed:  # the optimizer rewrites in place (it may have inlined functions before it crashed): re-export
@@ -214,14 +171,16 @@ class OnnxExporter(Exporter):
             return again.model
 
         def open_runner(model: ir.Model, fusions: dict[str, Any]) -> OnnxRunner:
-            final = quantize_model(ctx, model) if config.quantize else model  # quantized last, if asked
-            return OnnxRunner.from_model(final, config.providers, {**ctx.extras["onnx_io"], "fusions": fusions,
+            final = model
+            if isinstance(config.quantize, Quantization):  # quantized last, if asked
+                final, state.quantization = quantize_model(ctx, model, config.quantize, state.io["input_leaves"])
+            return OnnxRunner.from_model(final, config.providers, {**state.io, "fusions": fusions,
                                                                    "in_place_outputs": in_place_outputs(final)})
 
-        model, ctx.extras["onnx_runner"], fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
+        model, state.runner, fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
             ctx, program.model, unfused, open_runner, target=config.ort_fusions,
             not_optimized_because=not_optimized_because, strict=not config.optimize_fallback)
-        ctx.extras["onnx_manifest"] = {
+        state.manifest = {
             "model_file": MODEL_FILE,
             "data_file": DATA_FILE,
             "opset": model.opset_imports.get("", None),
@@ -233,18 +192,18 @@ class OnnxExporter(Exporter):
             "node_count": node_count(model),
             "fusions": fusions,
             "ir_fixes": applied,
-            "translations": ctx.extras.get("onnx_translations", []),
-            "fixes_after_decomposition": ctx.extras["onnx_decomposition_fixes"].applied,
-            **ctx.extras["onnx_io"],
-            "in_place_outputs": ctx.extras["onnx_runner"].io["in_place_outputs"],
+            "translations": state.translations,
+            "fixes_after_decomposition": state.decomposition_fixes.applied,
+            **state.io,
+            "in_place_outputs": state.runner.io["in_place_outputs"],
         }
 
     # ── the toolchain steps of stages 4 and 5 ─────────────────────────────────────────────────────────
     def _convert(self, ctx: ExportContext, table: Mapping[Any, Callable[..., Any]]) -> Any:
         """``torch.onnx.export`` of ``ctx.program`` (unoptimized), with readable input and output names."""
-        config: OnnxConfig = ctx.config  # type: ignore[assignment]
-        io = ctx.extras["onnx_io"] = io_names(ctx.program, ctx.inputs)
-        ctx.extras["onnx_decomposition_fixes"].applied.clear()  # this conversion's only (a fallback re-converts)
+        state, config = onnx_state(ctx), self.onnx_config
+        io = state.io = io_names(ctx.program, ctx.inputs)
+        state.decomposition_fixes.applied.clear()  # this conversion's only (a fallback re-converts)
         with ctx.step("torch.onnx.export"):
             try:
                 # no_grad: torch.onnx's type-promotion pass re-runs the graph, and with autograd on a
@@ -271,7 +230,7 @@ class OnnxExporter(Exporter):
             ``(why it was not optimized or None, seconds, whether it crashed)``; a crash warns (or raises with
             ``optimize_fallback=False``) and the caller re-exports.
         """
-        config: OnnxConfig = ctx.config  # type: ignore[assignment]
+        config = self.onnx_config
         if not config.optimize:
             return "OnnxConfig(optimize=False)", 0.0, False
         if ctx.model_class in ONNX_DISABLE_OPTIMIZE and config.optimize_fallback:
@@ -292,16 +251,19 @@ class OnnxExporter(Exporter):
 
     # ── artifact, loading, known failures, hints ──────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
-        runner: OnnxRunner = ctx.extras["onnx_runner"]
-        section = {"program_file": MODEL_FILE, "onnx": ctx.extras["onnx_manifest"], **quantization_section(ctx)}
+        state = onnx_state(ctx)
+        runner = state.runner
+        if runner is None:
+            raise RuntimeError("package() runs after stage 5, which opens the runner")
+        section = {"program_file": MODEL_FILE, "onnx": state.manifest, **quantization_section(state.quantization)}
         return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, runner.write_files,
                                              section, ctx.program)])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""
         super().check_inputs(inputs, model)
-        config: OnnxConfig = self.config  # type: ignore[assignment]
-        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,  # type: ignore[arg-type]
+        config = self.onnx_config
+        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
                                   static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
@@ -310,8 +272,9 @@ class OnnxExporter(Exporter):
         """Open ``model.onnx`` on ONNX Runtime with the providers it was exported for (those installed).
 
         The ONNX file is read as untrusted input: every external-data file it names must be one the manifest
-        lists (so its path and SHA-256 were checked). ONNX Runtime runs no code from a model file, so
-        ``trust_remote_code`` changes nothing here.
+        lists (so its path and SHA-256 were checked). ONNX Runtime runs no code from a model file; without
+        ``trust_remote_code`` its constant folding is left out (the file's constants were folded at export), so
+        that opening the session computes nothing the file dictates.
         """
         section = component_manifest(manifest, component).get("onnx", {})
         where = f"components[{component!r}].onnx"
@@ -320,7 +283,8 @@ class OnnxExporter(Exporter):
         data_path = artifact_file(path, manifest, data, f"{where}.data_file") if data is not None else None
         check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []))
         return OnnxRunner(model_path, providers_for(section), section,
-                          data_path=data_path if data_path is not None and data_path.is_file() else None)
+                          data_path=data_path if data_path is not None and data_path.is_file() else None,
+                          untrusted=not trust_remote_code)
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:
@@ -411,7 +375,7 @@ def _patch_decompose_with_registry(original: Any, ctx: ExportContext | None = No
         program = original(exported_program, registry, *args, **kwargs)
         if ctx is not None:
             apply_fx_node_fixes(program.graph_module, ctx.workarounds("fx_node_fix", ("onnx",)),
-                                ctx.extras["onnx_decomposition_fixes"], ctx=ctx)
+                                onnx_state(ctx).decomposition_fixes, ctx=ctx)
         return program
 
     return decompose_with_registry
