@@ -1,9 +1,15 @@
 """A ``.pte`` is read as untrusted input: a corrupt program (re-hashed, as an attacker would) is an
 ``IntegrityError`` naming the file, not the runtime's ``Failed to load program, error: 0x23``; the runner opens
-only files the manifest names and hashes."""
+only files the manifest names and hashes. ``check_pte`` reads the program with ExecuTorch's own schemas before the
+runtime does: each crafted kind below killed the interpreter without it (executorch 1.5.1, measured), which
+``test_without_check_pte_the_runtime_kills_the_process`` (slow) shows in a child process."""
 
 from __future__ import annotations
 
+import re
+import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +58,112 @@ def test_pte_runner_takes_file_names_from_the_manifest_only(saved: dict[str, Any
     write_manifest(artifact, manifest)
     with pytest.raises(ManifestError, match="program_file names no file"):
         hfexport.load(artifact)
+
+
+def _crafted(saved: dict[str, Any], tmp_path: Path, how: str) -> Path:
+    """A copy of the saved TinyMLP artifact whose ``model.pte`` is edited as ``how`` says, hashes rewritten."""
+    artifact = copy_artifact(saved["dir"], tmp_path, how.replace(" ", "-"))
+    data = bytearray((artifact / "model.pte").read_bytes())
+
+    def at(pattern: bytes) -> int:
+        assert data.count(pattern) == 1, pattern
+        return data.find(pattern)
+
+    if how == "backend id":  # 'Backend %s is not registered' (method.cpp) printed through a strict UTF-8 stream
+        data[at(b"XnnpackBackend") + 9] = 0x88
+    elif how == "constant key":  # 'Failed to get constant data for key %s' (XNNCompiler.cpp): the payload's key
+        data[[m.start() for m in re.finditer(rb"[0-9a-f]{64}", bytes(data))][-1] + 40] = 0xB8
+    elif how == "xnnpack identifier":  # "identifier '%.4s' != expected XN00 or XN01"
+        data[at(b"XN01") + 1] = 0xB8
+    elif how == "weight dims":  # fc2's weight [4, 16] claims [4, 4915216]: XNNPACK packs it from 256 bytes
+        start = at(struct.pack("<3I", 2, 4, 16))
+        data[start + 8: start + 12] = struct.pack("<I", 4915216)
+    elif how == "planned memory":  # the method's planned buffer of 288 bytes claims 2 GiB
+        start = at(struct.pack("<Iqq", 2, 0, 288))
+        data[start + 12: start + 20] = struct.pack("<q", 2 << 30)
+    elif how == "cuda delegate":  # CudaBackend would load a shared library from the artifact
+        start = at(b"XnnpackBackend")
+        data[start - 4: start + 12] = struct.pack("<I", 11) + b"CudaBackend\0"
+    elif how == "method name":  # the runtime's Python wrapper raised a bare KeyError
+        data[at(b"forward") + 6] = ord("X")
+    (artifact / "model.pte").write_bytes(bytes(data))
+    rehash(artifact)
+    return artifact
+
+
+_CRAFTED = {  # how -> what the IntegrityError says; what the runtime did without check_pte (executorch 1.5.1)
+    "backend id": "backend id",  # SIGABRT: pybind11 UnicodeDecodeError thrown through a noexcept log call
+    "constant key": "key",  # SIGABRT, likewise
+    "xnnpack identifier": "identifier",  # SIGABRT, likewise
+    "weight dims": "backed by 256 bytes",  # SIGSEGV in xnn_create_fully_connected_nc_f32
+    "planned memory": "plans",  # allocated: the process grows by the lie
+    "cuda delegate": "CudaBackend",  # would dlopen the AOTInductor library a CUDA build finds in the artifact
+    "method name": "has no method 'forward'",  # KeyError: 'forward'
+}
+
+
+@pytest.mark.parametrize("how", list(_CRAFTED))
+def test_crafted_pte_is_refused_before_the_runtime_reads_it(saved: dict[str, Any], tmp_path: Path, how: str) -> None:
+    artifact = _crafted(saved, tmp_path, how)
+    with pytest.raises(IntegrityError, match=re.escape(_CRAFTED[how])) as info:
+        hfexport.load(artifact)(x=saved["x"])
+    assert info.value.files == ["model.pte"]
+    assert "damaged or crafted" in str(info.value)
+
+
+def test_a_non_xnnpack_delegate_is_read_only_when_trusted(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = _crafted(saved, tmp_path, "cuda delegate")
+    with pytest.raises(IntegrityError, match="CudaBackend is not registered|cannot load"):  # the CPU wheel's runtime
+        hfexport.load(artifact, trust_remote_code=True)(x=saved["x"])
+
+
+class TiedX(torch.nn.Module):
+    """A weight read by a portable kernel (embedding) and by XNNPACK (the head): stored once, in ``model.ptd``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("ids", torch.tensor([3, 5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x) + self.embed(self.ids).sum(-1, keepdim=True)
+
+
+def test_crafted_ptd_is_refused_naming_it(tmp_path: Path) -> None:
+    """A named-data key of the ``.ptd`` with a non-UTF-8 byte (hashes rewritten): refused naming ``model.ptd``."""
+    x, model = torch.randn(2, 8), TiedX().eval()
+    saved = hfexport.export(model, {"x": x}, backend="executorch-xnnpack").save_pretrained(tmp_path / "tied")
+    assert (saved / "model.ptd").is_file()
+    artifact = copy_artifact(saved, tmp_path, "crafted")
+    data = bytearray((artifact / "model.ptd").read_bytes())
+    data[re.search(rb"[0-9a-f]{64}", bytes(data)).start() + 10] = 0xB8
+    (artifact / "model.ptd").write_bytes(bytes(data))
+    rehash(artifact)
+    with pytest.raises(IntegrityError, match=r"model\.ptd is not a program .* named-data key") as info:
+        hfexport.load(artifact)(x=x)
+    assert info.value.files == ["model.pte", "model.ptd"]
+    torch.testing.assert_close(hfexport.load(saved)(x=x), model(x), atol=1e-5, rtol=1e-4)  # the pristine one reads
+
+
+_UNCHECKED = """
+import sys, torch
+import hfexport, hfexport_executorch._runner as runner
+runner.check_pte = lambda *args, **kwargs: None  # the check this test shows is needed
+hfexport.load(sys.argv[1])(x=torch.randn(2, 8))
+import resource; print("ran", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, "MiB")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, signal", [("backend id", -6), ("weight dims", -11)])
+def test_without_check_pte_the_runtime_kills_the_process(saved: dict[str, Any], tmp_path: Path, how: str,
+                                                         signal: int) -> None:
+    """The upstream bugs check_pte stands in front of (executorch 1.5.1): a log line with a non-UTF-8 byte aborts
+    the interpreter (pybind11's stream redirect throws inside a noexcept call), and XNNPACK packs a weight past its
+    data. When this fails, ExecuTorch checks these itself, and check_pte's refusals can be narrowed."""
+    artifact = _crafted(saved, tmp_path, how)
+    proc = subprocess.run([sys.executable, "-c", _UNCHECKED, str(artifact)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == signal, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])

@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from hfexport.plugin import FileRunner, IntegrityError
 
 from ._attention import register_llm_kernels
+from ._pte_check import check_pte
 from ._quiet import without_cpuinfo_lines, without_temp_allocator_lines
 
 __all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes", "program_writer"]
@@ -78,6 +79,9 @@ class ExecutorchRunner(FileRunner):
         data_path: the ``.ptd`` file holding the weights, for variants that keep them outside the program (CUDA).
         input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
         method: the method to run.
+        untrusted: read the files as untrusted input before the runtime does (:func:`check_pte`): ``True`` for a
+            loaded artifact, ``"trusted"`` for one loaded with ``trust_remote_code=True`` (delegates other than
+            XNNPACK allowed), ``False`` for a program hfexport has just written itself.
 
     Inputs are passed as contiguous CPU tensors (the ExecuTorch Python runtime takes host memory; a delegate copies
     to its device).
@@ -86,9 +90,11 @@ class ExecutorchRunner(FileRunner):
     program_file: ClassVar[str] = PROGRAM_FILE
 
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *,
-                 input_dtypes: Sequence[str | None] | None = None, method: str = "forward"):
+                 input_dtypes: Sequence[str | None] | None = None, method: str = "forward",
+                 untrusted: bool | str = False):
         self.input_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
         self.method_name = method
+        self.untrusted = untrusted
         super().__init__(path, data_path)
 
     def open(self) -> None:
@@ -96,11 +102,17 @@ class ExecutorchRunner(FileRunner):
 
         register_llm_kernels()  # generation programs call ExecuTorch's LLM kernels (_attention.py)
         check_pte_header(self.path)
+        if self.untrusted:
+            check_pte(self.path, self.data_path, trust_remote_code=self.untrusted == "trusted")
         try:  # the runtime verifies the flatbuffer (Verification.InternalConsistency, its default) before use
             self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
+            if self.method_name not in self.program.method_names:  # load_method would raise a bare KeyError
+                raise IntegrityError(f"{self.path.name} has no method {self.method_name!r} (it has "
+                                     f"{sorted(self.program.method_names)}): the file is damaged or crafted, or "
+                                     "is not this artifact's program", [p.name for p in self.files])
             with without_cpuinfo_lines():  # the threadpool's /sys report, printed when the first method loads
                 self.method = self.program.load_method(self.method_name)
-        except RuntimeError as exc:  # "Failed to load program, error: 0x23" names no file
+        except (RuntimeError, MemoryError) as exc:  # "Failed to load program, error: 0x23" names no file
             files = [p.name for p in self.files]
             raise IntegrityError(f"the ExecuTorch runtime cannot load {' with '.join(files)} ({exc}): the file is "
                                  "damaged or crafted, or was written by another ExecuTorch version", files) from None
