@@ -146,3 +146,40 @@ def test_the_kernel_imports_no_transformers():
                 for file, imports in _sources(PACKAGES["hfexport"]).values()
                 for target in imports if target.split(".")[0] == "transformers"]
     assert not offences, "\n".join(offences)
+
+
+# The two public surfaces (issue 27): `hfexport` is what a user calls, `hfexport.plugin` what a backend author builds
+# on. A name added to either is a decision: add it here too.
+USER_API = [
+    "BackendInfo", "ExportError", "ExportedModel", "IntegrityError", "InvalidInputError", "ManifestError",
+    "Quantization", "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "VerificationError",
+    "VerificationReport", "export", "get_backend", "list_backends", "list_workarounds", "load", "register_patch",
+]
+PLUGIN_API = [
+    "Backend", "Component", "ComponentPlan", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError",
+    "ExportedModel", "Exporter", "FileRunner", "FixReport", "IntegrityError", "InvalidInputError", "MANIFEST_NAME",
+    "ManifestError", "OutputDiff", "PatchReport", "Quantization", "QuantizationRecipe", "QuantizedVerificationReport",
+    "Registration", "Runner", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION", "Stage", "StageEvent", "StagePath", "TaskPlan",
+    "Tracer", "UnknownBackendError", "UnresolvedTarget", "UntrustedArtifactError", "VerificationError",
+    "VerificationReport", "allow_pytree_types", "allowed_pytree_type", "apply_fx_node_fixes",
+    "apply_fx_program_fixes", "artifact_file", "check_quantization_inputs", "check_treespec", "compare_outputs",
+    "compare_quantized", "component_manifest", "file_bytes", "flatten_with_names", "get_backend",
+    "import_type_modules", "importable_prefixes", "is_disabled", "iter_graph_modules", "list_workarounds",
+    "load_treespec", "parse_json", "patch_context", "pickle_globals", "quantized_model_reason", "read_manifest",
+    "register_fx_node_fix", "register_fx_program_fix", "register_patch", "register_workaround", "resolve_path",
+    "resolve_pattern", "resolve_quantization", "run_stages", "treespec_names", "unregistered",
+    "unsafe_pickle_globals", "versions_of", "weight_bytes", "workarounds_for",
+]
+
+
+def test_the_public_surfaces_are_the_pinned_lists():
+    import hfexport
+    import hfexport.plugin
+
+    assert sorted(hfexport.__all__) == sorted(USER_API)
+    assert sorted(hfexport.plugin.__all__) == sorted(PLUGIN_API)
+    for module in (hfexport, hfexport.plugin):  # every listed name exists, and nothing public is left unlisted
+        assert all(hasattr(module, name) for name in module.__all__)
+        public = {name for name, value in vars(module).items() if not name.startswith("_")
+                  and not isinstance(value, type(hfexport)) and getattr(value, "__module__", "").startswith("hfexport")}
+        assert public <= set(module.__all__), sorted(public - set(module.__all__))

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import hfexport
-from hfexport import ExportConfig, UnknownBackendError, UnresolvedPatchWarning, get_backend, register_patch
+from hfexport import UnknownBackendError, UnresolvedPatchWarning, get_backend, register_patch
 from hfexport._input_check import check_call_inputs
+from hfexport.plugin import ExportConfig
 
 LINEAR_INPUTS = {"input": torch.ones(2, 3)}
 

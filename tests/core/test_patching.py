@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import hfexport
-from hfexport import ExportError, patch_context, register_patch
+import hfexport.plugin
+from hfexport import ExportError, register_patch
+from hfexport.plugin import patch_context
 
 
 class Widget:
@@ -109,10 +111,10 @@ def test_disabled_patch_is_not_installed():
 
 
 def test_resolve_path_errors_name_the_missing_part():
-    with pytest.raises(hfexport.UnresolvedTarget, match="has no attribute 'nope'"):
-        hfexport.resolve_path("torch.Tensor.nope")
-    with pytest.raises(hfexport.UnresolvedTarget, match="cannot be imported|no module"):
-        hfexport.resolve_path("not_a_package_xyz.thing")
+    with pytest.raises(hfexport.plugin.UnresolvedTarget, match="has no attribute 'nope'"):
+        hfexport.plugin.resolve_path("torch.Tensor.nope")
+    with pytest.raises(hfexport.plugin.UnresolvedTarget, match="cannot be imported|no module"):
+        hfexport.plugin.resolve_path("not_a_package_xyz.thing")
 
 
 class _DynamoPatchProbe(torch.nn.Module):
@@ -186,4 +188,4 @@ def test_wildcard_path_matches_loaded_classes_and_factory_may_decline():
         assert GadgetGamma().run() == "patched alpha"
     assert GadgetAlpha().run() == "alpha" and "run" in vars(GadgetAlpha)
     assert [p for _, p in report.installed] == [f"{__name__}.GadgetAlpha.run"]
-    assert hfexport.resolve_pattern("no_such_module_xyz.*.Thing.run") == []  # imports nothing
+    assert hfexport.plugin.resolve_pattern("no_such_module_xyz.*.Thing.run") == []  # imports nothing

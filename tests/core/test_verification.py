@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import hfexport
+import hfexport.plugin
 from helpers import tiny_model
 from hfexport import VerificationError, cli
 from hfexport._artifact import (
@@ -279,7 +280,7 @@ def test_cli_export_exits_3_on_a_mismatch_and_no_verify_saves_it_with_the_report
 
 
 def test_backends_set_their_own_default_tolerances():
-    assert (hfexport.Exporter.verify_atol, hfexport.Exporter.verify_rtol) == (1e-4, 1e-3)
+    assert (hfexport.plugin.Exporter.verify_atol, hfexport.plugin.Exporter.verify_rtol) == (1e-4, 1e-3)
     for name in ("dynamo", "onnx", "executorch-xnnpack"):  # float32 runtimes: the kernel's figures
         exporter = hfexport.get_backend(name).load_exporter()
         assert (exporter.verify_atol, exporter.verify_rtol) == (1e-4, 1e-3), name

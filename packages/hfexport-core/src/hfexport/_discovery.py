@@ -73,7 +73,7 @@ class Backend:
 
         Raises:
             ImportError: naming the missing distributions, or the import failure of the exporter module.
-            TypeError: if the named object is not an :class:`hfexport.Exporter` subclass.
+            TypeError: if the named object is not an :class:`hfexport.plugin.Exporter` subclass.
         """
         from ._exporter import Exporter
 
@@ -84,7 +84,7 @@ class Backend:
         module_name, _, attr = self.exporter.partition(":")
         cls = getattr(importlib.import_module(module_name), attr)
         if not (isinstance(cls, type) and issubclass(cls, Exporter)):
-            raise TypeError(f"backend {self.name!r}: {self.exporter} is not an hfexport.Exporter subclass")
+            raise TypeError(f"backend {self.name!r}: {self.exporter} is not an hfexport.plugin.Exporter subclass")
         # Validated when it loads, not halfway through an export (or, for `name`, in every manifest it writes).
         problems = []
         if cls.name == Exporter.name:
@@ -162,7 +162,7 @@ def _load_entry_point(ep: metadata.EntryPoint, dist_name: str, version: str) -> 
     except Exception as exc:  # a broken plugin must not break the listing: report it
         return "error", f"import of {ep.value} raised {type(exc).__name__}: {exc}", None
     if not isinstance(obj, Backend):
-        return "error", f"{ep.value} is a {type(obj).__name__}, not an hfexport.Backend", None
+        return "error", f"{ep.value} is a {type(obj).__name__}, not an hfexport.plugin.Backend", None
     if obj.name != ep.name or not obj.distribution:
         obj = dataclasses.replace(obj, name=ep.name, distribution=obj.distribution or dist_name)
     missing = obj.missing_requirements()

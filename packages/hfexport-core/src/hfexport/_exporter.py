@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from ._artifact import DEFAULT_COMPONENT, SCHEMA_VERSION, Component, ExportedModel, versions_of
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes
@@ -32,6 +32,9 @@ __all__ = ["ExportConfig", "ExportContext", "Exporter", "InvalidInputError", "Tr
 
 class InvalidInputError(TypeError):
     """The model or its inputs cannot be exported as given; the message says what to pass instead."""
+
+
+_State = TypeVar("_State")  # a backend's state class (ExportContext.state_as)
 
 
 @dataclass
@@ -129,6 +132,17 @@ class ExportContext:
     @property
     def model_class(self) -> str:
         return type(self.model).__name__
+
+    def state_as(self, kind: type[_State]) -> _State:
+        """:attr:`state`, checked to be a ``kind`` (the backend's state class) and typed as one.
+
+        Raises:
+            TypeError: this export's state is not a ``kind`` (the context of another backend's export).
+        """
+        if not isinstance(self.state, kind):
+            raise TypeError(f"expected the context of an export whose state is a {kind.__name__}; got "
+                            f"{type(self.state).__name__} from {type(self.exporter).__name__}")
+        return self.state
 
     def note(self, text: str) -> None:
         """Record a fact about this export (a fallback taken, a dim specialized) in the manifest."""

@@ -93,7 +93,7 @@ def export_task(exporter: Any, model: Any, task: str, inputs: Mapping[str, Any] 
                 rtol: float | None = None, **task_options: Any) -> ExportedModel:
     """Export the components ``exporter.tracer`` plans for ``task`` and merge them into one artifact.
 
-    ``exporter`` is the backend's :class:`~hfexport.Exporter` (typed ``Any``: this module is imported by
+    ``exporter`` is the backend's :class:`~hfexport.plugin.Exporter` (typed ``Any``: this module is imported by
     ``hfexport._exporter``, and does not import it back).
 
     Each component runs through the backend's stages with the exporter's config, its ``dynamic_shapes``

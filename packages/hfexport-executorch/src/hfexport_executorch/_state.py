@@ -43,12 +43,9 @@ class ExecutorchState:
 
 
 def executorch_state(ctx: ExportContext) -> ExecutorchState:
-    """The :class:`ExecutorchState` of an ExecuTorch export.
+    """The :class:`ExecutorchState` of an ExecuTorch export (``ctx.state``).
 
     Raises:
-        TypeError: ``ctx`` is not an ExecuTorch export's (its exporter made no ExecutorchState).
+        TypeError: ``ctx`` is another backend's export context.
     """
-    if not isinstance(ctx.state, ExecutorchState):
-        raise TypeError(f"expected the context of an ExecuTorch export, whose state is an ExecutorchState; got "
-                        f"{type(ctx.state).__name__} from {type(ctx.exporter).__name__}")
-    return ctx.state
+    return ctx.state_as(ExecutorchState)

@@ -37,12 +37,9 @@ class OnnxState:
 
 
 def onnx_state(ctx: ExportContext) -> OnnxState:
-    """The :class:`OnnxState` of an ONNX export.
+    """The :class:`OnnxState` of an ONNX export (``ctx.state``).
 
     Raises:
-        TypeError: ``ctx`` is not an ONNX export's (its exporter made no OnnxState).
+        TypeError: ``ctx`` is another backend's export context.
     """
-    if not isinstance(ctx.state, OnnxState):
-        raise TypeError(f"expected the context of an ONNX export, whose state is an OnnxState; got "
-                        f"{type(ctx.state).__name__} from {type(ctx.exporter).__name__}")
-    return ctx.state
+    return ctx.state_as(OnnxState)
