@@ -23,3 +23,26 @@ def test_banners_match_stage_data(backend):
     assert banners == stages
     for s in exporter.stages:
         assert callable(getattr(exporter, s.method)), s
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "executorch-cuda", "testplugin"])
+def test_stages_read_from_source_equal_the_imported_ones(backend):
+    """``hfexport stages`` reads the stage data from the exporter's source, without importing the toolchain; it must
+    say what the imported class says (inherited stages too: the ExecuTorch variants, the test plugin's)."""
+    from hfexport._stage_source import stages_from_source
+
+    declared = get_backend(backend)
+    read = stages_from_source(declared.exporter)
+    assert read is not None and read == declared.load_exporter().describe_stages()
+
+
+def test_stages_command_imports_no_toolchain():
+    import subprocess
+    import sys
+
+    code = ("import sys; from hfexport import cli; rc = cli.main(['stages', 'onnx']); "
+            "print('heavy:', [m for m in ('torch', 'onnx', 'onnxscript', 'hfexport_onnx.exporter_onnx') if m in "
+            "sys.modules]); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "4. ONNX translations" in out.stdout and "heavy: []" in out.stdout, out.stdout

@@ -87,9 +87,12 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 
 def _cmd_stages(args: argparse.Namespace) -> int:
     from ._discovery import get_backend
+    from ._stage_source import stages_from_source
 
-    exporter = get_backend(args.backend).load_exporter()
-    for stage in exporter.describe_stages():
+    backend = get_backend(args.backend)
+    # read from the exporter's source (no toolchain import); imported only when the source does not say
+    stages = stages_from_source(backend.exporter) or backend.load_exporter().describe_stages()
+    for stage in stages:
         runs = f"  (runs {stage['runs']})" if stage["runs"] else ""
         print(f"{stage['number']}. {stage['title']:<26} extension point: {stage['extension_point']}{runs}")
     return 0
