@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import onnx
 import pytest
 import torch
 from quantization_helpers import (
@@ -219,10 +220,12 @@ def test_int4_loads_in_a_fresh_process_close_to_float_eager(llama_int4, fresh_pr
     assert cosine >= 0.99  # measured 0.9959 (int8-dynamic: 0.9999); top-1 85%: near-tied random logits
 
 
-def test_int4_quantizes_a_tied_head_that_reads_the_embedding_table_transposed():
+def test_int4_quantizes_a_tied_head_that_reads_the_embedding_table_transposed(tmp_path):
     """A tied LM head is a ``FusedMatMul(transB=1)`` over the embedding table in the float graph (the table stored
     once); MatMulNBits takes ``MatMul`` only, so int4 first writes the head as ``MatMul`` over its own transposed
-    copy (``matmuls_over_transposed_weights``): every MatMul is 4-bit, the table stays for the Gather (int8)."""
+    copy (``matmuls_over_transposed_weights``): every MatMul is 4-bit. The embedding then reads the head's 4-bit
+    table through ``GatherBlockQuantized`` (``share_tied_tables``): the table is stored once, 4-bit, and no int8
+    copy is left."""
     # a table above onnxscript's constant-folding limit (8,192 elements), as every real one: not folded transposed
     model = tiny_model("llama", tie_word_embeddings=True, vocab_size=1024)
     assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -230,14 +233,22 @@ def test_int4_quantizes_a_tied_head_that_reads_the_embedding_table_transposed():
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     exported = hfexport.export(model, inputs, backend="onnx", quantize="int4")
     section = exported.manifest["quantization"]
-    assert section["transposed_weights_untied"] == 1
+    assert section["transposed_weights_untied"] == 1 and section["tied_tables_shared"] == 1, section
     assert section["quantized"] == {"MatMul": 9, "Gather": 1}, section  # the head among the 9, as untied
     assert section["kept_float"]["MatMul with a constant weight"] == 0, section
+    path = exported.save_pretrained(tmp_path / "int4")
+    graph = onnx.load(str(path / "model.onnx"), load_external_data=False).graph
+    assert [n.op_type for n in graph.node if n.op_type.startswith("Gather")] == ["GatherBlockQuantized", "GatherND"]
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    head = next(n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+    assert gather.input[0] == head.input[1] == "model.lm_head.weight.transposed_Q4"  # one table: the head's, 4-bit
+    assert not [i.name for i in graph.initializer if i.name.endswith("_quantized")]  # no int8 copy left
     with torch.no_grad():
         expected = model(**inputs).logits
-    got = exported(**inputs).logits
-    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
-    assert cosine >= 0.99, cosine  # the untied tiny Llama's int4: 0.9959
+    for artifact in (exported, hfexport.load(path)):
+        got = artifact(**inputs).logits
+        cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+        assert cosine >= 0.99, cosine  # 0.9919 (with an int8 table for the embedding: 0.9959)
 
 
 # ── bad input ──────────────────────────────────────────────────────────────────────────────────────────

@@ -21,6 +21,9 @@ activation-by-activation ``MatMul`` stay float32 (``MatMulConstBOnly``). Four re
   logits) and saves the float table: the artifact is 77.9% of float without, 75.6% with; at hidden 256, vocab 4000
   the table is half of an int4 artifact (41.5% of float without, 20.0% with, cosine 0.9782 / 0.9781). On the same
   tiny Llama ``int8-dynamic`` keeps cosine 0.99993, top-1 0.98, at 89.4% (a tiny model's file is mostly graph).
+  A tied table (an LM head that reads the embedding table transposed) is quantized once, as the head's
+  ``MatMulNBits`` weights, and the embedding gathers rows of those (``GatherBlockQuantized``,
+  :func:`share_tied_tables`), as GenAI's builder does: no int8 copy beside the int4 head.
 - ``"int8-dynamic-per-tensor"`` — ``quantize_dynamic`` alone (QOperator, the only form it writes: QDQ is static
   quantization's): ``MatMul`` weights int8 per output channel, activations uint8 *one scale per tensor* at run time
   (``DynamicQuantizeLinear`` -> ``MatMulInteger``, fused by ORT into ``DynamicQuantizeMatMul``, MLAS's u8s8 GEMM),
@@ -176,7 +179,7 @@ def quantize_model(ctx: ExportContext, model: ir.Model, quantization: Quantizati
     models past protobuf's 2 GB limit quantize too; the result is read back into memory, its tables inlined.
     """
     # a tied head reads its table transposed (FusedMatMul): MatMul again, so that MatMulNBits quantizes it
-    untransposed = matmuls_over_transposed_weights(model) if quantization.recipe in _NBITS_BITS else 0
+    untransposed = matmuls_over_transposed_weights(model) if quantization.recipe in _NBITS_BITS else {}
     with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
         source, target = Path(tmp) / "float.onnx", Path(tmp) / "quantized.onnx"
         ir.save(model, source, external_data="float.onnx.data")
@@ -189,25 +192,28 @@ def quantize_model(ctx: ExportContext, model: ir.Model, quantization: Quantizati
         quantized_size = file_bytes(list(Path(tmp).glob("quantized.onnx*")))
         proto = onnx.load(str(target))  # external data read into memory: the temporary directory goes
     quantized = ir.serde.deserialize_model(proto)
+    shared, freed = share_tied_tables(quantized, untransposed) if untransposed else (0, 0)
+    quantized_size -= freed
     section = {
         "recipe": quantization.recipe, **details, **_census(quantized),
         "size_bytes": {"float_weights": weight_bytes(ctx.model), "float_onnx": float_size,
                        "quantized_onnx": quantized_size, "ratio": round(quantized_size / max(float_size, 1), 4)},
         "min_cosine": quantization.min_cosine,
-        "transposed_weights_untied": untransposed,
+        "transposed_weights_untied": len(untransposed),
+        "tied_tables_shared": shared,  # embeddings reading the head's quantized table (GatherBlockQuantized)
     }
     quantized.metadata_props["pkg.hfexport.quantization"] = quantization.recipe
     return quantized, section
 
 
-def matmuls_over_transposed_weights(model: ir.Model) -> int:
+def matmuls_over_transposed_weights(model: ir.Model) -> dict[str, str]:
     """Rewrite in place each ``FusedMatMul(A, W, transB=1)`` over a constant ``W`` as ``MatMul(A, W^T)``, ``W^T`` an
-    initializer of its own; returns how many. A tied LM head reads the embedding table ``[vocab, hidden]`` this way
+    initializer of its own; returns the name of each ``W^T`` and of the ``W`` it copies. A tied LM head reads the embedding table ``[vocab, hidden]`` this way
     (the float graph stores the table once), and ONNX Runtime's ``MatMulNBitsQuantizer`` quantizes ``MatMul`` only:
     left float, the head of the Qwen2-0.5B-shaped decoder (136 M parameters) made its int4 decode step as slow as the
     float one (133 against 134 ms near 64 positions, ORT GenAI int4: 33 ms). The table itself stays for the
-    embedding's ``Gather`` (int8 after ``quantize_dynamic``)."""
-    rewritten = 0
+    embedding's ``Gather`` until :func:`share_tied_tables` makes it read the head's quantized copy."""
+    rewritten: dict[str, str] = {}
     for node in list(model.graph):
         if node.op_type != "FusedMatMul" or node.domain != "com.microsoft" or len(node.inputs) != 2:
             continue
@@ -225,8 +231,84 @@ def matmuls_over_transposed_weights(model: ir.Model) -> int:
         model.graph.register_initializer(transposed)
         matmul = ir.node("MatMul", [data, transposed], name=f"{node.name}.unfused" if node.name else None)
         ir.convenience.replace_nodes_and_values(model.graph, node, [node], [matmul], node.outputs, matmul.outputs)
-        rewritten += 1
+        rewritten[str(transposed.name)] = str(weight.name)
     return rewritten
+
+
+def share_tied_tables(model: ir.Model, copies: Mapping[str, str]) -> tuple[int, int]:
+    """Make each embedding ``Gather`` of a tied table read the LM head's ``MatMulNBits`` weights instead of a table
+    of its own: ``GatherBlockQuantized`` (ONNX Runtime's contrib op) over the head's packed ``B``, then a reshape to
+    ``[..., hidden]``. Returns how many, and the bytes of the initializers it removed (the int8 tables). The table
+    is then stored once, as ONNX Runtime GenAI's builder stores it.
+
+    ``copies`` maps each transposed copy to its table (:func:`matmuls_over_transposed_weights`); the quantizer names
+    a head's ``B`` after its weight (``<copy>_Q4``). ``B`` is ``[vocab, hidden / block, block * bits / 8]``: the rows
+    of the table, each in blocks of ``block`` values packed low nibble first, which is ``GatherBlockQuantized``'s
+    layout for ``uint8`` data over ``quantize_axis=2`` (its default zero point, 8 for 4 bits and 128 for 8 bits, is
+    ``MatMulNBits``'s for symmetric weights: ONNX Runtime's gather_block_quantized_op_test.cc). Left alone: a head
+    with zero points (asymmetric), a hidden size that is not a multiple of the block, a ``Gather`` of the table
+    whose result feeds anything but one ``DequantizeLinear`` (``quantize_dynamic``'s int8 table) when quantized.
+
+    Measured on the tied tiny Llama of ``tests/onnx/test_onnx_quantization.py`` (vocab 1,024, hidden 32): the
+    gathered rows equal the head's int4 weights dequantized by hand (max abs diff 0.0); logits cosine 0.9963 with the
+    int8-table graph.
+    """
+    graph = model.graph
+    heads: dict[str, ir.Node] = {}
+    for node in graph:
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and len(node.inputs) == 3:
+            name = node.inputs[1].name if node.inputs[1] is not None else None
+            table = next((t for copy, t in copies.items() if name and name.startswith(f"{copy}_")), None)
+            if table is not None:
+                heads[table] = node
+    shared = 0
+    for node in list(graph):
+        data = node.inputs[0] if node.op_type == "Gather" and node.domain == "" and node.inputs else None
+        table = next((t for t in heads if data is not None and data.name in (t, f"{t}_quantized")), None)
+        if table is None or node.attributes.get_int("axis", 0) != 0:
+            continue
+        removed, output = [node], node.outputs[0]
+        if data.name != table:  # quantize_dynamic's int8 table: Gather, then DequantizeLinear
+            users = list(output.uses())
+            if len(users) != 1 or users[0].node.op_type != "DequantizeLinear":
+                continue
+            removed.append(users[0].node)
+            output = users[0].node.outputs[0]
+        head = heads[table]
+        packed, scales = head.inputs[1], head.inputs[2]
+        bits, block = head.attributes.get_int("bits", 4), head.attributes.get_int("block_size", 0)
+        rows, hidden = head.attributes.get_int("N", 0), head.attributes.get_int("K", 0)
+        if not block or hidden % block or packed.shape is None                 or list(packed.shape) != [rows, hidden // block, block * bits // 8]:
+            continue
+        new_shape = _constant(graph, f"{table}.scales_shape", [rows, hidden // block, 1])
+        reshaped_scales = ir.node("Reshape", [scales, new_shape])
+        gathered = ir.node("GatherBlockQuantized", [packed, node.inputs[1], reshaped_scales.outputs[0]],
+                           attributes={"gather_axis": 0, "quantize_axis": 2, "block_size": block, "bits": bits},
+                           domain="com.microsoft")
+        ids_shape = ir.node("Shape", [node.inputs[1]])
+        target = ir.node("Concat", [ids_shape.outputs[0], _constant(graph, f"{table}.hidden", [hidden])],
+                         attributes={"axis": 0})
+        rows_out = ir.node("Reshape", [gathered.outputs[0], target.outputs[0]])
+        ir.convenience.replace_nodes_and_values(graph, node, removed,
+                                                [reshaped_scales, gathered, ids_shape, target, rows_out],
+                                                [output], rows_out.outputs)
+        shared += 1
+    freed = 0
+    if shared:
+        used = {v.name for n in ir.traversal.RecursiveGraphIterator(graph) for v in n.inputs if v is not None}
+        for name in [n for n in graph.initializers if n not in used]:  # the int8 table, its scale and zero point
+            tensor = graph.initializers[name].const_value
+            freed += tensor.nbytes if tensor is not None else 0
+            del graph.initializers[name]
+        if "com.microsoft" not in model.opset_imports:
+            model.opset_imports["com.microsoft"] = 1
+    return shared, freed
+
+
+def _constant(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(np.array(values, dtype=np.int64), name=name))
+    graph.register_initializer(value)
+    return value
 
 
 def _dynamic(ctx: ExportContext, quantization: Quantization, source: Path, target: Path) -> dict[str, Any]:
@@ -254,7 +336,7 @@ def _dynamic(ctx: ExportContext, quantization: Quantization, source: Path, targe
                 "format": f"MatMulNBits (contrib op, bits={bits}, accuracy_level=4: MLAS int8 GEMM); QOperator "
                           "(DynamicQuantizeLinear + MatMulInteger) for a Gemm; int8 tables dequantized after Gather",
                 "weights": f"int{bits}, symmetric, one scale per {block} input weights of each output channel; "
-                           "embedding tables int8",
+                           "embedding tables int8, a table tied to the head read from the head's weights",
                 "activations": f"int8, per row and per block of {block}, at run time (accuracy_level=4)"}
     return {"steps": steps,
             "format": "QOperator (DynamicQuantizeLinear + MatMulInteger; ORT fuses them into DynamicQuantizeMatMul)",
@@ -341,7 +423,8 @@ def _census(model: ir.Model) -> dict[str, Any]:
         return node.inputs[1] if len(node.inputs) > 1 else None
 
     qdq_matmuls = sum(1 for n in nodes if n.op_type in ("MatMul", "Gemm") and dequantized(weight(n)))
-    gathers = sum(1 for n in nodes if n.op_type == "Gather" and n.inputs and dequantized(n.inputs[0]))
+    gathers = sum(1 for n in nodes if n.op_type == "Gather" and n.inputs and dequantized(n.inputs[0])) \
+        + ops.get("GatherBlockQuantized", 0)
     kept_float = sum(1 for n in nodes if n.op_type in ("MatMul", "Gemm", "FusedMatMul") and weight(n) is not None
                      and weight(n).is_initializer() and weight(n).dtype == ir.DataType.FLOAT)
     matmuls = ops.get("MatMulNBits", 0) + ops.get("MatMulInteger", 0) + qdq_matmuls
