@@ -36,7 +36,7 @@ def run(model, traced, other, disable=(), shapes=None, **options):
         torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("patch", ["_patch_tensor_metadata_without_contiguity_guard",
+@pytest.mark.parametrize("patch", ["_patch_layout_queries_without_size_guard",
                                    "_patch_contiguous_without_size_guard"])
 def test_a_slice_back_from_padding_keeps_both_parities(patch):
     """Traced at odd sizes, run at even ones; either patch off, torch.export guards the parity."""
@@ -47,6 +47,29 @@ def test_a_slice_back_from_padding_keeps_both_parities(patch):
     run(model, traced, other, shapes=shapes)
     with pytest.raises(hfexport.ExportError, match="verification at a second shape.*Guard failed"):
         run(model, traced, other, disable=(patch,), shapes=shapes)
+
+
+class PadSliceBackOps(torch.nn.Module):
+    """Ops straight on the slice back from padding (no ``contiguous()`` first): an elementwise op, ``layer_norm``
+    (its decomposition's own ``contiguous()``) and ``clone``; the slice is contiguous exactly when h and w are even."""
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        padded = F.pad(x, (0, 0, 0, 2 * ((w + 1) // 2) - w, 0, 2 * ((h + 1) // 2) - h))
+        y = padded[:, :h, :w, :]
+        return y * 2.0 + x, F.layer_norm(y, (c,)), y.clone()
+
+
+def test_ops_on_a_slice_back_from_padding_keep_both_parities():
+    """Traced at odd sizes, run at even ones; with the layout-query patch off, the elementwise op's fast path (and
+    layer_norm's and clone's layout) guards the parity."""
+    model = PadSliceBackOps().eval()
+    traced = {"x": torch.randn(2, 5, 7, 3, generator=torch.Generator().manual_seed(0))}
+    other = {"x": torch.randn(2, 6, 4, 3, generator=torch.Generator().manual_seed(1))}
+    shapes = {"x": {1: Dim.DYNAMIC, 2: Dim.DYNAMIC}}
+    run(model, traced, other, shapes=shapes)
+    with pytest.raises(hfexport.ExportError, match="verification at a second shape.*Guard failed"):
+        run(model, traced, other, disable=("_patch_layout_queries_without_size_guard",), shapes=shapes)
 
 
 def tiny_swin(depths=(1, 1)):
@@ -73,6 +96,30 @@ def test_swin_grid_of_the_other_parity(patch, depths):
         run(model, traced, other, disable=(patch,), shapes=shapes)
 
 
+def tiny_focalnet():
+    from transformers import FocalNetConfig, FocalNetModel
+
+    torch.manual_seed(0)
+    return FocalNetModel(FocalNetConfig(image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], focal_levels=[2, 2],
+                                        focal_windows=[3, 3])).eval()
+
+
+@pytest.mark.parametrize("build", [pytest.param(tiny_swin, marks=pytest.mark.slow),  # 10 s; Swinv2, Donut-Swin and
+                                   tiny_focalnet])                                 # MaskFormer-Swin copy its code
+def test_image_sizes_that_are_not_multiples_of_the_patch(build):
+    """Traced at 30x37 pixels (not multiples of the patch, 4), run at 28x36 (multiples); with the patch off the
+    program guards the divisibility (Swin: ``w % 4 != 0``; FocalNet, whose downsampling pads to a multiple of 2: the
+    parity of the patch grid). The export's own second shape (31x38) keeps the traced remainders, so the run
+    after it is what fails."""
+    model = build()
+    traced = {"pixel_values": torch.randn(1, 3, 30, 37, generator=torch.Generator().manual_seed(0))}
+    other = {"pixel_values": torch.randn(1, 3, 28, 36, generator=torch.Generator().manual_seed(1))}
+    shapes = {"pixel_values": {2: Dim("h", min=8, max=64), 3: Dim("w", min=8, max=64)}}
+    run(model, traced, other, shapes=shapes)
+    with pytest.raises(Exception, match="Guard failed"):
+        run(model, traced, other, disable=("_patch_patch_embeddings_pad_without_divisibility_guard",), shapes=shapes)
+
+
 def test_static_sizes_keep_the_original_code():
     """Without dynamic sizes the patches change nothing: the padded-and-sliced layer is traced as before."""
     model = tiny_swin()
@@ -80,7 +127,29 @@ def test_static_sizes_keep_the_original_code():
     with_patches = hfexport.export(model, copy.deepcopy(inputs), backend="dynamo")
     without = hfexport.export(model, copy.deepcopy(inputs), backend="dynamo", disable=(
         "_patch_window_padding_without_parity_guard", "_patch_patch_merging_pad_without_parity_guard",
-        "_patch_tensor_metadata_without_contiguity_guard", "_patch_contiguous_without_size_guard"))
+        "_patch_contiguous_without_size_guard", "_patch_layout_queries_without_size_guard",
+        "_patch_patch_embeddings_pad_without_divisibility_guard"))
     ops = [[str(n.target) for n in e.components["model"].runner.program.graph.nodes if n.op == "call_function"]
            for e in (with_patches, without)]
     assert ops[0] == ops[1]
+
+
+def test_every_patch_names_why_upstream_and_when_it_can_go():
+    """Each patch of the module is listed (``hfexport workarounds``), in the dynamo scope, with Why/Upstream/Remove
+    when and an upstream issue or the model-side change it waits for; each is disabled by a test above."""
+    import re
+
+    import hfexport_dynamo._window_padding as module
+
+    patches = [r for r in hfexport.list_workarounds() if r.module == module.__name__]
+    assert {r.name for r in patches} == {
+        "_patch_window_padding_without_parity_guard", "_patch_patch_merging_pad_without_parity_guard",
+        "_patch_patch_embeddings_pad_without_divisibility_guard", "_patch_contiguous_without_size_guard",
+        "_patch_layout_queries_without_size_guard"}
+    for registration in patches:
+        assert registration.scope == "dynamo" and registration.kind == "patch", registration.name
+        doc = registration.func.__doc__
+        for part in ("**Why**", "**Upstream**", "**Remove when**"):
+            assert part in doc, (registration.name, part)
+        assert re.search(r"[\w-]+/[\w-]+#\d+|huggingface/transformers", doc), registration.name
+        assert f'disable=("{registration.name}",)' in doc, registration.name  # how its test shows the failure

@@ -1,7 +1,8 @@
 """Patches (stage 2, ``"dynamo"`` scope) that pad a dynamic size to a multiple of a window, and slice back,
-without asking torch.export the parity of the size: two for shifted-window vision models (Swin and the families
-that copy its layers), two for torch itself (``contiguous()`` and the ``tensor_meta`` of such a slice), which every
-model that pads and slices back needs (odd/even grids, pixel shuffles).
+without asking torch.export the parity of the size: three for shifted-window vision models (Swin and the families
+that copy its layers, FocalNet's patch embeddings), two for torch itself (``contiguous()`` of such a slice, and the layout queries that
+elementwise ops, ``layer_norm``, ``clone`` and each node's ``tensor_meta`` make on it), which every model that pads
+and slices back needs (odd/even grids, pixel shuffles).
 
 Importing this module registers the patches (``exporter_dynamo`` imports it).
 """
@@ -112,6 +113,49 @@ def _patch_patch_merging_pad_without_parity_guard(original: Any) -> Any:
     return maybe_pad
 
 
+# The patch embeddings that pad the image to a multiple of the patch size only when it is not one (Swin's, and the
+# copies in Swinv2, Donut-Swin, MaskFormer-Swin; FocalNet's, which also downsamples between its stages).
+_PATCH_EMBEDDINGS = (
+    "swin.modeling_swin.SwinPatchEmbeddings",
+    "swinv2.modeling_swinv2.Swinv2PatchEmbeddings",
+    "donut.modeling_donut_swin.DonutSwinPatchEmbeddings",
+    "maskformer.modeling_maskformer_swin.MaskFormerSwinPatchEmbeddings",
+    "focalnet.modeling_focalnet.FocalNetPatchEmbeddings",
+)
+
+
+@register_patch("dynamo", *(f"transformers.models.{path}.maybe_pad" for path in _PATCH_EMBEDDINGS))
+def _patch_patch_embeddings_pad_without_divisibility_guard(original: Any) -> Any:
+    """A patch embedding's padding of the image to a multiple of the patch size, done for every size.
+
+    **Why**: ``SwinPatchEmbeddings.maybe_pad`` pads ``[batch, channels, height, width]`` to multiples of the patch
+    only ``if width % patch != 0`` (and the same for the height): with a dynamic image size torch.export records a
+    guard on the size's divisibility and the program refuses the other sizes (a tiny Swin traced at 30x37 pixels
+    failed at 28x36 with "Guard failed: pixel_values.size()[3] % 4 != 0"). FocalNet pads the same way before each
+    downsampling, where the patch is 2, so its program was specialized to the parity of the patch grid ("Guard
+    failed: (1 + (w + -1 * (w % 4)) // 4) % 2 == 0"). The replacement pads by ``patch * ceil(size / patch) - size``
+    every time (a pad of 0 is the identity), the same values without the branch. Static sizes keep the original.
+    **Upstream**: huggingface/transformers, the ``if width % self.patch_size[1] != 0`` branches of
+    ``SwinPatchEmbeddings.maybe_pad`` and its copies (Swinv2, Donut-Swin, MaskFormer-Swin) and of
+    ``FocalNetPatchEmbeddings.maybe_pad``; pytorch/pytorch#136216 (open) asks torch.export to see through such
+    ``if pad > 0`` padding.
+    **Remove when**: the embeddings pad unconditionally; the test exports a tiny Swin and a tiny FocalNet at
+    sizes that are not multiples of the patch and runs them at multiples with
+    ``disable=("_patch_patch_embeddings_pad_without_divisibility_guard",)``.
+    """
+
+    @functools.wraps(original)
+    def maybe_pad(self: Any, pixel_values: torch.Tensor, height: Any, width: Any) -> torch.Tensor:
+        if not _symbolic(height, width):
+            return original(self, pixel_values, height, width)
+        patch_height, patch_width = self.patch_size
+        pad_right = patch_width * ((width + patch_width - 1) // patch_width) - width
+        pad_bottom = patch_height * ((height + patch_height - 1) // patch_height) - height
+        return F.pad(pixel_values, (0, pad_right, 0, pad_bottom))
+
+    return maybe_pad
+
+
 def _statically_contiguous(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s strides are the contiguous ones for every size its symbols may take (no guard)."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -124,39 +168,6 @@ def _statically_contiguous(tensor: torch.Tensor) -> bool:
             return False
         expected = expected * size
     return True
-
-
-@register_patch("dynamo", "torch.fx.experimental.proxy_tensor._extract_tensor_metadata",
-                "torch.fx.passes.shape_prop._extract_tensor_metadata", "torch._export.pass_base._extract_tensor_metadata",
-                "torch._higher_order_ops.utils._extract_tensor_metadata")
-def _patch_tensor_metadata_without_contiguity_guard(original: Any) -> Any:
-    """Record a traced tensor's memory format (``node.meta["tensor_meta"]``) only where it holds for every size,
-    without a guard on the sizes.
-
-    **Why**: while tracing, torch records each node's ``tensor_meta``; ``_extract_tensor_metadata`` asks whether
-    the value is contiguous with ``is_contiguous_for_memory_format_or_false``, which avoids guards only on
-    data-dependent sizes: on a dynamic size it records a guard. A slice back to the unpadded size
-    (``padded[:, :height, :width]``: Swin's window layers, odd/even grids, pixel shuffles) is contiguous exactly when
-    nothing was padded, so recording its metadata guarded the parity of the size (e11, after the window patches:
-    ``Ne(32*Max(1, ((s4//4) + 1)//2), 16*(s4//4))`` from ``check_contiguous_sizes_strides``) and the program
-    refused the other half of the sizes. The replacement records the memory format where the tensor is contiguous
-    for every size (as torch's comment above the function intends: "set contiguity when it's always true") and
-    leaves it unset otherwise; nothing else changes.
-    **Upstream**: pytorch/pytorch#123592 (ezyang: the guard comes from "trying to query contiguity on every
-    intermediate result"); pytorch/pytorch#185084 removed the size-1 part of it for the metadata path, not the
-    stride comparison that guards here (torch 2.15).
-    **Remove when**: recording ``tensor_meta`` adds no guard on a dynamic size; the test traces a slice of a padded
-    tensor at an odd size and runs it at an even one with ``disable=("_patch_tensor_metadata_without_contiguity_guard",)``.
-    """
-
-    @functools.wraps(original)
-    def _extract_tensor_metadata(result: torch.Tensor, include_contiguity: bool = True) -> Any:
-        if include_contiguity and isinstance(result, torch.Tensor) and not result.is_sparse and (
-                _symbolic(*result.shape) and not _statically_contiguous(result)):
-            include_contiguity = False  # contiguous for some sizes only: the format stays unset (None)
-        return original(result, include_contiguity=include_contiguity)
-
-    return _extract_tensor_metadata
 
 
 @register_patch("dynamo", "torch.Tensor.contiguous")
@@ -187,3 +198,46 @@ def _patch_contiguous_without_size_guard(original: Any) -> Any:
         return self.clone(memory_format=torch.contiguous_format)
 
     return contiguous
+
+
+
+@register_patch("dynamo", "torch._prims_common.check_contiguous_sizes_strides")
+def _patch_layout_queries_without_size_guard(original: Any) -> Any:
+    """torch's layout queries meant not to guard answer without a guard on a dynamic size.
+
+    The queries: ``is_contiguous_or_false``, ``is_contiguous_for_memory_format_or_false``,
+    ``is_non_overlapping_and_dense_or_false``.
+
+    **Why**: these queries pick a short cut while tracing: an elementwise op's output layout
+    (``fake_impls.make_fast_binary_impl`` and ``compute_elementwise_output_logical_to_physical_perm``), a
+    decomposition's ``contiguous()`` (``_refs.contiguous``: ``layer_norm``), ``clone``'s output strides, and the
+    memory format recorded in every node's ``tensor_meta`` (``shape_prop._extract_tensor_metadata``). They all
+    end in ``check_contiguous_sizes_strides(..., false_if_dde=True)``, whose ``guard_or_true``/``guard_or_false``
+    fall back only on data-dependent sizes: on a backed dynamic size they record a guard. A slice back to the
+    unpadded size (``padded[:, :height, :width] * 2``, ``layer_norm`` or ``clone`` of it: odd/even grids, window
+    padding, pixel shuffles) is contiguous exactly when nothing was padded, so the op guarded the parity of the
+    size (``Ne(3*Max(1, 2*((w + 1)//2)), 3*w)``; e11, after the window patches:
+    ``Ne(32*Max(1, ((s4//4) + 1)//2), 16*(s4//4))`` from recording ``tensor_meta``) and the program refused the
+    other half of the sizes. The
+    replacement evaluates such a query as torch evaluates it for data-dependent sizes (``backed_size_oblivious``:
+    the answer the solver proves for every size, else the query's default), so the caller takes its general path
+    (strides ordered like the input's, a copy where a view was possible): the same values. Queries that must be
+    exact (``false_if_dde=False``) and static sizes keep the original.
+    **Upstream**: pytorch/pytorch#123592 (ezyang: the guard comes from "trying to query contiguity on every
+    intermediate result"); pytorch/pytorch#185084 removed the size-1 part of it for the metadata path, not the
+    stride comparison that guards here; the ``_or_false`` helpers avoid guards on unbacked sizes only (torch 2.15,
+    ``symbolic_shapes._guard_or``).
+    **Remove when**: these queries add no guard on a backed dynamic size; the tests trace a slice of a padded
+    tensor (rolled, made contiguous and viewed; or an elementwise op, ``layer_norm`` and ``clone`` straight on it)
+    at an odd size and run it at an even one with ``disable=("_patch_layout_queries_without_size_guard",)``.
+    """
+    from torch.fx.experimental import _config as shape_config
+
+    @functools.wraps(original)
+    def check_contiguous_sizes_strides(sizes: Any, strides: Any, false_if_dde: bool = False) -> bool:
+        if false_if_dde and _symbolic(*sizes, *strides):
+            with shape_config.patch(backed_size_oblivious=True):  # guard_or_*: the static answer, else the default
+                return original(sizes, strides, false_if_dde=True)
+        return original(sizes, strides, false_if_dde=false_if_dde)
+
+    return check_contiguous_sizes_strides
