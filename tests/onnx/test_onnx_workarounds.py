@@ -339,3 +339,35 @@ def test_bfloat16_fix_computes_in_float32_on_the_cpu():
     torch.testing.assert_close(actual[0], expected[0], atol=1e-2, rtol=1e-2)
     assert actual[1].dtype == torch.float32  # a bfloat16 output comes back as float32, of the same value
     torch.testing.assert_close(actual[1], expected[1].float(), atol=1e-2, rtol=1e-2)
+
+
+class Bf16Block(torch.nn.Module):
+    """A bfloat16 model that takes a bfloat16 tensor (not token ids): its ONNX graph takes float32."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.norm = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
+        self.to(torch.bfloat16)
+
+    def forward(self, x):
+        return self.norm(torch.nn.functional.gelu(self.proj(x)))
+
+
+def test_bfloat16_inputs_run_on_the_float32_graph(tmp_path):
+    """A bfloat16 model exported to ONNX computes in float32; the bfloat16 tensors it takes are fed as float32,
+    on the exported artifact (its own verification included) and on the loaded one; float32 is taken as well.
+    Before, the feed raised "TypeError: Got unsupported ScalarType BFloat16" (numpy has no bfloat16)."""
+    model = Bf16Block().eval()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    exported = hfexport.export(model, {"x": x}, backend="onnx", atol=2e-2, rtol=2e-2)
+    assert exported.manifest["inputs"][0]["dtype"] == "bfloat16"
+    exported.save(tmp_path / "bf16")
+    loaded = hfexport.load(tmp_path / "bf16")
+    with torch.no_grad():
+        expected = model(x)
+    for artifact in (exported, loaded):
+        for given in (x, x.float()):
+            actual = artifact(x=given)
+            assert actual.dtype == torch.float32  # computed in float32, returned unrounded
+            torch.testing.assert_close(actual, expected.float(), atol=2e-2, rtol=2e-2)

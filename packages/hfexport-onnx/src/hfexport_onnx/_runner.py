@@ -22,6 +22,9 @@ __all__ = ["DATA_FILE", "MODEL_FILE", "OnnxRunner", "available_providers", "chec
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = f"{MODEL_FILE}.data"
+# ONNX Runtime's names of the floating element types (``NodeArg.type``)
+_ORT_FLOAT_TYPES = {"tensor(float)": torch.float32, "tensor(double)": torch.float64,
+                    "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
 
 
 def available_providers() -> list[str]:
@@ -163,6 +166,13 @@ class OnnxRunner(FileRunner):
         missing = sorted({n for n in self.input_leaves if n is not None} - set(graph_inputs))
         if missing:
             raise OnnxSessionError(f"{self.path} has no graph inputs {missing}; its inputs are {graph_inputs}")
+        # The floating dtype of each graph input: a floating input leaf is cast to it. A bfloat16 model computes in
+        # float32 on ONNX Runtime's CPU (_fix_ir_bfloat16_as_float32): its bfloat16 inputs (as the model takes
+        # them, and as the manifest says) are fed as float32 (numpy has no bfloat16: the feed raised "Got
+        # unsupported ScalarType BFloat16"); its bfloat16 outputs come back as float32.
+        types = {i.name: _ORT_FLOAT_TYPES.get(i.type) for i in self.session.get_inputs()}
+        self.input_dtypes: list[torch.dtype | None] = [types.get(n) if n is not None else None
+                                                       for n in self.input_leaves]
 
     def reset(self) -> None:
         """Nothing to reset: an ONNX Runtime session keeps no state between runs (a buffer the program mutates
@@ -170,7 +180,7 @@ class OnnxRunner(FileRunner):
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
-        leaves = self.flat_inputs(args)
+        leaves = self.flat_inputs(args, self.input_dtypes)  # a floating leaf cast to the graph's dtype
         if len(leaves) != len(self.input_leaves):
             raise TypeError(f"expected {len(self.input_leaves)} input tensors after flattening, got {len(leaves)}")
         tensors = {name: torch.as_tensor(leaf) for name, leaf in zip(self.input_leaves, leaves, strict=True)
