@@ -45,3 +45,62 @@ def test_named_ranges_are_kept_as_checked_bounds(backend, caplog):
         torch.testing.assert_close(exported(x=y), model(y), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="outside the program's range"):
         exported(x=torch.randn(2, 17, 8, 3))
+
+
+class DownUpSampleSliceBack(torch.nn.Module):
+    """Sibling: a grid padded to even sizes, pooled by 2 and upsampled back, sliced to the input's size."""
+
+    def forward(self, x):  # [b, c, h, w]
+        b, c, h, w = x.shape
+        padded = F.pad(x, (0, 2 * ((w + 1) // 2) - w, 0, 2 * ((h + 1) // 2) - h))
+        up = F.interpolate(F.avg_pool2d(padded, 2), scale_factor=2, mode="nearest")
+        return (up + padded)[:, :, :h, :w]
+
+
+class SequenceWindowsOfThree(torch.nn.Module):
+    """Sibling: a sequence padded to a multiple of 3, averaged per window of 3, sliced back."""
+
+    def forward(self, x):  # [b, s, d]
+        b, s, d = x.shape
+        padded = F.pad(x, (0, 0, 0, 3 * ((s + 2) // 3) - s))
+        means = padded.view(b, -1, 3, d).mean(2, keepdim=True).expand(-1, -1, 3, -1).reshape(b, -1, d)
+        return (means + padded)[:, :s]
+
+
+@pytest.mark.parametrize("model,x,shapes,others", [
+    (DownUpSampleSliceBack(), torch.randn(1, 2, 7, 9), {"x": {2: Dim("h", min=2, max=32), 3: Dim("w", min=2, max=32)}},
+     [(1, 2, 8, 6), (1, 2, 2, 32), (1, 2, 31, 3)]),
+    (SequenceWindowsOfThree(), torch.randn(2, 7, 4), {"x": {1: Dim("s", min=4, max=40)}},  # s <= 3: next test
+     [(2, 9, 4), (2, 4, 4), (2, 40, 4), (2, 11, 4)]),
+])
+def test_sibling_patterns_keep_the_named_ranges(model, x, shapes, others):
+    """Two more patterns whose guards hold for every size in the named range but that torch.export's solver
+    refuses ("Constraints violated"): the retry keeps the whole named range, and every remainder runs."""
+    with pytest.raises(Exception, match="Constraints violated"):
+        torch.export.export(model, (x,), dynamic_shapes=copy.deepcopy(shapes))
+    exported = hfexport.export(model, {"x": x}, backend="dynamo", dynamic_shapes=copy.deepcopy(shapes))
+    named = [(dim, d.__name__, d.min, d.max) for dim, d in shapes["x"].items()]
+    relaxed = exported.manifest["relaxed_dims"]
+    assert [(r["dim"], r["name"], r["min"], r["max"]) for r in relaxed] == named
+    assert all(r["checked"] == [r["min"], r["max"]] for r in relaxed)  # the whole range, checked
+    for shape in others:
+        y = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(exported(x=y), model(y), atol=1e-6, rtol=0)
+
+
+
+def test_sizes_the_programs_guards_refuse_are_refused_by_range(caplog):
+    """The solver's guard ``(s + 2) // 3 != 1`` (one window of 3: the view's inferred size specialized away from 1)
+    does not hold for s <= 3: the retry's range is narrowed to the sizes the program's guards admit, [4, 40], so
+    that s = 2 is refused by name and range before the program runs (it raised torch's "Guard failed"), and the
+    warning names the guard and the narrowed range."""
+    model, shapes = SequenceWindowsOfThree(), {"x": {1: Dim("s", min=2, max=40)}}
+    with caplog.at_level(logging.WARNING, logger="hfexport"):
+        exported = hfexport.export(model, {"x": torch.randn(2, 7, 4)}, backend="dynamo", dynamic_shapes=shapes)
+    assert exported.manifest["relaxed_dims"][0]["checked"] == [4, 40]
+    assert any("((2 + L['x'].size()[1]) // 3) != 1" in r.getMessage() and "narrowed s to [4, 40]" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(ValueError, match="outside the program's range"):
+        exported(x=torch.randn(2, 2, 4))
+    y = torch.randn(2, 4, 4, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(exported(x=y), model(y), atol=1e-6, rtol=0)

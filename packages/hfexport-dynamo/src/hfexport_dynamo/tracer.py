@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from hfexport.plugin import ExportContext, InvalidInputError, flatten_with_names
 
 from ._config import trace_state
+from ._guard_ranges import narrow_to_guards
 from ._pytree import register_transformers_pytrees
 from ._quiet import no_loading_bar
 from .inputs import dummy_inputs, forward_parameters
@@ -594,6 +595,7 @@ def _export_with_ranges_as_hints(ctx: ExportContext, module: Any, make_args: Any
         program = torch.export.export(module, make_args(), dynamic_shapes=relaxed, strict=strict)
     except Exception:
         raise exc from None
+    narrow_to_guards(program, ctx.inputs)  # sizes of the range that the program's own guards refuse
     reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
     described = {entry["name"]: entry for entry in describe_inputs(program, ctx.inputs)}
     narrowed = []
