@@ -305,7 +305,9 @@ def test_a_session_ort_refuses_names_the_node_and_op_and_leaves_nothing_behind(m
                                           r"node 'node_relu' \(op NotAnOnnxOp") as info:
         hfexport.export(_LayerNormMLP(), {"x": torch.randn(2, 8)}, backend="onnx")
     assert isinstance(info.value.__cause__, E.OnnxSessionError)
-    assert list(tmp_path.iterdir()) == []
+    # the runner's directory (hfexport-onnxrunner-*) is gone; torch may create its own cache dir there (when this
+    # test is the first of a process to start torch._inductor: torchinductor_<user>), which is not ours
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("hfexport")] == []
 
 
 # ── the runner ─────────────────────────────────────────────────────────────────────────────────────────
