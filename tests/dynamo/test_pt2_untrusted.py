@@ -256,6 +256,43 @@ def test_zip_reader_refuses_members_beyond_the_file(tmp_path: Path) -> None:
         _Members(io.BytesIO(buffer.getvalue()), "t", frozenset({"archive_format"}), __import__("re").compile("x"), 1)
 
 
+def test_a_zip_version_zipfile_cannot_read_is_an_integrity_error(saved: dict[str, Any], tmp_path: Path) -> None:
+    """One byte of a central-directory entry (version needed to extract: 22.6) made zipfile raise a bare
+    NotImplementedError (found by the fuzz probe, seed 3)."""
+    from hfexport import IntegrityError
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    data = bytearray((artifact / "model.pt2").read_bytes())
+    end = data.rindex(b"PK\x05\x06")  # the archive's own end record (sample inputs are a zip inside it)
+    entry = int.from_bytes(data[end + 16: end + 20], "little")  # its first central-directory entry
+    assert data[entry: entry + 4] == b"PK\x01\x02"
+    data[entry + 6: entry + 8] = (226).to_bytes(2, "little")
+    (artifact / "model.pt2").write_bytes(bytes(data))
+    rehash(artifact)
+    with pytest.raises(IntegrityError, match="model.pt2 is not a zip archive .*zip file version 22.6"):
+        hfexport.load(artifact)
+
+
+def test_member_names_without_the_utf8_flag_import_no_codec(saved: dict[str, Any], tmp_path: Path) -> None:
+    """A central-directory entry without its UTF-8 flag (a flipped byte: the fuzz probe, seed 4) made zipfile decode
+    the name as cp437, importing ``encodings.cp437`` while the artifact was read. Names are read as UTF-8."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    data = bytearray((artifact / "model.pt2").read_bytes())
+    end = data.rindex(b"PK\x05\x06")
+    entry, count = int.from_bytes(data[end + 16: end + 20], "little"), int.from_bytes(data[end + 10: end + 12], "little")
+    for _ in range(count):  # clear bit 11 (UTF-8 names) of every entry; torch's names are ASCII
+        assert data[entry: entry + 4] == b"PK\x01\x02"
+        data[entry + 9] &= ~0x08 & 0xFF
+        name, extra, comment = (int.from_bytes(data[entry + at: entry + at + 2], "little") for at in (28, 30, 32))
+        entry += 46 + name + extra + comment
+    (artifact / "model.pt2").write_bytes(bytes(data))
+    rehash(artifact)
+    sys.modules.pop("encodings.cp437", None)
+    loaded = hfexport.load(artifact)
+    assert "encodings.cp437" not in sys.modules
+    torch.testing.assert_close(loaded(x=saved["x"])[0], hfexport.load(saved["dir"])(x=saved["x"])[0])
+
+
 # ── saving onto a full disk ────────────────────────────────────────────────────────────────────────────────
 _FULL_DISK_SCRIPT = """
 import sys, torch

@@ -155,3 +155,16 @@ def test_opening_a_session_computes_nothing_the_file_dictates(saved: dict[str, A
     assert grown < 256, f"opening the session took {grown:.0f} MiB"
     assert elapsed < 5, elapsed
     del loaded
+
+
+def test_an_external_data_location_that_is_not_utf8_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """protobuf gives such a location as bytes (a flipped byte: the fuzz probe, seed 4), which os.path.join refused
+    with a bare TypeError."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    _edit_model(artifact, lambda model: model.graph.initializer.append(_external("extra", "secret.data", [4])))
+    data = (artifact / "model.onnx").read_bytes()
+    assert data.count(b"secret.data") == 1
+    (artifact / "model.onnx").write_bytes(data.replace(b"secret.data", b"secr\xb8t.data"))
+    rehash(artifact)
+    with pytest.raises(ValueError, match=r"reads external data from \[\"b'secr\\\\xb8t.data'\"\]"):
+        hfexport.load(artifact)

@@ -422,9 +422,12 @@ class _Members:
     def __init__(self, source: Any, what: str, fixed: frozenset[str], layout: re.Pattern[str], size: int):
         self.what = what
         try:
-            self.zip = zipfile.ZipFile(source)
+            # Names are read as UTF-8 whether or not their UTF-8 flag is set (torch writes ASCII names): zipfile would
+            # otherwise decode an unflagged name as cp437, importing that codec while an artifact is read.
+            self.zip = zipfile.ZipFile(source, metadata_encoding="utf-8")
             infos = self.zip.infolist()
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError,
+                NotImplementedError) as exc:  # NotImplementedError: "zip file version 22.6" (a flipped byte)
             raise IntegrityError(f"{what} is not a zip archive ({exc}): the file is damaged or crafted",
                                  [what.split(":")[0]]) from None
         if len(infos) > PT2_MAX_MEMBERS:
@@ -463,7 +466,7 @@ class _Members:
         self.used.add(record)
         try:
             return self.zip.read(self.records[record])
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
             raise IntegrityError(f"{self.what}: member {record!r} is damaged ({exc}): the file is damaged or crafted",
                                  [self.what.split(":")[0]]) from None
 

@@ -78,8 +78,8 @@ def _locations(model: Any) -> set[str]:
     locations: set[str] = set()
     for tensor in onnx_tensors(model):
         for entry in tensor.external_data:
-            if entry.key == "location":
-                locations.add(entry.value)
+            if entry.key == "location":  # protobuf gives bytes for a value that is not UTF-8: refused below
+                locations.add(entry.value if isinstance(entry.value, str) else repr(entry.value))
         if tensor.data_location == 1 and not any(e.key == "location" for e in tensor.external_data):
             locations.add("")  # EXTERNAL without a location: refused below
     return locations
