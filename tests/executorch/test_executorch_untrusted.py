@@ -117,6 +117,22 @@ def test_a_non_xnnpack_delegate_is_read_only_when_trusted(saved: dict[str, Any],
         hfexport.load(artifact, trust_remote_code=True)(x=saved["x"])
 
 
+def test_a_dtype_is_looked_up_among_torch_dtypes_never_by_getattr(saved: dict[str, Any], tmp_path: Path) -> None:
+    """``getattr(torch, name)`` with the manifest's text returned ``torch.onnx`` for ``"onnx"`` (torch's module
+    ``__getattr__`` imports ``_dynamo``, ``_inductor``, ``_export`` and ``onnx`` by name), and the call failed later
+    with a TypeError. Every dtype an artifact names is looked up with ``hfexport.plugin.torch_dtype``."""
+    from hfexport.plugin import torch_dtype
+
+    assert torch_dtype("float32") is torch.float32 and torch_dtype("torch.bfloat16") is torch.bfloat16
+    assert torch_dtype("onnx") is None and torch_dtype("_inductor") is None and torch_dtype(["float32"]) is None
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    manifest = manifest_of(artifact)
+    manifest["components"]["model"]["executorch"]["input_dtypes"] = ["onnx"]
+    write_manifest(artifact, manifest)
+    with pytest.raises(ManifestError, match="input_dtypes .*'onnx'.* names a dtype torch does not have"):
+        hfexport.load(artifact)
+
+
 class TiedX(torch.nn.Module):
     """A weight read by a portable kernel (embedding) and by XNNPACK (the head): stored once, in ``model.ptd``."""
 

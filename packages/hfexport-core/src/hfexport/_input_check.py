@@ -73,7 +73,9 @@ def check_call_inputs(entries: Sequence[Mapping[str, Any]], inputs: Mapping[str,
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"input {name!r} is a {type(value).__name__}, not a tensor; {expected}: pass "
                             f"torch.as_tensor({name})")
-        want = getattr(torch, str(dtype), None)
+        from ._trust import torch_dtype
+
+        want = torch_dtype(dtype)
         have = str(value.dtype).replace("torch.", "")
         if isinstance(want, torch.dtype) and value.dtype != want:
             if value.is_floating_point() and want.is_floating_point:

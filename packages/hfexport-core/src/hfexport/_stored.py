@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._trust import load_treespec
+from ._trust import load_treespec, torch_dtype
 
 __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "verification_tensors", "write_stored"]
 
@@ -150,7 +150,6 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
     Raises:
         ValueError: the file and the manifest disagree (names what differs).
     """
-    import torch
     import torch.utils._pytree as pytree
 
     entries, outputs = stored.get("inputs"), stored.get("outputs")
@@ -201,8 +200,8 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
         tensor = tensors[f"outputs.{name}"]
         dtype = recorded[name].get("dtype")
         if isinstance(dtype, str) and str(tensor.dtype).removeprefix("torch.") != dtype \
-                and not (isinstance(getattr(torch, dtype, None), torch.dtype) and tensor.is_floating_point()
-                         and getattr(torch, dtype).is_floating_point):
+                and not (torch_dtype(dtype) is not None and tensor.is_floating_point()
+                         and torch_dtype(dtype).is_floating_point):
             raise ValueError(f"{where}: stored output {name!r} is {str(tensor.dtype).removeprefix('torch.')} where "
                              f"the program returns {dtype}")
         expected[name] = tensor

@@ -36,7 +36,8 @@ SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still re
 __all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
            "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_integrity", "check_treespec", "file_digests",
            "import_type_modules", "importable_prefixes", "load_treespec", "manifest_file_refs", "parse_json", "pickle_globals",
-           "read_manifest", "treespec_names", "unregistered", "unsafe_pickle_globals", "validate_manifest"]
+           "read_manifest", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals",
+           "validate_manifest"]
 
 HASHES_KEY = "files_sha256"
 MANIFEST_MAX_BYTES = 16 * 2**20  # a generation artifact's manifest is ~100 KB
@@ -411,6 +412,25 @@ def parse_json(data: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
 _BUILTIN_PYTREE_TYPES = {"builtins.tuple": tuple, "builtins.list": list, "builtins.dict": dict}
 _PYTREE_PREDICATES: list[Any] = []
 TREESPEC_MAX_NODES = 100_000
+
+
+def torch_dtype(name: Any) -> Any:
+    """The ``torch.dtype`` that ``name`` names (``"float32"``, ``"torch.float32"``), or ``None``: looked up among the
+    dtypes torch defines, never with ``getattr(torch, name)``, whose module ``__getattr__`` imports the submodule a
+    name such as ``"onnx"`` or ``"_inductor"`` names. A dtype in a manifest or a spec is the artifact's text."""
+    return _torch_dtypes().get(name.removeprefix("torch.")) if isinstance(name, str) else None
+
+
+def _torch_dtypes() -> dict[str, Any]:
+    import torch
+
+    global _TORCH_DTYPES
+    if _TORCH_DTYPES is None:
+        _TORCH_DTYPES = {key: value for key, value in vars(torch).items() if isinstance(value, torch.dtype)}
+    return _TORCH_DTYPES
+
+
+_TORCH_DTYPES: dict[str, Any] | None = None
 
 
 def allow_pytree_types(predicate: Any) -> None:

@@ -39,7 +39,9 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
     inputs: dict[str, Any] = {}
     for entry in section.get("inputs", []):
         shape = entry.get("example_shape") or entry.get("shape")
-        dtype = getattr(torch, str(entry.get("dtype", "")), None)
+        from ._trust import torch_dtype
+
+        dtype = torch_dtype(entry.get("dtype"))
         if entry.get("leaves", 1) != 1 or not isinstance(dtype, torch.dtype) or not isinstance(shape, list) \
                 or not all(isinstance(d, int) for d in shape):
             return None

@@ -78,6 +78,7 @@ from ._trust import (
     load_treespec,
     parse_json,
     pickle_globals,
+    torch_dtype,
     treespec_names,
     unregistered,
     unsafe_pickle_globals,
@@ -95,7 +96,7 @@ __all__ = [
     # loading untrusted artifacts (hfexport._trust)
     "IntegrityError", "ManifestError", "SAFE_PICKLE_GLOBALS", "UntrustedArtifactError", "allow_pytree_types",
     "allowed_pytree_type", "artifact_file", "check_treespec", "import_type_modules", "importable_prefixes",
-    "load_treespec", "parse_json", "pickle_globals", "treespec_names", "unregistered",
+    "load_treespec", "parse_json", "pickle_globals", "torch_dtype", "treespec_names", "unregistered",
     "unsafe_pickle_globals",
     # quantized exports (hfexport._quantization)
     "Quantization", "QuantizationRecipe", "QuantizedVerificationReport", "check_quantization_inputs",

@@ -73,7 +73,9 @@ def _decode(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if "dtype" in value:
-        dtype = getattr(torch, str(value["dtype"]).removeprefix("torch."), None)
+        from hfexport.plugin import torch_dtype
+
+        dtype = torch_dtype(value["dtype"])
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"a cache's saved context names dtype {value['dtype']!r}, which is not a torch dtype")
         return dtype

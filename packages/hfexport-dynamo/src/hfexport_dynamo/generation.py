@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import InvalidInputError
+from hfexport.plugin import InvalidInputError, torch_dtype
 
 from . import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 from ._decoding import (
@@ -730,7 +730,9 @@ def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tenso
     """A zeroed cache for the ``decoder`` program's ``cache`` input: per layer ``(keys, values)``, each
     ``[batch, kv_heads, max_cache_len, head_dim]`` of the manifest's ``generation.cache.dtype``."""
     layout = section["cache"]
-    dtype = getattr(torch, layout["dtype"])
+    dtype = torch_dtype(layout["dtype"])
+    if dtype is None:
+        raise ValueError(f"the manifest's generation.cache.dtype {layout['dtype']!r} is not a torch dtype")
     return tuple((torch.zeros((batch, *k), dtype=dtype), torch.zeros((batch, *v), dtype=dtype))
                  for k, v in layout["row_shapes"])
 

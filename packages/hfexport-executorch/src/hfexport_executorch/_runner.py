@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import FileRunner, IntegrityError
+from hfexport.plugin import FileRunner, IntegrityError, ManifestError, torch_dtype
 
 from ._attention import register_llm_kernels
 from ._pte_check import check_pte
@@ -92,7 +92,10 @@ class ExecutorchRunner(FileRunner):
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *,
                  input_dtypes: Sequence[str | None] | None = None, method: str = "forward",
                  untrusted: bool | str = False):
-        self.input_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
+        self.input_dtypes = [torch_dtype(d) if d else None for d in (input_dtypes or [])]
+        if any(d and t is None for d, t in zip(input_dtypes or [], self.input_dtypes, strict=True)):
+            raise ManifestError("export.json", [f"executorch.input_dtypes {list(input_dtypes or [])} names a dtype "
+                                                "torch does not have"])
         self.method_name = method
         self.untrusted = untrusted
         super().__init__(path, data_path)
