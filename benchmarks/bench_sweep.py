@@ -153,6 +153,10 @@ def main() -> int:
                              "whatever --filter/--common select, so that no case the peer passes and we fail is missed")
     parser.add_argument("--jobs", type=int, default=2, help="case processes at once (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
+    parser.add_argument("--memory-limit", type=float, metavar="GIB",
+                        help="kill a case process whose resident memory exceeds GIB, on both sides (hfexport sweep "
+                             "--memory-limit; an ExecuTorch program planned for large default bounds allocates its "
+                             "plan when it loads)")
     parser.add_argument("--ours-from", type=Path,
                         help="take hfexport's results from this sweep directory (with one backend) instead of "
                              "running them; the peer runs on its instantiable cases")
@@ -209,7 +213,8 @@ def main() -> int:
                     ours_out = args.reports / backend if args.zoo == "testers" else Path(tmp) / f"ours-{backend}"
                     summary = run_sweep(backend, filter=args.filter, limit=args.limit, common=args.common,
                                         sample=sample, jobs=args.jobs, timeout=args.timeout, output=ours_out,
-                                        report=args.zoo == "testers", command=command, preload=preload, zoo=args.zoo)
+                                        report=args.zoo == "testers", command=command, preload=preload, zoo=args.zoo,
+                                        memory_limit=args.memory_limit)
                     ours = summary.records
                     peer_filter, peer_limit, peer_common, peer_sample = args.filter, args.limit, args.common, sample
                     ours_how = "run now"
@@ -219,7 +224,8 @@ def main() -> int:
                                  sample=peer_sample, jobs=args.jobs,
                                  timeout=args.timeout,
                                  output=Path(tmp) / f"peer-{backend}", report=False, runner=PEER_RUNNER,
-                                 command=command, preload=preload, apply_skips=False, zoo=args.zoo).records
+                                 command=command, preload=preload, apply_skips=False, zoo=args.zoo,
+                                 memory_limit=args.memory_limit).records
                 peer_s = time.perf_counter() - started
             except SweepError as exc:
                 print(f"error: {exc}", file=sys.stderr)

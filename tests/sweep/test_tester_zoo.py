@@ -157,7 +157,8 @@ def test_the_report_lists_what_passes_on_dynamo_and_not_on_another_backend(tmp_p
         ("gpt2/GPT2LMHeadModel", "ok", {"shapes": "static"}),
         ("rwkv/RwkvModel", "export_error", {"cause": "SpecViolationError: a thing upstream breaks"}),
         ("bert/BertModel", "mismatch", {"cause": "1 of 1 outputs differ"})])
-    monkeypatch.setattr(sweep_report, "UPSTREAM_REASONS", (("SpecViolationError", "pytorch/executorch#1: named"),))
+    monkeypatch.setattr(sweep_report, "UPSTREAM_REASONS", (("^rwkv/", "SpecViolationError", "pytorch/executorch#1: named"),
+                                                           ("^bert/", "SpecViolationError", "not this one")))
     sweep_report.write_reports(root / "executorch-xnnpack")
     md = (root / "executorch-xnnpack" / "report.md").read_text()
     assert "90 tester-zoo cases" in md.replace("3 of 90", "90") and "at the tester's shape and at a second one" in md

@@ -241,16 +241,38 @@ def _criterion(meta: Mapping[str, Any]) -> str:
             "then `exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)` at batch 3 and another sequence length.")
 
 
-UPSTREAM_REASONS: tuple[tuple[str, str], ...] = ()
-"""``(regular expression searched in a failure's cause, the upstream reason)``: failures whose fix is not
-hfexport's, named in the report's comparison with dynamo (a case that passes on dynamo and fails on this backend
-either has such a reason or is hfexport's to fix)."""
+UPSTREAM_REASONS: tuple[tuple[str, str, str], ...] = (
+    ("^dinov2/", "Guard failed|ONNXRuntimeError|execute\\(\\) failed",
+     "transformers' Dinov2 interpolate_pos_encoding returns the position table as is when the patch count is the "
+     "config's (`num_patches == num_positions and height == width`), a branch on the size: traced at the tester's "
+     "30 pixels, the program keeps that branch and 60 pixels fails its guard (the peer fails it too)"),
+    ("^mobilenet_v2/", "is static", "transformers' MobileNetV2 apply_tf_padding reads `int(features.shape[-2])`, so "
+     "torch.export fixes H and W at the traced 32: hfexport refuses other sizes; the peer's ONNX runs them "
+     "unchecked and is right only where the TF padding happens to be the same (64x64; 93% off eager at 33x33)"),
+    ("^mobilevit/", "Guard failed|ONNXRuntimeError|execute\\(\\) failed",
+     "transformers' MobileViT unfolding interpolates only when the feature map does not divide into patches, a "
+     "Python branch on the size (the guard ceil(h / patch) * patch == 4): traced at 32 pixels, 64 takes the other "
+     "branch"),
+    ("^sew/", "Guard failed", "transformers' SEW upsampling pads to the input's length in a Python branch on the "
+     "lengths (`if pad_length > 0`); the .pt2 program checks the traced branch's guard (the ONNX program, "
+     "unchecked, matches eager)"),
+    ("^mamba2/", "Guard failed|INVALID_ARGUMENT|execute\\(\\) failed",
+     "transformers' Mamba2 torch_forward pads the sequence to whole chunks (chunk_size 8) and branches on the "
+     "chunk count: traced at 7 tokens (one chunk), the program keeps the one-chunk path (guard: padded length <= 8)"),
+    ("^llava/", "is static|static shape", "transformers' LLaVA get_image_features makes a list of one tensor per "
+     "image (`list(image_features)`), which fixes the number of images, so the batch, at the traced 3"),
+)
+"""``(regular expression searched in the case id, one searched in the failure's cause, the reason)``: failures
+whose fix is not hfexport's (the model's code in transformers, a toolchain), named in the report: beside the
+cases that pass on dynamo and fail on another backend (each has such a reason or is hfexport's to fix) and beside
+the cases the peer passes and hfexport does not."""
 
 
 def upstream_reason(record: Mapping[str, Any]) -> str | None:
     """The named upstream reason of a failed record (:data:`UPSTREAM_REASONS`), or None."""
     text = f"{record.get('cause') or ''} {record.get('error') or ''} {record.get('dynamic_error') or ''}"
-    return next((why for pattern, why in UPSTREAM_REASONS if re.search(pattern, text)), None)
+    return next((why for case, pattern, why in UPSTREAM_REASONS
+                 if re.search(case, record.get("case_id", "")) and re.search(pattern, text)), None)
 
 
 def _against_dynamo(backend: str, records: Sequence[Mapping[str, Any]],
@@ -371,6 +393,10 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
             where = next((r.get("where") for r in recs if r.get("where")), "")
             examples = _examples(recs, 4)
             lines.append(f"| {len(recs)} | {statuses} | {_md(key)} | {_md(where)} | {examples} |")
+        named = [(r["case_id"], why) for r in records if r["status"] in FAILURES and (why := upstream_reason(r))]
+        if named:
+            lines += ["", f"Failures with a named upstream reason ({len(named)}):", ""]
+            lines += [f"- `{case}`: {_md(why)}" for case, why in sorted(named)]
     # peer
     if peer:
         cmp_ = peer_comparison(records, peer)
@@ -381,9 +407,9 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
                   f"| {cmp_['cases']} | {cmp_['ours_ok']} | {cmp_['peer_ok']} |", ""]
         if cmp_["peer_only"]:
             lines += [f"Cases the peer passes and hfexport does not ({len(cmp_['peer_only'])}):", "",
-                      "| case | our status | our stage | our cause |", "|---|---|---|---|"]
-            lines += [f"| `{r['case_id']}` | {r['status']} | {_md(r.get('stage'))} | {_md(r.get('cause'))} |"
-                      for r in cmp_["peer_only"]]
+                      "| case | our status | our stage | our cause | named reason |", "|---|---|---|---|---|"]
+            lines += [f"| `{r['case_id']}` | {r['status']} | {_md(r.get('stage'))} | {_md(r.get('cause'))} | "
+                      f"{_md(upstream_reason(r) or '')} |" for r in cmp_["peer_only"]]
         else:
             lines.append("The peer passes no case that hfexport fails.")
         if cmp_["ours_only"]:
