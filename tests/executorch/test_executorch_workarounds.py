@@ -375,6 +375,31 @@ def test_fix_sym_ops(name, model, inputs, other, shapes, error):
     assert_matches(with_it, model, other)  # ne: False at 4, True at 6 (not specialised on the trace)
 
 
+class PadByNegativeRemainder(torch.nn.Module):
+    """ViTDet's ``window_partition``: pad ``[b, h, w, c]`` by ``(-h) % 2`` to even sizes, pool 2x2 windows."""
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        pad_h, pad_w = (-h) % 2, (-w) % 2
+        padded = torch.nn.functional.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        return padded.view(b, (h + pad_h) // 2, 2, (w + pad_w) // 2, 2, c).sum((2, 4))
+
+
+def test_fix_sym_floor_mod():
+    """The runtime's remainder truncates (``-7 % 2 == -1``): without the fix an odd size pads by -1 and fails."""
+    inputs = {"x": torch.randn(1, 6, 8, 3)}
+    shapes = {"x": {1: Dim("h", min=2, max=16), 2: Dim("w", min=2, max=16)}}
+    odd = {"x": torch.randn(1, 7, 9, 3)}
+    without = export(PadByNegativeRemainder(), inputs, dynamic_shapes=shapes, disable=("_fix_sym_floor_mod",),
+                     verify=False)
+    with pytest.raises(RuntimeError, match="0x12"):  # constant_pad_nd: "Padding values must be non-negative"
+        without(**odd)
+    with_it = export(PadByNegativeRemainder(), inputs, dynamic_shapes=shapes)
+    assert "_fix_sym_floor_mod" in fixes(with_it)
+    for sample in (inputs, odd, {"x": torch.randn(1, 5, 4, 3)}):
+        assert_matches(with_it, PadByNegativeRemainder(), sample)
+
+
 class Cubes(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -485,7 +510,7 @@ def test_every_workaround_has_a_test_here():
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
-              "_fix_decompose_inside_control_flow"}
+              "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized")}

@@ -855,6 +855,44 @@ def _fix_sym_pow(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_sym_floor_mod(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Makes ``a % k`` on a SymInt that may be negative, ``k`` a positive int, floor as Python's does:
+    ``(a % k + k) % k``.
+
+    **Why**: the runtime's ``executorch_prim::mod.Scalar`` is C++'s ``%``, which truncates toward zero: ``-7 % 2`` is
+    ``-1`` there and ``1`` in Python, for which torch.export traced the program. Padding to a multiple of a window
+    written ``pad = (-height) % window`` (ViTDet's ``window_partition``, SAM2's Hiera, EdgeTAM) gave a pad of -1
+    at every size that needs padding: ``constant_pad_nd: Padding values must be non-negative, but got pad[3] = -1``
+    (error 0x12), while the traced even size ran. ``(a % k + k) % k`` is Python's remainder under either rounding
+    (``a % k`` lies in ``(-k, k)``); a dividend the solver proves non-negative is left as it is. ``floordiv.Scalar``
+    already floors in the runtime.
+    **Upstream**: pytorch/executorch ``kernels/prim_ops/register_prim_ops.cpp`` (``mod.Scalar``:
+    ``a.toInt() % b.toInt()``; ``floordiv.Scalar`` has the fix-up for negative operands that ``mod`` lacks); no
+    issue found.
+    **Remove when**: ``executorch_prim::mod.Scalar`` takes the sign of the divisor; the test pads by
+    ``(-h) % 2`` and runs an odd size with ``disable=("_fix_sym_floor_mod",)``.
+    """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if node.op != "call_function" or node.target is not operator.mod or len(node.args) != 2 \
+            or node.meta.get("hfexport_floor_mod"):
+        return False
+    dividend, divisor = node.args
+    if not isinstance(value(dividend), torch.SymInt) or isinstance(divisor, bool) or not isinstance(divisor, int) \
+            or divisor <= 0 or statically_known_true(value(dividend) >= 0):
+        return False
+    node.meta["hfexport_floor_mod"] = True  # the inner remainder; not rewritten again
+    users = list(node.users)
+    with gm.graph.inserting_after(node):
+        shifted = emit(gm, node, operator.add, node, divisor)
+    with gm.graph.inserting_after(shifted):
+        floored = emit(gm, node, operator.mod, shifted, divisor)
+    for user in users:
+        user.replace_input_with(node, floored)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replaces ``aten.view`` by ``aten.reshape`` before ``to_edge``, which re-traces the program.
 
