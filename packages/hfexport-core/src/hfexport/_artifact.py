@@ -668,7 +668,7 @@ class ExportedModel:
         """
         import torch
 
-        from ._stored import read_stored, stored_inputs_and_outputs
+        from ._stored import built_inputs_budget, read_stored, stored_inputs_and_outputs
 
         reports = {}
         for component in self.components.values():
@@ -688,7 +688,8 @@ class ExportedModel:
             atol, rtol = verification.get("atol"), verification.get("rtol")
             if not all(isinstance(t, int | float) and not isinstance(t, bool) and t >= 0 for t in (atol, rtol)):
                 raise ValueError(f"{where}: the stored verification has no valid atol and rtol ({atol!r}, {rtol!r})")
-            inputs, expected = stored_inputs_and_outputs(stored, tensors, section, where)
+            inputs, expected = stored_inputs_and_outputs(stored, tensors, section, where,
+                                                         max_zero_bytes=built_inputs_budget(self.manifest))
             with torch.no_grad():
                 actual = self.run(component.name, **copy.deepcopy(inputs))
             reset = getattr(component.runner, "reset", None)

@@ -34,6 +34,17 @@ __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "ver
 VERIFICATION_FILE = "verification.safetensors"
 _ZERO_LEAF_MIN_NUMEL = 256  # smaller zero leaves are stored as they are
 _ZERO_LEAVES_MAX_BYTES = 8 * 2**30  # a 0.5-8 B model's KV cache of 4,096 positions fits
+_BUILT_INPUTS_BASE_BYTES = 512 * 2**20  # what verification may build beyond the artifact's own size
+
+
+def built_inputs_budget(manifest: Mapping[str, Any]) -> int:
+    """The most bytes of inputs a verification builds from an artifact's manifest (zero leaves, inputs at the recorded
+    shapes): 512 MiB plus the size of the artifact's hashed files (checked before any load), at most 8 GiB. An
+    artifact under 1 MB cannot make ``hfexport verify`` allocate a GiB; a model's cache stays far under its weights."""
+    hashed = manifest.get("files_sha256")
+    size = sum(e["size"] for e in hashed.values() if isinstance(e, dict) and isinstance(e.get("size"), int)) \
+        if isinstance(hashed, dict) else 0
+    return min(_ZERO_LEAVES_MAX_BYTES, _BUILT_INPUTS_BASE_BYTES + size)
 
 
 def _zero_dtypes() -> tuple[Any, ...]:
@@ -85,16 +96,16 @@ def verification_tensors(inputs: Mapping[str, Any], input_names: list[str], name
     return tensors, stored
 
 
-def _zero_leaves(entry: Mapping[str, Any], where: str) -> dict[int, Any]:
-    """The zero tensors an input entry describes (``zero_leaves``), each checked before it is allocated: a leaf
-    index of the entry, a shape of non-negative ints, a dtype of :func:`_zero_dtypes`, and at most
-    :data:`_ZERO_LEAVES_MAX_BYTES` in all (a crafted manifest cannot make a load allocate without bound)."""
-    import torch
+def _zero_leaves(entry: Mapping[str, Any], where: str, budget: list[int]) -> dict[int, Any]:
+    """The zero leaves an input entry describes (``zero_leaves``) as ``{leaf index: (shape, dtype)}``, each checked
+    before anything is allocated: a leaf index of the entry, a shape of non-negative ints, a dtype of
+    :func:`_zero_dtypes`, and their bytes taken from ``budget[0]`` (shared by all the entries of a component: a
+    crafted manifest cannot make a verification allocate without bound)."""
 
     described = entry.get("zero_leaves", {})
     if not isinstance(described, dict):
         raise ValueError(f"{where}: stored input {entry['name']!r} has zero_leaves that are not an object")
-    zeros, total = {}, 0
+    zeros = {}
     dtypes = {str(d).removeprefix("torch."): d for d in _zero_dtypes()}
     for key, spec in described.items():
         if not (isinstance(key, str) and key.isdigit() and int(key) < entry["leaves"] and isinstance(spec, dict)
@@ -105,12 +116,12 @@ def _zero_leaves(entry: Mapping[str, Any], where: str) -> dict[int, Any]:
         numel = 1
         for d in spec["shape"]:
             numel *= d
-        total += numel * dtype.itemsize
-        if total > _ZERO_LEAVES_MAX_BYTES:
-            raise ValueError(f"{where}: stored input {entry['name']!r} describes more than "
-                             f"{_ZERO_LEAVES_MAX_BYTES} bytes of zeros")
+        budget[0] -= numel * dtype.itemsize
+        if budget[0] < 0:
+            raise ValueError(f"{where}: stored input {entry['name']!r} describes more than {budget[1]} bytes of "
+                             "zeros (with the inputs before it): the artifact is damaged or crafted")
         zeros[int(key)] = (spec["shape"], dtype)
-    return {i: torch.zeros(shape, dtype=dtype) for i, (shape, dtype) in zeros.items()}
+    return zeros
 
 
 def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
@@ -142,14 +153,17 @@ def read_stored(path: Path) -> dict[str, Any]:
 
 
 def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, Any], section: Mapping[str, Any],
-                              where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+                              where: str, *, max_zero_bytes: int = _ZERO_LEAVES_MAX_BYTES
+                              ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Rebuild the stored keyword inputs and the eager outputs (``{output name: tensor}``) of a component, after
     checking the file's keys, the input names and leaf counts, and the output names and dtypes against the
     manifest section (the input shapes and dtypes are checked by ``ExportedModel.run`` before the runtime runs).
+    The zero leaves the manifest describes (a cache) take at most ``max_zero_bytes`` in all.
 
     Raises:
         ValueError: the file and the manifest disagree (names what differs).
     """
+    import torch
     import torch.utils._pytree as pytree
 
     entries, outputs = stored.get("inputs"), stored.get("outputs")
@@ -168,7 +182,8 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
     if unknown:
         raise ValueError(f"{where}: the stored outputs {unknown} are not outputs of the program "
                          f"({list(recorded)})")
-    zero_leaves = {e["name"]: _zero_leaves(e, where) for e in entries}
+    budget = [max_zero_bytes, max_zero_bytes]
+    zero_leaves = {e["name"]: _zero_leaves(e, where, budget) for e in entries}  # all checked, nothing allocated
     expected_keys = {f"inputs.{e['name']}.{i}" for e in entries for i in range(e["leaves"])
                      if i not in zero_leaves[e["name"]]}
     expected_keys |= {f"outputs.{o}" for o in outputs}
@@ -179,7 +194,8 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
                                                        f"not named by it {extra}" if extra else "") if part))
     inputs: dict[str, Any] = {}
     for entry in entries:
-        leaves = [zero_leaves[entry["name"]].get(i) if i in zero_leaves[entry["name"]]
+        zeros = zero_leaves[entry["name"]]
+        leaves = [torch.zeros(zeros[i][0], dtype=zeros[i][1]) if i in zeros
                   else tensors[f"inputs.{entry['name']}.{i}"] for i in range(entry["leaves"])]
         spec = entry.get("spec")
         if spec is None:

@@ -27,24 +27,39 @@ def _shape_text(inputs: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={list(v.shape)}" for k, v in inputs.items() if hasattr(v, "shape"))
 
 
-def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] | None = None, *,
+                         max_bytes: int | None = None) -> dict[str, Any] | None:
     """Inputs of the traced shapes and dtypes a component's manifest section describes: token ids below the
     config's ``vocab_size``, masks of ones, positions ``0 .. seq - 1``, a scalar count (a decoder's
     ``past_length``) of 0, floats from a seeded normal. ``None`` when an input is a pytree (a cache) or its shape is
-    not known."""
+    not known.
+
+    Raises:
+        ValueError: the shapes describe more than ``max_bytes`` of inputs (checked before anything is allocated).
+    """
     import torch
+
+    from ._trust import torch_dtype
 
     generator = torch.Generator().manual_seed(0)
     vocab = int((config or {}).get("vocab_size") or 2)
-    inputs: dict[str, Any] = {}
+    described, total = [], 0
     for entry in section.get("inputs", []):
         shape = entry.get("example_shape") or entry.get("shape")
-        from ._trust import torch_dtype
-
         dtype = torch_dtype(entry.get("dtype"))
         if entry.get("leaves", 1) != 1 or not isinstance(dtype, torch.dtype) or not isinstance(shape, list) \
-                or not all(isinstance(d, int) for d in shape):
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             return None
+        numel = 1
+        for d in shape:
+            numel *= d
+        total += numel * dtype.itemsize
+        if max_bytes is not None and total > max_bytes:
+            raise ValueError(f"the manifest describes inputs of more than {max_bytes:,} bytes (at {entry['name']!r}: "
+                             f"{shape}): the artifact is damaged or crafted")
+        described.append((entry, shape, dtype))
+    inputs: dict[str, Any] = {}
+    for entry, shape, dtype in described:
         name = entry["name"]
         if dtype == torch.bool:
             value = torch.ones(shape, dtype=dtype)
@@ -71,7 +86,9 @@ def _run_check(loaded: Any, config: Mapping[str, Any] | None) -> str:
 
     component = loaded.default_component
     section = loaded._section(component)
-    inputs = inputs_from_manifest(section, config)
+    from ._stored import built_inputs_budget
+
+    inputs = inputs_from_manifest(section, config, max_bytes=built_inputs_budget(loaded.manifest))
     if inputs is None:
         return f"skipped: component {component.name!r} takes inputs whose shapes the manifest does not fix"
     with torch.no_grad():
