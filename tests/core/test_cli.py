@@ -141,3 +141,14 @@ def test_verbose_shows_what_is_filtered_by_default(monkeypatch, capsys):
     with cli._warnings_in_hfexport_format():
         logging.getLogger("hfexport.test").info("patch p installed on torch.t")
     assert "info:" not in capsys.readouterr().err
+
+
+def test_workarounds_refuses_a_scope_or_kind_it_does_not_know_with_a_suggestion():
+    """A misspelled --scope or --kind listed nothing and exited 0; now exit 2 with "did you mean" (a fresh user's
+    finding). A scope a backend activates without workarounds of its own (executorch.cuda) still lists, empty."""
+    out = _run("workarounds", "--scope", "onxx")
+    assert out.returncode == 2 and "did you mean 'onnx'?" in out.stderr, out.stderr
+    out = _run("workarounds", "--kind", "pach")
+    assert out.returncode == 2 and "did you mean 'patch'?" in out.stderr, out.stderr
+    out = _run("workarounds", "--scope", "executorch.cuda")
+    assert out.returncode == 0, out.stderr

@@ -265,3 +265,21 @@ def test_generate_help_teaches_by_example():
                  "hfexport export ./my-llm --task text-generation", "Exit status"):
         assert text in out.stdout
     assert "hfexport generate out/gen" in _run("--help").stdout
+
+
+def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agreement():
+    """``export --task ... --quantize int4`` must not fail its check because its greedy ids part from float eager's
+    (a fresh user's int4 and 8da4w task exports exited 3 at position 5 while every program passed its cosine): the
+    check passes on the programs' recorded verification and reports the share of new positions that agree."""
+    from hfexport_dynamo.generation_cli import _generation_check
+
+    torch.manual_seed(0)
+    model = tiny_model("llama", vocab_size=256)
+    exported = hfexport.export(model, backend="onnx", task="text-generation", quantize="int4", max_cache_len=32)
+    assert all(c["verification"]["passed"] for c in exported.manifest["components"].values())
+    check = _generation_check(model, exported, max_new_tokens=8)
+    report = check["report"]
+    assert report["passed"] and report["quantized"] == ["int4"]
+    assert 0.0 <= report["token_agreement"] <= 1.0
+    if report["first_difference"] is not None:  # the ids parted: said, with how much they agree
+        assert "agree at" in check["text"] and "int4" in check["text"], check["text"]

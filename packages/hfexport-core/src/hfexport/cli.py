@@ -146,12 +146,21 @@ def _cmd_workarounds(args: argparse.Namespace) -> int:
             importlib.import_module(module)
         except ImportError as exc:
             raise UsageError(f"--import {module}: {exc} (give an importable module name, e.g. my_patches)") from exc
+    scopes: set[str] = set()  # those the backends activate, with workarounds or not (executorch.cuda)
     for info in list_backends():  # import every backend's exporter so that its registrations exist
         if info.status == "ok" and info.backend is not None:
             try:
-                info.backend.load_exporter()
+                scopes.update(info.backend.load_exporter().scopes)
             except Exception as exc:  # listed, not fatal
                 print(f"# {info.name}: {exc}", file=sys.stderr)
+    everything = list_workarounds()
+    for flag, value, known in (("--scope", args.scope, scopes | {r.scope for r in everything}),
+                               ("--kind", args.kind, {r.kind for r in everything})):
+        if value is not None and value not in known:  # a typo lists nothing: say so, before printing nothing
+            close = difflib.get_close_matches(value, sorted(known), n=1)
+            raise UsageError(f"{flag} {value!r} names no registered workaround"
+                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; the {flag[2:]}s known here: {', '.join(sorted(known))}")
     unresolved = 0
     for r in list_workarounds(args.scope, args.kind):
         target = f" -> {', '.join(r.paths)}" if r.paths else ""

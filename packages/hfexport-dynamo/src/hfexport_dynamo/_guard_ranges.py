@@ -81,7 +81,7 @@ def narrow_to_guards(program: torch.export.ExportedProgram, examples: Mapping[st
             continue
         example = shapes[places[0][0]].shape[places[0][1]]
 
-        def refusing(size: int) -> list[str]:
+        def refusing(size: int, places: list[tuple[str, int]] = places, example: int = example) -> list[str]:
             for name, dim in places:
                 shapes[name].shape[dim] = size
             try:
