@@ -728,3 +728,28 @@ def test_fix_decompose_inside_control_flow():
     direction = EarlyExit().stem.weight.sum(0).detach()
     for shift in (-3.0, 3.0):  # both branches, another batch
         assert_matches(with_it, EarlyExit(), {"x": torch.randn(5, 8) + shift * direction})
+
+
+def test_lowering_notices_are_kept_out_unless_verbose(monkeypatch):
+    """An ExecuTorch task export printed eleven ``_check_is_size will be removed`` FutureWarnings (ExecuTorch's LLM
+    custom ops) and the emitter's ``Mutation on a buffer`` UserWarning (a fresh user's finding): inside the export's
+    stages those two are not shown, any other warning is, and ``--verbose`` shows them all."""
+    import warnings
+
+    from hfexport_executorch._quiet import without_lowering_notices
+
+    def shown() -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with without_lowering_notices():
+                warnings.warn("_check_is_size will be removed in a future PyTorch release", FutureWarning,
+                              stacklevel=1)
+                warnings.warn("Mutation on a buffer in the model is detected. ExecuTorch assumes ...", UserWarning,
+                              stacklevel=1)
+                warnings.warn("something else", UserWarning, stacklevel=1)
+        return [str(w.message)[:14] for w in caught]
+
+    monkeypatch.delenv("HFEXPORT_VERBOSE", raising=False)
+    assert shown() == ["something else"]
+    monkeypatch.setenv("HFEXPORT_VERBOSE", "1")
+    assert shown() == ["_check_is_size", "Mutation on a ", "something else"]

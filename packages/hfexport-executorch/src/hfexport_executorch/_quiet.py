@@ -20,12 +20,14 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from hfexport.commands import verbose
 
-__all__ = ["quiet_torchao_pytree_warnings", "without_cpuinfo_lines", "without_temp_allocator_lines"]
+__all__ = ["quiet_torchao_pytree_warnings", "without_cpuinfo_lines", "without_lowering_notices",
+           "without_temp_allocator_lines"]
 
 _NOISE = "cpuinfo_utils.cpp"
 
@@ -93,3 +95,25 @@ def without_temp_allocator_lines() -> contextlib.AbstractContextManager[None]:
     every line but the kernels' ``No temp allocator provided`` and the threadpool's ``cpuinfo_utils.cpp`` report,
     which the eager kernels start too (also when the body raises)."""
     return _stderr_without(_TEMP_ALLOCATOR, _NOISE)
+
+
+@contextlib.contextmanager
+def without_lowering_notices() -> Iterator[None]:
+    """Within the body (an export's stages), two Python warnings of the toolchain are not shown (unless
+    ``hfexport --verbose``); every other warning is:
+
+    - ``_check_is_size will be removed in a future PyTorch release`` (FutureWarning), from ExecuTorch's LLM custom
+      ops (``executorch/extension/llm/custom_ops/custom_ops.py``), once per traced attention call: a deprecation
+      inside ExecuTorch, eleven lines for a one-layer decoder;
+    - ``Mutation on a buffer in the model is detected`` (UserWarning, ``exir/emit/_emitter.py``): a buffer's initial
+      value is not serialized. hfexport stores the initial value of every buffer it is not zero for
+      (``_patch_mutable_buffer_initial_state``, field case d12), so the warning is about nothing it leaves out.
+    """
+    if verbose():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"_check_is_size will be removed", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r"Mutation on a buffer in the model is detected",
+                                category=UserWarning)
+        yield

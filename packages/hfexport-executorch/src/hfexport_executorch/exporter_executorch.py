@@ -81,7 +81,7 @@ from ._quantize import (
     quantize_source,
     register_quantized_kernels,
 )
-from ._quiet import quiet_torchao_pytree_warnings
+from ._quiet import quiet_torchao_pytree_warnings, without_lowering_notices
 from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, program_writer
 from ._state import ExecutorchState, executorch_state
 from ._variants import (
@@ -153,6 +153,7 @@ class ExecutorchExporter(Exporter):
 
     def stage_backend_preparation(self, ctx: ExportContext) -> None:
         """Stage 1: the variant's ``prepare_for_<variant>`` (device, dtype, partitioners)."""
+        ctx.stack.enter_context(without_lowering_notices())  # until the stages end (_quiet.py says which)
         state, config = executorch_state(ctx), executorch_config(ctx)
         prepare = variant_registration(config.backend)
         if is_disabled(prepare, config.disable):
