@@ -69,3 +69,9 @@ class OnnxConfig(DynamoConfig):
                              f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
         self.ort_fusions = check_ort_fusions(self.ort_fusions)
         self.quantize = resolve_onnx_quantization(self.quantize)
+        if self.quantize is not None and not self.optimize:
+            # ONNX Runtime's quantizers take a MatMul over a constant weight; unoptimized, a Linear's weight reaches its
+            # MatMul through a Transpose, so all but a tied head stayed float, with a passing verification
+            raise ValueError(f"quantize={self.quantize.recipe!r} needs optimize=True: unoptimized, the weights reach "
+                             "their MatMul through a Transpose that only the optimizer folds, and ONNX Runtime's "
+                             "quantizers leave such a MatMul float")
