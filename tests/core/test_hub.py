@@ -324,3 +324,14 @@ def test_push_refuses_a_path_outside_the_repository(saved: dict[str, Any], fake_
     _, api = fake_hub
     with pytest.raises(ValueError, match="path_in_repo"):
         saved["exported"].push_to_hub("org/tiny", api=api, path_in_repo="../up")
+
+
+def test_a_missing_relative_path_that_reads_as_a_repository_id_says_it_may_be_a_typo(tmp_path, monkeypatch):
+    """``out/nope`` reads as ``org/name``; with ``out/`` a local directory, the error also says the path may be
+    mistyped (a fresh user's finding: it spoke only of the Hugging Face cache)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match=r"out/ is a local directory, and out/nope does not exist in it"):
+        hfexport.load("out/nope")

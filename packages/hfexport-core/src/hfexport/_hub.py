@@ -59,18 +59,22 @@ def _hub_error(exc: BaseException, repo_id: str, revision: str | None, subfolder
 
     where = _describe(repo_id, revision, subfolder)
     manifest = names == ["export.json"]
+    parent = repo_id.split("/")[0]
+    # out/gen2 reads as a repository id org/name; when out/ is a local directory, the user most likely meant a path
+    local = (f"; {parent}/ is a local directory, and {repo_id} does not exist in it (a typo in the path?)"
+             if os.path.isdir(parent) else "")
     if isinstance(exc, LocalEntryNotFoundError):
         offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else " and the Hub could not be reached"
         if manifest:
             return FileNotFoundError(
                 f"{repo_id} is not a local directory, and the Hugging Face cache ({constants.HF_HUB_CACHE}) holds no "
-                f"export.json of {where}{offline}: download it once online, or give the artifact's directory")
+                f"export.json of {where}{offline}: download it once online, or give the artifact's directory{local}")
         return FileNotFoundError(
             f"the Hugging Face cache holds the export.json of {where} but not {names}, which its manifest "
             f"names{offline}: download the artifact again online (hfexport.load({repo_id!r}) fetches only its files)")
     if isinstance(exc, RepositoryNotFoundError):
         return FileNotFoundError(f"{repo_id} is neither a local directory nor a Hub repository you can read "
-                                 "(private or gated: log in with `hf auth login` or pass token=)")
+                                 f"(private or gated: log in with `hf auth login` or pass token=){local}")
     if isinstance(exc, RevisionNotFoundError):
         return FileNotFoundError(f"Hub repository {repo_id} has no revision {revision!r}")
     if isinstance(exc, EntryNotFoundError):
