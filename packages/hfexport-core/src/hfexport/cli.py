@@ -30,6 +30,7 @@ from .commands import (
     console,
     quiet_third_party_logs,
     record_verification,
+    resolve_artifact,
     verbose,
     write_report,
 )
@@ -102,16 +103,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from ._hub import is_hub_reference
     from ._verify import verify_artifact
 
-    artifact = args.artifact
-    if is_hub_reference(artifact):  # org/name: export.json, then only the files it names, into the HF cache
-        from ._hub import download_artifact
-
-        artifact = download_artifact(artifact, revision=args.revision, subfolder=args.subfolder)
+    artifact = resolve_artifact(args.artifact, args.revision, args.subfolder)
+    if is_hub_reference(args.artifact):  # org/name: export.json, then only the files it names, into the HF cache
         print(f"·  hub       {args.artifact}: export.json and the files it names, in {artifact}")
-    elif args.revision is not None:
-        raise UsageError(f"--revision is for a Hub repository id (org/name); {artifact} is a local path")
-    elif args.subfolder:
-        artifact = str(Path(artifact) / args.subfolder)
     if not Path(artifact).is_dir():
         raise UsageError(f"{artifact} is not a directory: give the directory of a saved export (it holds "
                          "export.json), or a Hub repository id (org/name)")
