@@ -1,0 +1,34 @@
+"""Options of the ``openvino`` backend (:class:`OpenVINOConfig`), checked when the config is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfexport_dynamo import DynamoConfig
+
+__all__ = ["OpenVINOConfig"]
+
+
+@dataclass
+class OpenVINOConfig(DynamoConfig):
+    """Options of the ``openvino`` backend.
+
+    Attributes:
+        num_threads: the CPU plugin's ``INFERENCE_NUM_THREADS`` for the runner of the export (and, recorded in the
+            manifest, of a loaded artifact); ``None`` lets OpenVINO choose (all physical cores). An int >= 1.
+        compress_to_fp16: store the weights as float16 in ``openvino_model.bin`` (``openvino.save_model``'s own
+            default, which hfexport turns off: float32 weights are what the verification against eager holds to
+            1e-4). The CPU plugin computes in float32 either way (``INFERENCE_PRECISION_HINT=f32``).
+    """
+
+    num_threads: int | None = None
+    compress_to_fp16: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
+                                             or self.num_threads < 1):
+            raise ValueError(f"num_threads must be an int >= 1 (OpenVINO's INFERENCE_NUM_THREADS) or None, got "
+                             f"{self.num_threads!r}")
+        if not isinstance(self.compress_to_fp16, bool):
+            raise TypeError(f"compress_to_fp16 must be True or False, got {self.compress_to_fp16!r}")

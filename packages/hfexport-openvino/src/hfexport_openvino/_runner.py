@@ -1,0 +1,95 @@
+"""OpenVINORunner: ``openvino_model.xml`` (weights in ``openvino_model.bin``) compiled on OpenVINO's CPU plugin."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.plugin import FileRunner
+
+__all__ = ["DATA_FILE", "MODEL_FILE", "OpenVINORunner", "compile_options"]
+
+MODEL_FILE = "openvino_model.xml"
+DATA_FILE = "openvino_model.bin"
+DEVICE = "CPU"
+
+
+def compile_options(num_threads: int | None) -> dict[str, Any]:
+    """The CPU plugin's properties of a runner: float32 inference (no bfloat16/float16 on CPUs that have it: the
+    export is verified against float32 eager) and ``INFERENCE_NUM_THREADS`` when given."""
+    options: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+    if num_threads is not None:
+        options["INFERENCE_NUM_THREADS"] = int(num_threads)
+    return options
+
+
+class OpenVINORunner(FileRunner):
+    """Runs ``openvino_model.xml`` on OpenVINO's CPU plugin: flat input leaves in, flat output tensors out.
+
+    The IR is read once (``openvino.Core().read_model(xml, bin)``) and that parsed model is compiled
+    (``compile_model(model, "CPU")``).
+
+    Args:
+        path: the ``openvino_model.xml`` file.
+        data_path: its weights; default ``openvino_model.bin`` beside it.
+        io: ``input_leaves`` / ``output_leaves`` (the model's input and output name per flattened leaf, ``None`` for
+            a leaf baked into the program), ``output_constants``, and ``num_threads`` (``INFERENCE_NUM_THREADS``),
+            as the manifest's ``openvino`` section holds them.
+        num_threads: overrides ``io["num_threads"]``.
+        untrusted: the file comes from a loaded artifact: checked by ``_untrusted.check_ir_file`` first (done by
+            ``OpenVINOExporter.load_runner``, which sets it).
+
+    Raises:
+        RuntimeError: OpenVINO cannot read or compile the IR (its message, with the file's name).
+    """
+
+    program_file: ClassVar[str] = MODEL_FILE
+
+    def __init__(self, path: str | Path, data_path: str | Path | None = None, *, io: Mapping[str, Any] | None = None,
+                 num_threads: int | None = None, untrusted: bool = False):
+        self.io = dict(io or {})
+        self.num_threads = num_threads if num_threads is not None else self.io.get("num_threads")
+        self.untrusted = untrusted
+        if data_path is None:
+            beside = Path(path).with_name(DATA_FILE)
+            data_path = beside if beside.exists() else None
+        super().__init__(path, data_path)
+
+    def open(self) -> None:
+        import openvino
+
+        core = openvino.Core()
+        try:
+            model = core.read_model(str(self.path), str(self.data_path) if self.data_path else None)
+            self.compiled = core.compile_model(model, DEVICE, compile_options(self.num_threads))
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeError(f"OpenVINO ({DEVICE}) cannot read or compile {self.path.name}: {first}") from exc
+        names = [port.get_any_name() for port in self.compiled.inputs]
+        self.input_leaves: list[str | None] = list(self.io.get("input_leaves") or names)
+        self.output_leaves: list[str | None] = list(self.io.get("output_leaves")
+                                                    or [port.get_any_name() for port in self.compiled.outputs])
+        self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
+        missing = sorted({n for n in self.input_leaves if n is not None} - set(names))
+        if missing:
+            raise RuntimeError(f"{self.path.name} has no inputs {missing}; its inputs are {names}")
+        self.request = self.compiled.create_infer_request()
+
+    def reset(self) -> None:
+        """Reset the OpenVINO variables (a stateful model's KV cache) to their initial values."""
+        self.request.reset_state()
+
+    def run(self, args: tuple[Any, ...]) -> list[Any]:
+        """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
+        leaves = self.flat_inputs(args)
+        if len(leaves) != len(self.input_leaves):
+            raise TypeError(f"expected {len(self.input_leaves)} input tensors after flattening, got {len(leaves)}")
+        feed = {name: torch.as_tensor(leaf).numpy() for name, leaf in zip(self.input_leaves, leaves, strict=True)
+                if name is not None}
+        results = self.request.infer(feed, share_inputs=True, share_outputs=False)
+        values = {port.get_any_name(): value for port, value in results.items()}
+        return [self.output_constants.get(str(i)) if name is None else torch.from_numpy(values[name])
+                for i, name in enumerate(self.output_leaves)]

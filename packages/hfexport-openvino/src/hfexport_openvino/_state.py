@@ -1,0 +1,43 @@
+"""What the OpenVINO stages hand on within one export (``ExportContext.state``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfexport.plugin import ExportContext
+
+from ._runner import OpenVINORunner
+
+__all__ = ["OpenVINOState", "openvino_state"]
+
+
+@dataclass
+class OpenVINOState:
+    """The OpenVINO stages' results, stage to stage.
+
+    Attributes:
+        prepared: the traced program after OpenVINO's decompositions and the FX node fixes (stage 3), taken by
+            stage 4.
+        io: the model's input and output names per flattened leaf (``_naming.io_names``).
+        model: the ``openvino.Model`` that ``openvino.convert_model`` made (stage 4), taken by stage 5.
+        states: ``{input name: output name}`` of the pairs stage 5 made OpenVINO variables (the KV cache).
+        runner: the compiled model over the saved IR (stage 5).
+        manifest: the component manifest's ``openvino`` section (stage 5).
+    """
+
+    prepared: Any = None
+    io: dict[str, Any] = field(default_factory=dict)
+    model: Any = None
+    states: dict[str, str] = field(default_factory=dict)
+    runner: OpenVINORunner | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def openvino_state(ctx: ExportContext) -> OpenVINOState:
+    """The :class:`OpenVINOState` of an OpenVINO export (``ctx.state``).
+
+    Raises:
+        TypeError: ``ctx`` is another backend's export context.
+    """
+    return ctx.state_as(OpenVINOState)

@@ -1,0 +1,176 @@
+"""OpenVINOExporter: the dynamo trace, OpenVINO's decompositions, ``openvino.convert_model``, then OpenVINO IR
+(``openvino_model.xml`` + ``openvino_model.bin``) compiled on OpenVINO's CPU plugin.
+
+The file follows the five stages: the exporter with its stages in order, then under each
+``# ── Stage N: Title ──`` banner the workarounds of that stage.
+
+1. OpenVINO torch patches — ``@register_patch("openvino", ...)``, active while tracing and converting.
+2. Dynamo trace — ``hfexport_dynamo.trace`` (the dynamo stages, nested): ``torch.export.export``.
+3. Graph preparation — OpenVINO's decompositions (the table ``openvino.convert_model`` applies to an
+   ``ExportedProgram``: ``ExportedProgram.run_decompositions``), then ``@register_fx_node_fix("openvino")``
+   rewrites of the decomposed graph.
+4. OpenVINO conversion — the step ``openvino.convert_model`` on the prepared graph (its FX decoder).
+5. Stateful transformation and compilation check — for a generation program, the KV-cache inputs and outputs
+   become OpenVINO variables (``ReadValue``/``Assign``: ``openvino``'s ``make_stateful``); then the steps
+   ``openvino.save_model`` and ``Core.compile_model`` on the CPU plugin, which open the runner the export is
+   verified on.
+
+Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
+**Upstream** and **Remove when**. The runner, I/O names and the reading of untrusted IR are private modules of the
+package.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hfexport.plugin import (
+    Component,
+    ExportConfig,
+    ExportContext,
+    ExportedModel,
+    Exporter,
+    Stage,
+    artifact_file,
+    component_manifest,
+)
+from hfexport_dynamo import DYNAMO_TRACER, trace
+
+from ._config import OpenVINOConfig
+from ._naming import io_names, name_model_io
+from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
+from ._state import OpenVINOState, openvino_state
+from ._untrusted import check_ir_file
+
+__all__ = ["MODEL_FILE", "DATA_FILE", "OpenVINOConfig", "OpenVINOExporter", "OpenVINORunner"]
+
+
+class OpenVINOExporter(Exporter):
+    """Export to OpenVINO IR (``openvino_model.xml`` + ``openvino_model.bin``), verified on OpenVINO's CPU plugin."""
+
+    name: ClassVar[str] = "openvino"
+    config_class: ClassVar[type[ExportConfig]] = OpenVINOConfig
+    tracer = DYNAMO_TRACER
+    scopes: ClassVar[tuple[str, ...]] = ("dynamo", "openvino")
+    toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "openvino", "hfexport-openvino")
+    tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "openvino": "2026.4.1"}
+    stages: ClassVar[tuple[Stage, ...]] = (
+        Stage(1, "OpenVINO torch patches", '@register_patch("openvino", ...)', "stage_torch_patches"),
+        Stage(2, "Dynamo trace", "the dynamo stages (hfexport_dynamo.trace)", "stage_trace",
+              runs="torch.export.export"),
+        Stage(3, "Graph preparation (OpenVINO decompositions, FX node fixes)", '@register_fx_node_fix("openvino")',
+              "stage_graph_preparation", runs="ExportedProgram.run_decompositions"),
+        Stage(4, "OpenVINO conversion", "internal", "stage_convert", runs="openvino.convert_model"),
+        Stage(5, "Stateful transformation and compilation check", "internal", "stage_stateful_and_compile",
+              runs="openvino make_stateful, openvino.save_model, Core.compile_model"),
+    )
+
+    @property
+    def openvino_config(self) -> OpenVINOConfig:
+        """This exporter's config, typed."""
+        if not isinstance(self.config, OpenVINOConfig):
+            raise TypeError(f"an OpenVINOExporter's config is an OpenVINOConfig, got {type(self.config).__name__}")
+        return self.config
+
+    def new_state(self, ctx: ExportContext) -> OpenVINOState:
+        return OpenVINOState()
+
+    # Stage 1: OpenVINO torch patches (the patches are under the stage's banner below, as for every stage)
+    def stage_torch_patches(self, ctx: ExportContext) -> None:
+        ctx.install_patches(("openvino",))
+
+    # Stage 2: Dynamo trace
+    def stage_trace(self, ctx: ExportContext) -> None:
+        trace(ctx)  # the dynamo stages, nested; torch.export.export is their last step
+
+    # Stage 3: Graph preparation
+    def stage_graph_preparation(self, ctx: ExportContext) -> None:
+        state = openvino_state(ctx)
+        with ctx.step("ExportedProgram.run_decompositions"):
+            prepared = ctx.program.run_decompositions(_openvino_decompositions())
+        ctx.apply_fx_node_fixes(prepared.graph_module, ("openvino",))
+        state.prepared = prepared
+        state.io = io_names(ctx.program, ctx.inputs)
+
+    # Stage 4: OpenVINO conversion
+    def stage_convert(self, ctx: ExportContext) -> None:
+        import openvino
+        import torch
+        from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+        state = openvino_state(ctx)
+        prepared, state.prepared = state.prepared, None
+        with ctx.step("openvino.convert_model"), torch.no_grad():
+            # what convert_model(ExportedProgram) does, less its own run_decompositions (stage 3 ran it)
+            decoder = TorchFXPythonDecoder(prepared.module(), dynamic_shapes=True)
+            state.model = openvino.convert_model(decoder)
+        name_model_io(state.model, state.io)
+
+    # Stage 5: Stateful transformation and compilation check
+    def stage_stateful_and_compile(self, ctx: ExportContext) -> None:
+        import openvino
+
+        state, config = openvino_state(ctx), self.openvino_config
+        model, state.model = state.model, None
+
+        def write(directory: Path) -> Path:
+            openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
+            return directory / DATA_FILE
+
+        with ctx.step("openvino.save_model, Core.compile_model"):
+            io = {**state.io, "num_threads": config.num_threads}
+            state.runner = OpenVINORunner.from_writer(write, io=io)
+        state.manifest = {"model_file": MODEL_FILE, "data_file": DATA_FILE, "device": "CPU",
+                          "num_threads": config.num_threads, "compress_to_fp16": config.compress_to_fp16,
+                          "states": state.states, "node_count": len(model.get_ordered_ops()), **state.io}
+
+    # ── artifact, loading ─────────────────────────────────────────────────────────────────────────────
+    def package(self, ctx: ExportContext) -> ExportedModel:
+        state = openvino_state(ctx)
+        if state.runner is None:
+            raise RuntimeError("package() runs after stage 5, which compiles the model")
+        section = {"program_file": MODEL_FILE, "openvino": state.manifest}
+        return self.artifact(ctx, [Component("model", state.runner, ctx.program.call_spec.out_spec,
+                                             state.runner.write_files, section, ctx.program)])
+
+    @classmethod
+    def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
+                    trust_remote_code: bool = False) -> OpenVINORunner:
+        """Compile ``openvino_model.xml`` (weights ``openvino_model.bin``, both hashed in the manifest) on the CPU
+        plugin, with the ``INFERENCE_NUM_THREADS`` it was exported with.
+
+        The IR is read as untrusted input whatever ``trust_remote_code`` says: an IR that needs an extension library
+        (a layer outside OpenVINO's own operation sets) or declares XML entities is refused
+        (``_untrusted.check_ir_file``), and the weights are read only from the ``.bin`` the manifest lists.
+
+        Raises:
+            hfexport.UntrustedArtifactError, hfexport.ManifestError: a file the manifest names is missing or outside
+                the artifact.
+            ValueError: the IR is refused (the message names the layer).
+        """
+        section = component_manifest(manifest, component).get("openvino", {})
+        where = f"components[{component!r}].openvino"
+        model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
+        data_path = artifact_file(path, manifest, section.get("data_file"), f"{where}.data_file")
+        check_ir_file(model_path)
+        return OpenVINORunner(model_path, data_path, io=section, untrusted=True)
+
+
+def _openvino_decompositions() -> Any:
+    """The decomposition table ``openvino.convert_model`` runs on an ``ExportedProgram``: torch's default
+    (``torch.export.default_decompositions``) less the ops OpenVINO's frontend converts whole
+    (``openvino.frontend.pytorch.torchdynamo.export_decompositions.ops_to_not_decompose``)."""
+    from openvino.frontend.pytorch.torchdynamo.export_decompositions import ops_to_not_decompose
+    from torch.export import default_decompositions
+
+    table = default_decompositions()
+    for op in ops_to_not_decompose():
+        table.pop(op, None)
+    return table
+
+
+# ── Stage 1: OpenVINO torch patches ──
+# ``@register_patch("openvino", "dotted.path")`` factories, active while tracing and converting.
+
+# ── Stage 3: Graph preparation ──
+# ``@register_fx_node_fix("openvino")`` rewrites of the decomposed graph, before the conversion.
