@@ -205,6 +205,11 @@ def test_foreign_results_directory_is_refused_then_overwritten(tmp_path):
     assert prepare_output(out, newer, overwrite=True) == {}
     assert not (out / RESULTS_FILE).exists()
     assert json.loads((out / "meta.json").read_text())["versions"]["torch"] == "9.9.9"
+    # results of the zoo's earlier inputs (no zoo_inputs recorded: batch 2 and 3, 64x64 images) are not resumed
+    older = {k: v for k, v in newer.items() if k != "zoo_inputs"}
+    (out / "meta.json").write_text(json.dumps({**older, "runs": []}))
+    with pytest.raises(SweepError, match="zoo_inputs 1 there, 2 here"):
+        prepare_output(out, newer, overwrite=False)
     # a directory that is not a sweep's
     other = tmp_path / "other"
     other.mkdir()

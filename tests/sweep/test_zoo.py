@@ -122,7 +122,8 @@ def test_representative_cases_build_and_run_deterministically(case_id, modality)
 
     # the alt inputs differ in batch (and sequence length where there is one)
     main_key = next(k for k in ("input_ids", "pixel_values", "input_features") if k in inputs_a)
-    assert inputs_a[main_key].shape[0] == 2 and alt_a[main_key].shape[0] == 3
+    batch, alt_batch = zoo.case_shapes(case)["batch"]
+    assert inputs_a[main_key].shape[0] == batch and alt_a[main_key].shape[0] == alt_batch
     if main_key == "input_ids":
         assert inputs_a[main_key].shape[1] != alt_a[main_key].shape[1]
         assert int(inputs_a["input_ids"].max()) < model_a.config.get_text_config().vocab_size
@@ -132,7 +133,7 @@ def test_representative_cases_build_and_run_deterministically(case_id, modality)
         out_b = _first_tensor(model_b(**inputs_a))
         alt_out = _first_tensor(model_a(**alt_a))
     assert torch.equal(out_a, out_b)
-    assert out_a.shape[0] == 2 and alt_out.shape[0] == 3
+    assert out_a.shape[0] == batch and alt_out.shape[0] == alt_batch
     assert torch.isfinite(out_a).all() and torch.isfinite(alt_out).all()
 
 
@@ -141,6 +142,35 @@ def test_decoder_lm_inputs_disable_cache():
     assert inputs["use_cache"] is False and alt_inputs["use_cache"] is False
     assert set(inputs) >= {"input_ids", "attention_mask"}
     assert zoo.check_instantiable("llama/LlamaForCausalLM") is None
+
+
+def test_second_shapes_are_realistic():
+    """Issue 26: the case sample_cases(0) draws for each model type (and only it) runs at a batch above 8 (ExecuTorch's
+    default max_batch), raw audio lasts 1 s and 1.25 s at the config's sampling rate, feature frames 1 s and
+    1.28 s, and a vision case's images have its config's size (ViT: 224), or 224 where it names none (ResNet)."""
+    sampled = {c.case_id for c in zoo.sample_cases(0)}
+    families = {c.model_type for c in zoo.sample_cases(0)}
+    assert len(sampled) == len(families)  # one a family
+    for case in zoo.list_cases(r"^(bert|wav2vec2|vit)/"):
+        assert (zoo.case_shapes(case)["batch"] == (9, 10)) == (case.case_id in sampled), case.case_id
+        assert min(zoo.case_shapes(case)["batch"]) > 8 or case.case_id not in sampled
+
+    model, inputs, alt_inputs = zoo.build_case("wav2vec2/Wav2Vec2ForCTC")
+    rate = getattr(model.config, "sampling_rate", None) or 16000
+    assert inputs["input_values"].shape[1] == rate and alt_inputs["input_values"].shape[1] == rate * 5 // 4
+    _, inputs, alt_inputs = zoo.build_case("speech_to_text/Speech2TextModel")
+    assert (inputs["input_features"].shape[1], alt_inputs["input_features"].shape[1]) == (100, 128)
+
+    from transformers import ViTConfig
+
+    model, inputs, alt_inputs = zoo.build_case("vit/ViTForImageClassification")
+    assert model.config.image_size == ViTConfig().image_size == 224
+    assert model.config.patch_size == ViTConfig().patch_size
+    assert tuple(inputs["pixel_values"].shape[-2:]) == tuple(alt_inputs["pixel_values"].shape[-2:]) == (224, 224)
+    _, inputs, _ = zoo.build_case("resnet/ResNetForImageClassification")
+    assert tuple(inputs["pixel_values"].shape[-2:]) == (224, 224)
+    with torch.no_grad():
+        assert torch.isfinite(model(**alt_inputs).logits).all()
 
 
 def test_tiny_config_is_small_and_consistent():
@@ -152,20 +182,20 @@ def test_tiny_config_is_small_and_consistent():
 
 
 # sha256 (first 16 hex digits) of each case's inputs and alt_inputs: what the recorded sweep results under
-# reports/ were produced with (the zoo's own input builder, before the zoo used hfexport_dynamo.dummy_inputs,
-# gave these same bytes). A change here makes earlier results incomparable: rerun the sweeps.
+# reports/ were produced with (changed by issue 26's realistic shapes: batch 9/10 for the sampled case of a family,
+# 1 s of audio, images at the config's size). A change here makes earlier results incomparable: rerun the sweeps.
 INPUT_DIGESTS = {
     "bert/BertModel": "b079296bfb2b87bf",
-    "llama/LlamaForCausalLM": "9aa788c20c96aec6",
-    "vit/ViTForImageClassification": "5c40a554e262c6e9",
+    "llama/LlamaForCausalLM": "a0288cd7752a92dc",
+    "vit/ViTForImageClassification": "bddaa4d6b8efb146",
     "t5/T5ForConditionalGeneration": "668a5fc026d1cf5d",
-    "whisper/WhisperForConditionalGeneration": "920b15d2154e711c",
-    "clip/CLIPModel": "8b66a42cfd1a57d0",
-    "qwen3_vl/Qwen3VLModel": "29a665fc233d84cb",
-    "wav2vec2/Wav2Vec2ForCTC": "5c852fdb89e23d61",
+    "whisper/WhisperForConditionalGeneration": "534a8dd9e45f382f",
+    "clip/CLIPModel": "977a27f52b58c83c",
+    "qwen3_vl/Qwen3VLModel": "3319e8061cc927e7",
+    "wav2vec2/Wav2Vec2ForCTC": "f2a4f9e45e1c7ad8",
     "bart/BartForSequenceClassification": "526c7de679d504d1",
-    "resnet/ResNetForImageClassification": "5c40a554e262c6e9",
-    "speech_to_text/Speech2TextForConditionalGeneration": "23666a4c9cf4a5d5",
+    "resnet/ResNetForImageClassification": "45ae0e44fb64a596",
+    "speech_to_text/Speech2TextForConditionalGeneration": "b8faa02a57654120",
 }
 
 
@@ -265,7 +295,8 @@ def test_a_llava_case_gets_one_image_and_its_placeholder_tokens():
     images = zoo.image_inputs(model)
     assert images == zoo.ImageInputs(True, tokens_per_image=64)
     image_token = model.config.image_token_id
-    for x, batch, text in ((inputs, 2, zoo.SEQ_LEN), (alt_inputs, 3, zoo.ALT_SEQ_LEN)):
+    batches = zoo.case_shapes(zoo.get_case("llava/LlavaModel"))["batch"]
+    for x, batch, text in ((inputs, batches[0], zoo.SEQ_LEN), (alt_inputs, batches[1], zoo.ALT_SEQ_LEN)):
         assert tuple(x["pixel_values"].shape) == (1, 3, 64, 64)
         assert tuple(x["input_ids"].shape) == tuple(x["attention_mask"].shape) == (batch, 64 + text)
         assert (x["input_ids"][0, :64] == image_token).all()
@@ -292,20 +323,22 @@ def test_a_text_only_fallback_says_why_and_keeps_the_text_inputs():
     assert images is not None and not images.used and images.tokens_per_image == 0
     assert images.reason and "\n" not in images.reason
     assert "pixel_values" not in inputs and "pixel_values" not in alt_inputs
-    assert tuple(inputs["input_ids"].shape) == (2, zoo.SEQ_LEN)
+    batch = zoo.case_shapes(zoo.get_case("qwen2_vl/Qwen2VLModel"))["batch"][0]
+    assert tuple(inputs["input_ids"].shape) == (batch, zoo.SEQ_LEN)
     assert zoo.image_inputs(zoo.build_case("llama/LlamaForCausalLM")[0]) is None
 
 
 def test_a_model_without_placeholder_tokens_gets_one_image_per_row():
     model, inputs, alt_inputs = zoo.build_case("git/GitModel")
     assert zoo.image_inputs(model) == zoo.ImageInputs(True, tokens_per_image=0)
-    assert inputs["pixel_values"].shape[0] == 2 and alt_inputs["pixel_values"].shape[0] == 3
-    assert inputs["input_ids"].shape == (2, zoo.SEQ_LEN)
+    batch, alt_batch = zoo.case_shapes(zoo.get_case("git/GitModel"))["batch"]
+    assert inputs["pixel_values"].shape[0] == batch and alt_inputs["pixel_values"].shape[0] == alt_batch
+    assert inputs["input_ids"].shape == (batch, zoo.SEQ_LEN)
 
 
 def test_a_llava_case_exports_dynamic_and_verifies_at_the_alt_inputs():
-    """The vision tower is in the exported program: a dynamic .pt2 of tiny LLaVA traced at batch 2 x 72 tokens
-    verifies at batch 3 x 76, image features included."""
+    """The vision tower is in the exported program: a dynamic .pt2 of tiny LLaVA traced at 72 tokens verifies at
+    76 and the next batch (zoo.case_shapes), image features included."""
     import hfexport
 
     model, inputs, alt_inputs = zoo.build_case("llava/LlavaModel")

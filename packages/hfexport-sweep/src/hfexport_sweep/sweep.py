@@ -114,7 +114,7 @@ DEFAULT_RUNNER = "hfexport_sweep.sweep:export_and_verify"
 # Results written while the zoo and the sweep lived in hfexport-dynamo (the same cases and inputs): still theirs.
 _LEGACY_RUNNERS = {"hfexport_dynamo.sweep:export_and_verify": DEFAULT_RUNNER}
 # Versions that make two sweeps comparable: a results directory written with other values is not mixed in.
-_META_KEYS = ("backend", "backend_distribution", "runner", "versions", "zoo")
+_META_KEYS = ("backend", "backend_distribution", "runner", "versions", "zoo", "zoo_inputs")
 # Imported once by the fork server so that every case process starts with them in memory.
 # (Imports only: no tensor work runs in the server, so no thread pool exists when it forks.)
 _PRELOAD = ("torch", "torch.export", "torch.export._trace", "torch._dynamo", "torch._functorch.aot_autograd",
@@ -304,13 +304,17 @@ def sweep_meta(backend: str, distribution: str, runner: str = DEFAULT_RUNNER, zo
         backend: the backend name.
         distribution: ``"name version"`` of the distribution that declares it.
         runner: ``"module:function"`` that exports and verifies one case.
-        zoo: the zoo swept (:data:`ZOOS`); recorded when it is not the default one.
+        zoo: the zoo swept (:data:`ZOOS`); recorded when it is not the default one. The default zoo's inputs
+            version (``zoo.ZOO_INPUTS_VERSION``) is recorded as ``zoo_inputs``: results built from other inputs
+            (a directory without it holds version 1's) are not mixed in.
 
     Returns:
         The ``meta.json`` content (without the run history).
     """
+    from .zoo import ZOO_INPUTS_VERSION
+
     return {
-        **({"zoo": zoo} if zoo != "default" else {}),
+        **({"zoo": zoo} if zoo != "default" else {"zoo_inputs": ZOO_INPUTS_VERSION}),
         "kind": META_KIND,
         "schema": META_SCHEMA,
         "backend": backend,
@@ -343,6 +347,8 @@ def _describe_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         a, b = old.get(key), new.get(key)
         if key == "zoo":  # a directory of the default zoo has no "zoo" key
             a, b = a or "default", b or "default"
+        if key == "zoo_inputs" and (old.get("zoo") or "default") == "default":  # before it was recorded: 1
+            a = a or 1
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += [f"{k} {a.get(k)} there, {b.get(k)} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         elif a != b:

@@ -10,7 +10,9 @@ text / vision / audio sub-configs included, the model is instantiated with
 ``torch.manual_seed(0)`` and put in eval mode, and two sets of dummy forward
 kwargs are produced: ``inputs`` (batch 2) and ``alt_inputs`` (batch 3 and, where
 the modality allows it, a different sequence length) for checking dynamic
-exports. A multimodal case gets an image where the recipe runs eagerly (LLaVA and
+exports. The sizes are realistic where it matters (:func:`case_shapes`): one case
+per model type (the one ``sample_cases(0)`` draws) has batch 9 and 10, audio lasts
+1 s and 1.25 s, and a vision case's images have its config's size. A multimodal case gets an image where the recipe runs eagerly (LLaVA and
 the like: one image and its placeholder tokens in the first row; GIT, ViLT: one
 image per row), else text only; the model's :func:`image_inputs` says which, and why.
 
@@ -53,6 +55,7 @@ __all__ = [
     "check_instantiable",
     "image_inputs",
     "list_cases",
+    "case_shapes",
     "sample_cases",
     "tiny_config",
 ]
@@ -61,8 +64,22 @@ SEED = 0
 """Seed used for weights (``torch.manual_seed``) and dummy inputs."""
 
 BATCH, ALT_BATCH = 2, 3
+LARGE_BATCH, ALT_LARGE_BATCH = 9, 10
+"""Batches of the one case per model type that :func:`case_shapes` gives a batch above 8 (ExecuTorch's default
+``max_batch``): the case ``sample_cases(0)`` draws for its family, so that ``--sample --seed 0`` covers it."""
 SEQ_LEN, ALT_SEQ_LEN = 8, 12
 DECODER_SEQ_LEN, ALT_DECODER_SEQ_LEN = 6, 5
+AUDIO_SECONDS, ALT_AUDIO_SECONDS = 1.0, 1.25
+"""Raw audio (``input_values``) at ``config.sampling_rate`` (16 kHz when the config names none) and feature frames
+(``input_features``, 100 a second) are this long at the traced and the alt shape; Whisper keeps its 2 x
+``max_source_positions`` frames."""
+ZOO_INPUTS_VERSION = 2
+"""The version of the inputs :func:`build_case` makes, recorded in a sweep's ``meta.json``: results of other inputs
+are not mixed in. 2: issue 26's realistic sizes (:func:`case_shapes`); 1: batch 2 and 3, 64x64 images, 1600 audio
+samples."""
+MAX_CONFIG_IMAGE = 512
+"""A vision case keeps its config's ``image_size`` (and ``patch_size``) when no side exceeds this many pixels, and
+gets 224-pixel images when the config names no size (CNNs); larger configs get :data:`TINY_IMAGE`."""
 
 TINY_VOCAB = 512
 TINY_HIDDEN = 64
@@ -570,12 +587,14 @@ def _remap_token_ids(d: Any, vocab: int, mapping: dict[int, int]) -> None:
             d[key] = [remap(v) for v in value]
 
 
-def tiny_config(model_type: str, task: str | None = None) -> Any:
+def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bool = False) -> Any:
     """Build the tiny config of a model type from its default config class.
 
     Args:
         model_type: A key of ``transformers.CONFIG_MAPPING``.
         task: The zoo task; ``"sequence-classification"`` also gets a pad token id.
+        keep_image_size: keep the default config's ``image_size`` and ``patch_size`` (top level and
+            ``vision_config``) where no side exceeds :data:`MAX_CONFIG_IMAGE` pixels (the vision cases).
 
     Returns:
         A ``PreTrainedConfig`` with size fields shrunk (nested sub-configs included).
@@ -597,6 +616,8 @@ def tiny_config(model_type: str, task: str | None = None) -> Any:
     for key in ("transformers_version", "_name_or_path", "architectures"):
         d.pop(key, None)
     d = _shrink_dict(d)
+    if keep_image_size:
+        _restore_image_size(d, default.to_dict())
     _remap_token_ids(d, TINY_VOCAB, {})
     if task == "sequence-classification":
         for sub in (d, d.get("text_config")):
@@ -611,6 +632,20 @@ def tiny_config(model_type: str, task: str | None = None) -> Any:
             if fix is None or fix in repaired:
                 raise NotInstantiable(f"tiny config fails: {_fmt(exc)}") from exc
             repaired.append(fix)
+
+
+def _restore_image_size(d: dict[str, Any], original: dict[str, Any]) -> None:
+    """Put the default config's ``image_size`` and ``patch_size`` back into the shrunk ``d`` (and its
+    ``vision_config``) where no side of the image exceeds :data:`MAX_CONFIG_IMAGE`."""
+    for shrunk, default in ((d, original), (d.get("vision_config"), original.get("vision_config"))):
+        if not isinstance(shrunk, dict) or not isinstance(default, dict):
+            continue
+        size = default.get("image_size")
+        sides = [size] if _is_int(size) else list(size) if isinstance(size, (list, tuple)) else []
+        if sides and all(_is_int(v) and 0 < v <= MAX_CONFIG_IMAGE for v in sides):
+            shrunk["image_size"] = size
+            if "patch_size" in default:
+                shrunk["patch_size"] = default["patch_size"]
 
 
 _MAX_REPAIRS = 6
@@ -661,25 +696,67 @@ def _fmt(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"
 
 
+@functools.lru_cache(maxsize=1)
+def _large_batch_cases() -> frozenset[str]:
+    return frozenset(c.case_id for c in sample_cases(0))
+
+
+def case_shapes(case: ZooCase, model: torch.nn.Module | None = None) -> dict[str, tuple[int, int]]:
+    """The traced and the alt size of each dim the zoo chooses for ``case``: ``{"batch": (2, 3)}`` (``(9, 10)``
+    for the one case per model type that ``sample_cases(0)`` draws: a batch above 8), ``"seq"`` (text tokens,
+    8 and 12), ``"decoder_seq"`` (6 and 5) and, for an audio or speech ``model``, ``"audio"`` (``input_values``
+    samples: 1 s and 1.25 s at ``config.sampling_rate``, else 16 kHz) or ``"frames"`` (``input_features``: 100
+    and 128, 10 ms each; Whisper keeps its 2 x ``max_source_positions``).
+    """
+    large = case.case_id in _large_batch_cases()
+    shapes = {"batch": (LARGE_BATCH, ALT_LARGE_BATCH) if large else (BATCH, ALT_BATCH),
+              "seq": (SEQ_LEN, ALT_SEQ_LEN), "decoder_seq": (DECODER_SEQ_LEN, ALT_DECODER_SEQ_LEN)}
+    if model is not None and case.modality in ("audio", "speech"):
+        from hfexport_dynamo import forward_parameters
+
+        names = forward_parameters(model)[0]
+        order = ("input_features", "input_values") if case.modality == "speech" else ("input_values", "input_features")
+        name = next((n for n in order if n in names), None)
+        if name == "input_values":
+            rate = getattr(model.config, "sampling_rate", None) or 16000
+            shapes["audio"] = (math.ceil(AUDIO_SECONDS * rate), math.ceil(ALT_AUDIO_SECONDS * rate))
+        elif name == "input_features":
+            # dummy_inputs makes frames in multiples of 4
+            shapes["frames"] = (4 * math.ceil(25 * AUDIO_SECONDS), 4 * math.ceil(25 * ALT_AUDIO_SECONDS))
+    return shapes
+
+
 def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(inputs, alt_inputs)`` from hfexport-dynamo's dummy-input builder, both drawn from ``gen``.
+    """``(inputs, alt_inputs)`` from hfexport-dynamo's dummy-input builder, both drawn from ``gen``, at the sizes
+    of :func:`case_shapes`.
 
     The zoo's choices: the modality of the case, no padding, a decoder sequence shorter at the alt shape than at
-    the traced one, token types wherever forward takes them, ids below the tiny vocab, 64x64 images where the
-    config names no size, and ``use_cache=False`` (a decoder returns no cache to compare). A multimodal case
-    gets text here; :func:`_add_image_inputs` then adds images where its recipe works.
+    the traced one, token types wherever forward takes them, ids below the tiny vocab, a vision case's images at
+    its config's size (224x224 where it names none), and ``use_cache=False`` (a decoder returns no cache to
+    compare). A multimodal case gets text here; :func:`_add_image_inputs` then adds images where its recipe works.
     """
     from hfexport_dynamo import dummy_inputs, forward_parameters
 
     takes_use_cache = "use_cache" in forward_parameters(model)[0]
+    shapes = case_shapes(case, model)
+    # dummy_inputs makes 200 * seq audio samples and 4 * seq feature frames
+    seqs = shapes["seq"]
+    if "audio" in shapes:
+        seqs = tuple(math.ceil(n / 200) for n in shapes["audio"])
+    elif "frames" in shapes:
+        seqs = tuple(math.ceil(n / 4) for n in shapes["frames"])
+    image = 224 if case.modality == "vision" else TINY_IMAGE
     both = []
-    for batch, seq, decoder_seq in ((BATCH, SEQ_LEN, DECODER_SEQ_LEN), (ALT_BATCH, ALT_SEQ_LEN, ALT_DECODER_SEQ_LEN)):
+    for i in (0, 1):
+        batch, seq, decoder_seq = shapes["batch"][i], seqs[i], shapes["decoder_seq"][i]
         try:
             inputs = dummy_inputs(model, batch, seq, generator=gen, modality=case.modality, padding=False,
                                   decoder_seq=decoder_seq, token_type_ids=True, max_vocab=TINY_VOCAB,
-                                  default_image_size=TINY_IMAGE)
+                                  default_image_size=image)
         except ValueError as exc:  # forward takes none of the inputs of the case's modality
             raise NotInstantiable(str(exc)) from exc
+        if "audio" in shapes and "input_values" in inputs:
+            inputs["input_values"] = inputs["input_values"][:, :shapes["audio"][i]]
         if takes_use_cache:
             inputs["use_cache"] = False
         both.append(inputs)
@@ -885,7 +962,8 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
     Returns:
         ``(model, inputs, alt_inputs)``: the model in eval mode (float32, CPU), forward
         kwargs at batch 2, and forward kwargs at batch 3 (with a different sequence
-        length where the modality has one) for dynamic-shape checks.
+        length where the modality has one) for dynamic-shape checks; the sizes of
+        :func:`case_shapes` (batch 9 and 10 for the case ``sample_cases(0)`` draws).
 
     Raises:
         UnknownCaseError: If ``case_id`` is not listed.
@@ -899,7 +977,7 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
         raise NotInstantiable(
             f"no dummy-input recipe for task {case.task!r} of model type {case.model_type!r}"
         )
-    config = tiny_config(case.model_type, case.task)
+    config = tiny_config(case.model_type, case.task, keep_image_size=case.modality == "vision")
     model_cls = _model_class(case)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
