@@ -54,6 +54,7 @@ from hfexport.plugin import InvalidInputError, torch_dtype
 
 from . import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 from ._decoding import (
+    IMAGE_TEXT_TO_TEXT,
     TASKS,
     TEXT_GENERATION,
     GenerationStats,
@@ -416,7 +417,16 @@ class CausalLMStep(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
                 past_length: torch.Tensor | None = None,
                 cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None) -> dict[str, Any]:
+        return self._step({"input_ids": input_ids}, attention_mask, position_ids, past_length, cache)
+
+    def _step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor, position_ids: torch.Tensor | None,
+              past_length: torch.Tensor | None, cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None
+              ) -> dict[str, Any]:
+        """The forward of :meth:`forward`, with the new positions given as ``tokens``: ``{"input_ids": ...}`` or
+        ``{"inputs_embeds": float [batch, seq, hidden]}`` (a subclass's forward names its first input)."""
         from transformers.cache_utils import Cache
+
+        seq_len = next(iter(tokens.values())).shape[1]
 
         if self.in_buffers:
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
@@ -428,7 +438,7 @@ class CausalLMStep(torch.nn.Module):
         if self.in_buffers and self.fused_attention:
             start = past_length.item()  # the kernel's start position, a SymInt bounded by the capacity
             torch._check(start >= 0)
-            torch._check(start + input_ids.shape[1] <= self.cache_shapes[0][0][2])
+            torch._check(start + seq_len <= self.cache_shapes[0][0][2])
             for layer in kv.layers:
                 layer.kernel, layer.start = self.fused_attention, start
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
@@ -438,7 +448,7 @@ class CausalLMStep(torch.nn.Module):
             rotary = _recording_rotary(self.model, _RotaryTables(self.rotary_cos, self.rotary_sin, position_ids))
         try:
             with _grouped_sdpa(), rotary:
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
+                out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True,
                                  logits_to_keep=1, **extra)
         finally:
             _FUSED_CACHE.reset(token)
@@ -452,15 +462,16 @@ class CausalLMStep(torch.nn.Module):
         return result
 
 
-def _probe_cache(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
                  takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
     """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
-    their own head dims or layer kinds report theirs)."""
+    their own head dims or layer kinds report theirs); ``tokens``: ``{"input_ids": ...}`` or ``{"inputs_embeds":
+    ...}``."""
     from transformers import DynamicCache
 
     extra = {"position_ids": positions_from_mask(mask)} if takes_position_ids else {}
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True,
+        out = model(**tokens, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True,
                     logits_to_keep=1, **extra)
     if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
         raise InvalidInputError(f"{type(model).__name__} returned no KV cache with use_cache=True, so "
@@ -536,8 +547,8 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
-              max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False,
-              fused_cache_attention: Any = False) -> Any:
+              max_batch: int | None = None, prefill_chunk: int | None = None, max_images: int | None = None,
+              stateful: bool = False, fused_cache_attention: Any = False) -> Any:
     """The components to export for ``task``: for ``"text-generation"``, the one ``decoder`` program of a
     :class:`CausalLMStep` (see the module docstring for its inputs, outputs, cache and dynamic dims).
 
@@ -550,6 +561,8 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
         max_batch: the largest batch (default 1).
         prefill_chunk: the most tokens one call takes, the bound of the ``seq`` dim (default
             ``min(256, max_cache_len)``); a longer prompt is prefilled in chunks of this size.
+        max_images: an option of ``"image-text-to-text"`` only (refused here), whose programs
+            :func:`hfexport_dynamo._image_text.plan_image_text` plans.
         stateful: the backend's runtime keeps a program's mutated buffers between calls
             (``Exporter.stateful_programs``): the cache then lives in the program's buffers and the batch is static.
         fused_cache_attention: ``Exporter.fused_cache_attention``: ``True``, the backend lowers
@@ -562,10 +575,15 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
         hfexport.InvalidInputError: the model cannot generate (says why and what to load instead).
     """
-    from hfexport.plugin import ComponentPlan, TaskPlan
+    from hfexport.plugin import TaskPlan
 
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+    if task == IMAGE_TEXT_TO_TEXT:  # its own module plans it (it builds on this one's decoder)
+        raise ValueError(f"task {task!r} is planned by hfexport_dynamo._image_text.plan_image_text (the tracer's "
+                         "plan_task calls it)")
+    if max_images is not None:
+        raise TypeError(f"max_images is an option of task {IMAGE_TEXT_TO_TEXT!r}, not of {task!r}")
     _check_generative(model, task)
     if task != TEXT_GENERATION:
         from ._seq2seq import plan_seq2seq
@@ -573,12 +591,45 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
         return plan_seq2seq(model, task, inputs,
                             *_bounds(model, max_cache_len, max_batch, default_cap=SEQ2SEQ_DEFAULT_MAX_CACHE_LEN))
     max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
-    prefill_chunk = min(DEFAULT_PREFILL_CHUNK, max_cache_len) if prefill_chunk is None else prefill_chunk
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 2 <= prefill_chunk <= max_cache_len:
-        raise ValueError(f"prefill_chunk must be an int from 2 to max_cache_len={max_cache_len}, got {prefill_chunk!r}")
+    prefill_chunk = check_prefill_chunk(prefill_chunk, max_cache_len)
     ids, mask = _prompt(model, inputs)
     if inputs is not None and ids.shape[0] > max_batch:
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
+    component, cache = plan_decoder(model, ids, mask, max_cache_len=max_cache_len, max_batch=max_batch,
+                                    prefill_chunk=prefill_chunk, stateful=stateful,
+                                    fused_cache_attention=fused_cache_attention)
+    manifest = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
+    manifest.update(prefill_chunk=prefill_chunk, cache=cache)
+    return TaskPlan(task, [component], manifest={"generation": manifest}, model=model)
+
+
+def check_prefill_chunk(prefill_chunk: int | None, max_cache_len: int) -> int:
+    """``prefill_chunk`` checked (default ``min(256, max_cache_len)``).
+
+    Raises:
+        ValueError: not an int from 2 to ``max_cache_len``.
+    """
+    prefill_chunk = min(DEFAULT_PREFILL_CHUNK, max_cache_len) if prefill_chunk is None else prefill_chunk
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 2 <= prefill_chunk <= max_cache_len:
+        raise ValueError(f"prefill_chunk must be an int from 2 to max_cache_len={max_cache_len}, got {prefill_chunk!r}")
+    return prefill_chunk
+
+
+def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache_len: int, max_batch: int,
+                 prefill_chunk: int, stateful: bool = False, fused_cache_attention: Any = False,
+                 embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 step_class: type[CausalLMStep] = CausalLMStep) -> tuple[Any, dict[str, Any]]:
+    """The ``decoder`` component of a generation task and its manifest's ``cache`` section (see :func:`plan_task`
+    for the arguments; ``ids``/``mask`` are the example prompt, ``[batch, prompt]``).
+
+    ``embed`` (with a ``step_class`` whose forward takes ``inputs_embeds``, as the image-text-to-text decoder's): the
+    program takes ``inputs_embeds`` ``float [batch, seq, hidden]`` instead of ``input_ids``, traced with
+    ``embed(ids)``; everything else (mask, positions, cache, dims) is the text decoder's.
+    """
+    from torch.export import Dim
+
+    from hfexport.plugin import ComponentPlan
+
     # torch.export specializes a dim of size 1: trace a batch of 2 (a batch of 1 is static), a chunk of >= 2
     rows = 1 if max_batch == 1 else (max_batch if stateful else 2)
     ids, mask = (t[:1].repeat(rows, 1) if t.shape[0] < rows else t[:rows] for t in (ids, mask))
@@ -587,12 +638,12 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
         ids, mask = ids.repeat(1, 2), mask.repeat(1, 2)
     takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
     shapes = [(torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
-              for k, v in _probe_cache(model, ids, mask, takes_position_ids)]
+              for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
-    example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
+    example: dict[str, Any] = {**_tokens(ids, embed), "attention_mask": full_mask}
     if takes_position_ids:
         example["position_ids"] = positions_from_mask(mask)
     example["past_length"] = torch.tensor(0)
@@ -604,8 +655,8 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     step = None
     if fused_cache_attention and attends_by_sdpa and (in_place_kernel or not stateful):
         for fused_rotary in (True, False):  # RoPE in the fused op where the model's tables give it, else before it
-            fused = CausalLMStep(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention,
-                                 fused_rotary=fused_rotary)
+            fused = step_class(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention,
+                               fused_rotary=fused_rotary)
             try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
                 with torch.no_grad():
                     fused(**example)
@@ -619,12 +670,12 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
             except Exception:  # the plain write and attention are exported instead (and raise what they raise)
                 break
     if step is None:
-        step = CausalLMStep(model, shapes, dtype, in_buffers=stateful)
-    from torch.export import Dim
+        step = step_class(model, shapes, dtype, in_buffers=stateful)
 
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
     seq = Dim("seq", min=1, max=prefill_chunk)
-    dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": dict(batch) or None}
+    dynamic_shapes: dict[str, Any] = {"input_ids" if embed is None else "inputs_embeds": {**batch, 1: seq},
+                                      "attention_mask": dict(batch) or None}
     if takes_position_ids:
         dynamic_shapes["position_ids"] = {**batch, 1: seq}
     dynamic_shapes["past_length"] = None
@@ -639,10 +690,14 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
              "fused_attention": bool(step.fused_attention), "fused_rotary": step.fused_rotary,
              "ignores_padding": kernel,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
-    manifest = generation_manifest(model, max_cache_len, max_batch, len(shapes))
-    manifest.update(prefill_chunk=prefill_chunk, cache=cache)
-    return TaskPlan(task, [ComponentPlan(DECODER, step, example, dynamic_shapes)],
-                    manifest={"generation": manifest}, model=model)
+    return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
+
+
+def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    if embed is None:
+        return {"input_ids": ids}
+    with torch.no_grad():
+        return {"inputs_embeds": embed(ids)}
 
 
 # ── greedy decoding ─────────────────────────────────────────────────────────────────────────────────────
@@ -685,25 +740,40 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
         options["pad_token_id"] = pad_token_id
     if eos_token_id is not _STORED:
         options["eos_token_id"] = eos_token_id
+    task = exported.manifest.get("task")
+    media = {}
+    if task == IMAGE_TEXT_TO_TEXT:  # the image inputs, not GenerationConfig fields
+        media = {name: options.pop(name) for name in list(options) if name in section["vision"]["inputs"]}
     config = merged_generation_config(section, options)
-    if exported.manifest.get("task") != TEXT_GENERATION:
+    if task not in (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT):
         from ._seq2seq import generate_seq2seq
 
         return generate_seq2seq(exported, input_ids, attention_mask, config, section)
     input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, section)
+    prompt_embeds = embed_tokens = None
+    encode_s = 0.0
+    if task == IMAGE_TEXT_TO_TEXT:  # images checked before any program runs, encoded, merged into the prompt
+        from ._image_prompt import image_prompt
+
+        start = time.perf_counter()
+        prompt_embeds, embed_tokens = image_prompt(exported, section, input_ids, media)
+        encode_s = time.perf_counter() - start
     padding = None
     if section["cache"].get("ignores_padding"):  # a kernel without a padding mask: run the row without its padding
         padding, input_ids, attention_mask = _split_left_padding(input_ids, attention_mask)
+        if prompt_embeds is not None:
+            prompt_embeds = prompt_embeds[:, padding.shape[1]:]
     eos = token_id_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
     processors = logits_processors(config, section, input_ids.shape[1], None)
     criteria = stopping_criteria(input_ids.shape[1] + config.max_new_tokens, eos)
 
     sequences, prefill_s, decode_s, steps, ends = _greedy(exported, section, input_ids, attention_mask, processors,
-                                                           criteria, pad)
+                                                           criteria, pad, prompt_embeds, embed_tokens)
     if padding is not None:
         sequences, input_ids = torch.cat([padding, sequences], -1), torch.cat([padding, input_ids], -1)
     exported.generation_stats = GenerationStats(
+        **({"encode_s": encode_s} if task == IMAGE_TEXT_TO_TEXT else {}),
         prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
         decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"),
         decode_step_s=[b - a for a, b in zip(ends, ends[1:], strict=False)])
@@ -738,15 +808,24 @@ def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tenso
 
 
 def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            processors: Any, criteria: Any, pad: int | None) -> tuple[torch.Tensor, float, float, int, list[float]]:
+            processors: Any, criteria: Any, pad: int | None, prompt_embeds: torch.Tensor | None = None,
+            embed_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, float, float, int, list[float]]:
     """The prefill (in chunks of ``prefill_chunk``) and decode steps over the ``decoder`` program; returns the
-    sequences, the prefill and decode seconds, the number of decode steps and the clock at the end of each."""
+    sequences, the prefill and decode seconds, the number of decode steps and the clock at the end of each.
+
+    With ``prompt_embeds`` (``[batch, prompt, hidden]``, a decoder that takes ``inputs_embeds``), the prefill feeds
+    them and each decode step feeds ``embed_tokens(ids)`` of the new ids (``[batch, 1]`` -> ``[batch, 1, hidden]``)."""
     names = input_names(exported, DECODER)
     rows, prompt = input_ids.shape
     batch = section["max_batch"] if section["cache"]["static_batch"] else rows
     if batch > rows:  # a static batch: the extra rows repeat the last one, and their tokens are dropped
         input_ids = torch.cat([input_ids, input_ids[-1:].expand(batch - rows, -1)])
         attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(batch - rows, -1)])
+        if prompt_embeds is not None:
+            prompt_embeds = torch.cat([prompt_embeds, prompt_embeds[-1:].expand(batch - rows, -1, -1)])
+    token_name = "input_ids" if prompt_embeds is None else "inputs_embeds"
+    prompt_tokens = input_ids if prompt_embeds is None else prompt_embeds
     mask = torch.zeros(batch, section["max_cache_len"], dtype=torch.long)
     mask[:, :prompt] = attention_mask
     positions = positions_from_mask(attention_mask)
@@ -763,7 +842,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
         past_length.fill_(past)
         if rerun is not None:
             return rerun()[logits_leaf][:rows]
-        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids,
+        feed = {token_name: ids, "attention_mask": mask, "position_ids": position_ids,
                 "past_length": past_length, "cache": cache}
         out = exported.run(DECODER, **{k: v for k, v in feed.items() if k in names})
         returned = out.get("cache", cache)
@@ -782,11 +861,12 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     with getattr(runner, "reusing_bindings", contextlib.nullcontext)():
         start = time.perf_counter()
         for past in range(0, prompt, chunk):
-            logits = step(input_ids[:, past:past + chunk], positions[:, past:past + chunk], past)
+            logits = step(prompt_tokens[:, past:past + chunk], positions[:, past:past + chunk], past)
         prefill_s = time.perf_counter() - start
         sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
         position, past = positions[:, -1:].clone(), prompt
         ids = torch.zeros(batch, 1, dtype=torch.long)
+        token_embeds = None  # the decode steps' inputs_embeds, written in place (a runner may have bound them)
         start = time.perf_counter()
         step_ends = [start]
         while True:  # stopping_criteria ends it: max length, or every row at EOS
@@ -798,7 +878,12 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
             ids[:rows, 0] = next_tokens
             if batch > rows:
                 ids[rows:, 0] = next_tokens[-1]  # a static batch's extra rows repeat the last one
-            logits = step(ids, position, past, decoding=True)
+            if embed_tokens is None:
+                logits = step(ids, position, past, decoding=True)
+            else:
+                embeds = embed_tokens(ids)
+                token_embeds = embeds.clone() if token_embeds is None else token_embeds.copy_(embeds)
+                logits = step(token_embeds, position, past, decoding=True)
             past, steps = past + 1, steps + 1
             step_ends.append(time.perf_counter())
     return sequences, prefill_s, time.perf_counter() - start, steps, step_ends

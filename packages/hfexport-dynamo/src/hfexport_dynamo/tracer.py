@@ -151,12 +151,21 @@ class DynamoTracer:
 
     def plan_task(self, model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
                   max_cache_len: int | None = None, max_batch: int | None = None, prefill_chunk: int | None = None,
-                  stateful: bool = False, fused_cache_attention: Any = False) -> Any:
-        """The components a generative ``task`` exports (see :func:`hfexport_dynamo.generation.plan_task`)."""
+                  max_images: int | None = None, stateful: bool = False, fused_cache_attention: Any = False) -> Any:
+        """The components a generative ``task`` exports (see :func:`hfexport_dynamo.generation.plan_task`;
+        ``"image-text-to-text"``: :func:`hfexport_dynamo._image_text.plan_image_text`)."""
+        from ._task_names import IMAGE_TEXT_TO_TEXT
         from .generation import plan_task
 
+        if task == IMAGE_TEXT_TO_TEXT:
+            from ._image_text import plan_image_text
+
+            return plan_image_text(model, inputs, max_cache_len=max_cache_len, max_batch=max_batch,
+                                   prefill_chunk=prefill_chunk, max_images=max_images, stateful=stateful,
+                                   fused_cache_attention=fused_cache_attention)
         return plan_task(model, task, inputs, max_cache_len=max_cache_len, max_batch=max_batch,
-                         prefill_chunk=prefill_chunk, stateful=stateful, fused_cache_attention=fused_cache_attention)
+                         prefill_chunk=prefill_chunk, max_images=max_images, stateful=stateful,
+                         fused_cache_attention=fused_cache_attention)
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
         """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.generation.generate`)."""

@@ -1,0 +1,72 @@
+"""The merge of images into an image-text-to-text prompt on a loaded artifact (what the model's ``forward`` does
+before its language model), for :func:`hfexport_dynamo.generation.generate`; the programs are planned by
+:mod:`hfexport_dynamo._image_text`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["EMBED", "VISION", "image_prompt"]
+
+VISION, EMBED = "vision", "embed"  # the component names (the decoder's is generation.DECODER)
+
+
+def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, media: Mapping[str, Any]
+                 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The prompt's ``inputs_embeds`` with the images' embeddings at the image token's positions, as the model's
+    ``forward`` merges them, and the decode steps' embedding of new ids.
+
+    Args:
+        exported: an artifact of task ``"image-text-to-text"``.
+        section: its manifest's ``generation`` section.
+        input_ids: ``int64 [batch, prompt]``, checked (:func:`hfexport_dynamo._decoding.check_prompt`); each image
+            is ``tokens_per_image`` positions of ``image_token_id``, in the order of the images.
+        media: ``{"pixel_values": float [images, channels, height, width]}`` (or nothing: a prompt without images).
+
+    Returns:
+        ``(inputs_embeds float [batch, prompt, hidden], embed)`` where ``embed(ids [batch, 1])`` runs the ``embed``
+        program.
+
+    Raises:
+        TypeError: ``pixel_values`` is not a float tensor of rank 4.
+        ValueError: another image size than the export's, more images than ``max_images``, or a number of image
+            tokens that is not ``images x tokens_per_image`` (each says which), before any program runs.
+    """
+    vision = section["vision"]
+    token, per_image = vision["image_token_id"], vision["tokens_per_image"]
+    pixel_values = media.get("pixel_values")
+    image_tokens = int((input_ids == token).sum())
+    images = 0
+    if pixel_values is not None:
+        shape = vision["pixel_values_shape"]
+        if not isinstance(pixel_values, torch.Tensor) or not pixel_values.is_floating_point() \
+                or pixel_values.dim() != 4:
+            raise TypeError(f"pixel_values must be a float tensor [images, {', '.join(map(str, shape))}], got "
+                            f"{getattr(pixel_values, 'dtype', type(pixel_values).__name__)} of shape "
+                            f"{list(getattr(pixel_values, 'shape', []))}")
+        if list(pixel_values.shape[1:]) != shape:
+            height, width = vision["image_size"]
+            raise ValueError(f"pixel_values has images of {list(pixel_values.shape[1:])}; this export takes "
+                             f"[images, {', '.join(map(str, shape))}] (its image size, {height}x{width}, the config's "
+                             f"vision_config.image_size): resize the images to {height}x{width} (the model's image "
+                             "processor does), or export again at that size")
+        images = pixel_values.shape[0]
+        if images > vision["max_images"]:
+            raise ValueError(f"{images} images exceed this export's max_images={vision['max_images']}: pass fewer, "
+                             "or export again with a larger max_images")
+    if image_tokens != images * per_image:
+        raise ValueError(f"input_ids hold {image_tokens} image tokens (id {token}) for {images} image(s) of "
+                         f"{per_image} tokens each: put {per_image} image tokens per image in the prompt, as the "
+                         "model's processor does")
+
+    def embed(ids: torch.Tensor) -> torch.Tensor:
+        return exported.run(EMBED, input_ids=ids)["inputs_embeds"]
+
+    embeds = embed(input_ids)
+    if images:
+        features = exported.run(VISION, pixel_values=pixel_values.to(embeds.dtype))["image_embeds"]
+        embeds = embeds.masked_scatter((input_ids == token)[..., None], features.to(embeds.dtype))
+    return embeds, embed

@@ -1,0 +1,227 @@
+"""Image-text-to-text generation (``task="image-text-to-text"``): a vision-language model exported as the three
+programs its greedy generation runs, and the merge of image embeddings into the prompt between them.
+
+Components (one model; each program holds only the weights it reads):
+
+* ``vision``: ``pixel_values`` ``float [images, channels, height, width]`` -> ``image_embeds`` ``float
+  [images * tokens_per_image, hidden]``: the vision tower and the projector, the model's own
+  ``get_image_features``. The image size is static, the config's (``vision_config.image_size``: the size the
+  model's image processor resizes to); the number of images is a dynamic dim in ``[1, max_images]``.
+* ``embed``: ``input_ids`` ``int64 [batch, seq]`` -> ``inputs_embeds`` ``float [batch, seq, hidden]``: the text
+  model's token embedding.
+* ``decoder``: the text-generation decoder (:class:`hfexport_dynamo.generation.CausalLMStep`: one program for the
+  prefill and every decode step, a KV cache of ``max_cache_len`` positions that the runtime updates in place, the
+  same bounds, dims and manifest ``cache`` section), over the language model and its head, taking
+  ``inputs_embeds`` ``float [batch, seq, hidden]`` instead of ``input_ids``.
+
+:func:`hfexport_dynamo._image_prompt.image_prompt` does what the model's ``forward`` does before its language model: it embeds the prompt's ids,
+encodes the images and scatters their embeddings, in order, over the positions that hold ``image_token_id``
+(``inputs_embeds.masked_scatter``). The decode steps embed each new token with the ``embed`` program. Greedy
+decoding is then the text decoder's (:func:`hfexport_dynamo.generation.generate`), token for token eager
+``model.generate(input_ids, attention_mask=..., pixel_values=..., do_sample=False)``.
+
+Families: those whose language model takes ``inputs_embeds`` with 1-D position ids and whose images are merged at
+the image token's positions, without more inputs to the vision tower than ``pixel_values``
+(:data:`FAMILIES`, LLaVA). The manifest's ``generation.vision`` records the image size, the image token, the
+tokens per image and the bound on images; ``generate`` refuses another image size by name before any program runs,
+and ``run("vision", ...)`` refuses it as any static dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.plugin import InvalidInputError
+
+from ._decoding import IMAGE_TEXT_TO_TEXT, generation_manifest
+from ._image_prompt import EMBED, VISION
+from .generation import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
+
+__all__ = ["FAMILIES", "EmbedsLMStep", "LanguageModelHead", "TokenEmbedStep", "VisionStep", "plan_image_text"]
+# model class -> (the inner model's attribute, its vision modules, its language model): what each program holds
+FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "LlavaForConditionalGeneration": ("model", ("vision_tower", "multi_modal_projector"), "language_model"),
+}
+_TRACE_IMAGES = 2  # not 1: torch.export specializes a dim of size 1
+
+
+class _Holding(torch.nn.Module):
+    """A program's module that registers only the submodules its forward reads (torch.export lifts every
+    registered parameter, used or not), and calls the model's own methods through ``self.inner`` (not
+    registered: its parameters are reached through the registered submodules, the same objects)."""
+
+    def __init__(self, inner: torch.nn.Module, names: tuple[str, ...], config: Any):
+        super().__init__()
+        object.__setattr__(self, "inner", inner)
+        for name in names:
+            setattr(self, name, getattr(inner, name))
+        self.config = config
+
+
+class VisionStep(_Holding):
+    """The ``vision`` program: ``pixel_values [images, channels, height, width]`` -> ``{"image_embeds": float
+    [images * tokens_per_image, hidden]}`` by the model's ``get_image_features`` (vision tower, feature layer and
+    selection, projector)."""
+
+    def forward(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.inner.get_image_features(pixel_values=pixel_values, return_dict=True).pooler_output
+        if isinstance(features, torch.Tensor):
+            features = [features]
+        return {"image_embeds": torch.cat([f.reshape(-1, f.shape[-1]) for f in features])}
+
+
+class TokenEmbedStep(torch.nn.Module):
+    """The ``embed`` program: ``input_ids [batch, seq]`` -> ``{"inputs_embeds": float [batch, seq, hidden]}`` (the
+    text model's input embedding, with any scale it applies)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.embed_tokens = model.get_input_embeddings()
+        self.config = model.config
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"inputs_embeds": self.embed_tokens(input_ids)}
+
+
+class _Output(dict):
+    """What :class:`LanguageModelHead` returns: ``logits`` and ``cache`` as attributes (the decoder step reads
+    them so)."""
+
+    __getattr__ = dict.__getitem__
+
+
+class LanguageModelHead(_Holding):
+    """A vision-language model's language model and head, called as a causal LM on ``inputs_embeds`` (what the
+    ``decoder`` program wraps; the vision weights and the token embedding, the ``embed`` program's, stay out of
+    it).
+
+    Forward: ``inputs_embeds [batch, seq, hidden]``, ``attention_mask``, ``position_ids``, ``cache`` (a transformers
+    ``Cache``), ``use_cache``, ``logits_to_keep`` -> ``logits [batch, logits_to_keep, vocab]`` and ``cache``.
+    """
+
+    def __init__(self, model: torch.nn.Module, inner: torch.nn.Module, language_model: str):
+        text = getattr(inner, language_model)
+        embedding = text.get_input_embeddings()
+        # the language model's parts but its token embedding (the embed program's; read from inputs_embeds here)
+        super().__init__(text, tuple(name for name, child in text.named_children() if child is not embedding),
+                         text.config)
+        self.lm_head = model.get_output_embeddings()
+        self.generation_config = getattr(model, "generation_config", None)
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
+                logits_to_keep: int = 0) -> _Output:
+        out = self.inner(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=cache, use_cache=use_cache)
+        hidden = out.last_hidden_state
+        return _Output(logits=self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden),
+                       cache=out.cache)
+
+
+class EmbedsLMStep(CausalLMStep):
+    """The ``decoder`` program of an image-text-to-text export: :class:`CausalLMStep` taking ``inputs_embeds``
+    ``float [batch, seq, hidden]`` instead of ``input_ids`` (same arguments, cache and outputs)."""
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None, past_length: torch.Tensor | None = None,
+                cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None) -> dict[str, Any]:
+        return self._step({"inputs_embeds": inputs_embeds}, attention_mask, position_ids, past_length, cache)
+
+
+# ── planning ────────────────────────────────────────────────────────────────────────────────────────────
+def _family(model: Any) -> tuple[Any, tuple[str, ...], str]:
+    name = type(model).__name__
+    if name not in FAMILIES:
+        raise InvalidInputError(
+            f"{name} cannot be exported for task {IMAGE_TEXT_TO_TEXT!r}: hfexport merges image embeddings for "
+            f"{', '.join(FAMILIES)} so far; export its language model with task='text-generation' instead")
+    inner_name, vision, language = FAMILIES[name]
+    return getattr(model, inner_name), vision, language
+
+
+def _image_shape(model: Any) -> tuple[int, int, int]:
+    """``(channels, height, width)`` of the images the model's processor makes: ``vision_config.image_size``."""
+    vision = model.config.vision_config
+    size = vision.image_size
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    return int(getattr(vision, "num_channels", 3)), int(height), int(width)
+
+
+def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
+                    max_batch: int | None = None, prefill_chunk: int | None = None, max_images: int | None = None,
+                    stateful: bool = False, fused_cache_attention: Any = False) -> Any:
+    """The ``vision``, ``embed`` and ``decoder`` components of a vision-language model (see the module docstring).
+
+    Args:
+        model: a ``...ForConditionalGeneration`` of :data:`FAMILIES`.
+        inputs: an example ``{"input_ids", "attention_mask", "pixel_values"}`` (each optional); default: seeded.
+        max_cache_len, max_batch, prefill_chunk, stateful, fused_cache_attention: as for ``"text-generation"``
+            (:func:`hfexport_dynamo.generation.plan_task`).
+        max_images: the most images one call of ``generate`` takes, the whole batch's (default ``max_batch``: one
+            image per prompt).
+
+    Raises:
+        hfexport.InvalidInputError: a model of another family, or example inputs of the wrong kind.
+        ValueError: bounds the model cannot take (says which).
+    """
+    from torch.export import Dim
+
+    from hfexport.plugin import ComponentPlan, TaskPlan
+
+    inner, vision_modules, language = _family(model)
+    max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
+    prefill_chunk = check_prefill_chunk(prefill_chunk, max_cache_len)
+    max_images = max_batch if max_images is None else max_images
+    if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
+        raise ValueError(f"max_images must be an int >= 1, got {max_images!r}")
+    inputs = dict(inputs or {})
+    pixel_values = inputs.pop("pixel_values", None)
+    ids, mask = _prompt(model, inputs or None)
+    if inputs and ids.shape[0] > max_batch:
+        raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
+    channels, height, width = _image_shape(model)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    images = min(_TRACE_IMAGES, max_images)
+    if pixel_values is None:
+        pixel_values = torch.randn(images, channels, height, width, generator=torch.Generator().manual_seed(0))
+    if not isinstance(pixel_values, torch.Tensor) or tuple(pixel_values.shape[1:]) != (channels, height, width):
+        raise InvalidInputError(f"the example pixel_values must be a tensor [images, {channels}, {height}, {width}] "
+                                f"(the config's image size), got {list(getattr(pixel_values, 'shape', []))}")
+    pixel_values = pixel_values[:images].to(dtype)
+    if pixel_values.shape[0] < images:
+        pixel_values = pixel_values[:1].repeat(images, 1, 1, 1)
+
+    vision = VisionStep(inner, vision_modules, model.config)
+    embed = TokenEmbedStep(model)
+    lm = LanguageModelHead(model, inner, language)
+    with torch.no_grad():
+        image_embeds = vision(pixel_values)["image_embeds"]
+    tokens_per_image = image_embeds.shape[0] // images
+    decoder, cache = plan_decoder(lm, ids, mask, max_cache_len=max_cache_len, max_batch=max_batch,
+                                  prefill_chunk=prefill_chunk, stateful=stateful,
+                                  fused_cache_attention=fused_cache_attention,
+                                  embed=lambda t: embed(t)["inputs_embeds"], step_class=EmbedsLMStep)
+    rows = 1 if max_batch == 1 else 2
+    embed_ids = ids[:1].repeat(rows, 1) if ids.shape[0] < rows else ids[:rows]
+    batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
+    components = [
+        ComponentPlan(VISION, vision, {"pixel_values": pixel_values},
+                      {"pixel_values": {0: Dim("images", min=1, max=max_images)} if images > 1 else None}),
+        ComponentPlan(EMBED, embed, {"input_ids": embed_ids},
+                      {"input_ids": {**batch, 1: Dim("seq", min=1, max=max_cache_len)}}),
+        decoder,
+    ]
+    section = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
+    section.update(prefill_chunk=prefill_chunk, cache=cache, vision={
+        "inputs": ["pixel_values"],
+        "pixel_values_shape": [channels, height, width],
+        "image_size": [height, width],
+        "dtype": str(dtype).removeprefix("torch."),
+        "image_token_id": int(model.config.image_token_id),
+        "tokens_per_image": int(tokens_per_image),
+        "max_images": max_images,
+    })
+    return TaskPlan(IMAGE_TEXT_TO_TEXT, components, manifest={"generation": section}, model=model)
