@@ -52,15 +52,13 @@ def io_names(program: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants}
 
 
-def name_model_io(model: Any, io: Mapping[str, Any]) -> None:
-    """Give ``model``'s (an ``openvino.Model``) inputs and outputs the leaf names of ``io``, in order.
+def name_model_io(model: Any, inputs: list[str], outputs: list[str]) -> None:
+    """Give ``model``'s (an ``openvino.Model``) inputs and outputs the names ``inputs`` and ``outputs``, in order.
 
     Raises:
-        RuntimeError: the model has another number of inputs or outputs than the program has tensor leaves.
+        RuntimeError: the model has another number of inputs or outputs than names are given.
     """
-    for kind, ports, leaves in (("inputs", model.inputs, io["input_leaves"]),
-                                ("outputs", model.outputs, io["output_leaves"])):
-        wanted = [name for name in leaves if name is not None]
+    for kind, ports, wanted in (("inputs", model.inputs, inputs), ("outputs", model.outputs, outputs)):
         if len(ports) != len(wanted):
             raise RuntimeError(f"openvino.convert_model made a model with {len(ports)} {kind} for the program's "
                                f"{len(wanted)} tensor {kind} ({', '.join(wanted)})")

@@ -17,16 +17,21 @@ class OpenVINOState:
     """The OpenVINO stages' results, stage to stage.
 
     Attributes:
-        prepared: the traced program after OpenVINO's decompositions and the FX node fixes (stage 3), taken by
-            stage 4.
+        prepared: the traced program after OpenVINO's decompositions and the FX node fixes (stage 3).
+        graph: its graph module with the weights as constants and the mutable buffers as inputs and outputs
+            (``_graph.constants_inlined``), taken by stage 4.
+        program_states: the mutable buffers of the program (``_graph.ProgramState``), OpenVINO variables after
+            stage 5.
         io: the model's input and output names per flattened leaf (``_naming.io_names``).
         model: the ``openvino.Model`` that ``openvino.convert_model`` made (stage 4), taken by stage 5.
-        states: ``{input name: output name}`` of the pairs stage 5 made OpenVINO variables (the KV cache).
+        states: ``{variable: buffer}``: the OpenVINO variables stage 5 made of the mutable buffers (a KV cache).
         runner: the compiled model over the saved IR (stage 5).
         manifest: the component manifest's ``openvino`` section (stage 5).
     """
 
     prepared: Any = None
+    graph: Any = None
+    program_states: list[Any] = field(default_factory=list)
     io: dict[str, Any] = field(default_factory=dict)
     model: Any = None
     states: dict[str, str] = field(default_factory=dict)

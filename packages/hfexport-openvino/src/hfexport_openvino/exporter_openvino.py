@@ -33,10 +33,12 @@ from hfexport.plugin import (
     Stage,
     artifact_file,
     component_manifest,
+    register_fx_node_fix,
 )
 from hfexport_dynamo import DYNAMO_TRACER, trace
 
 from ._config import OpenVINOConfig
+from ._graph import constants_inlined, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
 from ._state import OpenVINOState, openvino_state
@@ -52,6 +54,9 @@ class OpenVINOExporter(Exporter):
     config_class: ClassVar[type[ExportConfig]] = OpenVINOConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "openvino")
+    # The CPU plugin keeps OpenVINO variables (ReadValue/Assign) between the calls of one infer request: a program's
+    # mutable buffers (a generation task's KV cache) become variables, updated on the runtime (stage 5).
+    stateful_programs: ClassVar[bool] = True
     toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "openvino", "hfexport-openvino")
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "openvino": "2026.4.1"}
     stages: ClassVar[tuple[Stage, ...]] = (
@@ -62,7 +67,7 @@ class OpenVINOExporter(Exporter):
               "stage_graph_preparation", runs="ExportedProgram.run_decompositions"),
         Stage(4, "OpenVINO conversion", "internal", "stage_convert", runs="openvino.convert_model"),
         Stage(5, "Stateful transformation and compilation check", "internal", "stage_stateful_and_compile",
-              runs="openvino make_stateful, openvino.save_model, Core.compile_model"),
+              runs="openvino.passes.MakeStateful, openvino.save_model, Core.compile_model"),
     )
 
     @property
@@ -89,8 +94,9 @@ class OpenVINOExporter(Exporter):
         with ctx.step("ExportedProgram.run_decompositions"):
             prepared = ctx.program.run_decompositions(_openvino_decompositions())
         ctx.apply_fx_node_fixes(prepared.graph_module, ("openvino",))
-        state.prepared = prepared
         state.io = io_names(ctx.program, ctx.inputs)
+        state.graph, state.program_states = constants_inlined(prepared)  # mutable buffers stay inputs/outputs
+        state.prepared = prepared
 
     # Stage 4: OpenVINO conversion
     def stage_convert(self, ctx: ExportContext) -> None:
@@ -99,12 +105,13 @@ class OpenVINOExporter(Exporter):
         from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
         state = openvino_state(ctx)
-        prepared, state.prepared = state.prepared, None
+        graph, state.graph = state.graph, None
         with ctx.step("openvino.convert_model"), torch.no_grad():
-            # what convert_model(ExportedProgram) does, less its own run_decompositions (stage 3 ran it)
-            decoder = TorchFXPythonDecoder(prepared.module(), dynamic_shapes=True)
-            state.model = openvino.convert_model(decoder)
-        name_model_io(state.model, state.io)
+            # convert_model(ExportedProgram) decodes program.module(), where a mutated buffer is lost (_graph.py)
+            state.model = openvino.convert_model(TorchFXPythonDecoder(graph, dynamic_shapes=True))
+        inputs, outputs = model_io_names(state.prepared, state.program_states, state.io)
+        state.prepared = None
+        name_model_io(state.model, inputs, outputs)
 
     # Stage 5: Stateful transformation and compilation check
     def stage_stateful_and_compile(self, ctx: ExportContext) -> None:
@@ -112,6 +119,9 @@ class OpenVINOExporter(Exporter):
 
         state, config = openvino_state(ctx), self.openvino_config
         model, state.model = state.model, None
+        if state.program_states:
+            with ctx.step("openvino.passes.MakeStateful"):
+                state.states = make_stateful(model, state.program_states)
 
         def write(directory: Path) -> Path:
             openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
@@ -174,3 +184,104 @@ def _openvino_decompositions() -> Any:
 
 # ── Stage 3: Graph preparation ──
 # ``@register_fx_node_fix("openvino")`` rewrites of the decomposed graph, before the conversion.
+@register_fx_node_fix("openvino")
+def _fix_index_put_slices(gm: Any, node: Any) -> bool:
+    """Replaces ``aten.index_put(x, [None, ..., i, ...], v)`` (whole leading dims, index tensors, and whole trailing
+    dims not indexed) by an ``index_put`` with one index per dim of ``x``: ``arange(d)`` for each whole dim, every
+    index shaped to broadcast against the others (``[d0, 1, ..]``, ``[1, *i.shape, 1]``, ``[.., 1, dk]``, by
+    ``view`` of the static aranges and ``unsqueeze`` of the given indices). Same
+    positions written, same values.
+
+    **Why**: OpenVINO's frontend translates an ``index_put`` whose indices leave whole dims (a ``:`` slice before them,
+    or dims after them) into a ``Broadcast`` of the values to a shape it computes as 0 on such a dim: the CPU plugin
+    then fails at the first inference with ``Broadcast ... Input shape dimension equal 4 cannot be broadcasted (numpy
+    mode) to 0`` (leading slice) or ``... equal 8 ...`` (the trailing head dim). A generation program's KV-cache write
+    ``cache[:, positions] = new`` (``hfexport_dynamo.generation``, the cache in buffers ``[batch * kv_heads,
+    max_cache_len, head_dim]``) is that pattern.
+    **Upstream**: none found (the frontend's ``index_put`` translation, ``src/frontends/pytorch/src/op/index_put_.cpp``;
+    openvinotoolkit/openvino#21255 fixed values of higher rank than the indices for TorchScript, not this).
+    **Remove when**: a tiny Llama ``task="text-generation"`` export on openvino runs with
+    ``disable=("_fix_index_put_slices",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.index_put.default, aten.index_put_.default):
+        return False
+    target, indices = node.args[0], list(node.args[1])
+    leading = 0
+    while leading < len(indices) and indices[leading] is None:
+        leading += 1
+    rest = indices[leading:]
+    shape = target.meta["val"].shape if "val" in target.meta else None
+    if not rest or any(i is None for i in rest) or shape is None:
+        return False
+    trailing = len(shape) - leading - len(rest)
+    vals = [i.meta.get("val") for i in rest]
+    if (not leading and not trailing) or any(v is None or v.dtype == torch.bool for v in vals) \
+            or len({v.dim() for v in vals}) != 1 or not all(isinstance(shape[d], int) for d in range(leading)) \
+            or not all(isinstance(d, int) for d in shape[len(shape) - trailing:]):
+        return False
+    middle = vals[0].dim()
+    rank = leading + middle + trailing
+    graph = gm.graph
+
+    def arange(dim: int, position: int) -> Any:
+        view = [1] * rank
+        view[position] = -1
+        values = _call(graph, aten.arange.start_step, (0, shape[dim], 1), {"dtype": torch.long}, target)
+        return _call(graph, aten.view.default, (values, view), {}, target)
+
+    with graph.inserting_before(node):
+        new_indices = [arange(d, d) for d in range(leading)]
+        for index in rest:  # unsqueezed, not viewed: a view's shape would hold the symbolic sizes as constants
+            for dim in [0] * leading + [-1] * trailing:
+                index = _call(graph, aten.unsqueeze.default, (index, dim), {}, target)
+            new_indices.append(index)
+        new_indices += [arange(leading + len(rest) + t, leading + middle + t) for t in range(trailing)]
+    node.args = (target, new_indices, *node.args[2:])
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
+    """Drops from ``aten.cat`` the inputs that are 1-D and empty (``torch.tensor([])``) when another input has more
+    dims: torch's legacy rule skips them, so the result is the same.
+
+    **Why**: transformers' ``DynamicLayer`` starts a layer's keys and values as ``torch.tensor([])`` and appends with
+    ``torch.cat([keys, new], dim=-2)``; a seq2seq decoder step that builds its cache in the program (T5's
+    ``text2text-generation`` decode, ``hfexport_dynamo._seq2seq``) traces that ``cat`` with the empty constant.
+    OpenVINO's frontend makes a ``Concat`` of ``f32[0]`` and ``f32[?,?,?,8]`` and fails: ``Axis -2 out of the tensor
+    rank range [-1, 0]`` (``Conversion is failed for: SequenceMark, aten.cat.default``).
+    **Upstream**: none found for the legacy empty-tensor rule in OpenVINO's ``aten.cat`` translation
+    (``src/frontends/pytorch/src/op/cat.cpp``); model-side, transformers' ``DynamicLayer.lazy_initialization``.
+    **Remove when**: a tiny T5 ``task="text2text-generation"`` export on openvino converts with
+    ``disable=("_fix_cat_legacy_empty",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.cat.default or not node.args:
+        return False
+    tensors = list(node.args[0])
+    vals = [t.meta.get("val") if isinstance(t, torch.fx.Node) else None for t in tensors]
+    if any(v is None for v in vals) or max(v.dim() for v in vals) < 2:
+        return False
+    kept = [t for t, v in zip(tensors, vals, strict=True)
+            if not (v.dim() == 1 and isinstance(v.shape[0], int) and v.shape[0] == 0)]
+    if len(kept) == len(tensors) or not kept:
+        return False
+    node.args = (kept, *node.args[1:])
+    return True
+
+
+def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
+    """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs."""
+    import torch
+
+    created = graph.call_function(op, args, kwargs)
+    fake_mode = getattr(like.meta.get("val"), "fake_mode", None)
+    fake_args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    if fake_mode is not None:
+        with fake_mode:
+            created.meta["val"] = op(*fake_args, **kwargs)
+    return created

@@ -1,0 +1,157 @@
+"""The graph ``openvino.convert_model`` reads: the lifted graph of an ``ExportedProgram`` with its weights as
+constants and its mutable buffers as inputs and outputs, so that stage 5 can make each buffer an OpenVINO variable.
+
+``ExportedProgram.module()`` (what ``openvino.convert_model`` decodes) writes a mutated buffer back with
+``copy_`` into the module's attribute, which OpenVINO's frontend converts as a value that no output reads: the
+mutation is lost (a KV cache kept in buffers would be zeros at every call). Here each mutated buffer stays a
+graph input (its value before the call) and its new value stays a graph output; every parameter, other buffer
+and constant becomes a ``get_attr`` of the graph module, which OpenVINO stores once as a constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ProgramState", "constants_inlined", "make_stateful", "model_io_names"]
+
+STATE_INPUT = "state_in."  # the OpenVINO input name of a mutable buffer's value before a call (then a variable)
+STATE_OUTPUT = "state_out."  # the output name of its value after the call
+
+
+@dataclass
+class ProgramState:
+    """A mutable buffer of the program, which stage 5 makes an OpenVINO variable.
+
+    Attributes:
+        buffer: its fully qualified name in the model (``cache_keys_0``).
+        shape: its shape (static).
+        dtype: its torch dtype.
+        initial: its initial value, the variable's initializer; ``None`` for zeros (stored as a broadcast scalar).
+    """
+
+    buffer: str
+    shape: list[int]
+    dtype: Any
+    initial: Any = None
+
+    @property
+    def input_name(self) -> str:
+        return STATE_INPUT + self.buffer
+
+    @property
+    def output_name(self) -> str:
+        return STATE_OUTPUT + self.buffer
+
+
+def constants_inlined(program: Any) -> tuple[Any, list[ProgramState]]:
+    """The graph module of ``program`` (changed in place: pass a program of one's own, as the decomposed one) with
+    parameters, non-mutated buffers and constants as ``get_attr`` nodes, and the mutable buffers it writes.
+
+    The module's placeholders are then the mutated buffers (in the signature's order) followed by the user inputs;
+    its outputs are the buffers' new values followed by the user outputs.
+
+    Raises:
+        NotImplementedError: the program mutates a user input, or a constant is not a tensor.
+    """
+    import torch
+
+    signature = program.graph_signature
+    gm = program.graph_module
+    graph = gm.graph
+    mutated = dict(signature.buffers_to_mutate)  # output name -> buffer
+    if signature.user_inputs_to_mutate:
+        raise NotImplementedError(f"the program mutates its inputs {sorted(signature.user_inputs_to_mutate.values())}"
+                                  "; OpenVINO's frontend returns no mutated input: return the new value instead")
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    states: list[ProgramState] = []
+    mutated_buffers = set(mutated.values())
+    for index, spec in enumerate(signature.input_specs):
+        kind = spec.kind.name
+        if kind in ("USER_INPUT", "TOKEN"):
+            continue
+        node = placeholders[spec.arg.name]
+        if kind == "BUFFER" and spec.target in mutated_buffers:
+            value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+            zero = value.numel() == 0 or not bool(value.any())
+            states.append(ProgramState(spec.target, list(value.shape), value.dtype, None if zero else value))
+            continue
+        value = program.state_dict[spec.target] if spec.target in program.state_dict else program.constants[spec.target]
+        if not isinstance(value, torch.Tensor):
+            raise NotImplementedError(f"the program's constant {spec.target!r} is a {type(value).__name__}, not a "
+                                      "tensor; OpenVINO's frontend converts tensors only")
+        attr = f"_ov_constant_{index}"
+        gm.register_buffer(attr, value.detach(), persistent=False)
+        with graph.inserting_before(node):
+            constant = graph.get_attr(attr)
+        constant.meta = dict(node.meta)
+        node.replace_all_uses_with(constant)
+        graph.erase_node(node)
+    gm.recompile()
+    return gm, states
+
+
+def model_io_names(program: Any, states: list[ProgramState], io: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The names of the converted model's inputs and outputs, in the order of :func:`constants_inlined`'s graph:
+    the mutable buffers' (``state_in.<buffer>`` / ``state_out.<buffer>``) and the tensor leaves of ``io``."""
+    from torch.export.graph_signature import TensorArgument
+
+    inputs = [state.input_name for state in states] + [name for name in io["input_leaves"] if name is not None]
+    user = iter(name for name in io["output_leaves"] if name is not None)
+    outputs = []
+    for spec in program.graph_signature.output_specs:
+        if spec.kind.name == "BUFFER_MUTATION":
+            outputs.append(STATE_OUTPUT + spec.target)
+        elif spec.kind.name == "USER_OUTPUT" and isinstance(spec.arg, TensorArgument):
+            outputs.append(next(user))
+    return inputs, outputs
+
+
+def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
+    """Make each mutable buffer's input and output of ``model`` (an ``openvino.Model``, changed in place) one
+    OpenVINO variable, as ``openvino.passes.MakeStateful`` does (the input becomes a ``ReadValue``, the output an
+    ``Assign``), with the buffer's initial value as the ``ReadValue``'s initializer: zeros as a ``Broadcast`` of a
+    scalar (nothing stored), other values as a constant. The CPU plugin keeps each variable in the infer request from
+    one call to the next; ``reset_state()`` returns it to the initializer.
+
+    ``MakeStateful`` itself makes a ``ReadValue`` without an initializer, which the CPU plugin reads as an empty
+    tensor (``reshape: the shape of input data (0.0.0) conflicts with the reshape pattern (4.32.8)`` at the first call
+    of a generation program).
+
+    Returns:
+        ``{variable id: buffer name}``.
+    """
+    import numpy as np
+    import openvino
+    import openvino.opset13 as ops
+    from openvino.op.util import Variable, VariableInfo
+
+    inputs = [port.get_names() for port in model.inputs]
+    outputs = [port.get_names() for port in model.outputs]
+    parameters, results = model.get_parameters(), model.get_results()
+    made: dict[str, str] = {}
+    for state in states:
+        parameter = parameters[next(i for i, names in enumerate(inputs) if state.input_name in names)]
+        result = results[next(i for i, names in enumerate(outputs) if state.output_name in names)]
+        element_type = parameter.get_output_element_type(0)
+        info = VariableInfo()
+        info.variable_id, info.data_type = state.buffer, element_type
+        info.data_shape = openvino.PartialShape(state.shape)
+        variable = Variable(info)
+        if state.initial is None:
+            init = ops.broadcast(ops.convert(ops.constant(np.zeros((), np.float32)), element_type),
+                                 ops.constant(np.array(state.shape, np.int64)))
+        else:
+            init = ops.constant(state.initial.detach().cpu().numpy())
+        read = ops.read_value(init, variable)
+        parameter.output(0).replace(read.output(0))
+        value = result.input_value(0)
+        assign = ops.assign(value.get_node(), variable)  # takes a node: its output 0, set right below
+        assign.input(0).replace_source_output(value)
+        model.add_sinks([assign])
+        model.remove_result(result)
+        model.remove_parameter(parameter)
+        model.add_variables([variable])
+        made[state.buffer] = state.buffer
+    model.validate_nodes_and_infer_types()
+    return made
