@@ -376,3 +376,20 @@ def test_a_scan_rewritten_recurrence_exports_to_onnx_with_a_dynamic_sequence():
         ids = torch.randint(0, model.config.vocab_size, (3, seq), generator=torch.Generator().manual_seed(seq))
         report = exported.verify({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, atol=ATOL, rtol=1e-3)
         assert report.passed, str(report)
+
+
+def test_the_saved_model_names_no_file_of_the_exporting_machine(tmp_path):
+    """torch.onnx writes each node's Python stack (absolute paths of the checkout and site-packages) into the
+    node's metadata: dropped before the file is written; the module hierarchy stays."""
+    import sys
+
+    import onnx
+
+    _, exported = onnx_export("llama")
+    saved = exported.save_pretrained(tmp_path / "llama")
+    raw = (saved / "model.onnx").read_bytes()
+    here = str(Path(__file__).resolve().parents[2])
+    assert here.encode() not in raw and sys.prefix.encode() not in raw
+    graph = onnx.load(str(saved / "model.onnx"), load_external_data=False).graph
+    keys = {p.key for node in graph.node for p in node.metadata_props}
+    assert "pkg.torch.onnx.stack_trace" not in keys and "namespace" in keys, keys

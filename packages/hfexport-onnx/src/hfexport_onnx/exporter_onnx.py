@@ -64,7 +64,7 @@ from ._errors import (
     quiet_torch_onnx,
 )
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_open
-from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, node_count
+from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, drop_machine_metadata, node_count
 from ._naming import io_names, name_graph_io
 from ._optimizer_cost import _patch_multi_output_match_checks_its_anchor_first  # noqa: F401 - registers it
 from ._quantize import quantization_section, quantize_model
@@ -175,6 +175,7 @@ class OnnxExporter(Exporter):
             final = model
             if isinstance(config.quantize, Quantization):  # quantized last, if asked
                 final, state.quantization = quantize_model(ctx, model, config.quantize, state.io["input_leaves"])
+            drop_machine_metadata(final)  # the exporting machine's paths stay on it
             return OnnxRunner.from_model(final, config.providers, {**state.io, "fusions": fusions,
                                                                    "in_place_outputs": in_place_outputs(final)})
 
