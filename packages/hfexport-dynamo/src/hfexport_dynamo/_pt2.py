@@ -31,6 +31,7 @@ choice).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import logging
@@ -40,6 +41,7 @@ import pickle
 import re
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -769,14 +771,32 @@ class _FailSoftWriter(io.RawIOBase):
         return 0
 
 
+@contextlib.contextmanager
+def _without_stack_traces(program: torch.export.ExportedProgram) -> Iterator[None]:
+    """The program's nodes without their ``stack_trace`` meta (the Python stack of each op, absolute paths of the
+    exporting machine's checkout and site-packages) while the body runs; restored afterwards."""
+    kept = []
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                if "stack_trace" in node.meta:
+                    kept.append((node, node.meta.pop("stack_trace")))
+    try:
+        yield
+    finally:
+        for node, trace in kept:
+            node.meta["stack_trace"] = trace
+
+
 def save_program(program: torch.export.ExportedProgram, file: str | Path) -> None:
     """``torch.export.save(program, file)`` that raises a failed write (``OSError``, ``ENOSPC`` on a full disk)
-    instead of letting torch's writer abort the interpreter.
+    instead of letting torch's writer abort the interpreter. The file carries no node's Python stack: an artifact
+    travels to other machines and should not name the exporting machine's files (the program in memory keeps them).
 
     Raises:
         OSError: a write failed (the file is left partial: the caller's save removes its staging directory).
     """
-    with open(file, "wb") as stream:
+    with open(file, "wb") as stream, _without_stack_traces(program):
         sink = _FailSoftWriter(stream)
         torch.export.save(program, sink)
         if sink.error is not None:
