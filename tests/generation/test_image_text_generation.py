@@ -17,14 +17,17 @@ from helpers import generate_in_fresh_process, selected_params, tiny_model
 
 NEW_TOKENS = 20
 IMAGE_TOKEN, TOKENS_PER_IMAGE = 99, 16  # the tiny LLaVA's: a 32x32 image in 8x8 patches
+SMOLVLM_TOKENS_PER_IMAGE = 4  # the tiny SmolVLM's: 16 patches, pixel-shuffled by 2
+KINDS = ["llava", "smolvlm"]
 # dynamo and ONNX in the development loop; ExecuTorch lowers three programs (~30 s on 2 loaded cores): slow
-CASES = [pytest.param("dynamo", id="dynamo"), pytest.param("onnx", id="onnx"),
-         pytest.param("executorch-xnnpack", id="executorch-xnnpack", marks=pytest.mark.slow)]
+CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}",
+                      marks=pytest.mark.slow if backend == "executorch-xnnpack" else ())
+         for backend in ("dynamo", "onnx", "executorch-xnnpack") for kind in KINDS]
 
 
 def batch_with_images(seed: int = 3, pixel_seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Two prompts of 24 positions, the second left-padded by 3, each holding one image's 16 image tokens at its own
-    offset; two seeded 32x32 images (the seeds give 20 new tokens that vary and depend on the images)."""
+    """LLaVA: two prompts of 24 positions, the second left-padded by 3, each holding one image's 16 image tokens at
+    its own offset; two seeded 32x32 images (the seeds give 20 new tokens that vary and depend on the images)."""
     ids = torch.randint(3, 90, (2, 24), generator=torch.Generator().manual_seed(seed))
     ids[0, 2:2 + TOKENS_PER_IMAGE] = IMAGE_TOKEN
     ids[1, 5:5 + TOKENS_PER_IMAGE] = IMAGE_TOKEN
@@ -34,55 +37,79 @@ def batch_with_images(seed: int = 3, pixel_seed: int = 1) -> tuple[torch.Tensor,
     return ids, mask, pixel_values
 
 
-def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, pixel_values: torch.Tensor | None,
-                   **options) -> torch.Tensor:
-    images = {} if pixel_values is None else {"pixel_values": pixel_values}
+def smolvlm_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """SmolVLM: two prompts of 16 positions, the second left-padded by 3; the first holds two images, the second
+    one, so that the processor's ``pixel_values [2, 2, 3, 32, 32]`` hold an all-zero padding image (masked out in
+    ``pixel_attention_mask``), which the model drops."""
+    ids = torch.randint(3, 90, (2, 16), generator=torch.Generator().manual_seed(0))
+    ids[0, 2:6] = ids[0, 8:12] = ids[1, 5:9] = IMAGE_TOKEN
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    pixel_values = torch.randn(2, 2, 3, 32, 32, generator=torch.Generator().manual_seed(pixel_seed))
+    pixel_values[1, 1] = 0
+    pixel_mask = torch.ones(2, 2, 32, 32, dtype=torch.bool)
+    pixel_mask[1, 1] = False
+    return ids, mask, {"pixel_values": pixel_values, "pixel_attention_mask": pixel_mask}
+
+
+def case_inputs(kind: str, other_images: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    if kind == "smolvlm":
+        return smolvlm_batch(pixel_seed=5 if other_images else 0)
+    ids, mask, pixel_values = batch_with_images(pixel_seed=0 if other_images else 1)
+    return ids, mask, {"pixel_values": pixel_values}
+
+
+def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, **options) -> torch.Tensor:
+    """``model.generate(do_sample=False)``; ``options``: the images (``pixel_values``, ...) and generation options."""
     with torch.no_grad():
         return model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                              **{"max_new_tokens": NEW_TOKENS, **images, **options})
+                              **{"max_new_tokens": NEW_TOKENS, **options})
 
 
 @pytest.fixture(scope="module")
 def new_process_runs(request, tmp_path_factory):
-    """The backends this run selected, each exported once and saved, then all generated in one new process."""
+    """The cases this run selected, each exported once and saved, then all generated in one new process."""
     workdir = tmp_path_factory.mktemp("image-text-new-process")
-    ids, mask, pixel_values = batch_with_images()
     models, runs = {}, {}
-    for (backend,) in sorted(selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend"),
-                             key=lambda case: case[0] != "onnx"):  # ONNX first: the process's first load
-        model = tiny_model("llava")
+    for backend, kind in sorted(selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend",
+                                                "kind"), key=lambda case: (case[0] != "onnx", case)):
+        # ONNX first: the process's first load
+        model = tiny_model(kind)
         try:
-            hfexport.export(model, backend=backend, task="image-text-to-text", max_batch=2).save_pretrained(
-                workdir / backend)
+            hfexport.export(model, backend=backend, task="image-text-to-text", max_batch=2,
+                            max_images=3 if kind == "smolvlm" else None).save_pretrained(workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
-            models[backend] = error
+            models[backend, kind] = error
             continue
-        models[backend] = model
-        runs[backend] = (workdir / backend, [(ids, mask)], {"pixel_values": pixel_values, "max_new_tokens": NEW_TOKENS})
+        models[backend, kind] = model
+        ids, mask, media = case_inputs(kind)
+        runs[f"{backend}-{kind}"] = (workdir / f"{backend}-{kind}", [(ids, mask)], {**media, "max_new_tokens": NEW_TOKENS})
     return models, generate_in_fresh_process(runs, workdir) if runs else {}
 
 
-@pytest.mark.parametrize("backend", CASES)
-def test_generate_equals_eager_in_a_new_process(backend, new_process_runs):
+@pytest.mark.parametrize("backend,kind", CASES)
+def test_generate_equals_eager_in_a_new_process(backend, kind, new_process_runs):
     models, results = new_process_runs
-    model = models[backend]
+    model = models[backend, kind]
     if isinstance(model, Exception):
         raise model
-    ids, mask, pixel_values = batch_with_images()
-    expected = eager_generate(model, ids, mask, pixel_values)
-    (got,) = results[backend]
-    assert got.shape == expected.shape == (2, 24 + NEW_TOKENS)
+    ids, mask, media = case_inputs(kind)
+    expected = eager_generate(model, ids, mask, **media)
+    (got,) = results[f"{backend}-{kind}"]
+    assert got.shape == expected.shape == (2, ids.shape[1] + NEW_TOKENS)
     assert torch.equal(got, expected), f"first difference at {(got != expected).nonzero()[:1].tolist()}"
 
 
-def test_the_images_change_the_tokens_that_the_test_compares():
-    """The new-process check above would pass with the images ignored if they did not matter: they do."""
-    model = tiny_model("llava")
-    ids, mask, pixel_values = batch_with_images()
-    other = batch_with_images(pixel_seed=0)[2]
-    expected = eager_generate(model, ids, mask, pixel_values)
-    assert not torch.equal(expected, eager_generate(model, ids, mask, other))
-    assert all(len(set(row[24:].tolist())) >= 8 for row in expected)  # not one token repeated
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_images_change_the_tokens_that_the_test_compares(kind):
+    """The new-process check above would pass with the images ignored if they did not matter: they do, in each
+    row, and the new tokens are not one token repeated."""
+    model = tiny_model(kind)
+    ids, mask, media = case_inputs(kind)
+    expected = eager_generate(model, ids, mask, **media)
+    changed = eager_generate(model, ids, mask, **case_inputs(kind, other_images=True)[2])
+    assert all(not torch.equal(a, b) for a, b in zip(expected, changed, strict=True))
+    assert all(len(set(row[ids.shape[1]:].tolist())) >= 5 for row in expected)
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +125,8 @@ def test_the_manifest_records_the_programs_and_the_image_size(llava_dynamo, tmp_
     assert manifest["task"] == "image-text-to-text"
     assert list(manifest["components"]) == ["vision", "embed", "decoder"]
     vision = manifest["generation"]["vision"]
-    assert vision == {"inputs": ["pixel_values"], "pixel_values_shape": [3, 32, 32], "image_size": [32, 32],
-                      "dtype": "float32", "image_token_id": IMAGE_TOKEN, "tokens_per_image": TOKENS_PER_IMAGE,
+    assert vision == {"inputs": ["pixel_values"], "pixel_values_shape": [3, 32, 32], "per_row": False,
+                      "image_size": [32, 32], "dtype": "float32", "image_token_id": IMAGE_TOKEN, "tokens_per_image": TOKENS_PER_IMAGE,
                       "max_images": 2}
     inputs = {c: [i["name"] for i in manifest["components"][c]["inputs"]] for c in manifest["components"]}
     assert inputs == {"vision": ["pixel_values"], "embed": ["input_ids"],
@@ -125,7 +152,7 @@ def test_a_prompt_without_images_generates_as_eager(llava_dynamo):
     model, exported = llava_dynamo
     ids = torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(4))
     assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS),
-                       eager_generate(model, ids, torch.ones_like(ids), None))
+                       eager_generate(model, ids, torch.ones_like(ids)))
 
 
 def test_another_image_size_is_refused_by_name_before_any_program_runs(llava_dynamo):
@@ -156,3 +183,15 @@ def test_a_model_of_another_family_or_task_says_what_to_do():
         hfexport.export(tiny_model("llama"), backend="dynamo", task="image-text-to-text")
     with pytest.raises(TypeError, match="max_images is an option of task 'image-text-to-text'"):
         hfexport.export(tiny_model("llama"), backend="dynamo", task="text-generation", max_images=2)
+
+
+def test_smolvlm_images_with_masked_pixels_or_without_their_row_dim_are_refused():
+    """Idefics3/SmolVLM take the processor's ``[batch, images, C, H, W]``; the export encodes whole images only."""
+    exported = hfexport.export(tiny_model("smolvlm"), backend="dynamo", task="image-text-to-text", max_batch=2,
+                               max_images=3, max_cache_len=40)
+    ids, mask, media = smolvlm_batch()
+    media["pixel_attention_mask"][0, 0, :, 16:] = False  # the right half of a real image
+    with pytest.raises(ValueError, match="pixel_attention_mask hides pixels of an image"):
+        exported.generate(ids, mask, **media, max_new_tokens=2)
+    with pytest.raises(TypeError, match=r"pixel_values must be a float tensor \[batch, images, 3, 32, 32\]"):
+        exported.generate(ids, mask, pixel_values=media["pixel_values"][0], max_new_tokens=2)

@@ -24,16 +24,20 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
         section: its manifest's ``generation`` section.
         input_ids: ``int64 [batch, prompt]``, checked (:func:`hfexport_dynamo._decoding.check_prompt`); each image
             is ``tokens_per_image`` positions of ``image_token_id``, in the order of the images.
-        media: ``{"pixel_values": float [images, channels, height, width]}`` (or nothing: a prompt without images).
+        media: ``{"pixel_values": float [images, channels, height, width]}``; where the manifest says ``per_row``
+            (Idefics3, SmolVLM), ``[batch, images, channels, height, width]`` with all-zero padding images, dropped
+            as the model drops them, and optionally ``pixel_attention_mask`` ``[batch, images, height, width]``
+            (only full images are taken). Nothing: a prompt without images.
 
     Returns:
         ``(inputs_embeds float [batch, prompt, hidden], embed)`` where ``embed(ids [batch, 1])`` runs the ``embed``
         program.
 
     Raises:
-        TypeError: ``pixel_values`` is not a float tensor of rank 4.
-        ValueError: another image size than the export's, more images than ``max_images``, or a number of image
-            tokens that is not ``images x tokens_per_image`` (each says which), before any program runs.
+        TypeError: ``pixel_values`` is not a float tensor of rank 4 (5 where ``per_row``).
+        ValueError: another image size than the export's, more images than ``max_images``, an image with masked
+            pixels, or a number of image tokens that is not ``images x tokens_per_image`` (each says which), before
+            any program runs.
     """
     vision = section["vision"]
     token, per_image = vision["image_token_id"], vision["tokens_per_image"]
@@ -41,18 +45,28 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
     image_tokens = int((input_ids == token).sum())
     images = 0
     if pixel_values is not None:
-        shape = vision["pixel_values_shape"]
+        shape, per_row = vision["pixel_values_shape"], vision.get("per_row", False)
+        layout = f"[{'batch, images' if per_row else 'images'}, {', '.join(map(str, shape))}]"
         if not isinstance(pixel_values, torch.Tensor) or not pixel_values.is_floating_point() \
-                or pixel_values.dim() != 4:
-            raise TypeError(f"pixel_values must be a float tensor [images, {', '.join(map(str, shape))}], got "
+                or pixel_values.dim() != 4 + per_row:
+            raise TypeError(f"pixel_values must be a float tensor {layout}, got "
                             f"{getattr(pixel_values, 'dtype', type(pixel_values).__name__)} of shape "
                             f"{list(getattr(pixel_values, 'shape', []))}")
-        if list(pixel_values.shape[1:]) != shape:
+        if list(pixel_values.shape[1 + per_row:]) != shape:
             height, width = vision["image_size"]
-            raise ValueError(f"pixel_values has images of {list(pixel_values.shape[1:])}; this export takes "
-                             f"[images, {', '.join(map(str, shape))}] (its image size, {height}x{width}, the config's "
+            raise ValueError(f"pixel_values has images of {list(pixel_values.shape[1 + per_row:])}; this export "
+                             f"takes {layout} (its image size, {height}x{width}, the config's "
                              f"vision_config.image_size): resize the images to {height}x{width} (the model's image "
                              "processor does), or export again at that size")
+        if per_row:  # the model's get_image_features: padding images are all zeros
+            pixel_values = pixel_values.flatten(0, 1)
+            real = (pixel_values != 0).flatten(1).any(-1)
+            mask = media.get("pixel_attention_mask")
+            if mask is not None and not bool(torch.as_tensor(mask).flatten(0, 1)[real].bool().all()):
+                raise ValueError("pixel_attention_mask hides pixels of an image: this export encodes whole images "
+                                 f"of {shape[1]}x{shape[2]} (the model's processor makes them so when it resizes "
+                                 "and splits images)")
+            pixel_values = pixel_values[real]
         images = pixel_values.shape[0]
         if images > vision["max_images"]:
             raise ValueError(f"{images} images exceed this export's max_images={vision['max_images']}: pass fewer, "

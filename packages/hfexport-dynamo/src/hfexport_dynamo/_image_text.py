@@ -20,16 +20,19 @@ encodes the images and scatters their embeddings, in order, over the positions t
 decoding is then the text decoder's (:func:`hfexport_dynamo.generation.generate`), token for token eager
 ``model.generate(input_ids, attention_mask=..., pixel_values=..., do_sample=False)``.
 
-Families: those whose language model takes ``inputs_embeds`` with 1-D position ids and whose images are merged at
-the image token's positions, without more inputs to the vision tower than ``pixel_values``
-(:data:`FAMILIES`, LLaVA). The manifest's ``generation.vision`` records the image size, the image token, the
-tokens per image and the bound on images; ``generate`` refuses another image size by name before any program runs,
-and ``run("vision", ...)`` refuses it as any static dim.
+Families (:data:`FAMILIES`): those whose language model takes ``inputs_embeds`` with 1-D position ids and whose
+images are merged at the image token's positions: LLaVA (``get_image_features`` on ``[images, C, H, W]``) and
+Idefics3/SmolVLM (the vision model and pixel-shuffle connector; the processor's ``[batch, images, C, H, W]`` with
+all-zero padding images, which ``generate`` drops as the model does, so that a prompt may hold several images). The
+manifest's ``generation.vision`` records the image size, the image token, the tokens per image, the layout and the
+bound on images; ``generate`` refuses another image size by name before any program runs, and ``run("vision", ...)``
+refuses it as any static dim.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,10 +43,36 @@ from ._decoding import IMAGE_TEXT_TO_TEXT, generation_manifest
 from ._image_prompt import EMBED, VISION
 from .generation import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
 
-__all__ = ["FAMILIES", "EmbedsLMStep", "LanguageModelHead", "TokenEmbedStep", "VisionStep", "plan_image_text"]
-# model class -> (the inner model's attribute, its vision modules, its language model): what each program holds
-FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "LlavaForConditionalGeneration": ("model", ("vision_tower", "multi_modal_projector"), "language_model"),
+__all__ = ["FAMILIES", "EmbedsLMStep", "Family", "LanguageModelHead", "TokenEmbedStep", "VisionStep", "plan_image_text"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a vision-language model keeps its parts, and how its images reach the vision tower.
+
+    Attributes:
+        inner: the attribute of the ``...ForConditionalGeneration`` that holds the parts (``"model"``).
+        vision: the inner model's vision modules (tower, projector or connector): the ``vision`` program's weights.
+        language: the inner model's language model (a transformers ``...Model`` taking ``inputs_embeds``).
+        encode: ``"get_image_features"`` (the model's own, on ``[images, C, H, W]``), or ``"tower_connector"``
+            (``connector(vision_model(pixel_values).last_hidden_state)``: Idefics3/SmolVLM's
+            ``get_image_features`` without its data-dependent removal of padding images, which ``generate`` does).
+        per_row: the processor gives ``pixel_values [batch, images, C, H, W]`` with all-zero padding images
+            (Idefics3/SmolVLM), not ``[images, C, H, W]``.
+    """
+
+    inner: str
+    vision: tuple[str, ...]
+    language: str
+    encode: str = "get_image_features"
+    per_row: bool = False
+
+
+_SPLITTING = Family("model", ("vision_model", "connector"), "text_model", "tower_connector", per_row=True)
+FAMILIES: dict[str, Family] = {
+    "LlavaForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model"),
+    "Idefics3ForConditionalGeneration": _SPLITTING,
+    "SmolVLMForConditionalGeneration": _SPLITTING,
 }
 _TRACE_IMAGES = 2  # not 1: torch.export specializes a dim of size 1
 
@@ -64,9 +93,17 @@ class _Holding(torch.nn.Module):
 class VisionStep(_Holding):
     """The ``vision`` program: ``pixel_values [images, channels, height, width]`` -> ``{"image_embeds": float
     [images * tokens_per_image, hidden]}`` by the model's ``get_image_features`` (vision tower, feature layer and
-    selection, projector)."""
+    selection, projector), or its vision model and connector (:attr:`Family.encode`)."""
+
+    def __init__(self, inner: torch.nn.Module, family: Family, config: Any):
+        super().__init__(inner, family.vision, config)
+        self.encode = family.encode
 
     def forward(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.encode == "tower_connector":
+            hidden = self.vision_model(pixel_values=pixel_values, return_dict=True).last_hidden_state
+            features = self.connector(hidden)
+            return {"image_embeds": features.reshape(-1, features.shape[-1])}
         features = self.inner.get_image_features(pixel_values=pixel_values, return_dict=True).pooler_output
         if isinstance(features, torch.Tensor):
             features = [features]
@@ -132,14 +169,13 @@ class EmbedsLMStep(CausalLMStep):
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
-def _family(model: Any) -> tuple[Any, tuple[str, ...], str]:
+def _family(model: Any) -> Family:
     name = type(model).__name__
     if name not in FAMILIES:
         raise InvalidInputError(
             f"{name} cannot be exported for task {IMAGE_TEXT_TO_TEXT!r}: hfexport merges image embeddings for "
             f"{', '.join(FAMILIES)} so far; export its language model with task='text-generation' instead")
-    inner_name, vision, language = FAMILIES[name]
-    return getattr(model, inner_name), vision, language
+    return FAMILIES[name]
 
 
 def _image_shape(model: Any) -> tuple[int, int, int]:
@@ -171,7 +207,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
 
     from hfexport.plugin import ComponentPlan, TaskPlan
 
-    inner, vision_modules, language = _family(model)
+    family = _family(model)
+    inner = getattr(model, family.inner)
     max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
     prefill_chunk = check_prefill_chunk(prefill_chunk, max_cache_len)
     max_images = max_batch if max_images is None else max_images
@@ -179,6 +216,9 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
         raise ValueError(f"max_images must be an int >= 1, got {max_images!r}")
     inputs = dict(inputs or {})
     pixel_values = inputs.pop("pixel_values", None)
+    inputs.pop("pixel_attention_mask", None)
+    if family.per_row and isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 5:
+        pixel_values = pixel_values.flatten(0, 1)
     ids, mask = _prompt(model, inputs or None)
     if inputs and ids.shape[0] > max_batch:
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
@@ -194,9 +234,9 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
     if pixel_values.shape[0] < images:
         pixel_values = pixel_values[:1].repeat(images, 1, 1, 1)
 
-    vision = VisionStep(inner, vision_modules, model.config)
+    vision = VisionStep(inner, family, model.config)
     embed = TokenEmbedStep(model)
-    lm = LanguageModelHead(model, inner, language)
+    lm = LanguageModelHead(model, inner, family.language)
     with torch.no_grad():
         image_embeds = vision(pixel_values)["image_embeds"]
     tokens_per_image = image_embeds.shape[0] // images
@@ -216,8 +256,10 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
     ]
     section = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
     section.update(prefill_chunk=prefill_chunk, cache=cache, vision={
-        "inputs": ["pixel_values"],
+        "inputs": ["pixel_values", "pixel_attention_mask"] if family.per_row else ["pixel_values"],
         "pixel_values_shape": [channels, height, width],
+        # [batch, images, C, H, W] with all-zero padding images (generate drops them), or [images, C, H, W]
+        "per_row": family.per_row,
         "image_size": [height, width],
         "dtype": str(dtype).removeprefix("torch."),
         "image_token_id": int(model.config.image_token_id),
