@@ -42,8 +42,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
             "one program for prefill and decode, its weights stored once, over a KV cache of --max-cache-len "
             "positions, written in place on ONNX Runtime and ExecuTorch; a prompt is prefilled in chunks of "
             "--prefill-chunk tokens), text2text-generation, automatic-speech-recognition (encoder-decoders: encoder, "
-            "prefill and decode programs); verified by greedy generation against eager model.generate. Run it with "
-            "`hfexport generate`")
+            "prefill and decode programs), image-text-to-text (vision-language models: vision, embed and decoder "
+            "programs, the image size the config's); verified by greedy generation against eager model.generate. Run "
+            "it with `hfexport generate`")
         export.add_argument(
             "--max-cache-len", type=int, metavar="N", help="with --task: the most tokens a sequence may hold, prompt "
             "and new ones: the KV cache's capacity (default: max_position_embeddings, capped at 4096 and at a "
@@ -52,9 +53,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
             "--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 1; on ExecuTorch a "
             "decoder's batch is static: every call runs this many rows)")
         export.add_argument(
-            "--prefill-chunk", type=int, metavar="N", help="with --task text-generation: the most prompt tokens one "
-            "call takes (default min(256, max-cache-len)); a longer prompt is prefilled in chunks. ExecuTorch plans "
-            "max-batch x N x max-cache-len attention scores")
+            "--prefill-chunk", type=int, metavar="N", help="with --task text-generation or image-text-to-text: the "
+            "most prompt tokens one call takes (default min(256, max-cache-len)); a longer prompt is prefilled in "
+            "chunks. ExecuTorch plans max-batch x N x max-cache-len attention scores")
+        export.add_argument(
+            "--max-images", type=int, metavar="N", help="with --task image-text-to-text: the most images one "
+            "generate call takes, the whole batch's (default: --max-batch)")
         export.set_defaults(check_task_options=_check_task_options, export_task=_export_task)
 
     p = subparsers.add_parser(
@@ -75,6 +79,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pad-token-id", type=int, metavar="ID",
                    help="the id after a row's EOS and of the prompt's left padding (default: the generation "
                         "config's pad, else its first EOS)")
+    p.add_argument("--image", action="append", metavar="PATH",
+                   help="an image for an image-text-to-text export (repeat it: with one --prompt, every image goes to "
+                        "it; with several, one image each), read with Pillow and preprocessed by the model's own "
+                        "processor from the artifact's copied processor files; the prompt gets the processor's image "
+                        "token in front where it has none")
     p.add_argument("--tokenizer", metavar="DIR",
                    help="a directory with the tokenizer (the exported model's); default: the artifact directory "
                         "when it holds tokenizer files (`export --task` copies the model directory's)")
@@ -101,6 +110,9 @@ examples:
   # text in, text out: the tokenizer in out/gen, or the one of --tokenizer DIR
   hfexport generate out/gen --prompt "Hello, my name is" --max-new-tokens 20
   hfexport generate out/gen --prompt "Hello" --tokenizer ./my-llm --max-new-tokens 20 --eos-token-id 2
+  # a vision-language model: the image through the model's own processor (copied into out/vlm by the export)
+  hfexport export ./my-llava --task image-text-to-text -o out/vlm
+  hfexport generate out/vlm --image cat.png --prompt "USER: <image> What is this? ASSISTANT:" --max-new-tokens 20
   # an artifact on the Hub (push_to_hub's folder)
   hfexport generate org/name --subfolder hfexport/dynamo --input-ids 1,2,3 --max-new-tokens 8
 
@@ -170,6 +182,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}")
     rows = [_parse_ids(text, "--input-ids") for text in args.input_ids or ()]
     eos = _parse_ids(args.eos_token_id, "--eos-token-id") if args.eos_token_id is not None else None
+    images = list(getattr(args, "image", None) or ())
+    if images:
+        if not args.prompt:
+            raise UsageError("--image needs the prompt as text (--prompt TEXT): the model's processor puts the "
+                             "image tokens into it")
+        missing = [path for path in images if not Path(path).is_file()]
+        if missing:
+            raise UsageError(f"--image {missing[0]} is not a file: give the path of an image (PNG, JPEG, ...)")
+        if len(args.prompt) > 1 and len(images) != len(args.prompt):
+            raise UsageError(f"{len(images)} --image for {len(args.prompt)} --prompt: with several prompts give one "
+                             "image each (with one prompt, every image goes to it)")
     if args.tokenizer is not None:
         if not Path(args.tokenizer).is_dir():
             raise UsageError(f"--tokenizer {args.tokenizer} is not a directory: give the exported model's directory "
@@ -205,17 +228,24 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.artifact} transcribes speech (its encoder takes input_features), and this command "
                          "takes token ids or text: call hfexport.load(DIR).generate(input_features, "
                          "max_new_tokens=...) in Python")
+    if images and task != "image-text-to-text":
+        raise UsageError(f"--image needs an image-text-to-text export, and {args.artifact} was exported for task "
+                         f"{task!r}: export the vision-language model with --task image-text-to-text")
     tokenizer = None
-    if tokenizer_dir is not None:
-        from transformers import AutoTokenizer
+    media: dict[str, Any] = {}
+    if images:
+        tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds)
+    else:
+        if tokenizer_dir is not None:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if args.prompt:
-        rows = [list(tokenizer(text)["input_ids"]) for text in args.prompt]
-        empty = [text for text, ids in zip(args.prompt, rows, strict=True) if not ids]
-        if empty:
-            raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
-    input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(args.pad_token_id, tokenizer, bounds))
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        if args.prompt:
+            rows = [list(tokenizer(text)["input_ids"]) for text in args.prompt]
+            empty = [text for text, ids in zip(args.prompt, rows, strict=True) if not ids]
+            if empty:
+                raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
+        input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(args.pad_token_id, tokenizer, bounds))
     print(f"generating with the {exported.backend} export of {exported.manifest.get('model_class')} "
           f"({task}, max_cache_len {bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')}) from "
           f"{directory}", file=sys.stderr)
@@ -225,7 +255,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.pad_token_id is not None:
         options["pad_token_id"] = args.pad_token_id
     try:
-        sequences = exported.generate(input_ids, attention_mask, **options)
+        sequences = exported.generate(input_ids, attention_mask, **options, **media)
     except (ValueError, TypeError) as exc:  # refused before any program runs: bounds, ids outside the vocabulary
         raise UsageError(str(exc)) from exc
     stats = dict(exported.generation_stats)
@@ -245,6 +275,41 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(f"text {r}: {json.dumps(args.prompt[r]) + ' + ' if args.prompt else ''}{json.dumps(text)}")
     print(_stats_text(stats, sequences.shape[0]))
     return EXIT_OK
+
+
+def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any]
+                   ) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """``(tokenizer, input_ids, attention_mask, {"pixel_values": ..., ...})`` of ``prompts`` with ``images`` (read
+    with Pillow), as the model's own processor (``AutoProcessor`` over the artifact's copied processor files, no code
+    from them) makes them, left-padded. With one prompt every image goes to it, else one each; a prompt without
+    the processor's image token gets one per image in front."""
+    if not any((directory / name).is_file() for name in _PROCESSOR_FILES):
+        raise UsageError(f"--image needs the model's processor, and {directory} holds no {' or '.join(_PROCESSOR_FILES)}:"
+                         " export from a model directory that holds them (`export --task image-text-to-text` copies "
+                         "them), or pass --tokenizer DIR (that directory)")
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError as exc:
+        raise UsageError("--image reads images with Pillow: pip install 'hfexport-dynamo[vision]'") from exc
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(directory)
+    processor.tokenizer.padding_side = "left"
+    pictures = []
+    for path in images:
+        try:
+            with Image.open(path) as image:
+                pictures.append(image.convert("RGB"))
+        except (UnidentifiedImageError, OSError) as exc:
+            raise UsageError(f"--image {path} does not read as an image: {exc}") from exc
+    groups = [pictures] if len(prompts) == 1 else [[picture] for picture in pictures]
+    token = getattr(processor, "image_token", None)
+    texts = [text if token is None or token in text else f"{token * len(group)} {text}"
+             for text, group in zip(prompts, groups, strict=True)]
+    batch = processor(text=texts, images=groups, return_tensors="pt", padding=True)
+    vision = bounds.get("vision") or {}
+    media = {name: batch[name] for name in vision.get("inputs", ("pixel_values",)) if name in batch}
+    return processor.tokenizer, batch["input_ids"], batch["attention_mask"], media
 
 
 def _prompt_pad_id(pad_token_id: int | None, tokenizer: Any, bounds: dict[str, Any]) -> int:
@@ -283,6 +348,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json")
 
 
+# and the processor's, for `hfexport generate DIR --image PATH` (image-text-to-text)
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
                       "vocab.txt")
 
@@ -315,7 +384,9 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     start = time.perf_counter()
     model = _load_for_task(exporter_class, args.model, args.task)
     options = {name: value for name, value in (("max_cache_len", args.max_cache_len), ("max_batch", args.max_batch),
-                                               ("prefill_chunk", args.prefill_chunk)) if value is not None}
+                                               ("prefill_chunk", args.prefill_chunk),
+                                               ("max_images", getattr(args, "max_images", None)))
+               if value is not None}
     console.print(f"exporting {type(model).__name__} from {args.model} with backend {args.backend!r} for task "
                   f"{args.task!r}")
     progress = Progress(console)
@@ -328,7 +399,7 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     finally:
         progress.stop()
     source = Path(args.model)
-    for name in _TOKENIZER_FILES:
+    for name in (*_TOKENIZER_FILES, *_PROCESSOR_FILES):
         if (source / name).is_file() and name not in exported.extra_files:
             exported.extra_files[name] = lambda d, f=source / name: _copy_into(f, d)
     path = exported.save_pretrained(output, overwrite=args.overwrite)
@@ -371,19 +442,29 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
     config = model.generation_config
     eos = config.eos_token_id if isinstance(config.eos_token_id, int) else (config.eos_token_id or [None])[0]
     pad = config.pad_token_id if config.pad_token_id is not None else (eos if eos is not None else 0)
+    vision = section.get("vision")
     if features is not None:  # speech: the encoder takes input_features
         prompt, new = {"input_features": features}, max_new_tokens
         ours = exported.generate(features, max_new_tokens=new, pad_token_id=pad)
     else:
-        length = 5
+        # image-text-to-text: one image per row, its image tokens after 3 text tokens
+        image_tokens = vision["tokens_per_image"] if vision and vision["max_images"] >= batch else 0
+        length = 5 + image_tokens
         new = max(1, min(max_new_tokens, section["max_cache_len"] - length))
         vocab = section["vocab_size"]
         ids = torch.randint(3 if vocab > 3 else 0, vocab, (batch, length), generator=generator)
         mask = torch.ones_like(ids)
+        media = {}
+        if image_tokens:
+            ids[ids == vision["image_token_id"]] = 3 if vision["image_token_id"] != 3 else 4
+            ids[:, 3:3 + image_tokens] = vision["image_token_id"]
+            shape = (batch, 1, *vision["pixel_values_shape"]) if vision.get("per_row") else \
+                (batch, *vision["pixel_values_shape"])
+            media["pixel_values"] = torch.randn(shape, generator=generator)
         if batch > 1:
             ids[0, :2], mask[0, :2] = pad, 0
-        prompt = {"input_ids": ids, "attention_mask": mask}
-        ours = exported.generate(ids, mask, max_new_tokens=new, pad_token_id=pad)
+        prompt = {"input_ids": ids, "attention_mask": mask, **media}
+        ours = exported.generate(ids, mask, max_new_tokens=new, pad_token_id=pad, **media)
     stats = dict(exported.generation_stats)
     with torch.no_grad():
         eager = model.generate(**prompt, do_sample=False, num_beams=1, max_new_tokens=new, pad_token_id=pad)
@@ -463,7 +544,8 @@ def _stats_text(stats: dict[str, Any], batch: int) -> str:
 def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -> None:
     """Refuse the options that belong to a task export without ``--task``, and those a task export ignores."""
     bounds = [flag for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch),
-                                       ("--prefill-chunk", args.prefill_chunk)) if value is not None]
+                                       ("--prefill-chunk", args.prefill_chunk),
+                                       ("--max-images", getattr(args, "max_images", None))) if value is not None]
     if task is None:
         if bounds:
             raise UsageError(f"{' and '.join(bounds)} bound{'s' if len(bounds) == 1 else ''} the programs of a task export: pass --task "
@@ -478,6 +560,11 @@ def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -
     for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive number of tokens or sequences, got {value}")
-    if args.prefill_chunk is not None and task != "text-generation":
+    if args.prefill_chunk is not None and task not in ("text-generation", "image-text-to-text"):
         raise UsageError(f"--prefill-chunk bounds a decoder's prompt chunks (--task text-generation); --task {task} "
                          "exports an encoder-decoder, whose first decoder step takes the whole start sequence")
+    max_images = getattr(args, "max_images", None)
+    if max_images is not None and task != "image-text-to-text":
+        raise UsageError(f"--max-images bounds the images of --task image-text-to-text, not of --task {task}")
+    if max_images is not None and max_images < 1:
+        raise UsageError(f"--max-images must be a positive number of images, got {max_images}")
