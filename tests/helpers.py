@@ -44,6 +44,10 @@ KINDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         vision_config=dict(model_type="smolvlm_vision", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                            num_attention_heads=2, image_size=32, patch_size=8),
         text_config=dict(_DECODER, model_type="llama"), image_token_id=99, scale_factor=2)),
+    "idefics3": ("Idefics3ForConditionalGeneration", "Idefics3Config", dict(
+        vision_config=dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=dict(_DECODER, model_type="llama"), image_token_id=99, scale_factor=2)),
     "whisper": ("WhisperForConditionalGeneration", "WhisperConfig", dict(
         _SEQ2SEQ, num_mel_bins=16, max_source_positions=16, max_target_positions=32, decoder_start_token_id=1,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, suppress_tokens=None, begin_suppress_tokens=None)),

@@ -18,10 +18,11 @@ from helpers import generate_in_fresh_process, selected_params, tiny_model
 NEW_TOKENS = 20
 IMAGE_TOKEN, TOKENS_PER_IMAGE = 99, 16  # the tiny LLaVA's: a 32x32 image in 8x8 patches
 SMOLVLM_TOKENS_PER_IMAGE = 4  # the tiny SmolVLM's: 16 patches, pixel-shuffled by 2
-KINDS = ["llava", "smolvlm"]
-# dynamo and ONNX in the development loop; ExecuTorch lowers three programs (~30 s on 2 loaded cores): slow
-CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}",
-                      marks=pytest.mark.slow if backend == "executorch-xnnpack" else ())
+KINDS = ["llava", "smolvlm", "idefics3"]
+# dynamo and ONNX in the development loop; ExecuTorch lowers three programs (~30 s on 2 loaded cores), and Idefics3
+# shares SmolVLM's code path but for its classes: slow
+QUICK = {("dynamo", "llava"), ("onnx", "llava"), ("dynamo", "smolvlm"), ("onnx", "smolvlm"), ("dynamo", "idefics3")}
+CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}", marks=() if (backend, kind) in QUICK else pytest.mark.slow)
          for backend in ("dynamo", "onnx", "executorch-xnnpack") for kind in KINDS]
 
 
@@ -38,7 +39,7 @@ def batch_with_images(seed: int = 3, pixel_seed: int = 1) -> tuple[torch.Tensor,
 
 
 def smolvlm_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """SmolVLM: two prompts of 16 positions, the second left-padded by 3; the first holds two images, the second
+    """SmolVLM, Idefics3: two prompts of 16 positions, the second left-padded by 3; the first holds two images, the second
     one, so that the processor's ``pixel_values [2, 2, 3, 32, 32]`` hold an all-zero padding image (masked out in
     ``pixel_attention_mask``), which the model drops."""
     ids = torch.randint(3, 90, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -53,7 +54,7 @@ def smolvlm_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict
 
 
 def case_inputs(kind: str, other_images: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    if kind == "smolvlm":
+    if kind in ("smolvlm", "idefics3"):
         return smolvlm_batch(pixel_seed=5 if other_images else 0)
     ids, mask, pixel_values = batch_with_images(pixel_seed=0 if other_images else 1)
     return ids, mask, {"pixel_values": pixel_values}
@@ -77,7 +78,7 @@ def new_process_runs(request, tmp_path_factory):
         model = tiny_model(kind)
         try:
             hfexport.export(model, backend=backend, task="image-text-to-text", max_batch=2,
-                            max_images=3 if kind == "smolvlm" else None).save_pretrained(workdir / f"{backend}-{kind}")
+                            max_images=None if kind == "llava" else 3).save_pretrained(workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
             models[backend, kind] = error
             continue
@@ -195,3 +196,16 @@ def test_smolvlm_images_with_masked_pixels_or_without_their_row_dim_are_refused(
         exported.generate(ids, mask, **media, max_new_tokens=2)
     with pytest.raises(TypeError, match=r"pixel_values must be a float tensor \[batch, images, 3, 32, 32\]"):
         exported.generate(ids, mask, pixel_values=media["pixel_values"][0], max_new_tokens=2)
+
+
+@pytest.mark.slow
+def test_executorch_at_max_batch_1_attends_with_its_fused_kernel_over_a_row_without_its_padding():
+    """At max_batch=1 ExecuTorch's decoder attends with llama::custom_sdpa, without a padding mask: generate drops a
+    row's left padding from its ids and from the merged embeddings alike."""
+    model = tiny_model("llava")
+    exported = hfexport.export(model, backend="executorch-xnnpack", task="image-text-to-text", max_cache_len=48)
+    assert exported.manifest["generation"]["cache"]["ignores_padding"] is True
+    ids, mask, pixel_values = batch_with_images()
+    ids, mask, pixel_values = ids[1:], mask[1:], pixel_values[1:]  # the row left-padded by 3
+    assert torch.equal(exported.generate(ids, mask, pixel_values=pixel_values, max_new_tokens=NEW_TOKENS),
+                       eager_generate(model, ids, mask, pixel_values=pixel_values))
