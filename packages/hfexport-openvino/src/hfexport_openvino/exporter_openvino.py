@@ -185,65 +185,6 @@ def _openvino_decompositions() -> Any:
 # ── Stage 3: Graph preparation ──
 # ``@register_fx_node_fix("openvino")`` rewrites of the decomposed graph, before the conversion.
 @register_fx_node_fix("openvino")
-def _fix_index_put_slices(gm: Any, node: Any) -> bool:
-    """Replaces ``aten.index_put(x, [None, ..., i, ...], v)`` (whole leading dims, index tensors, and whole trailing
-    dims not indexed) by an ``index_put`` with one index per dim of ``x``: ``arange(d)`` for each whole dim, every
-    index shaped to broadcast against the others (``[d0, 1, ..]``, ``[1, *i.shape, 1]``, ``[.., 1, dk]``, by
-    ``view`` of the static aranges and ``unsqueeze`` of the given indices). Same
-    positions written, same values.
-
-    **Why**: OpenVINO's frontend translates an ``index_put`` whose indices leave whole dims (a ``:`` slice before them,
-    or dims after them) into a ``Broadcast`` of the values to a shape it computes as 0 on such a dim: the CPU plugin
-    then fails at the first inference with ``Broadcast ... Input shape dimension equal 4 cannot be broadcasted (numpy
-    mode) to 0`` (leading slice) or ``... equal 8 ...`` (the trailing head dim). A generation program's KV-cache write
-    ``cache[:, positions] = new`` (``hfexport_dynamo.generation``, the cache in buffers ``[batch * kv_heads,
-    max_cache_len, head_dim]``) is that pattern.
-    **Upstream**: none found (the frontend's ``index_put`` translation, ``src/frontends/pytorch/src/op/index_put_.cpp``;
-    openvinotoolkit/openvino#21255 fixed values of higher rank than the indices for TorchScript, not this).
-    **Remove when**: a tiny Llama ``task="text-generation"`` export on openvino runs with
-    ``disable=("_fix_index_put_slices",)``.
-    """
-    import torch
-
-    aten = torch.ops.aten
-    if node.op != "call_function" or node.target not in (aten.index_put.default, aten.index_put_.default):
-        return False
-    target, indices = node.args[0], list(node.args[1])
-    leading = 0
-    while leading < len(indices) and indices[leading] is None:
-        leading += 1
-    rest = indices[leading:]
-    shape = target.meta["val"].shape if "val" in target.meta else None
-    if not rest or any(i is None for i in rest) or shape is None:
-        return False
-    trailing = len(shape) - leading - len(rest)
-    vals = [i.meta.get("val") for i in rest]
-    if (not leading and not trailing) or any(v is None or v.dtype == torch.bool for v in vals) \
-            or len({v.dim() for v in vals}) != 1 or not all(isinstance(shape[d], int) for d in range(leading)) \
-            or not all(isinstance(d, int) for d in shape[len(shape) - trailing:]):
-        return False
-    middle = vals[0].dim()
-    rank = leading + middle + trailing
-    graph = gm.graph
-
-    def arange(dim: int, position: int) -> Any:
-        view = [1] * rank
-        view[position] = -1
-        values = _call(graph, aten.arange.start_step, (0, shape[dim], 1), {"dtype": torch.long}, target)
-        return _call(graph, aten.view.default, (values, view), {}, target)
-
-    with graph.inserting_before(node):
-        new_indices = [arange(d, d) for d in range(leading)]
-        for index in rest:  # unsqueezed, not viewed: a view's shape would hold the symbolic sizes as constants
-            for dim in [0] * leading + [-1] * trailing:
-                index = _call(graph, aten.unsqueeze.default, (index, dim), {}, target)
-            new_indices.append(index)
-        new_indices += [arange(leading + len(rest) + t, leading + middle + t) for t in range(trailing)]
-    node.args = (target, new_indices, *node.args[2:])
-    return True
-
-
-@register_fx_node_fix("openvino")
 def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
     """Drops from ``aten.cat`` the inputs that are 1-D and empty (``torch.tensor([])``) when another input has more
     dims: torch's legacy rule skips them, so the result is the same.
@@ -271,6 +212,47 @@ def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
     if len(kept) == len(tensors) or not kept:
         return False
     node.args = (kept, *node.args[1:])
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_sdpa_fully_masked_rows(gm: Any, node: Any) -> bool:
+    """Replaces ``sdpa(q, k, v, mask)`` by ``where(any(visible(mask), -1, keepdim), sdpa(q, k, v, mask), 0)``:
+    a query row whose mask hides every key gets zeros, as in eager; ``visible`` is the boolean mask itself, or
+    ``mask != -inf`` for an additive float mask. Rows that see a key are unchanged.
+
+    **Why**: eager's SDPA (``_safe_softmax``) returns 0 for a query row that sees no key; OpenVINO's
+    ``ScaledDotProductAttention`` on the CPU plugin returns NaN there. A left-padded row of a decoder (its padding
+    positions see no key under the causal mask) then has NaN hidden states: a tiny Llama's logits at the padding
+    positions were NaN where eager's are finite.
+    **Upstream**: none found for OpenVINO (the same difference as torchlib's, microsoft/onnxscript#2479, and
+    pytorch/pytorch#103749 for eager's semantics).
+    **Remove when**: OpenVINO's SDPA zeroes fully masked rows (a tiny Llama, no task, left-padded batch matches
+    eager at every position with ``disable=("_fix_sdpa_fully_masked_rows",)``).
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default:
+        return False
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    if not isinstance(mask, torch.fx.Node) or "val" not in mask.meta or "val" not in node.meta:
+        return False
+    if any(user.op == "call_function" and user.target is aten.where.self and user.args[1] is node
+           for user in node.users):
+        return False  # fixed already (the fix runs once per graph, this keeps it idempotent)
+    graph = gm.graph
+    with graph.inserting_before(node.next):  # in order, after the attention
+        if mask.meta["val"].dtype == torch.bool:
+            visible = mask
+        else:
+            visible = _call(graph, aten.ne.Scalar, (mask, float("-inf")), {}, node)
+        sees = _call(graph, aten.any.dim, (visible, -1, True), {}, node)
+        zero = _call(graph, aten.scalar_tensor.default, (0.0,), {"dtype": node.meta["val"].dtype}, node)
+        result = _call(graph, aten.where.self, (sees, node, zero), {}, node)
+    for user in list(node.users):
+        if user is not result and user not in (sees, visible, zero):
+            user.replace_input_with(node, result)
     return True
 
 

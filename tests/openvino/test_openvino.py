@@ -1,0 +1,170 @@
+"""The ``openvino`` backend on single programs: a tiny BERT and a tiny Llama (no task) export and verify against
+eager, run at other batch sizes and lengths, reload in a new process with nothing imported first, refuse bad input
+with a message naming it, and refuse an IR that needs an extension library."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import hfexport
+from helpers import load_in_fresh_process, tiny_model
+
+
+def ids(batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 100, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny BERT and a tiny Llama (one layer each), exported with dynamic batch and length, and saved."""
+    base = tmp_path_factory.mktemp("openvino-artifacts")
+    models = {"bert": tiny_model("bert", layers=1), "llama": tiny_model("llama", layers=1)}
+    traced = {name: {"input_ids": ids(2, 8, 0), "attention_mask": torch.ones(2, 8, dtype=torch.long)} for name in models}
+    exported = {name: hfexport.export(model, traced[name], backend="openvino", dynamic=True)
+                for name, model in models.items()}
+    dirs = {name: artifact.save_pretrained(base / name) for name, artifact in exported.items()}
+    return {"models": models, "exported": exported, "dirs": dirs}
+
+
+def eager(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The model's outputs; a decoder's without its cache (a single-program export traces ``use_cache=False``)."""
+    options = {"use_cache": False} if "use_cache" in model.config.to_dict() else {}
+    with torch.no_grad():
+        return [leaf for leaf in pytree.tree_leaves(model(**inputs, **options)) if isinstance(leaf, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+@pytest.mark.parametrize("batch,length", [(1, 5), (3, 13)])
+def test_dynamic_batch_and_length_match_eager(saved: dict[str, Any], name: str, batch: int, length: int) -> None:
+    inputs = {"input_ids": ids(batch, length, 1), "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+    inputs["attention_mask"][0, : length // 2] = 0  # a left-padded row: a decoder's padding rows see no key
+    got = [leaf for leaf in pytree.tree_leaves(saved["exported"][name](**inputs)) if isinstance(leaf, torch.Tensor)]
+    want = eager(saved["models"][name], inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
+
+
+def test_without_the_sdpa_fix_padding_rows_of_a_decoder_are_nan(saved: dict[str, Any]) -> None:
+    model = saved["models"]["llama"]
+    inputs = {"input_ids": ids(2, 8, 3), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    unfixed = hfexport.export(model, inputs, backend="openvino", dynamic=True, verify=False,
+                              disable=("_fix_sdpa_fully_masked_rows",))
+    inputs["attention_mask"][0, :3] = 0
+    assert torch.isnan(unfixed(**inputs)["logits"][0, :3]).all()  # eager's are finite: the fixed export's match
+    torch.testing.assert_close(saved["exported"]["llama"](**inputs)["logits"], eager(model, inputs)[0],
+                               atol=1e-4, rtol=1e-3)
+    fixes = saved["exported"]["llama"].manifest["workarounds"]["fixes"]
+    assert [count for name, count in fixes.items() if name.endswith("._fix_sdpa_fully_masked_rows")] == [1], fixes
+
+
+def test_the_manifest_names_the_ir_files_and_hashes_them(saved: dict[str, Any]) -> None:
+    manifest = json.loads((saved["dirs"]["bert"] / "export.json").read_text())
+    section = manifest["openvino"]
+    assert (section["model_file"], section["data_file"]) == ("openvino_model.xml", "openvino_model.bin")
+    assert section["input_leaves"] == ["input_ids", "attention_mask"]
+    hashes = manifest["files_sha256"]
+    for name in ("openvino_model.xml", "openvino_model.bin"):
+        data = (saved["dirs"]["bert"] / name).read_bytes()
+        assert hashes[name]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert manifest["verification"]["passed"] and manifest["verification"]["max_abs_diff"] <= 1e-4
+    # float32 weights: the .bin holds about the model's parameters' bytes, not half (compress_to_fp16 is off)
+    params = sum(p.numel() * p.element_size() for p in saved["models"]["bert"].parameters())
+    assert 0.9 * params <= (saved["dirs"]["bert"] / "openvino_model.bin").stat().st_size <= 1.1 * params
+
+
+def test_a_new_process_loads_and_runs_both(saved: dict[str, Any], tmp_path: Path) -> None:
+    inputs = {name: {"input_ids": ids(3, 11, 2), "attention_mask": torch.ones(3, 11, dtype=torch.long)}
+              for name in saved["models"]}
+    results = load_in_fresh_process({name: (saved["dirs"][name], inputs[name]) for name in saved["models"]}, tmp_path)
+    for name, model in saved["models"].items():
+        for got, want in zip(results[name][1], eager(model, inputs[name]), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3)
+    assert results["bert"][0] == "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions"
+
+
+MASK = torch.ones(2, 8, dtype=torch.long)
+
+
+@pytest.mark.parametrize("inputs,message", [
+    ({"input_ids": torch.zeros(2, 8), "attention_mask": MASK}, r"input_ids.*int64"),  # float ids
+    ({"input_ids": torch.zeros(2, 8, 3, dtype=torch.long), "attention_mask": MASK}, r"input_ids"),  # a dim too many
+    ({"input_ids": torch.zeros(2, 8, dtype=torch.long)}, r"missing \['attention_mask'\]"),
+    ({"input_ids": torch.zeros(2, 8, dtype=torch.long), "attention_mask": MASK, "token_type_idz": MASK},
+     r"token_type_idz"),
+])
+def test_bad_input_is_refused_naming_it(saved: dict[str, Any], inputs: dict[str, Any], message: str) -> None:
+    loaded = hfexport.load(saved["dirs"]["bert"])
+    with pytest.raises((TypeError, ValueError), match=message):
+        loaded(**inputs)
+
+
+def _rehash(artifact: Path) -> None:
+    """Rewrite the manifest's hashes as an attacker who also rewrites the files would."""
+    manifest = json.loads((artifact / "export.json").read_text())
+    for name in manifest["files_sha256"]:
+        data = (artifact / name).read_bytes()
+        manifest["files_sha256"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (artifact / "export.json").write_text(json.dumps(manifest))
+
+
+def test_an_ir_that_needs_an_extension_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_text()
+    xml, count = re.subn(r'type="MatMul" version="opset\d+"', 'type="MatMul" version="my_extension_opset"', xml,
+                         count=1)
+    assert count
+    (artifact / "openvino_model.xml").write_text(xml)
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=r"operation set 'my_extension_opset'.*extension library is refused"):
+        hfexport.load(artifact)
+
+
+def test_an_ir_with_entities_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_text()
+    head, _, rest = xml.partition("\n")
+    (artifact / "openvino_model.xml").write_text(f'{head}\n<!DOCTYPE net [<!ENTITY a "aaaa">]>\n{rest}')
+    _rehash(artifact)
+    with pytest.raises(ValueError, match="declares a document type or entities"):
+        hfexport.load(artifact)
+
+
+def test_a_changed_weights_byte_is_detected(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    data = bytearray((artifact / "openvino_model.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (artifact / "openvino_model.bin").write_bytes(bytes(data))
+    with pytest.raises(hfexport.IntegrityError, match="openvino_model.bin"):
+        hfexport.load(artifact)
+
+
+def test_num_threads_is_recorded_and_checked(tmp_path: Path) -> None:
+    model = tiny_model("bert", layers=1)
+    exported = hfexport.export(model, {"input_ids": ids(1, 6, 0)}, backend="openvino", num_threads=1)
+    assert exported.manifest["openvino"]["num_threads"] == 1
+    assert exported.runner.compiled.get_property("INFERENCE_NUM_THREADS") == 1
+    with pytest.raises(ValueError, match="num_threads must be an int >= 1"):
+        hfexport.export(model, {"input_ids": ids(1, 6, 0)}, backend="openvino", num_threads=0)
+
+
+def test_the_backend_is_listed_with_its_distribution() -> None:
+    command = Path(sys.executable).with_name("hfexport")
+    out = subprocess.run([str(command), "backends"], capture_output=True, text=True, timeout=120)
+    line = next(line for line in out.stdout.splitlines() if line.startswith("openvino "))
+    assert line.split()[:4] == ["openvino", "hfexport-openvino", "0.1.0", "ok"], line
