@@ -11,7 +11,8 @@ The file follows the five stages: the exporter with its stages in order, then un
    rewrites of the decomposed graph.
 4. OpenVINO conversion — the step ``openvino.convert_model`` on the prepared graph (its FX decoder).
 5. Stateful transformation and compilation check — for a generation program, the KV-cache inputs and outputs
-   become OpenVINO variables (``ReadValue``/``Assign``: ``openvino``'s ``make_stateful``); then the steps
+   become OpenVINO variables (``ReadValue``/``Assign``, as ``openvino.passes.MakeStateful`` makes them, with a
+   zeros initializer: ``_graph.make_stateful``); then the steps
    ``openvino.save_model`` and ``Core.compile_model`` on the CPU plugin, which open the runner the export is
    verified on.
 
@@ -63,11 +64,11 @@ class OpenVINOExporter(Exporter):
         Stage(1, "OpenVINO torch patches", '@register_patch("openvino", ...)', "stage_torch_patches"),
         Stage(2, "Dynamo trace", "the dynamo stages (hfexport_dynamo.trace)", "stage_trace",
               runs="torch.export.export"),
-        Stage(3, "Graph preparation (OpenVINO decompositions, FX node fixes)", '@register_fx_node_fix("openvino")',
+        Stage(3, "Graph preparation (OpenVINO decompositions)", '@register_fx_node_fix("openvino")',
               "stage_graph_preparation", runs="ExportedProgram.run_decompositions"),
         Stage(4, "OpenVINO conversion", "internal", "stage_convert", runs="openvino.convert_model"),
         Stage(5, "Stateful transformation and compilation check", "internal", "stage_stateful_and_compile",
-              runs="openvino.passes.MakeStateful, openvino.save_model, Core.compile_model"),
+              runs="make_stateful (ReadValue/Assign), openvino.save_model, Core.compile_model"),
     )
 
     @property
@@ -120,7 +121,7 @@ class OpenVINOExporter(Exporter):
         state, config = openvino_state(ctx), self.openvino_config
         model, state.model = state.model, None
         if state.program_states:
-            with ctx.step("openvino.passes.MakeStateful"):
+            with ctx.step("make_stateful (ReadValue/Assign)"):
                 state.states = make_stateful(model, state.program_states)
 
         def write(directory: Path) -> Path:
