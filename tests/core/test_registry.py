@@ -91,6 +91,6 @@ def test_the_documented_grep_finds_every_registered_workaround():
         module = ".".join(file.relative_to(root).with_suffix("").parts[2:])
         grepped |= {(module, name) for name in
                     re.findall(r"^def ((?:_patch_|_fix_|_aten_|prepare_for_)\w+)", file.read_text(), re.M)}
-    ours = ("hfexport.", "hfexport_dynamo.", "hfexport_onnx.", "hfexport_executorch.", "hfexport_sweep.")
+    ours = ("hfexport.", "hfexport_dynamo.", "hfexport_onnx.", "hfexport_executorch.", "hfexport_sweep.", "hfexport_openvino.")
     registered = {(r.module, r.name) for r in list_workarounds() if r.module.startswith(ours)}
     assert grepped == registered, (sorted(registered - grepped), sorted(grepped - registered))
