@@ -54,7 +54,7 @@ from hfexport.plugin import (
 )
 from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
 
-from . import _export_cost  # noqa: F401 - registers its patches
+from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds
 from ._attention import llm_cache_attention
 from ._bisect import bisect_delegates
 from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
