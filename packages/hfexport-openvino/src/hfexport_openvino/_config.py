@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hfexport.plugin import Quantization
 from hfexport_dynamo import DynamoConfig
+
+from ._quantize import resolve_openvino_quantization
 
 __all__ = ["OpenVINOConfig"]
 
@@ -19,10 +22,17 @@ class OpenVINOConfig(DynamoConfig):
         compress_to_fp16: store the weights as float16 in ``openvino_model.bin`` (``openvino.save_model``'s own
             default, which hfexport turns off: float32 weights are what the verification against eager holds to
             1e-4). The CPU plugin computes in float32 either way (``INFERENCE_PRECISION_HINT=f32``).
+        quantize: weight compression by NNCF (``nncf.compress_weights``) in stage 5: ``"int8-weights"`` (int8 per
+            output channel) or ``"int4-weights"`` (int4 in groups of ``group_size``, default 128), or an
+            ``hfexport.Quantization``; the export is then verified against float eager by cosine similarity.
+        int4_ratio: with ``"int4-weights"``, the fraction of the MatMul weights NNCF stores in int4 (the others in
+            int8), in ``(0, 1]``; recorded in the manifest's ``quantization`` section.
     """
 
     num_threads: int | None = None
     compress_to_fp16: bool = False
+    quantize: str | Quantization | None = None
+    int4_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -32,3 +42,8 @@ class OpenVINOConfig(DynamoConfig):
                              f"{self.num_threads!r}")
         if not isinstance(self.compress_to_fp16, bool):
             raise TypeError(f"compress_to_fp16 must be True or False, got {self.compress_to_fp16!r}")
+        if isinstance(self.int4_ratio, bool) or not isinstance(self.int4_ratio, int | float) \
+                or not 0 < self.int4_ratio <= 1:
+            raise ValueError(f"int4_ratio must be a number in (0, 1] (the share of weights in int4), got "
+                             f"{self.int4_ratio!r}")
+        self.quantize = resolve_openvino_quantization(self.quantize)

@@ -27,6 +27,8 @@ class OpenVINOState:
         states: ``{variable: buffer}``: the OpenVINO variables stage 5 made of the mutable buffers (a KV cache).
         runner: the compiled model over the saved IR (stage 5).
         manifest: the component manifest's ``openvino`` section (stage 5).
+        quantization: the component manifest's ``quantization`` section (``nncf.compress_weights``, stage 5); None
+            for a float export.
     """
 
     prepared: Any = None
@@ -37,6 +39,7 @@ class OpenVINOState:
     states: dict[str, str] = field(default_factory=dict)
     runner: OpenVINORunner | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
+    quantization: dict[str, Any] | None = None
 
 
 def openvino_state(ctx: ExportContext) -> OpenVINOState:

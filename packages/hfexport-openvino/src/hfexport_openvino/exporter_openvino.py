@@ -31,8 +31,10 @@ from hfexport.plugin import (
     ExportContext,
     ExportedModel,
     Exporter,
+    Quantization,
     Stage,
     artifact_file,
+    check_quantization_inputs,
     component_manifest,
     register_fx_node_fix,
 )
@@ -41,6 +43,7 @@ from hfexport_dynamo import DYNAMO_TRACER, trace
 from ._config import OpenVINOConfig
 from ._graph import constants_inlined, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
+from ._quantize import compress_weights
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
 from ._state import OpenVINOState, openvino_state
 from ._untrusted import check_ir_file
@@ -68,7 +71,7 @@ class OpenVINOExporter(Exporter):
               "stage_graph_preparation", runs="ExportedProgram.run_decompositions"),
         Stage(4, "OpenVINO conversion", "internal", "stage_convert", runs="openvino.convert_model"),
         Stage(5, "Stateful transformation and compilation check", "internal", "stage_stateful_and_compile",
-              runs="make_stateful (ReadValue/Assign), openvino.save_model, Core.compile_model"),
+              runs="make_stateful (ReadValue/Assign), nncf.compress_weights, openvino.save_model, Core.compile_model"),
     )
 
     @property
@@ -123,6 +126,9 @@ class OpenVINOExporter(Exporter):
         if state.program_states:
             with ctx.step("make_stateful (ReadValue/Assign)"):
                 state.states = make_stateful(model, state.program_states)
+        if isinstance(config.quantize, Quantization):
+            with ctx.step("nncf.compress_weights"):
+                model, state.quantization = compress_weights(model, config.quantize, config.int4_ratio)
 
         def write(directory: Path) -> Path:
             openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
@@ -140,9 +146,17 @@ class OpenVINOExporter(Exporter):
         state = openvino_state(ctx)
         if state.runner is None:
             raise RuntimeError("package() runs after stage 5, which compiles the model")
-        section = {"program_file": MODEL_FILE, "openvino": state.manifest}
+        section = {"program_file": MODEL_FILE, "openvino": state.manifest,
+                   **({"quantization": state.quantization} if state.quantization else {})}
         return self.artifact(ctx, [Component("model", state.runner, ctx.program.call_spec.out_spec,
                                              state.runner.write_files, section, ctx.program)])
+
+    def check_inputs(self, inputs: Any, model: Any = None) -> None:
+        """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""
+        super().check_inputs(inputs, model)
+        config = self.openvino_config
+        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
+                                  static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
