@@ -41,6 +41,30 @@ def test_convnext_traced_at_32_runs_at_64(backend, tmp_path):
         assert report.passed, str(report)
 
 
+def _audio(batch: int, seconds: float, seed: int) -> dict[str, torch.Tensor]:
+    samples = int(16_000 * seconds)
+    return {"input_values": torch.randn(batch, samples, generator=torch.Generator().manual_seed(seed)),
+            "attention_mask": torch.ones(batch, samples, dtype=torch.long)}
+
+
+@pytest.mark.parametrize("backend", ["dynamo", pytest.param("onnx", marks=pytest.mark.slow)])
+def test_wav2vec2_one_and_five_seconds(backend):
+    """Issue 26: a seeded 1-layer Wav2Vec2 whose convolutions shrink audio 320 times (as the real one's do) traced on
+    1 s of audio runs 5 s at another batch, equal to eager (ExecuTorch: tests/executorch/test_executorch_bounds.py).
+    ONNX is slow: the same behaviour as dynamo's, one more export."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, conv_dim=(8, 8),
+        conv_kernel=(10, 8), conv_stride=(5, 64), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        feat_extract_norm="layer", do_stable_layer_norm=True, vocab_size=32)).eval()
+    exported = hfexport.export(model, _audio(2, 1, 0), backend=backend, dynamic=True)
+    for inputs in (_audio(3, 5, 1), _audio(1, 2.5, 2)):
+        report = exported.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0)
+        assert report.passed and report.max_abs_diff <= ATOL, str(report)
+
+
 def test_a_range_the_model_bounds_is_kept():
     """A bound the model's code states (``torch._check``) survives the size-oblivious retrace: the program keeps
     it and no note claims a widening."""

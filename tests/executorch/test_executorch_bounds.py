@@ -154,3 +154,69 @@ def test_convnext_traced_at_32_runs_at_64():
     bounds = exported.manifest["executorch"]["dim_bounds"]
     assert bounds["image_height"]["max"] == bounds["image_width"]["max"] == 64
     max_diff(exported, {"pixel_values": torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))})
+
+
+# ── the memory budget (_memory_plan.py) ─────────────────────────────────────────────────────────────────────
+def _fitted(traced, model, inputs, **options):
+    """``bound_dynamic_dims`` then ``fit_memory_budget`` on a copy of the torch.export program ``traced`` (no
+    lowering): the bounds, the budget record and the program."""
+    from hfexport_executorch._memory_plan import fit_memory_budget
+
+    program = copy.deepcopy(traced)
+    ctx = SimpleNamespace(config=ExecutorchConfig(dynamic=True, **options), inputs=inputs, model=model,
+                          note=lambda message: None)
+    bounds = bound_dynamic_dims(program, ctx)
+    fit_memory_budget(program, ctx, bounds)
+    return {role: (info["max"], info["source"]) for role, info in bounds.roles.items()}, bounds.budget, program
+
+
+def test_default_bounds_that_plan_over_the_budget_are_halved_before_lowering(caplog):
+    """Transformers' Wav2Vec2 tester (convolutions shrink audio 64 times; batch 13): 30 s of audio at a batch of 16
+    plans 16.1 GiB once lowered (measured; the estimate says 14.3): the audio bound, whose halving lowers it most,
+    is halved twice to 120,000 samples (7.5 s; estimated 0.9 GiB, 1.0 GiB planned when lowered), never below the
+    example; the batch stays. A bound the user set is kept (the default batch then goes down to the example's 13), and
+    a budget of None keeps the defaults."""
+    from hfexport_sweep import tester_zoo
+
+    model, inputs, _ = tester_zoo.build_case("wav2vec2/Wav2Vec2Model")
+    traced = torch.export.export(model, (), copy.deepcopy(inputs), strict=False,
+                                 dynamic_shapes={k: {0: Dim.AUTO, 1: Dim.AUTO} for k in inputs})
+    with caplog.at_level("WARNING", logger="hfexport"):
+        roles, budget, program = _fitted(traced, model, inputs)
+    assert roles == {"batch": (16, "default max_batch, grown to the example"),
+                     "audio": (120_000, "30 s at 16 kHz, halved to fit 2 GiB")}
+    assert budget["lowered"] == {"audio": [480_000, 120_000]} and budget["cause"] == "audio"
+    assert 12 * 2**30 < budget["estimated_bytes"] < 18 * 2**30 and budget["estimated_bytes_after"] <= 2 * 2**30
+    assert [str(s) for s, r in program.range_constraints.items() if int(r.upper) == 120_000]
+    assert "most of it for audio: lowered audio <= 120000 (was 480000; max_seq_len sets it)" in caplog.text
+    roles, budget, _ = _fitted(traced, model, inputs, max_seq_len=480_000)
+    assert roles["audio"] == (480_000, "max_seq_len") and budget["lowered"] == {"batch": [16, 13]}
+    roles, budget, _ = _fitted(traced, model, inputs, memory_budget_gib=None)
+    assert roles["audio"] == (480_000, "30 s at 16 kHz") and budget is None
+    # a budget only the example's own size fits: halved down to the example, not below
+    roles, _, _ = _fitted(traced, model, inputs, memory_budget_gib=1e-6)
+    assert roles["audio"][0] == 1024 and roles["batch"][0] == 13
+
+
+@pytest.mark.slow
+def test_a_plan_over_the_budget_halves_the_default_and_runs_or_refuses_the_users():
+    """Slow (three to five lowerings: 230 s at load 12; the halving is covered without lowering above). On the runtime: tiny Wav2Vec2 traced on 1 s with a 24 MiB budget gets an audio bound below 30 s that still
+    holds the example, plans within the budget and equals eager at 1 s and at the new bound; a longer input is
+    refused by name. The same budget with max_seq_len=480,000 set by the user is refused at export, naming the dim
+    and the option."""
+    model = tiny_wav2vec2()
+    exported = hfexport.export(model, audio(2, 1, 0), backend="executorch-xnnpack", dynamic=True,
+                               memory_budget_gib=24 / 1024)
+    section = exported.manifest["executorch"]
+    bound = section["dim_bounds"]["audio"]["max"]
+    assert 16_000 <= bound < 480_000 and "halved to fit" in section["dim_bounds"]["audio"]["source"]
+    assert section["planned_memory_bytes"] <= 24 * 2**20
+    assert section["memory_budget"]["lowered"]["audio"] == [480_000, bound]
+    max_diff(exported, audio(2, 1, 1))
+    max_diff(exported, audio(1, bound / 16_000, 2))
+    with pytest.raises(Exception, match="input_values"):
+        exported(**audio(1, (bound + 16) / 16_000, 3))
+    with pytest.raises(hfexport.ExportError, match=r"most of it for audio <= 480000 \(your max_seq_len\): lower "
+                                                   r"max_seq_len.*memory_budget_gib"):
+        hfexport.export(model, audio(2, 1, 0), backend="executorch-xnnpack", dynamic=True, max_seq_len=480_000,
+                        memory_budget_gib=24 / 1024)

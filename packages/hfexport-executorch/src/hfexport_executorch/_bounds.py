@@ -57,10 +57,14 @@ class DimBounds:
             the config: ``"config.max_position_embeddings"``, ``"config.image_size"``, ``"2 x the example"``,
             ``"30 s at 16 kHz"``; ``"torch.export"`` when the model's own bound was lower).
         bounded: symbol -> ``(min, max)`` for every range that was changed.
+        budget: what fitting the memory budget did (``_memory_plan.py``): ``budget_bytes``, ``estimated_bytes``
+            (at the bounds chosen here), ``estimated_bytes_after``, ``cause`` (the role that drives the plan) and
+            ``lowered`` (role -> ``[old, new]`` for each default bound halved); None without a budget.
     """
 
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
     bounded: dict[str, tuple[int, int]] = field(default_factory=dict)
+    budget: dict[str, Any] | None = None
 
     def summary(self) -> str:
         """``batch <= 8 (default max_batch), sequence <= 512 (config.max_position_embeddings)``."""

@@ -41,6 +41,11 @@ class ExecutorchConfig(DynamoConfig):
             ``config.image_size`` when larger. Explicit ``Dim(name, max=...)`` bounds in ``dynamic_shapes`` are
             kept. A bound set here below the example inputs is refused. The bounds chosen are logged after the
             export and recorded in ``manifest["executorch"]["dim_bounds"]``, with ``planned_memory_bytes``.
+        memory_budget_gib: the most memory the program may plan at the bounds of its dynamic dims, in GiB (default
+            2). Over it, default bounds are halved (the one that lowers the plan most, never below the example
+            inputs) before lowering and, if the lowered plan still exceeds it, again; a plan over it that a bound
+            you set causes is refused, naming the dim. What was lowered is logged and recorded in
+            ``manifest["executorch"]["memory_budget"]``. ``None``: no budget.
         quantize: a quantization recipe (or an ``hfexport.Quantization``) of the variant (``_quantize.py``):
             ``"8da4w"`` (stage 1, a torchao source transform) or ``"int8"`` (stage 4, PT2E static int8) for
             ``xnnpack``. The export is then verified against float eager by cosine similarity.
@@ -53,6 +58,7 @@ class ExecutorchConfig(DynamoConfig):
     max_batch: int | None = None
     max_seq_len: int | None = None
     dim_upper_bound: int | None = None
+    memory_budget_gib: float | None = 2.0
     quantize: str | Quantization | None = None
 
     def __post_init__(self) -> None:
@@ -72,6 +78,9 @@ class ExecutorchConfig(DynamoConfig):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1 (the largest size planned for), got {value!r}")
+        budget = self.memory_budget_gib
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0):
+            raise ValueError(f"memory_budget_gib must be a number of GiB > 0 or None (no budget), got {budget!r}")
         self.quantize = resolve_executorch_quantization(self.quantize, self.backend)
 
 

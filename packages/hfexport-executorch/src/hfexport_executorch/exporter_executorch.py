@@ -75,6 +75,7 @@ from ._delegation import (
     report_planned_memory,
 )
 from ._graph import emit, is_symint_arg, replace_with_chain, value
+from ._memory_plan import fit_memory_budget, lower_within_budget
 from ._quantize import (
     quantization_section,
     quantize_program,
@@ -188,17 +189,19 @@ class ExecutorchExporter(Exporter):
         state, config = executorch_state(ctx), executorch_config(ctx)
         ctx.apply_fx_node_fixes(ctx.program.graph_module, self.variant_scopes(config.backend))
         preparation = state.preparation
-        edge, manager, planning, delegation = lower_program(ctx, preparation.partitioners, ctx.step)
-        dtypes, planned, write = input_dtypes(ctx.inputs), planned_memory_bytes(manager), program_writer(manager)
+        bounds = state.dim_bounds or DimBounds()
+        (edge, manager, planning, delegation), planned = lower_within_budget(
+            ctx, ctx.program, bounds, lambda: lower_program(ctx, preparation.partitioners, ctx.step),
+            lambda lowered: planned_memory_bytes(lowered[1]))
+        dtypes, write = input_dtypes(ctx.inputs), program_writer(manager)
         del edge, manager  # the lowered programs and their weights' bytes go before the runtime loads the file
         runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
-        bounds = state.dim_bounds or DimBounds()
         state.manifest = {
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
             "non_core_aten_on_portable_kernels": sorted(set(state.admitted_ops)),
             "initialized_mutable_buffers": sorted(set(state.initialized_buffers)),
-            "memory_planning": planning, "planned_memory_bytes": planned,
+            "memory_planning": planning, "planned_memory_bytes": planned, "memory_budget": bounds.budget,
             "dim_upper_bound": config.dim_upper_bound or DEFAULT_DIM_UPPER_BOUND,
             "max_batch": bounds.roles.get("batch", {}).get("max", config.max_batch or DEFAULT_MAX_BATCH),
             "max_seq_len": config.max_seq_len, "dim_bounds": bounds.roles,
@@ -813,7 +816,9 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     ``[lo, int_oo]`` gets ``dim_upper_bound`` (default 64, grown to the example). Rewrites ``range_constraints``
     and the ShapeEnv(s) that the symbolic sizes in ``meta["val"]`` point to: ExecuTorch evaluates upper bounds through ``shape_env.var_to_range``, not
     through ``range_constraints``. Explicit ``Dim(max=...)`` bounds are kept (unless ``max_batch``/``max_seq_len``
-    are given). The bounds chosen go to ``manifest["executorch"]["dim_bounds"]``.
+    are given). The bounds chosen go to ``manifest["executorch"]["dim_bounds"]``. Where the plan they give, estimated
+    from this program, exceeds ``memory_budget_gib`` (2 GiB), default bounds are halved until it fits
+    (``_memory_plan.py``; stage 5 checks the lowered plan again).
 
     **Why**: ``Dim.AUTO`` (``dynamic=True``) gives unbounded ranges. ExecuTorch plans memory for the upper bound of
     every dynamic dim (``executorch.exir.sym_util.eval_upper_bound``) and, for ``int_oo``, silently falls back to
@@ -828,6 +833,7 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     if ctx is None:
         return False
     bounds = bound_dynamic_dims(exported_program, ctx)
+    fit_memory_budget(exported_program, ctx, bounds)  # default bounds halved while the estimate exceeds the budget
     executorch_state(ctx).dim_bounds = bounds
     return bool(bounds.bounded)
 
