@@ -163,6 +163,32 @@ def test_crafted_ptd_is_refused_naming_it(tmp_path: Path) -> None:
     torch.testing.assert_close(hfexport.load(saved)(x=x), model(x), atol=1e-5, rtol=1e-4)  # the pristine one reads
 
 
+
+class WideHead(torch.nn.Module):
+    """A tied embedding and head whose logits for a long input take more memory than 512 MiB plus 512 bytes per
+    byte of the ``.pte`` alone: the weights are in ``model.ptd``, as a generation program's are."""
+
+    def __init__(self, vocab: int = 40_000, hidden: int = 32) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids)).amax(-1)  # the logits are planned; the output stays small
+
+
+def test_a_program_whose_weights_are_in_its_ptd_may_plan_for_their_bytes_too(tmp_path: Path) -> None:
+    """The planned-memory bound counts the ``.ptd``: a 4,096-token input's logits (655 MB) over a 5 MB table load
+    back; they were refused when only the ``.pte``'s bytes counted (a real 0.5 B decoder's prefill was)."""
+    torch.manual_seed(0)
+    model, ids = WideHead().eval(), torch.randint(0, 40_000, (1, 4096))
+    saved = hfexport.export(model, {"ids": ids}, backend="executorch-xnnpack").save_pretrained(tmp_path / "wide")
+    pte, ptd = (saved / "model.pte").stat().st_size, (saved / "model.ptd").stat().st_size
+    planned = hfexport.load(saved).manifest["executorch"]["planned_memory_bytes"]
+    assert (512 << 20) + 512 * pte < planned <= (512 << 20) + 512 * (pte + ptd), (pte, ptd, planned)
+    torch.testing.assert_close(hfexport.load(saved)(ids=ids), model(ids), atol=1e-5, rtol=1e-4)
+
 _UNCHECKED = """
 import sys, torch
 import hfexport, hfexport_executorch._runner as runner

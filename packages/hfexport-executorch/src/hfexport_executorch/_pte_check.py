@@ -221,8 +221,9 @@ def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: b
         named_sizes = _ptd_named_sizes(data_path) if data_path is not None else {}
     except (_Bad, KeyError) as exc:
         raise _integrity(data_path, exc, files) from None
+    data_bytes = data_path.stat().st_size if data_path is not None else 0
     try:
-        _check_program(_mapped(path), named_sizes, trust_remote_code=trust_remote_code)
+        _check_program(_mapped(path), named_sizes, data_bytes, trust_remote_code=trust_remote_code)
     except (_Bad, KeyError) as exc:
         raise _integrity(path, exc, files) from None
 
@@ -260,11 +261,15 @@ def _segment(buf: memoryview, program: _Table, index: int, base: int) -> tuple[i
 
 def _memory_budget(file_size: int) -> int:
     """The most memory a program may plan (its non-constant buffers and XNNPACK's intermediate values) before it
-    is refused: 512 MiB plus 512 bytes per byte of the program, so an artifact under 1 MB plans under 1 GiB."""
+    is refused: 512 MiB plus 512 bytes per byte of the program's files (``.pte`` and ``.ptd``), so an artifact
+    under 1 MB plans under 1 GiB. The ``.ptd`` counts: a generation program keeps its weights there, and the
+    Qwen2-0.5B-shaped decoder (a 0.3 MB ``.pte`` beside 2 GB of weights) plans 1.2 GB for a 512-token prefill
+    chunk's activations and logits."""
     return (512 << 20) + 512 * file_size
 
 
-def _check_program(buf: memoryview, named_sizes: dict[bytes, int], *, trust_remote_code: bool) -> None:
+def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: int = 0, *,
+                   trust_remote_code: bool) -> None:
     schema = _program_schema()
     planned = 0  # bytes of memory the runtime will allocate for the program's values
     program = _root(buf, schema, "Program")
@@ -306,10 +311,10 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], *, trust_remo
             else:
                 start, size = _segment(buf, program, processed["index"], base)
             planned += _check_xnnpack(buf[start: start + size], sizes)
-    budget = _memory_budget(len(buf))
+    budget = _memory_budget(len(buf) + data_bytes)
     if planned > budget and not trust_remote_code:
         raise _Bad(f"the program plans {planned:,} bytes of memory for its values, more than the {budget:,} "
-                   "hfexport allows a program of this size (512 MiB + 512 bytes per byte of the file; "
+                   "hfexport allows a program of this size (512 MiB + 512 bytes per byte of its .pte and .ptd; "
                    "trust_remote_code=True lifts the bound)")
 
 
