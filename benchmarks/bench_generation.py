@@ -46,7 +46,7 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BACKENDS = ("onnx", "executorch-xnnpack", "dynamo")
+BACKENDS = ("onnx", "executorch-xnnpack", "dynamo", "openvino")
 FULL = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
         "intermediate_size": 1376, "vocab_size": 32000}
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -157,6 +157,8 @@ def load_child(out_dir: str, backend: str) -> None:
     warnings.filterwarnings("ignore")
     if backend == "onnx":
         import onnxruntime  # noqa: F401
+    elif backend == "openvino":
+        import openvino  # noqa: F401
     elif backend.startswith("executorch"):
         from executorch.runtime import Runtime
 
@@ -227,6 +229,13 @@ def hfexport_run(exported, prompt_ids: list[int], new_tokens: int) -> dict:
 def anchor_run(anchors, loaded, prompt_ids: list[int], new_tokens: int) -> dict:
     timing = anchors.decode_timings(loaded, prompt_ids, new_tokens)
     return {"ids": timing["ids"], "step_s": timing["step_s"]}
+
+
+def set_openvino_threads(exported, threads: int) -> None:
+    """Recompile each OpenVINO runner with ``INFERENCE_NUM_THREADS=threads``."""
+    for component in exported.components.values():
+        component.runner.num_threads = threads
+        component.runner.open()
 
 
 def set_ort_threads(exported, threads: int) -> None:
@@ -324,6 +333,8 @@ def main() -> None:
         exported = hfexport.load(out_dir)
         if backend == "onnx":
             set_ort_threads(exported, args.threads)
+        elif backend == "openvino":
+            set_openvino_threads(exported, args.threads)
         section = exported.manifest["generation"]
         cache_bytes = sum(section["max_batch"] * section["max_cache_len"] * (k[0] * k[2] + v[0] * v[2]) * 4
                           for k, v in section["cache"]["row_shapes"])
