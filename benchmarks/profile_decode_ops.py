@@ -39,7 +39,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("attention", r"sdpa|Attention|Softmax"),
     ("cache update", r"update_cache|index_put|ScatterND|KVCache"),
     ("matmul / linear", r"Fully Connected|MatMul|Gemm|Batch Matrix Multiply|bmm|mm\.out|linear|addmm"),
-    ("norm", r"mean|Reciprocal Square Root|Square \(|LayerNorm|SimplifiedLayerNormalization|RMSNorm|Pow|Sqrt|ReduceMean"),
+    ("norm", r"mean|Mean \(|Reciprocal Square Root|Square \(|LayerNorm|SimplifiedLayerNormalization|RMSNorm|Pow|Sqrt|ReduceMean"),
     ("rotary", r"Rotary|Cosine|Sine"),
     ("embedding / gather", r"embedding|Gather"),
     ("data movement", r"copy|Copy|Transpose|Reshape|Concat|cat\.out|Slice|Split|Unsqueeze|Squeeze|Expand|Tile|view|select|permute|Cast|dim_order|Shape"),
