@@ -104,7 +104,8 @@ def test_a_fresh_environment_lists_the_product_backends_only():
 
     rows = {r["name"]: r["distribution"] for r in json.loads(out)}
     assert rows == {"dynamo": "hfexport-dynamo", "onnx": "hfexport-onnx", "executorch": "hfexport-executorch",
-                    "executorch-xnnpack": "hfexport-executorch", "executorch-cuda": "hfexport-executorch"}
+                    "executorch-xnnpack": "hfexport-executorch", "executorch-cuda": "hfexport-executorch",
+                    "openvino": "hfexport-openvino"}
 
 
 def test_the_listing_says_a_cuda_backend_needs_a_gpu_where_none_is_visible(monkeypatch):
