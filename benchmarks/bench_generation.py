@@ -28,6 +28,7 @@ Run: HF_HUB_OFFLINE=1 uv run --group bench python benchmarks/bench_generation.py
      [--backends onnx executorch-xnnpack dynamo] [--quantized onnx:int4 onnx:int8-dynamic]
      [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8] [--points 32+64 512+512]
      [--repeats 3] [--threads 1] [--max-cache-len N] [--min-cosine X] [--json out.json]
+     HF_HUB_OFFLINE=1 uv run python benchmarks/bench_generation.py --vlm [--backends onnx executorch-xnnpack]
 """
 
 from __future__ import annotations
@@ -272,6 +273,10 @@ def main() -> None:
                         help="the quantized exports' verification threshold (logits cosine against float eager; "
                              "default: the recipe's). The seeded random-weight 0.5b model's int4 logits reach 0.88, "
                              "below int4's 0.9: --min-cosine 0.85 keeps it and reports its top-1 agreement")
+    parser.add_argument("--vlm", action="store_true",
+                        help="a SmolVLM-shaped seeded vision-language model (task image-text-to-text) instead: "
+                             "vision ms per image, the prompt's image encoding ms and decode tok/s at 32 + 64 against "
+                             "eager (benchmarks/_vlm_bench.py; --backends, --repeats, --threads, --json apply)")
     parser.add_argument("--export-child", nargs=7, help=argparse.SUPPRESS)
     parser.add_argument("--load-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -293,6 +298,16 @@ def main() -> None:
         from executorch.extension.pybindings import portable_lib
 
         portable_lib._unsafe_reset_threadpool(args.threads)  # before any program loads: resetting later crashes
+    if args.vlm:
+        import _vlm_bench
+
+        print(f"# bench_generation --vlm: torch {torch.__version__}; {os.cpu_count()} CPUs, {args.threads} thread(s), "
+              f"load average {os.getloadavg()[0]:.2f}")
+        result = _vlm_bench.main(args.backends, args.repeats, args.threads, args.max_cache_len or 256,
+                                 set_ort_threads)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+        return None
     sizes = SIZES[args.size]
     points = [tuple(int(x) for x in p.split("+")) for p in args.points]
     versions = hfexport._artifact.versions_of(("torch", "transformers", "onnxruntime", "executorch",
