@@ -44,6 +44,13 @@ KINDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         vision_config=dict(model_type="smolvlm_vision", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                            num_attention_heads=2, image_size=32, patch_size=8),
         text_config=dict(_DECODER, model_type="llama"), image_token_id=99, scale_factor=2)),
+    # a SigLIP tower of 4x4 patches pooled to 4 image tokens, a Gemma 3 decoder of one sliding and one global layer
+    "gemma3": ("Gemma3ForConditionalGeneration", "Gemma3Config", dict(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=dict(_DECODER, model_type="gemma3_text", head_dim=8, sliding_window=64,
+                         layer_types=["sliding_attention", "full_attention"]),
+        mm_tokens_per_image=4, image_token_index=99, boi_token_index=97, eoi_token_index=98)),
     "idefics3": ("Idefics3ForConditionalGeneration", "Idefics3Config", dict(
         vision_config=dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                            num_attention_heads=2, image_size=32, patch_size=8),

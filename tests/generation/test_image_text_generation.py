@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -18,10 +19,11 @@ from helpers import generate_in_fresh_process, selected_params, tiny_model
 NEW_TOKENS = 20
 IMAGE_TOKEN, TOKENS_PER_IMAGE = 99, 16  # the tiny LLaVA's: a 32x32 image in 8x8 patches
 SMOLVLM_TOKENS_PER_IMAGE = 4  # the tiny SmolVLM's: 16 patches, pixel-shuffled by 2
-KINDS = ["llava", "smolvlm", "idefics3"]
+KINDS = ["llava", "smolvlm", "idefics3", "gemma3"]
 # dynamo and ONNX in the development loop; ExecuTorch lowers three programs (~30 s on 2 loaded cores), and Idefics3
 # shares SmolVLM's code path but for its classes: slow
-QUICK = {("dynamo", "llava"), ("onnx", "llava"), ("dynamo", "smolvlm"), ("onnx", "smolvlm"), ("dynamo", "idefics3")}
+QUICK = {("dynamo", "llava"), ("onnx", "llava"), ("dynamo", "smolvlm"), ("onnx", "smolvlm"), ("dynamo", "idefics3"),
+         ("dynamo", "gemma3"), ("onnx", "gemma3")}
 CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}", marks=() if (backend, kind) in QUICK else pytest.mark.slow)
          for backend in ("dynamo", "onnx", "executorch-xnnpack") for kind in KINDS]
 
@@ -53,11 +55,38 @@ def smolvlm_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict
     return ids, mask, {"pixel_values": pixel_values, "pixel_attention_mask": pixel_mask}
 
 
-def case_inputs(kind: str, other_images: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def gemma3_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Gemma 3: two prompts of 14 positions, the second left-padded by 3, one image (4 tokens) each, the processor's
+    ``token_type_ids``; with a repetition penalty and no repeated bigrams, without which the tiny Gemma repeats one
+    or two tokens (the same options go to eager and to the export)."""
+    ids = torch.randint(3, 90, (2, 14), generator=torch.Generator().manual_seed(4))
+    ids[0, 2:6] = ids[1, 5:9] = IMAGE_TOKEN
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    pixel_values = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(pixel_seed))
+    return ids, mask, {"pixel_values": pixel_values, "token_type_ids": (ids == IMAGE_TOKEN).long(),
+                       "repetition_penalty": 1.5, "no_repeat_ngram_size": 2}
+
+
+def case_inputs(kind: str, other_images: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """``(input_ids, attention_mask, the images and options generate takes)`` of a family's case."""
+    if kind == "gemma3":
+        return gemma3_batch(pixel_seed=5 if other_images else 0)
     if kind in ("smolvlm", "idefics3"):
         return smolvlm_batch(pixel_seed=5 if other_images else 0)
     ids, mask, pixel_values = batch_with_images(pixel_seed=0 if other_images else 1)
     return ids, mask, {"pixel_values": pixel_values}
+
+
+def vlm(kind: str) -> torch.nn.Module:
+    """``tiny_model(kind)``; Gemma 3's image projection, which transformers initializes to zeros (every image then
+    embeds as zeros and no image changes a token), drawn from a seeded normal."""
+    model = tiny_model(kind)
+    if kind == "gemma3":
+        weight = model.model.multi_modal_projector.mm_input_projection_weight
+        with torch.no_grad():
+            weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
+    return model
 
 
 def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, **options) -> torch.Tensor:
@@ -75,10 +104,10 @@ def new_process_runs(request, tmp_path_factory):
     for backend, kind in sorted(selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend",
                                                 "kind"), key=lambda case: (case[0] != "onnx", case)):
         # ONNX first: the process's first load
-        model = tiny_model(kind)
+        model = vlm(kind)
         try:
             hfexport.export(model, backend=backend, task="image-text-to-text", max_batch=2,
-                            max_images=None if kind == "llava" else 3).save_pretrained(workdir / f"{backend}-{kind}")
+                            max_images=3 if kind in ("smolvlm", "idefics3") else None).save_pretrained(workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
             models[backend, kind] = error
             continue
@@ -105,12 +134,22 @@ def test_generate_equals_eager_in_a_new_process(backend, kind, new_process_runs)
 def test_the_images_change_the_tokens_that_the_test_compares(kind):
     """The new-process check above would pass with the images ignored if they did not matter: they do, in each
     row, and the new tokens are not one token repeated."""
-    model = tiny_model(kind)
+    model = vlm(kind)
     ids, mask, media = case_inputs(kind)
     expected = eager_generate(model, ids, mask, **media)
     changed = eager_generate(model, ids, mask, **case_inputs(kind, other_images=True)[2])
     assert all(not torch.equal(a, b) for a, b in zip(expected, changed, strict=True))
     assert all(len(set(row[ids.shape[1]:].tolist())) >= 5 for row in expected)
+
+
+def test_gemma3_images_attend_both_ways_and_that_changes_the_tokens():
+    """Gemma 3's image tokens attend to their whole image (token_type_ids); without, eager's ids differ: the
+    exported decoder's image_blocks mask is what the new-process check above compares."""
+    model = vlm("gemma3")
+    ids, mask, media = case_inputs("gemma3")
+    causal_only = {k: v for k, v in media.items() if k != "token_type_ids"}
+    both_ways, causal = eager_generate(model, ids, mask, **media), eager_generate(model, ids, mask, **causal_only)
+    assert all(not torch.equal(a, b) for a, b in zip(both_ways, causal, strict=True))  # in each row
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +166,7 @@ def test_the_manifest_records_the_programs_and_the_image_size(llava_dynamo, tmp_
     assert list(manifest["components"]) == ["vision", "embed", "decoder"]
     vision = manifest["generation"]["vision"]
     assert vision == {"inputs": ["pixel_values"], "pixel_values_shape": [3, 32, 32], "per_row": False,
-                      "image_size": [32, 32], "dtype": "float32", "image_token_id": IMAGE_TOKEN, "tokens_per_image": TOKENS_PER_IMAGE,
+                      "token_types": False, "image_size": [32, 32], "dtype": "float32", "image_token_id": IMAGE_TOKEN, "tokens_per_image": TOKENS_PER_IMAGE,
                       "max_images": 2}
     inputs = {c: [i["name"] for i in manifest["components"][c]["inputs"]] for c in manifest["components"]}
     assert inputs == {"vision": ["pixel_values"], "embed": ["input_ids"],

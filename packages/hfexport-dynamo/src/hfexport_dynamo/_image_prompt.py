@@ -15,7 +15,7 @@ VISION, EMBED = "vision", "embed"  # the component names (the decoder's is gener
 
 
 def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, media: Mapping[str, Any]
-                 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+                 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], dict[str, torch.Tensor]]:
     """The prompt's ``inputs_embeds`` with the images' embeddings at the image token's positions, as the model's
     ``forward`` merges them, and the decode steps' embedding of new ids.
 
@@ -27,17 +27,21 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
         media: ``{"pixel_values": float [images, channels, height, width]}``; where the manifest says ``per_row``
             (Idefics3, SmolVLM), ``[batch, images, channels, height, width]`` with all-zero padding images, dropped
             as the model drops them, and optionally ``pixel_attention_mask`` ``[batch, images, height, width]``
-            (only full images are taken). Nothing: a prompt without images.
+            (only full images are taken); Gemma 3 optionally ``token_type_ids`` ``[batch, prompt]`` (checked: 1 at
+            the image tokens). Nothing: a prompt without images.
 
     Returns:
-        ``(inputs_embeds float [batch, prompt, hidden], embed)`` where ``embed(ids [batch, 1])`` runs the ``embed``
-        program.
+        ``(inputs_embeds float [batch, prompt, hidden], embed, per_position)`` where ``embed(ids [batch, 1])`` runs
+        the ``embed`` program, and ``per_position`` holds the decoder's other prompt inputs: ``image_blocks``
+        ``int64 [batch, prompt]`` (each image's index in its row at its tokens, -1 elsewhere: transformers'
+        ``get_block_sequence_ids_for_mask``) where the manifest says ``token_types`` (Gemma 3: image tokens attend
+        to their whole image).
 
     Raises:
         TypeError: ``pixel_values`` is not a float tensor of rank 4 (5 where ``per_row``).
         ValueError: another image size than the export's, more images than ``max_images``, an image with masked
-            pixels, or a number of image tokens that is not ``images x tokens_per_image`` (each says which), before
-            any program runs.
+            pixels, a number of image tokens that is not ``images x tokens_per_image``, or (``token_types``) a
+            prompt longer than ``prefill_chunk`` (each says which), before any program runs.
     """
     vision = section["vision"]
     token, per_image = vision["image_token_id"], vision["tokens_per_image"]
@@ -76,6 +80,20 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
                          f"{per_image} tokens each: put {per_image} image tokens per image in the prompt, as the "
                          "model's processor does")
 
+    per_position = {}
+    if vision.get("token_types"):  # the decoder's bidirectional image blocks are read within one prefill call
+        if input_ids.shape[1] > section["prefill_chunk"]:
+            raise ValueError(f"a prompt of {input_ids.shape[1]} tokens exceeds this export's prefill_chunk="
+                             f"{section['prefill_chunk']}: its image tokens attend to their whole image, which one "
+                             "prefill call must hold; shorten the prompt or export with a larger prefill_chunk")
+        is_image = input_ids == token
+        starts = is_image & ~torch.nn.functional.pad(is_image, (1, 0))[:, :-1]
+        per_position["image_blocks"] = torch.where(is_image, starts.long().cumsum(-1) - 1, -1)
+        types = media.get("token_type_ids")  # the processor's: 1 at image tokens (read from the ids here)
+        if types is not None and not torch.equal(torch.as_tensor(types).long(), is_image.long()):
+            raise ValueError("token_type_ids must be 1 exactly at the image tokens (id "
+                             f"{token}), as the model's processor makes them; or leave them out")
+
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return exported.run(EMBED, input_ids=ids)["inputs_embeds"]
 
@@ -83,4 +101,4 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
     if images:
         features = exported.run(VISION, pixel_values=pixel_values.to(embeds.dtype))["image_embeds"]
         embeds = embeds.masked_scatter((input_ids == token)[..., None], features.to(embeds.dtype))
-    return embeds, embed
+    return embeds, embed, per_position

@@ -21,12 +21,14 @@ decoding is then the text decoder's (:func:`hfexport_dynamo.generation.generate`
 ``model.generate(input_ids, attention_mask=..., pixel_values=..., do_sample=False)``.
 
 Families (:data:`FAMILIES`): those whose language model takes ``inputs_embeds`` with 1-D position ids and whose
-images are merged at the image token's positions: LLaVA (``get_image_features`` on ``[images, C, H, W]``) and
+images are merged at the image token's positions: LLaVA (``get_image_features`` on ``[images, C, H, W]``),
 Idefics3/SmolVLM (the vision model and pixel-shuffle connector; the processor's ``[batch, images, C, H, W]`` with
-all-zero padding images, which ``generate`` drops as the model does, so that a prompt may hold several images). The
-manifest's ``generation.vision`` records the image size, the image token, the tokens per image, the layout and the
-bound on images; ``generate`` refuses another image size by name before any program runs, and ``run("vision", ...)``
-refuses it as any static dim.
+all-zero padding images, which ``generate`` drops as the model does, so that a prompt may hold several images) and
+Gemma 3 (an image's tokens attend to the whole image inside the causal mask: the decoder also takes
+``image_blocks``, and attends without a runtime's causal-only fused kernel; a prompt must fit one prefill call).
+The manifest's ``generation.vision`` records the image size, the image token, the tokens per image, the layout and
+the bound on images; ``generate`` refuses another image size by name before any program runs, and
+``run("vision", ...)`` refuses it as any static dim.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from ._decoding import IMAGE_TEXT_TO_TEXT, generation_manifest
 from ._image_prompt import EMBED, VISION
 from .generation import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
 
-__all__ = ["FAMILIES", "EmbedsLMStep", "Family", "LanguageModelHead", "TokenEmbedStep", "VisionStep", "plan_image_text"]
+__all__ = ["FAMILIES", "EmbedsLMStep", "Family", "LanguageModelHead", "TokenEmbedStep", "ImageBlocksLMStep", "VisionStep",
+           "plan_image_text"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class Family:
             ``get_image_features`` without its data-dependent removal of padding images, which ``generate`` does).
         per_row: the processor gives ``pixel_values [batch, images, C, H, W]`` with all-zero padding images
             (Idefics3/SmolVLM), not ``[images, C, H, W]``.
+        token_types: an image's tokens attend to each other both ways inside the causal mask (Gemma 3): the
+            decoder takes ``image_blocks`` ``int64 [batch, seq]`` (the image's index at its tokens, -1 elsewhere and
+            at decode steps: transformers' ``block_sequence_ids``, which ``generate`` computes from the image
+            tokens) and builds its masks with the model module's ``create_masks_for_vision_model``.
     """
 
     inner: str
@@ -66,6 +73,7 @@ class Family:
     language: str
     encode: str = "get_image_features"
     per_row: bool = False
+    token_types: bool = False
 
 
 _SPLITTING = Family("model", ("vision_model", "connector"), "text_model", "tower_connector", per_row=True)
@@ -73,6 +81,8 @@ FAMILIES: dict[str, Family] = {
     "LlavaForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model"),
     "Idefics3ForConditionalGeneration": _SPLITTING,
     "SmolVLMForConditionalGeneration": _SPLITTING,
+    "Gemma3ForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model",
+                                             token_types=True),
 }
 _TRACE_IMAGES = 2  # not 1: torch.export specializes a dim of size 1
 
@@ -150,12 +160,50 @@ class LanguageModelHead(_Holding):
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
-                logits_to_keep: int = 0) -> _Output:
+                logits_to_keep: int = 0, image_blocks: torch.Tensor | None = None) -> _Output:
+        if image_blocks is not None:  # Gemma 3: each image's tokens attend to the whole image
+            attention_mask = image_block_masks(image_blocks, attention_mask, cache.layers[0].cumulative_length,
+                                               getattr(self.config, "sliding_window", None))
         out = self.inner(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache, use_cache=use_cache)
         hidden = out.last_hidden_state
         return _Output(logits=self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden),
                        cache=out.cache)
+
+
+def image_block_masks(blocks: torch.Tensor, attention_mask: torch.Tensor, past_length: torch.Tensor,
+                      sliding_window: int | None) -> dict[str, torch.Tensor]:
+    """The masks of Gemma 3's language model with bidirectional image blocks, as transformers'
+    ``create_masks_for_vision_model`` composes them (``full_attention``: ``(causal | same block) & padding``;
+    ``sliding_attention``: that ``& (q - k < sliding_window)``), built here over the cache's whole capacity:
+    transformers' own pads the block ids behind a branch on the sequence length and specializes a query of one
+    position, which bounds the ``seq`` dim away from 1 and from the capacity.
+
+    Args:
+        blocks: ``int64 [batch, seq]``, each image's index at its tokens, -1 elsewhere (new positions from
+            ``past_length``; blocks occur only in a prefill from position 0).
+        attention_mask: ``int64 [batch, max_cache_len]``, 1 at cached and new positions holding tokens.
+        past_length: ``int64 []``, the positions already cached.
+        sliding_window: the sliding layers' window (None: no sliding layers).
+
+    Returns:
+        ``{"full_attention": bool [batch, 1, seq, max_cache_len], "sliding_attention": ...}`` (True: attend).
+    """
+    capacity = attention_mask.shape[-1]
+    keys = torch.arange(capacity, device=blocks.device)
+    queries = torch.arange(blocks.shape[1], device=blocks.device) + past_length
+    # the blocks over the whole capacity, -1 past the new positions (a gather: no tensor of size capacity - seq,
+    # whose size may be 0, which ExecuTorch's memory planning bounds away from it)
+    seq = blocks.shape[1]
+    padded = blocks.gather(1, keys.clamp(max=seq - 1)[None].expand(blocks.shape[0], -1))
+    padded = torch.where(keys[None] < seq, padded, -1)
+    query_blocks = blocks[:, :, None]  # a query's block: its own position's (blocks start at position 0)
+    same_block = (query_blocks == padded[:, None, :]) & (query_blocks >= 0)
+    full = ((keys[None, :] <= queries[:, None])[None] | same_block) & attention_mask[:, None, :].bool()
+    sliding = full
+    if sliding_window is not None:
+        sliding = full & ((queries[:, None] - keys[None, :]) < sliding_window)[None]
+    return {"full_attention": full[:, None], "sliding_attention": sliding[:, None]}
 
 
 class EmbedsLMStep(CausalLMStep):
@@ -166,6 +214,17 @@ class EmbedsLMStep(CausalLMStep):
                 position_ids: torch.Tensor | None = None, past_length: torch.Tensor | None = None,
                 cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None) -> dict[str, Any]:
         return self._step({"inputs_embeds": inputs_embeds}, attention_mask, position_ids, past_length, cache)
+
+
+class ImageBlocksLMStep(CausalLMStep):
+    """:class:`EmbedsLMStep` that also takes ``image_blocks`` ``int64 [batch, seq]`` (each image's index at its
+    tokens, which attend to the whole image; -1 elsewhere: :attr:`Family.token_types`)."""
+
+    def forward(self, inputs_embeds: torch.Tensor, image_blocks: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None, past_length: torch.Tensor | None = None,
+                cache: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None) -> dict[str, Any]:
+        return self._step({"inputs_embeds": inputs_embeds, "image_blocks": image_blocks}, attention_mask,
+                          position_ids, past_length, cache)
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
@@ -240,10 +299,20 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
     with torch.no_grad():
         image_embeds = vision(pixel_values)["image_embeds"]
     tokens_per_image = image_embeds.shape[0] // images
+    def tokens(t: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not family.token_types:
+            return embed(t)
+        blocks = torch.full_like(t, -1)
+        blocks[:, 1:1 + min(3, t.shape[1] - 1)] = 0  # an image block, so that the example exercises its mask
+        return {**embed(t), "image_blocks": blocks}
+
     decoder, cache = plan_decoder(lm, ids, mask, max_cache_len=max_cache_len, max_batch=max_batch,
                                   prefill_chunk=prefill_chunk, stateful=stateful,
-                                  fused_cache_attention=fused_cache_attention,
-                                  embed=lambda t: embed(t)["inputs_embeds"], step_class=EmbedsLMStep)
+                                  # a runtime's fused attention is causal only (ONNX Runtime's GroupQueryAttention,
+                                  # ExecuTorch's custom_sdpa): an image block's bidirectional mask needs the plain one
+                                  fused_cache_attention=False if family.token_types else fused_cache_attention,
+                                  embed=tokens,
+                                  step_class=ImageBlocksLMStep if family.token_types else EmbedsLMStep)
     rows = 1 if max_batch == 1 else 2
     embed_ids = ids[:1].repeat(rows, 1) if ids.shape[0] < rows else ids[:rows]
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
@@ -256,10 +325,12 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
     ]
     section = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
     section.update(prefill_chunk=prefill_chunk, cache=cache, vision={
-        "inputs": ["pixel_values", "pixel_attention_mask"] if family.per_row else ["pixel_values"],
+        "inputs": ["pixel_values", *(["pixel_attention_mask"] if family.per_row else []),
+                   *(["token_type_ids"] if family.token_types else [])],
         "pixel_values_shape": [channels, height, width],
         # [batch, images, C, H, W] with all-zero padding images (generate drops them), or [images, C, H, W]
         "per_row": family.per_row,
+        "token_types": family.token_types,  # the decoder takes image_blocks (Gemma 3's bidirectional images)
         "image_size": [height, width],
         "dtype": str(dtype).removeprefix("torch."),
         "image_token_id": int(model.config.image_token_id),

@@ -77,6 +77,8 @@ SEQ2SEQ_DEFAULT_MAX_CACHE_LEN = 256  # encoder-decoders still export prefill + d
 DEFAULT_MAX_BATCH = 1
 DEFAULT_PREFILL_CHUNK = 256
 _STORED: Any = type("_Stored", (), {"__repr__": lambda self: "<the generation config's>"})()  # eos_token_id left out
+# a decode step's value of a per-position decoder input (image-text-to-text: a new token is in no image block)
+DECODE_STEP_VALUES = {"image_blocks": -1}
 _TRACE_BATCH, _TRACE_PROMPT = 2, 6  # not 0 or 1: torch.export specializes those sizes
 
 
@@ -617,14 +619,15 @@ def check_prefill_chunk(prefill_chunk: int | None, max_cache_len: int) -> int:
 
 def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache_len: int, max_batch: int,
                  prefill_chunk: int, stateful: bool = False, fused_cache_attention: Any = False,
-                 embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
                  step_class: type[CausalLMStep] = CausalLMStep) -> tuple[Any, dict[str, Any]]:
     """The ``decoder`` component of a generation task and its manifest's ``cache`` section (see :func:`plan_task`
     for the arguments; ``ids``/``mask`` are the example prompt, ``[batch, prompt]``).
 
-    ``embed`` (with a ``step_class`` whose forward takes ``inputs_embeds``, as the image-text-to-text decoder's): the
-    program takes ``inputs_embeds`` ``float [batch, seq, hidden]`` instead of ``input_ids``, traced with
-    ``embed(ids)``; everything else (mask, positions, cache, dims) is the text decoder's.
+    ``embed`` (with a ``step_class`` whose forward takes what it returns, as the image-text-to-text decoder's): the
+    program takes ``embed(ids)``'s inputs instead of ``input_ids`` (``inputs_embeds`` ``float [batch, seq, hidden]``,
+    and per-position inputs such as ``token_type_ids`` ``int64 [batch, seq]``), each with the ``batch`` and ``seq``
+    dims; everything else (mask, positions, cache, dims) is the text decoder's.
     """
     from torch.export import Dim
 
@@ -674,7 +677,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
 
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
     seq = Dim("seq", min=1, max=prefill_chunk)
-    dynamic_shapes: dict[str, Any] = {"input_ids" if embed is None else "inputs_embeds": {**batch, 1: seq},
+    dynamic_shapes: dict[str, Any] = {**{name: {**batch, 1: seq} for name in _tokens(ids[:, :1], embed)},
                                       "attention_mask": dict(batch) or None}
     if takes_position_ids:
         dynamic_shapes["position_ids"] = {**batch, 1: seq}
@@ -693,11 +696,12 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
 
-def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, torch.Tensor]:
+def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None
+            ) -> dict[str, torch.Tensor]:
     if embed is None:
         return {"input_ids": ids}
     with torch.no_grad():
-        return {"inputs_embeds": embed(ids)}
+        return embed(ids)
 
 
 # ── greedy decoding ─────────────────────────────────────────────────────────────────────────────────────
@@ -751,25 +755,27 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
         return generate_seq2seq(exported, input_ids, attention_mask, config, section)
     input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, section)
     prompt_embeds = embed_tokens = None
+    per_position: dict[str, torch.Tensor] = {}
     encode_s = 0.0
     if task == IMAGE_TEXT_TO_TEXT:  # images checked before any program runs, encoded, merged into the prompt
         from ._image_prompt import image_prompt
 
         start = time.perf_counter()
-        prompt_embeds, embed_tokens = image_prompt(exported, section, input_ids, media)
+        prompt_embeds, embed_tokens, per_position = image_prompt(exported, section, input_ids, media)
         encode_s = time.perf_counter() - start
     padding = None
     if section["cache"].get("ignores_padding"):  # a kernel without a padding mask: run the row without its padding
         padding, input_ids, attention_mask = _split_left_padding(input_ids, attention_mask)
         if prompt_embeds is not None:
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
+            per_position = {k: v[:, padding.shape[1]:] for k, v in per_position.items()}
     eos = token_id_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
     processors = logits_processors(config, section, input_ids.shape[1], None)
     criteria = stopping_criteria(input_ids.shape[1] + config.max_new_tokens, eos)
 
     sequences, prefill_s, decode_s, steps, ends = _greedy(exported, section, input_ids, attention_mask, processors,
-                                                           criteria, pad, prompt_embeds, embed_tokens)
+                                                           criteria, pad, prompt_embeds, embed_tokens, per_position)
     if padding is not None:
         sequences, input_ids = torch.cat([padding, sequences], -1), torch.cat([padding, input_ids], -1)
     exported.generation_stats = GenerationStats(
@@ -809,13 +815,16 @@ def new_cache(section: Mapping[str, Any], batch: int) -> tuple[tuple[torch.Tenso
 
 def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
             processors: Any, criteria: Any, pad: int | None, prompt_embeds: torch.Tensor | None = None,
-            embed_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None
+            embed_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            per_position: Mapping[str, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, float, float, int, list[float]]:
     """The prefill (in chunks of ``prefill_chunk``) and decode steps over the ``decoder`` program; returns the
     sequences, the prefill and decode seconds, the number of decode steps and the clock at the end of each.
 
     With ``prompt_embeds`` (``[batch, prompt, hidden]``, a decoder that takes ``inputs_embeds``), the prefill feeds
-    them and each decode step feeds ``embed_tokens(ids)`` of the new ids (``[batch, 1]`` -> ``[batch, 1, hidden]``)."""
+    them and each decode step feeds ``embed_tokens(ids)`` of the new ids (``[batch, 1]`` -> ``[batch, 1, hidden]``).
+    ``per_position``: more inputs ``[batch, prompt]`` (``image_blocks``), sliced with the prefill's chunks; at the
+    decode steps, :data:`DECODE_STEP_VALUES` (else 0)."""
     names = input_names(exported, DECODER)
     rows, prompt = input_ids.shape
     batch = section["max_batch"] if section["cache"]["static_batch"] else rows
@@ -824,6 +833,10 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
         attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(batch - rows, -1)])
         if prompt_embeds is not None:
             prompt_embeds = torch.cat([prompt_embeds, prompt_embeds[-1:].expand(batch - rows, -1, -1)])
+        per_position = {k: torch.cat([v, v[-1:].expand(batch - rows, -1)]) for k, v in (per_position or {}).items()}
+    per_position = dict(per_position or {})
+    step_zeros = {k: torch.full((batch, 1), DECODE_STEP_VALUES.get(k, 0), dtype=v.dtype)  # the decode steps'
+                  for k, v in per_position.items()}
     token_name = "input_ids" if prompt_embeds is None else "inputs_embeds"
     prompt_tokens = input_ids if prompt_embeds is None else prompt_embeds
     mask = torch.zeros(batch, section["max_cache_len"], dtype=torch.long)
@@ -837,12 +850,13 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     rerun: Callable[[], list[Any]] | None = None  # the runner's repeat of the last decode step, once one ran
     logits_leaf = 0
 
-    def step(ids: torch.Tensor, position_ids: torch.Tensor, past: int, decoding: bool = False) -> torch.Tensor:
+    def step(ids: torch.Tensor, position_ids: torch.Tensor, past: int, decoding: bool = False,
+             extra: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
         nonlocal cache, rerun, logits_leaf
         past_length.fill_(past)
         if rerun is not None:
             return rerun()[logits_leaf][:rows]
-        feed = {token_name: ids, "attention_mask": mask, "position_ids": position_ids,
+        feed = {token_name: ids, **(extra or {}), "attention_mask": mask, "position_ids": position_ids,
                 "past_length": past_length, "cache": cache}
         out = exported.run(DECODER, **{k: v for k, v in feed.items() if k in names})
         returned = out.get("cache", cache)
@@ -861,7 +875,8 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     with getattr(runner, "reusing_bindings", contextlib.nullcontext)():
         start = time.perf_counter()
         for past in range(0, prompt, chunk):
-            logits = step(prompt_tokens[:, past:past + chunk], positions[:, past:past + chunk], past)
+            logits = step(prompt_tokens[:, past:past + chunk], positions[:, past:past + chunk], past,
+                          extra={k: v[:, past:past + chunk] for k, v in per_position.items()})
         prefill_s = time.perf_counter() - start
         sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
         position, past = positions[:, -1:].clone(), prompt
@@ -883,7 +898,7 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
             else:
                 embeds = embed_tokens(ids)
                 token_embeds = embeds.clone() if token_embeds is None else token_embeds.copy_(embeds)
-                logits = step(token_embeds, position, past, decoding=True)
+                logits = step(token_embeds, position, past, decoding=True, extra=step_zeros)
             past, steps = past + 1, steps + 1
             step_ends.append(time.perf_counter())
     return sequences, prefill_s, time.perf_counter() - start, steps, step_ends
