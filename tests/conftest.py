@@ -50,6 +50,25 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers ``-n auto`` (the ``addopts`` of pyproject.toml) starts: none for one test file
+    or test id (``pytest tests/core/test_docs.py``: the run stays in this process, where ``-s`` and ``--pdb`` work
+    and no worker imports torch for it); otherwise one per CPU this process may use, at most one per 4 GiB of
+    memory (a worker holds its module's tiny exports; a slow test's real MiniLM lowering peaks near 2 GiB).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or an explicit ``-n N`` decides instead."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if len(config.args) == 1 and (config.args[0].endswith(".py") or "::" in config.args[0]):
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): the CPUs decide
+        memory_gib = 4 * cpus
+    return max(1, min(cpus, int(memory_gib // 4)))
+
+
 @pytest.fixture
 def bert() -> torch.nn.Module:
     return tiny_model("bert")

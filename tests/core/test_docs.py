@@ -43,3 +43,12 @@ def test_every_relative_link_resolves_inside_the_repository(document):
         elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
             broken.append(f"{target}: no heading #{anchor} in {resolved.name}")
     assert not broken, f"{document.name}: " + "; ".join(broken)
+
+
+def test_ci_runs_the_readmes_test_command():
+    """`.ci/run` runs the test command the README gives a new user, with the same arguments (the workers and their
+    distribution come from pyproject.toml's ``addopts``, for both)."""
+    ci = re.search(r"^[^#\n]*\brun --frozen (pytest[^\n]*)$", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert ci, ".ci/run runs no `uv run --frozen pytest ...` line"
+    readme = (ROOT / "README.md").read_text()
+    assert f"uv run {ci.group(1).strip()}" in readme, f"the README does not give .ci/run's `{ci.group(1)}`"
