@@ -416,11 +416,11 @@ def _mount_tmpfs(path: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack"])
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "openvino"])
 def test_saving_onto_a_full_tmpfs_is_an_oserror_and_leaves_nothing(tmp_path: Path, backend: str) -> None:
     """A 96 KiB tmpfs filled but for 8 KiB (root only: skipped elsewhere; ``tests/dynamo/test_pt2_untrusted.py``
     covers torch's writer with ``/dev/full``): the free-space check passes (the weights need ~1 KB), and the write
-    fails mid-file (torch's .pt2 writer, ONNX's and ExecuTorch's copies)."""
+    fails mid-file (torch's .pt2 writer, ONNX's, ExecuTorch's and OpenVINO's copies)."""
     if backend == "executorch-xnnpack":
         pytest.importorskip("executorch")
     exported = hfexport.export(TinyMLP().eval(), {"x": torch.randn(2, 8)}, backend=backend)

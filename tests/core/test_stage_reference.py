@@ -11,7 +11,7 @@ from hfexport import get_backend
 BANNER = re.compile(r"^# ── Stage (\d+): (.+?) ──$", re.M)
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack"])
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "openvino"])
 def test_banners_match_stage_data(backend):
     try:
         exporter = get_backend(backend).load_exporter()
@@ -25,7 +25,8 @@ def test_banners_match_stage_data(backend):
         assert callable(getattr(exporter, s.method)), s
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "executorch-cuda", "testplugin"])
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "executorch-cuda", "openvino",
+                                     "testplugin"])
 def test_stages_read_from_source_equal_the_imported_ones(backend):
     """``hfexport stages`` reads the stage data from the exporter's source, without importing the toolchain; it must
     say what the imported class says (inherited stages too: the ExecuTorch variants, the test plugin's)."""

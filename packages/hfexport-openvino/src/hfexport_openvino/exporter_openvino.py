@@ -195,9 +195,12 @@ def _openvino_decompositions() -> Any:
 
 
 # ── Stage 1: OpenVINO torch patches ──
-# ``@register_patch("openvino", "dotted.path")`` factories, active while tracing and converting.
+# ``@register_patch("openvino", "dotted.path")`` factories, active while tracing and converting (none needed yet).
 
-# ── Stage 3: Graph preparation ──
+# ── Stage 2: Dynamo trace ──
+# The dynamo stages' own workarounds (``hfexport workarounds --scope dynamo``).
+
+# ── Stage 3: Graph preparation (OpenVINO decompositions) ──
 # ``@register_fx_node_fix("openvino")`` rewrites of the decomposed graph, before the conversion.
 @register_fx_node_fix("openvino")
 def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
@@ -282,3 +285,10 @@ def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], li
         with fake_mode:
             created.meta["val"] = op(*fake_args, **kwargs)
     return created
+
+
+# ── Stage 4: OpenVINO conversion ──
+# ``openvino.convert_model`` of the prepared graph (no workaround of its own yet).
+
+# ── Stage 5: Stateful transformation and compilation check ──
+# ``_graph.make_stateful`` and ``_quantize.compress_weights`` (no workaround of its own yet).
