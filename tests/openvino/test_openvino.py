@@ -57,6 +57,7 @@ def test_dynamic_batch_and_length_match_eager(saved: dict[str, Any], name: str, 
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_without_the_sdpa_fix_padding_rows_of_a_decoder_are_nan(saved: dict[str, Any]) -> None:
     model = saved["models"]["llama"]
     inputs = {"input_ids": ids(2, 8, 3), "attention_mask": torch.ones(2, 8, dtype=torch.long)}

@@ -33,6 +33,7 @@ def llama_int4(tmp_path_factory):
     return model, exported, base
 
 
+@pytest.mark.slow
 def test_int4_weights_record_nncf_settings_and_shrink_the_artifact(llama_int4):
     _, _, base = llama_int4
     manifest = json.loads((base / "int4" / "export.json").read_text())
@@ -47,6 +48,7 @@ def test_int4_weights_record_nncf_settings_and_shrink_the_artifact(llama_int4):
     assert verification["passed"] and logits["name"] == "logits" and logits["cosine"] >= 0.9, logits
 
 
+@pytest.mark.slow
 def test_int4_greedy_tokens_against_float_eager_in_a_new_process(llama_int4, tmp_path):
     model, exported, base = llama_int4
     prompt = torch.randint(3, 256, (1, 6), generator=torch.Generator().manual_seed(4))
