@@ -393,3 +393,16 @@ def test_the_saved_model_names_no_file_of_the_exporting_machine(tmp_path):
     graph = onnx.load(str(saved / "model.onnx"), load_external_data=False).graph
     keys = {p.key for node in graph.node for p in node.metadata_props}
     assert "pkg.torch.onnx.stack_trace" not in keys and "namespace" in keys, keys
+
+
+def test_a_backends_typed_config_names_the_config_it_got():
+    """``Exporter.config_as`` / ``ExportContext.config_as``: the backend's config class, or a TypeError naming both."""
+    from hfexport.plugin import ExportConfig
+    from hfexport_onnx import OnnxConfig, OnnxExporter
+
+    exporter = OnnxExporter(opset_version=18)
+    assert exporter.onnx_config is exporter.config and exporter.config_as(ExportConfig).opset_version == 18
+    exporter.config = ExportConfig()
+    with pytest.raises(TypeError, match="this OnnxExporter's config is an instance of ExportConfig, not of OnnxConfig"):
+        exporter.onnx_config  # noqa: B018
+    assert isinstance(OnnxExporter().config_as(OnnxConfig), OnnxConfig)

@@ -35,6 +35,13 @@ class InvalidInputError(TypeError):
 
 
 _State = TypeVar("_State")  # a backend's state class (ExportContext.state_as)
+_Config = TypeVar("_Config", bound="ExportConfig")  # a backend's config class (config_as)
+
+
+def _config_as(config: Any, kind: type[_Config], owner: str) -> _Config:
+    if not isinstance(config, kind):
+        raise TypeError(f"{owner} config is an instance of {type(config).__name__}, not of {kind.__name__}")
+    return config
 
 
 @dataclass
@@ -143,6 +150,14 @@ class ExportContext:
             raise TypeError(f"expected the context of an export whose state is a {kind.__name__}; got "
                             f"{type(self.state).__name__} from {type(self.exporter).__name__}")
         return self.state
+
+    def config_as(self, kind: type[_Config]) -> _Config:
+        """:attr:`config`, checked to be a ``kind`` (the backend's config class) and typed as one.
+
+        Raises:
+            TypeError: this export's config is not a ``kind`` (the context of another backend's export).
+        """
+        return _config_as(self.config, kind, "this export's")
 
     def note(self, text: str) -> None:
         """Record a fact about this export (a fallback taken, a dim specialized) in the manifest."""
@@ -458,6 +473,14 @@ class Exporter:
         """
         _check_config_class(type(self), config)
         self.config = self.config_class.from_options(config, **options)
+
+    def config_as(self, kind: type[_Config]) -> _Config:
+        """:attr:`config`, checked to be a ``kind`` (the backend's config class) and typed as one.
+
+        Raises:
+            TypeError: this exporter's config is not a ``kind``.
+        """
+        return _config_as(self.config, kind, f"this {type(self).__name__}'s")
 
     def cache_attention(self) -> Any:
         """The fused KV-cache attention this export lowers (:attr:`fused_cache_attention`, unless the config turns

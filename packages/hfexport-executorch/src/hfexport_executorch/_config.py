@@ -90,6 +90,4 @@ def executorch_config(ctx: ExportContext) -> ExecutorchConfig:
     Raises:
         TypeError: the context's config is another backend's.
     """
-    if not isinstance(ctx.config, ExecutorchConfig):
-        raise TypeError(f"an ExecuTorch export's config is an ExecutorchConfig, got {type(ctx.config).__name__}")
-    return ctx.config
+    return ctx.config_as(ExecutorchConfig)

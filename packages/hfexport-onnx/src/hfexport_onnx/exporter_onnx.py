@@ -120,9 +120,7 @@ class OnnxExporter(Exporter):
     @property
     def onnx_config(self) -> OnnxConfig:
         """This exporter's config, typed."""
-        if not isinstance(self.config, OnnxConfig):
-            raise TypeError(f"an OnnxExporter's config is an OnnxConfig, got {type(self.config).__name__}")
-        return self.config
+        return self.config_as(OnnxConfig)
 
     def new_state(self, ctx: ExportContext) -> OnnxState:
         return OnnxState()
