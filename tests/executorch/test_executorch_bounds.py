@@ -220,3 +220,36 @@ def test_a_plan_over_the_budget_halves_the_default_and_runs_or_refuses_the_users
                                                    r"max_seq_len.*memory_budget_gib"):
         hfexport.export(model, audio(2, 1, 0), backend="executorch-xnnpack", dynamic=True, max_seq_len=480_000,
                         memory_budget_gib=24 / 1024)
+
+
+class DownTo1x1(torch.nn.Module):
+    """Five 2-strided 3x3 convolutions (32 times smaller: a 32x32 image ends 1x1, as RegNet's and ConvNext's last
+    stage does) and a 1x1 convolution after them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.down = torch.nn.Sequential(*[torch.nn.Conv2d(3 if i == 0 else 8, 8, 3, stride=2, padding=1)
+                                          for i in range(5)])
+        self.head = torch.nn.Conv2d(8, 4, 1)
+
+    def forward(self, pixel_values):
+        return self.head(torch.relu(self.down(pixel_values)))
+
+
+def test_patch_is_nhwc_without_size_guards():
+    """Traced at 32x32 (1x1 after the convolutions) with image bounds of 64: the program runs 33x33 and 64x64 equal
+    to eager. Without the patch, XNNPACK's layout pass guards on the 1x1 and narrows the image to 32 after the bounds
+    were set: ExecuTorch plans 32x32 and the runtime fails (0x10) on 33x33 (transformers' tester RegNet did, in the
+    tester zoo)."""
+    pixels = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    larger = [{"pixel_values": torch.randn(b, 3, s, s, generator=torch.Generator().manual_seed(s))}
+              for b, s in ((3, 33), (2, 64))]
+    unpatched = hfexport.export(DownTo1x1(), copy.deepcopy(pixels), backend="executorch-xnnpack", dynamic=True,
+                                verify=False, disable=("_patch_is_nhwc_without_size_guards",))
+    with pytest.raises(RuntimeError, match="0x10"):
+        unpatched.verify(copy.deepcopy(larger[0]), atol=ATOL, rtol=0.0)
+    exported = hfexport.export(DownTo1x1(), copy.deepcopy(pixels), backend="executorch-xnnpack", dynamic=True)
+    assert exported.manifest["executorch"]["dim_bounds"]["image_height"]["max"] == 64
+    for inputs in larger:
+        max_diff(exported, inputs)

@@ -170,8 +170,17 @@ def bound_dynamic_dims(program: torch.export.ExportedProgram, ctx: ExportContext
                 hints.setdefault(symbol, int(value))
 
     result = DimBounds()
+    declared: dict[Any, int] = {}  # symbol -> the bound given in range_constraints, the program's own ranges
     for table in [program.range_constraints] + [env.var_to_range for env in shape_envs(program)]:
         for symbol, rng in list(table.items()):
+            if table is not program.range_constraints and symbol in declared and symbol in wanted:
+                # A ShapeEnv can keep a range tighter than the program's (a size-oblivious retrace widened the
+                # program's range, hfexport_dynamo's _widen_narrowed_dims, and left the trace's [0, 32] in the
+                # ShapeEnv): ExecuTorch plans from the ShapeEnv, so it gets the program's bound
+                if not (finite(rng.upper) and int(rng.upper) == declared[symbol]):
+                    table[symbol] = ValueRanges(min(int(rng.lower) if finite(rng.lower) else 0, declared[symbol]),
+                                                declared[symbol])
+                continue
             if symbol in wanted:
                 bound, source, role = wanted[symbol]
             else:
@@ -188,6 +197,8 @@ def bound_dynamic_dims(program: torch.export.ExportedProgram, ctx: ExportContext
             else:
                 table[symbol] = ValueRanges(min(lower, bound), bound)
                 result.bounded[str(symbol)] = (min(lower, bound), bound)
+            if table is program.range_constraints:
+                declared[symbol] = bound
             if role is not None and table is program.range_constraints:
                 info = result.roles.setdefault(role, {"max": bound, "source": source, "symbols": []})
                 if bound > info["max"]:

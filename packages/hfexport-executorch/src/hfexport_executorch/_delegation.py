@@ -462,3 +462,38 @@ def _patch_linear_partition_exact(original: Any) -> Any:
         return original(self, node, ep)
 
     return get_deps
+
+
+@register_patch("executorch.xnnpack.internals",
+                "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass._is_nhwc")
+def _patch_is_nhwc_without_size_guards(original: Any) -> Any:
+    """Ask XNNPACK's layout pass whether a value is channels-last without guarding on its sizes.
+
+    **Why**: ``ChannelsLastTaggedReshapePass._is_nhwc`` calls ``tensor.is_contiguous(memory_format=
+    torch.channels_last)`` on the traced value. Where a spatial size is 1 at the traced shape (RegNet's and
+    ConvNext's last stage is 1x1 for a 32x32 image, 32 times smaller) that check installs the guard
+    ``((H - 1)//32 + 1) * ((W - 1)//32 + 1) == 1`` in the program's live ShapeEnv, which narrows the image's
+    range to ``[0, 32]`` after the bounds were set (``_bounds.py``: 64): ExecuTorch then plans the input for 32x32
+    and the delegate's output for 1x1, and the program fails on a 33x33 image (``Attempted to resize a bounded
+    tensor with a maximum capacity of 320 elements to 480 elements``, 0x10) and on 64x64 at ``set_inputs``
+    (0x10), though the manifest says 64. The answer does not depend on the guard here: a value whose H x W is 1
+    is contiguous both ways and the pass reads it as NCHW, as it reads any NCHW-contiguous value of another
+    size. The replacement evaluates the check with guards suppressed (``ShapeEnv.suppress_guards``), so the
+    answer is the traced one and the ranges stay; the export's verification at a second shape checks the result.
+    **Upstream**: pytorch/executorch, the XNNPACK layout pass guards on symbolic sizes (no issue found; the
+    model-side view: torch's contiguity check of a size-1 dim is not size-oblivious).
+    **Remove when**: the pass asks for the layout without guarding (``guard_or_false``, or the value's
+    ``dim_order``), or torch's contiguity check takes the general answer for backed sizes.
+    """
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    @functools.wraps(original)
+    def _is_nhwc(self: Any, tensor: Any) -> Any:
+        env = next((s.node.shape_env for s in getattr(tensor, "shape", ())
+                    if isinstance(s, torch.SymInt)), None)
+        if not isinstance(env, ShapeEnv):
+            return original(self, tensor)
+        with env.suppress_guards():
+            return original(self, tensor)
+
+    return _is_nhwc
