@@ -54,6 +54,7 @@ PEER_BACKENDS: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "onnx": ("OnnxExporter", "OnnxConfig", {}, "transformers.exporters.exporter_onnx"),
     "executorch-xnnpack": ("ExecutorchExporter", "ExecutorchConfig", {"backend": "xnnpack"},
                            "transformers.exporters.exporter_executorch"),
+    "openvino": ("OpenVINOExporter", "OpenVINOConfig", {}, "transformers.exporters.exporter_openvino"),
 }
 PEER_RUNNER = "bench_sweep:peer_export_and_verify"
 
