@@ -253,3 +253,28 @@ def test_patch_is_nhwc_without_size_guards():
     assert exported.manifest["executorch"]["dim_bounds"]["image_height"]["max"] == 64
     for inputs in larger:
         max_diff(exported, inputs)
+
+
+class ShiftByOne(torch.nn.Module):
+    """RWKV's time shift: each step sees the previous one (``nn.ZeroPad2d((0, 0, 1, -1))`` over ``[B, T, C]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def forward(self, x):
+        return x + 2 * self.shift(x)
+
+
+def test_fix_negative_constant_pad():
+    """A negative pad (a crop) fails on ExecuTorch's portable kernel at every shape (0x12); rewritten as a slice
+    and a non-negative pad, the program equals eager at the traced shape and at another batch and length."""
+    inputs = {"x": torch.randn(2, 7, 4, generator=torch.Generator().manual_seed(0))}
+    unfixed = hfexport.export(ShiftByOne(), copy.deepcopy(inputs), backend="executorch-xnnpack", dynamic=True,
+                              verify=False, disable=("_fix_negative_constant_pad",))
+    with pytest.raises(RuntimeError, match="0x12"):
+        unfixed.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0)
+    exported = hfexport.export(ShiftByOne(), copy.deepcopy(inputs), backend="executorch-xnnpack", dynamic=True)
+    assert "_fix_negative_constant_pad" in str(exported.manifest["workarounds"])
+    for batch, length in ((2, 7), (3, 12), (1, 1)):
+        max_diff(exported, {"x": torch.randn(batch, length, 4, generator=torch.Generator().manual_seed(length))})

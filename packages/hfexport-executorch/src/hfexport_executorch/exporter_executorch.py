@@ -900,6 +900,44 @@ def _fix_sym_floor_mod(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_negative_constant_pad(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replaces a constant ``pad`` with negative amounts (a crop) by ``slice`` ops, then the pad of the rest.
+
+    ``pad(x, [0, 0, 1, -1])`` becomes ``pad(slice(x, -2, 0, -1), [0, 0, 1, 0])``: a negative amount cuts that
+    many elements from that side of its dim, as torch's ``constant_pad_nd`` does, before the positive ones pad.
+
+    **Why**: ExecuTorch's portable ``constant_pad_nd`` refuses negative amounts (``Padding values must be
+    non-negative, but got pad[3] = -1``, 0x12 at execute, at every shape). RWKV shifts its sequence by one step
+    with ``nn.ZeroPad2d((0, 0, 1, -1))`` (``RwkvFeedForward``, ``RwkvSelfAttention``): Transformers' RWKV tester
+    exported and lowered, then failed at the traced shape.
+    **Upstream**: pytorch/executorch, ``check_constant_pad_args`` in ``kernels/portable/cpu/util/kernel_ops_util.cpp``
+    (no issue found); the model could shift with ``torch.roll`` or ``cat``.
+    **Remove when**: the portable kernel crops on negative padding (a tiny RWKV exports with
+    ``disable=("_fix_negative_constant_pad",)``).
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.pad.default, aten.constant_pad_nd.default):
+        return False
+    if node.target is aten.pad.default and (node.args[2] if len(node.args) > 2 else node.kwargs.get(
+            "mode", "constant")) != "constant":
+        return False
+    source, amounts = node.args[0], node.args[1]
+    if not all(isinstance(a, int) for a in amounts) or min(amounts, default=0) >= 0:
+        return False
+    rank = value(source).dim()
+    cut = source
+    with gm.graph.inserting_before(node):
+        for i in range(0, len(amounts), 2):
+            before, after = amounts[i], amounts[i + 1]
+            if before < 0 or after < 0:  # amounts go from the last dim backwards, (before, after) each
+                dim = rank - 1 - i // 2
+                cut = emit(gm, node, aten.slice.Tensor, cut, dim, max(0, -before), after if after < 0 else None)
+    node.replace_input_with(source, cut)
+    node.args = (cut, [max(0, a) for a in amounts], *node.args[2:])
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replaces ``aten.view`` by ``aten.reshape`` before ``to_edge``, which re-traces the program.
 
