@@ -77,9 +77,7 @@ class OpenVINOExporter(Exporter):
     @property
     def openvino_config(self) -> OpenVINOConfig:
         """This exporter's config, typed."""
-        if not isinstance(self.config, OpenVINOConfig):
-            raise TypeError(f"an OpenVINOExporter's config is an OpenVINOConfig, got {type(self.config).__name__}")
-        return self.config
+        return self.config_as(OpenVINOConfig)
 
     def new_state(self, ctx: ExportContext) -> OpenVINOState:
         return OpenVINOState()
