@@ -28,8 +28,9 @@ class TiedLM(torch.nn.Module):
 
 
 class EarlyUser(torch.nn.Module):
-    """A portable ``mean`` (3-d, which XNNPACK refuses) reads the first linear's output between the two linears of
-    one partition: fusing the partition puts its call after the second, behind that user, which must then move."""
+    """A portable ``mean`` (3-d without keepdim, which XNNPACK refuses and no node fix rewrites) reads the first
+    linear's output between the two linears of one partition: fusing the partition puts its call after the second,
+    behind that user, which must then move."""
 
     def __init__(self):
         super().__init__()
@@ -37,7 +38,7 @@ class EarlyUser(torch.nn.Module):
 
     def forward(self, x):
         a = self.first(x)
-        m = a.mean(-1, keepdim=True)
+        m = a.mean(-1)
         b = self.second(a)
         return b, m
 
