@@ -513,7 +513,8 @@ def test_every_workaround_has_a_test_here():
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
-    tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized")}
+    tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
+                        "_fix_negative_constant_pad": ("test_executorch_bounds", "test_fix_negative_constant_pad")}
     for name, (test_module, test) in tested_elsewhere.items():
         assert callable(getattr(importlib.import_module(test_module), test, None)), (name, test_module, test)
     assert registered == tested | untestable_here | set(tested_elsewhere)
