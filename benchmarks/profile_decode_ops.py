@@ -19,6 +19,7 @@ Run: HF_HUB_OFFLINE=1 uv run python benchmarks/profile_decode_ops.py [--size toy
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -179,7 +180,7 @@ def profile_onnx(path: Path, plan: list[tuple[int, int]], vocab: int, threads: i
     for event in events:
         if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
             continue
-        k = max(0, next((i for i, s in reversed(list(enumerate(starts))) if s <= event["ts"]), 0))
+        k = max(0, bisect.bisect_right(starts, event["ts"]) - 1)  # the last run that started before the node
         per_run[k][event["args"].get("op_name", "?")] += event["dur"] / 1e3
     for counter in per_run:  # what the session spent outside the kernels
         counter["overhead: session run"] = max(0.0, counter["total"] - sum(v for op, v in counter.items()
