@@ -11,6 +11,8 @@ import torch
 
 from hfexport.plugin import register_fx_node_fix
 
+from ._graph import emit
+
 __all__: list[str] = []
 
 
@@ -53,20 +55,11 @@ def _fix_last_dim_mean_as_average_pooling(gm: torch.fx.GraphModule, node: torch.
     source = _last_dim_mean(node)
     if source is None:
         return False
-    value, out = source.meta["val"], node.meta.get("val")
-    shape = [size if isinstance(size, int) else -1 for size in value.shape[:2]] + [1]
-    graph = gm.graph
-    with graph.inserting_before(node):
-        pooled_input = graph.call_function(torch.ops.aten.unsqueeze.default, (source, -1))
-        pooled = graph.call_function(torch.ops.aten.mean.dim, (pooled_input, [2, 3], True))
-        reshaped = graph.call_function(torch.ops.aten.view.default, (pooled, shape))
-    pooled_input.meta["val"] = value.unsqueeze(-1)
-    pooled.meta["val"] = pooled_input.meta["val"].mean([2, 3], keepdim=True)
-    reshaped.meta["val"] = out if isinstance(out, torch.Tensor) else pooled.meta["val"].view(shape)
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in node.meta:
-            for new in (pooled_input, pooled, reshaped):
-                new.meta[key] = node.meta[key]
+    shape = [size if isinstance(size, int) else -1 for size in source.meta["val"].shape[:2]] + [1]
+    with gm.graph.inserting_before(node):
+        pooled_input = emit(gm, node, torch.ops.aten.unsqueeze.default, source, -1)
+        pooled = emit(gm, node, torch.ops.aten.mean.dim, pooled_input, [2, 3], True)
+        reshaped = emit(gm, node, torch.ops.aten.view.default, pooled, shape)
     node.replace_all_uses_with(reshaped)
-    graph.erase_node(node)
+    gm.graph.erase_node(node)
     return True
