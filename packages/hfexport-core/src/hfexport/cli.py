@@ -130,6 +130,39 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_workarounds(args: argparse.Namespace) -> int:
+    from ._discovery import list_backends
+    from ._workaround_source import workarounds_from_source
+
+    if not args.imports and not args.check:  # read from the backends' sources: no toolchain import
+        exporters = [i.backend.exporter for i in list_backends() if i.status == "ok" and i.backend is not None]
+        listed = workarounds_from_source(exporters)
+        # a --scope with no registration (executorch.cuda, or a typo) needs the exporters' own scopes: imported
+        if listed is not None and (args.scope is None or args.scope in {r.scope for r in listed}):
+            _check_known("--kind", args.kind, {r.kind for r in listed})
+            for r in listed:
+                if (args.scope is None or r.scope == args.scope) and (args.kind is None or r.kind == args.kind):
+                    _print_workaround(r)
+            return EXIT_OK
+    return _workarounds_imported(args)
+
+
+def _check_known(flag: str, value: str | None, known: set[str]) -> None:
+    if value is not None and value not in known:  # a typo lists nothing: say so, before printing nothing
+        close = difflib.get_close_matches(value, sorted(known), n=1)
+        raise UsageError(f"{flag} {value!r} names no registered workaround"
+                         + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f"; the {flag[2:]}s known here: {', '.join(sorted(known))}")
+
+
+def _print_workaround(r: Any) -> None:
+    target = f" -> {', '.join(r.paths)}" if r.paths else ""
+    target += "".join(f" ({k}={v})" for k, v in r.data.items())
+    print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
+
+
+def _workarounds_imported(args: argparse.Namespace) -> int:
+    """``hfexport workarounds`` from the live registry: every backend's exporter imported (with ``--import``,
+    ``--check``, or a ``--scope`` that only an exporter's declared scopes know)."""
     import importlib
 
     from ._discovery import list_backends
@@ -148,18 +181,11 @@ def _cmd_workarounds(args: argparse.Namespace) -> int:
             except Exception as exc:  # listed, not fatal
                 print(f"# {info.name}: {exc}", file=sys.stderr)
     everything = list_workarounds()
-    for flag, value, known in (("--scope", args.scope, scopes | {r.scope for r in everything}),
-                               ("--kind", args.kind, {r.kind for r in everything})):
-        if value is not None and value not in known:  # a typo lists nothing: say so, before printing nothing
-            close = difflib.get_close_matches(value, sorted(known), n=1)
-            raise UsageError(f"{flag} {value!r} names no registered workaround"
-                             + (f" (did you mean {close[0]!r}?)" if close else "")
-                             + f"; the {flag[2:]}s known here: {', '.join(sorted(known))}")
+    _check_known("--scope", args.scope, scopes | {r.scope for r in everything})
+    _check_known("--kind", args.kind, {r.kind for r in everything})
     unresolved = 0
     for r in list_workarounds(args.scope, args.kind):
-        target = f" -> {', '.join(r.paths)}" if r.paths else ""
-        target += "".join(f" ({k}={v})" for k, v in r.data.items())
-        print(f"{r.scope:<20} {r.kind:<15} {r.qualified_name}{target}\n{'':<37}{r.summary}")
+        _print_workaround(r)
         if args.check:
             for problem in _unresolved(r):
                 unresolved += 1
