@@ -89,6 +89,34 @@ def test_the_cache_is_openvino_state_and_the_weights_are_stored_once(generated):
     assert 0.9 * params <= size <= 1.2 * params, (size, params)
 
 
+def index_put_transposes(xml: str) -> list[str]:
+    """The IR's ``Transpose`` layers that OpenVINO's frontend made for an ``aten.index_put`` (the cache write)."""
+    return re.findall(r'name="(index_put[^"]*/Transpose[^"]*)" type="Transpose"', xml)
+
+
+def test_the_cache_write_transposes_nothing(generated):
+    """``_fix_index_put_leading_slices``: the decoder's cache writes are ``ScatterNDUpdate``s on the variables, with
+    no ``Transpose`` of the cache around them (its test without the fix below shows two per buffer)."""
+    models, _, workdir = generated
+    if isinstance(models["llama"], Exception):
+        raise models["llama"]
+    section = json.loads((workdir / "llama" / "export.json").read_text())["components"]["decoder"]["openvino"]
+    xml = (workdir / "llama" / section["model_file"]).read_text()
+    assert len(re.findall(r'type="ScatterNDUpdate"', xml)) == 2 * models["llama"].config.num_hidden_layers
+    assert index_put_transposes(xml) == []
+
+
+@pytest.mark.slow
+def test_without_the_index_put_fix_the_cache_write_transposes_the_whole_cache(tmp_path):
+    model = tiny_model("llama")
+    hfexport.export(model, backend="openvino", task="text-generation", max_cache_len=32, max_batch=2,
+                    disable=("_fix_index_put_leading_slices",)).save_pretrained(tmp_path)
+    section = json.loads((tmp_path / "export.json").read_text())["components"]["decoder"]["openvino"]
+    transposes = index_put_transposes((tmp_path / section["model_file"]).read_text())
+    # at least one before and one after the ScatterNDUpdate, per buffer
+    assert len(transposes) >= 2 * 2 * model.config.num_hidden_layers, transposes
+
+
 @pytest.mark.slow
 def test_without_the_cat_fix_t5s_decode_step_does_not_convert():
     model = tiny_model("t5", layers=1)

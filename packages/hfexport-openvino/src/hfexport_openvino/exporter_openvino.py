@@ -272,6 +272,50 @@ def _fix_sdpa_fully_masked_rows(gm: Any, node: Any) -> bool:
     return True
 
 
+@register_fx_node_fix("openvino")
+def _fix_index_put_leading_slices(gm: Any, node: Any) -> bool:
+    """Replaces the leading ``None`` (whole-dim) indices of ``aten.index_put`` by explicit ``arange`` indices,
+    broadcast against the others: ``index_put(x, [None, p], v)`` becomes ``index_put(x, [arange(n)[:, None],
+    p[None, :]], v)``, which indexes the same elements. Only for leading dims of static size followed by tensor
+    indices only.
+
+    **Why**: OpenVINO's frontend lowers an ``index_put`` with a leading ``None`` as a ``Transpose`` of the whole
+    tensor (indexed dims first), a ``ScatterNDUpdate`` and a ``Transpose`` back. The KV-cache write of a stateful
+    generation program (``cache[:, positions] = new``, ``hfexport_dynamo.generation``: the form ExecuTorch's in-place
+    kernel needs) then copies the whole cache twice per layer and per decode step: 15.0 of 44.0 ms of a toy Llama's
+    step (512 hidden, 8 layers, cache of 1,024 positions, one thread) went to those transposes.
+    **Upstream**: none found (OpenVINO's ``aten.index_put`` translation,
+    ``src/frontends/pytorch/src/op/index_put_.cpp``); model-side, the cache write of
+    ``hfexport_dynamo.generation._capacity_layer``.
+    **Remove when**: a toy ``task="text-generation"`` export's decode step has no ``Transpose`` from ``index_put``
+    in the CPU plugin's performance counters with ``disable=("_fix_index_put_leading_slices",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.index_put.default:
+        return False
+    data, indices = node.args[0], list(node.args[1])
+    leading = next((i for i, index in enumerate(indices) if index is not None), len(indices))
+    rest = indices[leading:]
+    if leading == 0 or not rest or any(not isinstance(index, torch.fx.Node) or "val" not in index.meta
+                                       for index in rest) or "val" not in data.meta:
+        return False
+    sizes = data.meta["val"].shape[:leading]
+    if not all(isinstance(size, int) for size in sizes):
+        return False
+    rank = max(index.meta["val"].dim() for index in rest)  # the tensor indices' broadcast rank
+    graph, explicit = gm.graph, []
+    with graph.inserting_before(node):
+        for dim, size in enumerate(sizes):
+            arange = _call(graph, aten.arange.start_step, (0, size, 1),
+                           {"dtype": rest[0].meta["val"].dtype}, node)
+            shape = [1] * dim + [size] + [1] * (leading - 1 - dim + rank)
+            explicit.append(_call(graph, aten.view.default, (arange, shape), {}, node))
+    node.args = (data, [*explicit, *rest], *node.args[2:])
+    return True
+
+
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs."""
     import torch
