@@ -22,6 +22,18 @@ __all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_he
 
 PROGRAM_FILE = "model.pte"
 DATA_FILE_SUFFIX = ".ptd"
+# A program (.pte + .ptd) at least this large is collected before the runtime loads it, and before a reset loads it
+# again: its lowered graphs and their weights' bytes would otherwise be held beside the runtime's copy (the size of
+# the model twice). A full collection costs 0.2-0.5 s in a process holding torch, transformers and ExecuTorch (about
+# 500,000 objects), the whole of a small model's lowering budget; below this size the doubled memory is harmless.
+COLLECT_FROM_BYTES = 64 * 2**20
+
+
+def _collect_if_large(files: Sequence[Path]) -> None:
+    """``gc.collect()`` and hand free heap pages back, where ``files`` hold ``COLLECT_FROM_BYTES`` or more."""
+    if sum(p.stat().st_size for p in files if p.is_file()) >= COLLECT_FROM_BYTES:
+        gc.collect()  # fx graphs hold reference cycles: their lowered modules go only with a collection
+        release_free_memory()
 
 
 def input_dtypes(inputs: Mapping[str, Any]) -> list[str | None]:
@@ -129,8 +141,7 @@ class ExecutorchRunner(FileRunner):
         of buffers the program serializes without one). The old program goes first: the runtime would otherwise
         hold both while the new one loads (its delegates' packed weights: the size of the model)."""
         self.method = self.program = None
-        gc.collect()
-        release_free_memory()
+        _collect_if_large(self.files)
         self.open()
 
     @classmethod
@@ -152,7 +163,7 @@ class ExecutorchRunner(FileRunner):
 
 def program_writer(manager: Any) -> Callable[[Path], Path | None]:
     """``write(directory)`` for :meth:`FileRunner.from_writer`: writes ``manager``'s ``.pte`` (and ``.ptd``), then
-    lets go of the manager and collects it, so that the runtime does not load the program while the lowered
+    lets go of the manager and, for a program of ``COLLECT_FROM_BYTES`` or more, collects it, so that the runtime does not load the program while the lowered
     programs and the bytes of their weights (the size of the model) are still held. The caller drops its own
     references first."""
     held = [manager]
@@ -167,8 +178,7 @@ def program_writer(manager: Any) -> Callable[[Path], Path | None]:
             manager.write_tensor_data_to_file(directory)
             data_files = sorted(directory.glob(f"*{DATA_FILE_SUFFIX}"))
         del manager
-        gc.collect()  # fx graphs hold reference cycles: their lowered modules go only with a collection
-        release_free_memory()
+        _collect_if_large([directory / PROGRAM_FILE, *data_files])
         if len(data_files) > 1:
             raise ValueError(f"the program has {len(data_files)} data files ({[p.name for p in data_files]}); "
                              "the ExecuTorch runtime loads one")
