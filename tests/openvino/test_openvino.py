@@ -169,3 +169,26 @@ def test_the_backend_is_listed_with_its_distribution() -> None:
     out = subprocess.run([str(command), "backends"], capture_output=True, text=True, timeout=120)
     line = next(line for line in out.stdout.splitlines() if line.startswith("openvino "))
     assert line.split()[:4] == ["openvino", "hfexport-openvino", "0.1.0", "ok"], line
+
+
+class LastTokenPerRow(torch.nn.Module):
+    """MBart's ``shift_tokens_right``: each row's last non-pad token, ``gather(1, index).squeeze()`` of a
+    ``[batch, 1]`` tensor (traced as ``squeeze.dims(x, [0, 1])``, which torch applies to dim 1 only)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        last = (input_ids.ne(1).sum(dim=1) - 1).unsqueeze(-1)
+        return input_ids.gather(1, last).squeeze() * 2
+
+
+def test_squeeze_of_a_dynamic_dim_keeps_it_as_torch_does() -> None:
+    traced, other = ids(3, 6, 4) + 2, ids(5, 9, 5) + 2
+    exported = hfexport.export(LastTokenPerRow(), {"input_ids": traced}, backend="openvino", dynamic=True)
+    assert torch.equal(exported(input_ids=other), LastTokenPerRow()(other))
+
+
+def test_without_the_squeeze_fix_openvino_squeezes_the_dynamic_batch_and_fails() -> None:
+    with pytest.raises(hfexport.ExportError, match="verification") as failure:
+        hfexport.export(LastTokenPerRow(), {"input_ids": ids(3, 6, 4) + 2}, backend="openvino", dynamic=True,
+                        disable=("_fix_squeeze_dims_torch_keeps",))
+    cause = str(failure.value.__cause__)
+    assert "[CPU] Squeeze node" in cause and "Can not clone with new dims" in cause, cause

@@ -316,6 +316,39 @@ def _fix_index_put_leading_slices(gm: Any, node: Any) -> bool:
     return True
 
 
+@register_fx_node_fix("openvino")
+def _fix_squeeze_dims_torch_keeps(gm: Any, node: Any) -> bool:
+    """Drops from ``aten.squeeze.dims`` the dims that torch leaves in place: those whose traced size is not the
+    integer 1 (a dynamic dim, or a static one above 1); a squeeze left with no dim becomes ``aten.alias``.
+
+    **Why**: torch's ``squeeze(dims)`` leaves a dim whose size is not 1 unchanged, and the traced program's output
+    shape says which dims it removed. OpenVINO's ``Squeeze`` (opset 1) removes the listed axes of a dynamic dim and
+    fails at inference when one is not 1: MBart's ``shift_tokens_right`` (``gather(...).squeeze()`` of a
+    ``[batch, 1]`` tensor, traced as ``squeeze.dims(x, [0, 1])``) made MBartForSequenceClassification fail with
+    ``[CPU] Squeeze node ... Can not clone with new dims. Descriptor's shape: {1} is incompatible with provided
+    dimensions: {10}`` at batch 10.
+    **Upstream**: openvinotoolkit/openvino#24715 (static non-squeezable axes allowed, dynamic ones not) and #26989
+    (Squeeze-15's ``allow_axis_skip``, which the PyTorch frontend does not emit for ``squeeze.dims``).
+    **Remove when**: a tiny MBartForSequenceClassification exported with ``dynamic=True`` runs at another batch with
+    ``disable=("_fix_squeeze_dims_torch_keeps",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.squeeze.dims or "val" not in node.args[0].meta:
+        return False
+    shape = node.args[0].meta["val"].shape
+    dims = [d % len(shape) for d in node.args[1]] if shape else []
+    kept = [d for d in dims if isinstance(shape[d], int) and shape[d] == 1]
+    if kept == dims:
+        return False
+    if kept:
+        node.args = (node.args[0], kept)
+    else:
+        node.target, node.args = aten.alias.default, (node.args[0],)
+    return True
+
+
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs."""
     import torch
