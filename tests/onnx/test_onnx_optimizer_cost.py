@@ -96,3 +96,45 @@ def test_the_patched_matcher_answers_as_onnxscripts_own_on_every_node():
         assert bool(ours) == bool(own), node.op_type
         assert [n.name for n in ours.nodes] == [n.name for n in own.nodes], node.op_type
     assert answers == {"Tanh": False, "Slice": True, "Mul": False, "Add": False}
+
+
+REGISTRY_PATCH = "_patch_torchlib_registry_built_once"
+
+
+class SortedLookup(torch.nn.Module):
+    """``aten.searchsorted``: translated only by hfexport's ``_aten_searchsorted`` (torchlib has none)."""
+
+    def forward(self, sequence, values):
+        return torch.searchsorted(sequence, values) * 2
+
+
+def test_patch_torchlib_registry_built_once(monkeypatch):
+    """Without the patch every export builds torch.onnx's torchlib registry (the IR of onnxscript's ~500 functions,
+    from their source); with it the process builds it once. Each export gets its own copy: the translation one
+    export adds (``_aten_searchsorted``, through ``custom_translation_table``) is not in the next export's registry,
+    which then fails as an export without the translation does. The same graph and outputs either way."""
+    from torch.onnx._internal._lazy_import import onnxscript_apis  # what from_torchlib calls, once per build
+
+    builds: list[int] = []
+    original = onnxscript_apis.get_torchlib_ops
+    monkeypatch.setattr(onnxscript_apis, "get_torchlib_ops", lambda: builds.append(1) or original())
+    model = SortedLookup()
+    inputs = {"sequence": torch.tensor([[0.0, 1.0, 2.0, 4.0]]), "values": torch.tensor([[-1.0, 1.5, 3.0, 9.0]])}
+    expected = model(**inputs)
+
+    exports = {}
+    for label, disable in (("torch's own", (REGISTRY_PATCH,)), ("patched", ())):
+        counts = []
+        for _ in range(2):
+            builds.clear()
+            exported = hfexport.export(model, inputs, backend="onnx", disable=disable)
+            counts.append(len(builds))
+        graph = onnx.load(str(exported.runner.path), load_external_data=False).graph
+        exports[label] = (counts, [node.op_type for node in graph.node], exported(**inputs))
+        assert torch.equal(exports[label][2], expected), label
+    assert exports["torch's own"][0] == [1, 1]
+    assert exports["patched"][0][1] == 0  # the second export builds nothing (the first may: another module's ops)
+    assert exports["patched"][1] == exports["torch's own"][1]
+    with pytest.raises(hfexport.ExportError, match=r"No ONNX function found for <OpOverload\(op='aten.searchsorted'"):
+        hfexport.export(model, inputs, backend="onnx", disable=("_aten_searchsorted",))
+    assert builds == [], "the patched registry was built again"
