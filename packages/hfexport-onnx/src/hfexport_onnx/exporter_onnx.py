@@ -63,10 +63,10 @@ from ._errors import (
     onnx_hints,
     quiet_torch_onnx,
 )
+from ._export_cost import _patch_torchlib_registry_built_once  # noqa: F401 - registers it
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_open
 from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, drop_machine_metadata, node_count
 from ._naming import io_names, name_graph_io
-from ._export_cost import _patch_torchlib_registry_built_once  # noqa: F401 - registers it
 from ._optimizer_cost import _patch_multi_output_match_checks_its_anchor_first  # noqa: F401 - registers it
 from ._quantize import quantization_section, quantize_model
 from ._runner import (
