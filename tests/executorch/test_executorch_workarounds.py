@@ -400,6 +400,31 @@ def test_fix_sym_floor_mod():
         assert_matches(with_it, PadByNegativeRemainder(), sample)
 
 
+class PatchEmbed3d(torch.nn.Module):
+    """Qwen2-VL's ``PatchEmbed``: packed patches ``[n, 3 * 2 * 4 * 4]`` through a ``Conv3d`` whose kernel is the
+    whole patch (2 frames of 4x4 pixels), one output position each."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4), bias=False)
+
+    def forward(self, x):
+        return self.proj(x.view(-1, 3, 2, 4, 4)).view(-1, 8)
+
+
+def test_fix_patchify_conv3d_as_linear():
+    torch.manual_seed(0)
+    model, inputs = PatchEmbed3d().eval(), {"x": torch.randn(6, 96)}
+    shapes = {"x": {0: Dim("patches", min=2, max=64)}}
+    without = export(model, inputs, dynamic_shapes=shapes, disable=("_fix_patchify_conv3d_as_linear",), verify=False)
+    with pytest.raises(RuntimeError, match="0x12"):  # convolution.out: "Expect input tensor to be 3-D or 4-D"
+        without(**inputs)
+    with_it = export(model, inputs, dynamic_shapes=shapes)
+    assert "_fix_patchify_conv3d_as_linear" in fixes(with_it)
+    for sample in (inputs, {"x": torch.randn(17, 96)}):
+        assert_matches(with_it, model, sample)
+
+
 class Cubes(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -510,7 +535,7 @@ def test_every_workaround_has_a_test_here():
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
-              "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod"}
+              "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),

@@ -862,6 +862,47 @@ def _fix_sym_pow(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_patchify_conv3d_as_linear(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A 3-D convolution whose kernel covers its whole input (``[n, c, t, h, w]`` with kernel ``(t, h, w)``, no
+    padding, one group: a patch embedding such as Qwen2-VL's ``PatchEmbed``) as the linear layer it is:
+    ``linear(x.view(n, c * t * h * w), weight.view(out, -1), bias).view(n, out, 1, 1, 1)``.
+
+    **Why**: ExecuTorch's portable ``convolution.out`` takes 3-D and 4-D inputs only ("Expect input tensor to be
+    3-D or 4-D, but got, 5", error 0x12 at run time) and XNNPACK's partitioner takes 1-d and 2-d convolutions, so
+    the program of a vision tower that embeds patches with ``nn.Conv3d`` exports but cannot run. With one output
+    position per patch the convolution is one dot product per output channel: a linear layer (XNNPACK delegates
+    it), the same sums in another order.
+    **Upstream**: pytorch/executorch ``kernels/portable/cpu/util/kernel_ops_util.cpp``
+    (``check_convolution_args``: 3-D or 4-D input); no issue found for 3-D convolutions.
+    **Remove when**: ExecuTorch runs ``convolution.out`` on 5-D inputs (the test's patch embedding then runs with
+    this fix disabled).
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.convolution.default, aten.conv3d.default):
+        return False
+    args = list(node.args) + [None] * 9
+    source, weight, bias = args[0], args[1], args[2]
+    if node.target is aten.convolution.default:
+        padding, transposed, groups = args[4], args[6], args[8]
+    else:
+        padding, transposed, groups = node.kwargs.get("padding", args[4] or 0), False, args[6] or 1
+    shape, kernel = value(source).shape if isinstance(source, torch.fx.Node) else None, value(weight).shape
+    if shape is None or len(shape) != 5 or transposed or groups != 1 \
+            or any(p != 0 for p in ([padding] if isinstance(padding, int) else padding or [0])) \
+            or not all(isinstance(size, int) for size in shape[1:]) or tuple(shape[1:]) != tuple(kernel[1:]):
+        return False
+    features = kernel[1] * kernel[2] * kernel[3] * kernel[4]
+    with gm.graph.inserting_before(node):
+        flat = emit(gm, node, aten.view.default, source, [-1, features])
+        matrix = emit(gm, node, aten.view.default, weight, [kernel[0], features])
+        linear = emit(gm, node, aten.linear.default, flat, matrix, bias)
+        out = emit(gm, node, aten.view.default, linear, [-1, kernel[0], 1, 1, 1])
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_sym_floor_mod(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Makes ``a % k`` on a SymInt that may be negative, ``k`` a positive int, floor as Python's does:
     ``(a % k + k) % k``.
