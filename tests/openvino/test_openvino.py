@@ -192,3 +192,28 @@ def test_without_the_squeeze_fix_openvino_squeezes_the_dynamic_batch_and_fails()
                         disable=("_fix_squeeze_dims_torch_keeps",))
     cause = str(failure.value.__cause__)
     assert "[CPU] Squeeze node" in cause and "Can not clone with new dims" in cause, cause
+
+
+class ScaledEmbedding(torch.nn.Module):
+    """Gemma 3's token embedding: a lookup times the square root of the width (the embed program of its
+    image-text-to-text export)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 32)
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"inputs_embeds": self.embed(input_ids) * torch.tensor(32 ** 0.5)}
+
+
+def test_an_output_whose_compiled_port_holds_several_names_is_found_by_its_own() -> None:
+    """OpenVINO's CPU plugin gives the fused lookup-and-scale's port the names {'3', 'embedding:0',
+    'inputs_embeds'}; ``get_any_name()`` answers '3': the runner finds the output by every name of the port (the
+    export's verification raised ``KeyError: 'inputs_embeds'``, issue 28's Gemma 3 embed program)."""
+    torch.manual_seed(0)
+    model = ScaledEmbedding().eval()
+    exported = hfexport.export(model, {"input_ids": ids(2, 5, 0)}, backend="openvino", dynamic=True)
+    ports = exported.components[next(iter(exported.components))].runner.compiled.outputs
+    assert "inputs_embeds" in ports[0].get_names()
+    other = ids(3, 7, 1)
+    torch.testing.assert_close(exported(input_ids=other)["inputs_embeds"], model(other)["inputs_embeds"])

@@ -73,7 +73,10 @@ class OpenVINORunner(FileRunner):
         self.output_leaves: list[str | None] = list(self.io.get("output_leaves")
                                                     or [port.get_any_name() for port in self.compiled.outputs])
         self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
-        missing = sorted({n for n in self.input_leaves if n is not None} - set(names))
+        # a compiled port may hold several tensor names (the CPU plugin keeps a fused node's), get_any_name()
+        # one of them: a leaf is found by any (Gemma 3's scaled token embedding answered '3' for inputs_embeds)
+        missing = sorted({n for n in self.input_leaves if n is not None}
+                         - {n for port in self.compiled.inputs for n in port.get_names()})
         if missing:
             raise RuntimeError(f"{self.path.name} has no inputs {missing}; its inputs are {names}")
         self.request = self.compiled.create_infer_request()
@@ -90,6 +93,6 @@ class OpenVINORunner(FileRunner):
         feed = {name: torch.as_tensor(leaf).numpy() for name, leaf in zip(self.input_leaves, leaves, strict=True)
                 if name is not None}
         results = self.request.infer(feed, share_inputs=True, share_outputs=False)
-        values = {port.get_any_name(): value for port, value in results.items()}
+        values = {name: value for port, value in results.items() for name in port.get_names()}
         return [self.output_constants.get(str(i)) if name is None else torch.from_numpy(values[name])
                 for i, name in enumerate(self.output_leaves)]
