@@ -106,6 +106,20 @@ def test_generation_options_go_through_transformers_logits_processors(llama_gene
     assert torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS, eos_token_id=None, **options), expected)
 
 
+def test_the_repetition_penalty_skips_left_padding_as_model_generate_does(llama_generation):
+    """transformers' generate gives ``RepetitionPenaltyLogitsProcessor`` each row's padding length: a token that is
+    only in the padding is not penalized. The padding here is the token eager picks first in that row."""
+    model, exported = llama_generation
+    ids, mask = prompts()[2]
+    first = int(eager_generate(model, ids, mask, repetition_penalty=1.5, eos_token_id=None)[1, ids.shape[1]])
+    assert first not in ids[1, 3:].tolist()
+    ids[1, :3] = first  # the padding: penalized, the row's first new token would be another
+    expected = eager_generate(model, ids, mask, repetition_penalty=1.5, eos_token_id=None)
+    assert int(expected[1, ids.shape[1]]) == first
+    got = exported.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=None, repetition_penalty=1.5)
+    assert torch.equal(got, expected)
+
+
 def test_the_manifest_records_the_task_components_and_bounds(llama_generation, tmp_path):
     _, exported = llama_generation
     exported.save_pretrained(tmp_path / "a")

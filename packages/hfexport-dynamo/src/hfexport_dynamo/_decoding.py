@@ -108,11 +108,13 @@ def token_id_list(value: Any) -> list[int]:
     return [int(v) for v in (value if isinstance(value, list | tuple) else [value])]
 
 
-def logits_processors(config: Any, section: Mapping[str, Any], prompt_len: int, encoder_ids: Any) -> Any:
+def logits_processors(config: Any, section: Mapping[str, Any], prompt_len: int, encoder_ids: Any,
+                      attention_mask: torch.Tensor | None = None) -> Any:
     """transformers' own processors for ``config`` (``GenerationMixin._get_logits_processor``, which reads only
     these facts of the model), with ``config`` prepared as ``generate`` prepares it: ``max_length`` and
     ``min_length`` counted from the ``prompt_len`` ids the loop starts from (``ForcedEOSTokenLogitsProcessor``,
-    ``MinLengthLogitsProcessor`` read them), the EOS ids as a tensor."""
+    ``MinLengthLogitsProcessor`` read them), the EOS ids as a tensor. ``attention_mask`` (``[batch, prompt]``, a
+    decoder's): ``RepetitionPenaltyLogitsProcessor`` skips each row's left padding, as in ``model.generate``."""
     from transformers import GenerationMixin
 
     config = copy.deepcopy(config)
@@ -128,7 +130,9 @@ def logits_processors(config: Any, section: Mapping[str, Any], prompt_len: int, 
         get_text_config=lambda *a, **k: model_config)
     facts = types.SimpleNamespace(config=model_config, _merge_criteria_processor_list=lambda a, b: a)
     return GenerationMixin._get_logits_processor(facts, config, input_ids_seq_length=prompt_len,
-                                                 encoder_input_ids=encoder_ids, device="cpu", model_kwargs={})
+                                                 encoder_input_ids=encoder_ids, device="cpu",
+                                                 model_kwargs={} if attention_mask is None else
+                                                 {"attention_mask": attention_mask})
 
 
 def stopping_criteria(max_length: int, eos: list[int]) -> Any:

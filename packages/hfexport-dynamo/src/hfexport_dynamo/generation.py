@@ -771,7 +771,7 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
             per_position = {k: v[:, padding.shape[1]:] for k, v in per_position.items()}
     eos = token_id_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
-    processors = logits_processors(config, section, input_ids.shape[1], None)
+    processors = logits_processors(config, section, input_ids.shape[1], None, attention_mask)
     criteria = stopping_criteria(input_ids.shape[1] + config.max_new_tokens, eos)
 
     sequences, prefill_s, decode_s, steps, ends = _greedy(exported, section, input_ids, attention_mask, processors,
