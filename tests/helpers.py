@@ -51,6 +51,20 @@ KINDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         text_config=dict(_DECODER, model_type="gemma3_text", head_dim=8, sliding_window=64,
                          layer_types=["sliding_attention", "full_attention"]),
         mm_tokens_per_image=4, image_token_index=99, boi_token_index=97, eoi_token_index=98)),
+    # a Qwen2-VL vision tower of 4x4 patches of 4 pixels (16x16 images, 2 frames of a patch each), merged 2x2 into
+    # 4 image tokens, and its text model with 3-D RoPE (mrope sections 2, 1, 1 of the 4 rotary pairs); image token 99
+    "qwen2vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig", dict(
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=4,
+                           temporal_patch_size=2, spatial_merge_size=2, in_channels=3),
+        text_config=dict(_DECODER, bos_token_id=1, eos_token_id=2,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1])),
+        image_token_id=99, video_token_id=98, vision_start_token_id=97, vision_end_token_id=96)),
+    # a Voxtral (Whisper-style) audio encoder on chunks of 16 mel bins x 32 frames (16 positions, stacked by 4 into
+    # 4 audio tokens per chunk), a projector and the Llama decoder above; audio token 99
+    "voxtral": ("VoxtralForConditionalGeneration", "VoxtralConfig", dict(
+        audio_config=dict(num_mel_bins=16, max_source_positions=16, hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, intermediate_size=128),
+        text_config=dict(_DECODER, model_type="llama"), audio_token_id=99)),
     "idefics3": ("Idefics3ForConditionalGeneration", "Idefics3Config", dict(
         vision_config=dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                            num_attention_heads=2, image_size=32, patch_size=8),

@@ -177,8 +177,11 @@ def test_the_weights_are_stored_once(tmp_path):
 def test_generate_on_a_single_program_export_names_the_task_to_export_with():
     model = tiny_model("llama")
     exported = hfexport.export(model, backend="dynamo")
-    with pytest.raises(ValueError, match="task='text-generation'"):
+    with pytest.raises(ValueError, match="task='text-generation'") as refused:
         exported.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3)
+    from hfexport_dynamo._task_names import TASKS
+
+    assert all(f"'{task}'" in str(refused.value) for task in TASKS)  # every generation task the tracer plans
 
 
 @pytest.mark.parametrize("options,message", [

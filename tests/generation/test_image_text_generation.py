@@ -19,11 +19,11 @@ from helpers import generate_in_fresh_process, selected_params, tiny_model
 NEW_TOKENS = 20
 IMAGE_TOKEN, TOKENS_PER_IMAGE = 99, 16  # the tiny LLaVA's: a 32x32 image in 8x8 patches
 SMOLVLM_TOKENS_PER_IMAGE = 4  # the tiny SmolVLM's: 16 patches, pixel-shuffled by 2
-KINDS = ["llava", "smolvlm", "idefics3", "gemma3"]
+KINDS = ["llava", "smolvlm", "idefics3", "gemma3", "qwen2vl"]
 # The development loop: each family's code path on dynamo (an export of the three programs takes ~2 s) and one ONNX
 # export, Gemma 3's (its own attention path: the fused GroupQueryAttention broke its image blocks); the rest is slow
 # (an ONNX export ~8 s, ExecuTorch ~30 s of lowering three programs; Idefics3 is SmolVLM's path under its classes)
-QUICK = {("dynamo", "llava"), ("dynamo", "smolvlm"), ("dynamo", "gemma3"), ("onnx", "gemma3")}
+QUICK = {("dynamo", "llava"), ("dynamo", "smolvlm"), ("dynamo", "gemma3"), ("onnx", "gemma3"), ("dynamo", "qwen2vl")}
 CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}", marks=() if (backend, kind) in QUICK else pytest.mark.slow)
          for backend in ("dynamo", "onnx", "executorch-xnnpack") for kind in KINDS]
 
@@ -68,8 +68,25 @@ def gemma3_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[
                        "repetition_penalty": 1.5, "no_repeat_ngram_size": 2}
 
 
+def qwen2vl_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Qwen2-VL: two prompts of 16 positions, the second left-padded by 3; the first holds two images (4 tokens
+    each: a 4x4 grid of patches merged 2x2), the second one, so that the 3-D RoPE positions of text after an image
+    run on from ``max(h, w)``; the processor's packed patches ``[3 * 16, 96]``, ``image_grid_thw`` and
+    ``mm_token_type_ids``, with the repetition penalty and bigram ban of the Gemma 3 case."""
+    ids = torch.randint(3, 90, (2, 16), generator=torch.Generator().manual_seed(4))
+    ids[0, 2:6] = ids[0, 8:12] = ids[1, 5:9] = IMAGE_TOKEN
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    pixel_values = torch.randn(3 * 16, 96, generator=torch.Generator().manual_seed(pixel_seed))
+    return ids, mask, {"pixel_values": pixel_values, "image_grid_thw": torch.tensor([[1, 4, 4]] * 3),
+                       "mm_token_type_ids": (ids == IMAGE_TOKEN).int(), "repetition_penalty": 1.5,
+                       "no_repeat_ngram_size": 2}
+
+
 def case_inputs(kind: str, other_images: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``(input_ids, attention_mask, the images and options generate takes)`` of a family's case."""
+    if kind == "qwen2vl":
+        return qwen2vl_batch(pixel_seed=5 if other_images else 0)
     if kind == "gemma3":
         return gemma3_batch(pixel_seed=5 if other_images else 0)
     if kind in ("smolvlm", "idefics3"):
@@ -107,7 +124,7 @@ def new_process_runs(request, tmp_path_factory):
         model = vlm(kind)
         try:
             hfexport.export(model, backend=backend, task="image-text-to-text", max_batch=2,
-                            max_images=3 if kind in ("smolvlm", "idefics3") else None).save_pretrained(workdir / f"{backend}-{kind}")
+                            max_images=3 if kind in ("smolvlm", "idefics3", "qwen2vl") else None).save_pretrained(workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
             models[backend, kind] = error
             continue
@@ -248,3 +265,79 @@ def test_executorch_at_max_batch_1_attends_with_its_fused_kernel_over_a_row_with
     ids, mask, pixel_values = ids[1:], mask[1:], pixel_values[1:]  # the row left-padded by 3
     assert torch.equal(exported.generate(ids, mask, pixel_values=pixel_values, max_new_tokens=NEW_TOKENS),
                        eager_generate(model, ids, mask, pixel_values=pixel_values))
+
+
+# ── Qwen2-VL: packed patches at one grid, 3-D RoPE positions ─────────────────────────────────────────────
+@pytest.fixture(scope="module")
+def qwen2vl_dynamo():
+    model = tiny_model("qwen2vl")
+    return model, hfexport.export(model, backend="dynamo", task="image-text-to-text", max_batch=2, max_images=3,
+                                  max_cache_len=48)
+
+
+@pytest.mark.parametrize("layout", ["two images, left padding", "ends with an image", "no image"])
+def test_qwen2vl_rope_positions_are_the_models_get_rope_index(layout):
+    from hfexport_dynamo._image_prompt import rope_positions
+
+    model = tiny_model("qwen2vl")
+    ids, mask, media = qwen2vl_batch()
+    if layout == "ends with an image":
+        ids[1, -4:] = IMAGE_TOKEN  # a second image, the last 4 positions
+    if layout == "no image":
+        ids[ids == IMAGE_TOKEN] = 5
+    images = int((ids == IMAGE_TOKEN).sum()) // 4
+    expected, _ = model.model.get_rope_index(ids, (ids == IMAGE_TOKEN).int(), attention_mask=mask,
+                                             image_grid_thw=torch.tensor([[1, 4, 4]] * images) if images else None)
+    got = rope_positions(ids, mask, IMAGE_TOKEN, [1, 4, 4], 2)
+    assert torch.equal(got, expected)
+    if images:  # the 3-D positions differ from the 1-D ones the text decoders count: the test would see a mix-up
+        assert not torch.equal(got, got[:1].expand(3, -1, -1))
+
+
+def test_qwen2vl_manifest_and_vision_program_at_its_static_grid(qwen2vl_dynamo):
+    model, exported = qwen2vl_dynamo
+    vision = exported.manifest["generation"]["vision"]
+    assert (vision["pixel_values_shape"], vision["grid_thw"], vision["image_size"], vision["tokens_per_image"]) == \
+        ([16, 96], [1, 4, 4], [16, 16], 4)
+    decoder = {i["name"]: i for i in exported.manifest["components"]["decoder"]["inputs"]}
+    assert decoder["position_ids"]["shape"][0] == 3
+    _, _, media = qwen2vl_batch()
+    for images in (1, 3):  # the number of images is dynamic; each is attended over alone (as eager splits them)
+        patches = media["pixel_values"][:16 * images]
+        with torch.no_grad():
+            expected = torch.cat(model.model.get_image_features(patches, media["image_grid_thw"][:images]).pooler_output)
+        got = exported.run("vision", pixel_values=patches.reshape(images, 16, 96))["image_embeds"]
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (lambda ids, m: {**m, "image_grid_thw": torch.tensor([[1, 6, 6]] * 3)}, ValueError,
+     r"image_grid_thw holds \[\(1, 6, 6\)\]; this export takes images of the grid \[1, 4, 4\] \(16x16 pixels\)"),
+    (lambda ids, m: {k: v for k, v in m.items() if k != "image_grid_thw"}, ValueError, "need their image_grid_thw"),
+    (lambda ids, m: {**m, "pixel_values": m["pixel_values"].reshape(3, 16, 96)}, TypeError,
+     r"pixel_values must be a float tensor \[images \* 16, 96\]"),
+    (lambda ids, m: {**m, "mm_token_type_ids": torch.zeros_like(ids)}, ValueError,
+     "mm_token_type_ids must be 1 exactly at the image tokens"),
+])
+def test_qwen2vl_images_of_another_grid_or_without_it_are_refused_by_name(qwen2vl_dynamo, change, error, message):
+    _, exported = qwen2vl_dynamo
+    ids, mask, media = qwen2vl_batch()
+    with pytest.raises(error, match=message):
+        exported.generate(ids, mask, **change(ids, media), max_new_tokens=2)
+
+
+def test_qwen2vl_two_images_in_one_run_of_tokens_are_refused():
+    """Without a token between them, the model's own get_rope_index takes two images' tokens for one image."""
+    from hfexport_dynamo._image_prompt import rope_positions
+
+    ids, mask, _ = qwen2vl_batch()
+    ids[0, 6:8] = IMAGE_TOKEN  # the two images' runs of tokens now touch: one run of 10
+    with pytest.raises(ValueError, match="a run of 10 image tokens .* in row 0: each image is one run of 4"):
+        rope_positions(ids, mask, IMAGE_TOKEN, [1, 4, 4], 2)
+
+
+def test_qwen2vl_vision_attention_without_its_patch_does_not_export():
+    """``_patch_qwen_vl_vision_segments``: the model splits the packed patches per image on ``.tolist()``."""
+    with pytest.raises(hfexport.ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode|unbacked"):
+        hfexport.export(tiny_model("qwen2vl"), backend="dynamo", task="image-text-to-text", max_batch=2,
+                        disable=("_patch_qwen_vl_vision_segments",))

@@ -734,8 +734,10 @@ class ExportedModel:
         if self.generator is None:
             raise ValueError(f"this {self.backend} artifact of {self.manifest.get('model_class')} was exported for "
                              f"{f'task {task!r}' if task else 'one forward pass'} and cannot generate: export it "
-                             "with task='text-generation' (decoders), 'text2text-generation' (encoder-decoders) or "
-                             "'automatic-speech-recognition' (Whisper), or `hfexport export MODEL --task ...`")
+                             "with task='text-generation' (decoders), 'text2text-generation' (encoder-decoders), "
+                             "'automatic-speech-recognition' (Whisper), 'image-text-to-text' (vision-language "
+                             "models) or 'audio-text-to-text' (audio-language models), or `hfexport export MODEL "
+                             "--task ...`")
         return self.generator(self, input_ids, attention_mask, **options)
 
     # ── saving ────────────────────────────────────────────────────────────────────────────────────────

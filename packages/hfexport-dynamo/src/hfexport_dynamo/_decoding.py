@@ -12,9 +12,17 @@ from typing import Any
 
 import torch
 
-from ._task_names import IMAGE_TEXT_TO_TEXT, SPEECH_RECOGNITION, TASKS, TEXT2TEXT_GENERATION, TEXT_GENERATION
+from ._task_names import (
+    AUDIO_TEXT_TO_TEXT,
+    IMAGE_TEXT_TO_TEXT,
+    MEDIA_TASKS,
+    SPEECH_RECOGNITION,
+    TASKS,
+    TEXT2TEXT_GENERATION,
+    TEXT_GENERATION,
+)
 
-__all__ = ["IMAGE_TEXT_TO_TEXT", "SPEECH_RECOGNITION", "TASKS", "TEXT2TEXT_GENERATION", "TEXT_GENERATION", "GenerationStats", "check_bounds",
+__all__ = ["AUDIO_TEXT_TO_TEXT", "IMAGE_TEXT_TO_TEXT", "MEDIA_TASKS", "SPEECH_RECOGNITION", "TASKS", "TEXT2TEXT_GENERATION", "TEXT_GENERATION", "GenerationStats", "check_bounds",
            "check_prompt", "generation_manifest", "input_names", "logits_processors", "merged_generation_config",
            "stopping_criteria", "token_id_list"]
 

@@ -4,17 +4,19 @@ before its language model), for :func:`hfexport_dynamo.generation.generate`; the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["EMBED", "VISION", "image_prompt"]
+__all__ = ["AUDIO", "EMBED", "VISION", "audio_prompt", "image_prompt", "rope_positions"]
 
-VISION, EMBED = "vision", "embed"  # the component names (the decoder's is generation.DECODER)
+VISION, AUDIO, EMBED = "vision", "audio", "embed"  # the component names (the decoder's is generation.DECODER)
 
 
-def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, media: Mapping[str, Any]
+def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 media: Mapping[str, Any]
                  ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], dict[str, torch.Tensor]]:
     """The prompt's ``inputs_embeds`` with the images' embeddings at the image token's positions, as the model's
     ``forward`` merges them, and the decode steps' embedding of new ids.
@@ -24,31 +26,40 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
         section: its manifest's ``generation`` section.
         input_ids: ``int64 [batch, prompt]``, checked (:func:`hfexport_dynamo._decoding.check_prompt`); each image
             is ``tokens_per_image`` positions of ``image_token_id``, in the order of the images.
+        attention_mask: ``int64 [batch, prompt]``, 0 at left padding.
         media: ``{"pixel_values": float [images, channels, height, width]}``; where the manifest says ``per_row``
             (Idefics3, SmolVLM), ``[batch, images, channels, height, width]`` with all-zero padding images, dropped
             as the model drops them, and optionally ``pixel_attention_mask`` ``[batch, images, height, width]``
             (only full images are taken); Gemma 3 optionally ``token_type_ids`` ``[batch, prompt]`` (checked: 1 at
-            the image tokens). Nothing: a prompt without images.
+            the image tokens). Where the manifest says ``patches`` (Qwen2-VL), the processor's packed patches
+            ``float [images * patches, patch_dim]``, ``image_grid_thw`` ``int64 [images, 3]`` (each the export's
+            ``grid_thw``) and optionally ``mm_token_type_ids`` ``[batch, prompt]`` (checked: 1 at the image tokens).
+            Nothing: a prompt without images.
 
     Returns:
         ``(inputs_embeds float [batch, prompt, hidden], embed, per_position)`` where ``embed(ids [batch, 1])`` runs
         the ``embed`` program, and ``per_position`` holds the decoder's other prompt inputs: ``image_blocks``
         ``int64 [batch, prompt]`` (each image's index in its row at its tokens, -1 elsewhere: transformers'
         ``get_block_sequence_ids_for_mask``) where the manifest says ``token_types`` (Gemma 3: image tokens attend
-        to their whole image).
+        to their whole image); ``position_ids`` ``int64 [3, batch, prompt]`` where it says ``mrope`` (Qwen2-VL:
+        :func:`rope_positions`).
 
     Raises:
-        TypeError: ``pixel_values`` is not a float tensor of rank 4 (5 where ``per_row``).
+        TypeError: ``pixel_values`` is not a float tensor of rank 4 (5 where ``per_row``, 2 where ``patches``).
         ValueError: another image size than the export's, more images than ``max_images``, an image with masked
-            pixels, a number of image tokens that is not ``images x tokens_per_image``, or (``token_types``) a
-            prompt longer than ``prefill_chunk`` (each says which), before any program runs.
+            pixels, a number of image tokens that is not ``images x tokens_per_image``, an ``image_grid_thw`` that
+            is not the export's grid or missing, an image's tokens not in one run (``mrope``), or (``token_types``)
+            a prompt longer than ``prefill_chunk`` (each says which), before any program runs.
     """
     vision = section["vision"]
     token, per_image = vision["image_token_id"], vision["tokens_per_image"]
     pixel_values = media.get("pixel_values")
     image_tokens = int((input_ids == token).sum())
     images = 0
-    if pixel_values is not None:
+    if pixel_values is not None and vision.get("patches"):
+        pixel_values = _patches(vision, pixel_values, media.get("image_grid_thw"))
+        images = pixel_values.shape[0]
+    elif pixel_values is not None:
         shape, per_row = vision["pixel_values_shape"], vision.get("per_row", False)
         layout = f"[{'batch, images' if per_row else 'images'}, {', '.join(map(str, shape))}]"
         if not isinstance(pixel_values, torch.Tensor) or not pixel_values.is_floating_point() \
@@ -72,33 +83,153 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
                                  "and splits images)")
             pixel_values = pixel_values[real]
         images = pixel_values.shape[0]
-        if images > vision["max_images"]:
-            raise ValueError(f"{images} images exceed this export's max_images={vision['max_images']}: pass fewer, "
-                             "or export again with a larger max_images")
+    if images > vision["max_images"]:
+        raise ValueError(f"{images} images exceed this export's max_images={vision['max_images']}: pass fewer, "
+                         "or export again with a larger max_images")
     if image_tokens != images * per_image:
         raise ValueError(f"input_ids hold {image_tokens} image tokens (id {token}) for {images} image(s) of "
                          f"{per_image} tokens each: put {per_image} image tokens per image in the prompt, as the "
                          "model's processor does")
 
     per_position = {}
+    is_image = input_ids == token
+    types_name = "token_type_ids" if vision.get("token_types") else "mm_token_type_ids"
+    types = media.get(types_name)  # the processor's: 1 at image tokens (read from the ids here)
+    if types is not None and not torch.equal(torch.as_tensor(types).long(), is_image.long()):
+        raise ValueError(f"{types_name} must be 1 exactly at the image tokens (id {token}), as the model's "
+                         "processor makes them; or leave them out")
+    if vision.get("mrope"):
+        per_position["position_ids"] = rope_positions(input_ids, attention_mask, token, vision["grid_thw"],
+                                                      vision["spatial_merge_size"])
     if vision.get("token_types"):  # the decoder's bidirectional image blocks are read within one prefill call
         if input_ids.shape[1] > section["prefill_chunk"]:
             raise ValueError(f"a prompt of {input_ids.shape[1]} tokens exceeds this export's prefill_chunk="
                              f"{section['prefill_chunk']}: its image tokens attend to their whole image, which one "
                              "prefill call must hold; shorten the prompt or export with a larger prefill_chunk")
-        is_image = input_ids == token
         starts = is_image & ~torch.nn.functional.pad(is_image, (1, 0))[:, :-1]
         per_position["image_blocks"] = torch.where(is_image, starts.long().cumsum(-1) - 1, -1)
-        types = media.get("token_type_ids")  # the processor's: 1 at image tokens (read from the ids here)
-        if types is not None and not torch.equal(torch.as_tensor(types).long(), is_image.long()):
-            raise ValueError("token_type_ids must be 1 exactly at the image tokens (id "
-                             f"{token}), as the model's processor makes them; or leave them out")
 
+    embeds, embed = _merged(exported, input_ids, is_image, VISION, {"pixel_values": pixel_values} if images else {})
+    return embeds, embed, per_position
+
+
+def audio_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 media: Mapping[str, Any]
+                 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], dict[str, torch.Tensor]]:
+    """:func:`image_prompt` for an ``"audio-text-to-text"`` artifact (Voxtral): the ``audio`` program's embeddings
+    of each chunk scattered, in order, over the positions of ``audio_token_id``.
+
+    Args:
+        media: ``{"input_features": float [chunks, mels, frames]}`` (the processor's log-mel chunks of the
+            export's fixed length, every row's in order), or nothing (a prompt without audio).
+
+    Returns:
+        ``(inputs_embeds, embed, {})`` as :func:`image_prompt`'s.
+
+    Raises:
+        TypeError: ``input_features`` is not a float tensor of rank 3.
+        ValueError: chunks of another shape than the export's, more chunks than ``max_audio_chunks``, or a number
+            of audio tokens that is not ``chunks x tokens_per_chunk`` (each says which), before any program runs.
+    """
+    audio = section["audio"]
+    token, per_chunk, shape = audio["audio_token_id"], audio["tokens_per_chunk"], audio["input_features_shape"]
+    features = media.get("input_features")
+    chunks = 0
+    if features is not None:
+        if not isinstance(features, torch.Tensor) or not features.is_floating_point() or features.dim() != 3:
+            raise TypeError(f"input_features must be a float tensor [chunks, {shape[0]}, {shape[1]}], got "
+                            f"{getattr(features, 'dtype', type(features).__name__)} of shape "
+                            f"{list(getattr(features, 'shape', []))}")
+        if list(features.shape[1:]) != shape:
+            raise ValueError(f"input_features has chunks of {list(features.shape[1:])}; this export takes "
+                             f"[chunks, {shape[0]}, {shape[1]}] ({shape[0]} mel bins, {shape[1]} frames: the audio "
+                             "encoder's fixed length, to which the model's feature extractor pads each chunk)")
+        chunks = features.shape[0]
+    if chunks > audio["max_audio_chunks"]:
+        raise ValueError(f"{chunks} audio chunks exceed this export's max_audio_chunks={audio['max_audio_chunks']}: "
+                         "pass fewer, or export again with a larger max_batch")
+    is_audio = input_ids == token
+    if int(is_audio.sum()) != chunks * per_chunk:
+        raise ValueError(f"input_ids hold {int(is_audio.sum())} audio tokens (id {token}) for {chunks} chunk(s) of "
+                         f"{per_chunk} tokens each: put {per_chunk} audio tokens per chunk in the prompt, as the "
+                         "model's processor does")
+    embeds, embed = _merged(exported, input_ids, is_audio, AUDIO, {"input_features": features} if chunks else {})
+    return embeds, embed, {}
+
+
+def _merged(exported: Any, input_ids: torch.Tensor, at: torch.Tensor, program: str, encoded: Mapping[str, Any]
+            ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The prompt's ``inputs_embeds`` (the ``embed`` program) with ``program``'s one output on ``encoded`` (cast to
+    the embeddings' dtype) scattered over the positions ``at`` (``bool [batch, prompt]``), as the models'
+    ``masked_scatter``; and the decode steps' embedding of new ids."""
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return exported.run(EMBED, input_ids=ids)["inputs_embeds"]
 
     embeds = embed(input_ids)
-    if images:
-        features = exported.run(VISION, pixel_values=pixel_values.to(embeds.dtype))["image_embeds"]
-        embeds = embeds.masked_scatter((input_ids == token)[..., None], features.to(embeds.dtype))
-    return embeds, embed, per_position
+    if encoded:
+        (features,) = exported.run(program, **{k: v.to(embeds.dtype) for k, v in encoded.items()}).values()
+        embeds = embeds.masked_scatter(at[..., None], features.to(embeds.dtype))
+    return embeds, embed
+
+
+def _patches(vision: Mapping[str, Any], pixel_values: Any, grid_thw: Any) -> torch.Tensor:
+    """Qwen2-VL's packed patches ``[images * patches, patch_dim]`` checked against the export's grid, as the vision
+    program's ``[images, patches, patch_dim]``."""
+    shape, grid = vision["pixel_values_shape"], vision["grid_thw"]
+    height, width = vision["image_size"]
+    if not isinstance(pixel_values, torch.Tensor) or not pixel_values.is_floating_point() or pixel_values.dim() != 2 \
+            or pixel_values.shape[1] != shape[1]:
+        raise TypeError(f"pixel_values must be a float tensor [images * {shape[0]}, {shape[1]}] (the processor's "
+                        f"packed patches), got {getattr(pixel_values, 'dtype', type(pixel_values).__name__)} of "
+                        f"shape {list(getattr(pixel_values, 'shape', []))}")
+    if grid_thw is None:
+        raise ValueError("pixel_values of packed patches need their image_grid_thw [images, 3] (the processor's)")
+    grids = torch.as_tensor(grid_thw).reshape(-1, 3)
+    if not bool((grids == torch.tensor(grid)).all()):
+        raise ValueError(f"image_grid_thw holds {sorted({tuple(g) for g in grids.tolist()})}; this export takes "
+                         f"images of the grid {grid} ({height}x{width} pixels): resize the images to {height}x{width} "
+                         "before the model's processor, or export again with an example of that size")
+    if pixel_values.shape[0] != grids.shape[0] * shape[0]:
+        raise ValueError(f"pixel_values holds {pixel_values.shape[0]} patches for {grids.shape[0]} image(s) of "
+                         f"{shape[0]} patches (image_grid_thw): pass the processor's pixel_values and grid together")
+    return pixel_values.reshape(-1, *shape)
+
+
+def rope_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, image_token_id: int,
+                   grid_thw: Sequence[int], spatial_merge_size: int) -> torch.Tensor:
+    """Qwen2-VL's multimodal RoPE positions of a prompt, as the model's ``get_rope_index`` computes them: over each
+    row's tokens (padding left at 0), a run of text counts on from the position reached; an image's run of tokens
+    takes ``(t, h, w)`` positions over its merged grid, each offset by the position reached, which then advances
+    by ``max(h, w)``.
+
+    Args:
+        input_ids, attention_mask: ``int64 [batch, prompt]``.
+        image_token_id: the image token; each image is one run of ``t * h * w / spatial_merge_size ** 2`` of them.
+        grid_thw: every image's ``(t, h, w)`` in patches.
+        spatial_merge_size: the patches merged per side into one image token.
+
+    Returns:
+        ``int64 [3, batch, prompt]``.
+
+    Raises:
+        ValueError: a run of image tokens that is not one image's (the processor puts ``<|vision_start|>`` and
+            ``<|vision_end|>`` around each image).
+    """
+    t, h, w = grid_thw[0], grid_thw[1] // spatial_merge_size, grid_thw[2] // spatial_merge_size
+    grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)
+    positions = torch.zeros(3, *input_ids.shape, dtype=torch.long)
+    for row in range(input_ids.shape[0]):
+        keep = attention_mask[row].bool()
+        is_image = (input_ids[row][keep] == image_token_id).tolist()
+        parts, reached = [], 0
+        for image, run in itertools.groupby(is_image):
+            length = len(list(run))
+            if image and length != grid.shape[1]:
+                raise ValueError(f"a run of {length} image tokens (id {image_token_id}) in row {row}: each image is "
+                                 f"one run of {grid.shape[1]} (put other tokens between images, as the processor's "
+                                 "<|vision_start|> and <|vision_end|> do)")
+            parts.append(grid + reached if image else torch.arange(length).expand(3, -1) + reached)
+            reached += max(h, w) if image else length
+        if parts:
+            positions[:, row, keep] = torch.cat(parts, 1)
+    return positions

@@ -41,8 +41,8 @@ import torch
 
 from hfexport.plugin import InvalidInputError
 
-from ._decoding import IMAGE_TEXT_TO_TEXT, generation_manifest
-from ._image_prompt import EMBED, VISION
+from ._decoding import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, generation_manifest
+from ._image_prompt import AUDIO, EMBED, VISION
 from .generation import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
 
 __all__ = ["FAMILIES", "EmbedsLMStep", "Family", "LanguageModelHead", "TokenEmbedStep", "ImageBlocksLMStep", "VisionStep",
@@ -57,15 +57,23 @@ class Family:
         inner: the attribute of the ``...ForConditionalGeneration`` that holds the parts (``"model"``).
         vision: the inner model's vision modules (tower, projector or connector): the ``vision`` program's weights.
         language: the inner model's language model (a transformers ``...Model`` taking ``inputs_embeds``).
-        encode: ``"get_image_features"`` (the model's own, on ``[images, C, H, W]``), or ``"tower_connector"``
+        encode: ``"get_image_features"`` (the model's own, on ``[images, C, H, W]``), ``"tower_connector"``
             (``connector(vision_model(pixel_values).last_hidden_state)``: Idefics3/SmolVLM's
-            ``get_image_features`` without its data-dependent removal of padding images, which ``generate`` does).
+            ``get_image_features`` without its data-dependent removal of padding images, which ``generate`` does),
+            or ``"patches"`` (Qwen2-VL: the vision model on each image's flattened patches ``[images, patches,
+            channels * temporal_patch * patch * patch]`` at one static grid, its patch positions and per-image
+            segments computed for that grid instead of from ``image_grid_thw``).
         per_row: the processor gives ``pixel_values [batch, images, C, H, W]`` with all-zero padding images
             (Idefics3/SmolVLM), not ``[images, C, H, W]``.
         token_types: an image's tokens attend to each other both ways inside the causal mask (Gemma 3): the
             decoder takes ``image_blocks`` ``int64 [batch, seq]`` (the image's index at its tokens, -1 elsewhere and
             at decode steps: transformers' ``block_sequence_ids``, which ``generate`` computes from the image
             tokens) and builds its masks with the model module's ``create_masks_for_vision_model``.
+        media: ``"image"``, or ``"audio"`` (task ``"audio-text-to-text"``: the ``audio`` program, an
+            :class:`AudioStep`, takes the feature extractor's log-mel chunks in place of images).
+        mrope: the language model's RoPE takes 3-D positions (Qwen2-VL's multimodal RoPE): the decoder's
+            ``position_ids`` are ``int64 [3, batch, seq]`` (temporal, height, width), which ``generate`` computes
+            as the model's ``get_rope_index`` does.
     """
 
     inner: str
@@ -74,6 +82,8 @@ class Family:
     encode: str = "get_image_features"
     per_row: bool = False
     token_types: bool = False
+    mrope: bool = False
+    media: str = "image"
 
 
 _SPLITTING = Family("model", ("vision_model", "connector"), "text_model", "tower_connector", per_row=True)
@@ -83,6 +93,9 @@ FAMILIES: dict[str, Family] = {
     "SmolVLMForConditionalGeneration": _SPLITTING,
     "Gemma3ForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model",
                                              token_types=True),
+    "Qwen2VLForConditionalGeneration": Family("model", ("visual",), "language_model", "patches", mrope=True),
+    "VoxtralForConditionalGeneration": Family("model", ("audio_tower", "multi_modal_projector"), "language_model",
+                                              "get_audio_features", media="audio"),
 }
 _TRACE_IMAGES = 2  # not 1: torch.export specializes a dim of size 1
 
@@ -103,13 +116,26 @@ class _Holding(torch.nn.Module):
 class VisionStep(_Holding):
     """The ``vision`` program: ``pixel_values [images, channels, height, width]`` -> ``{"image_embeds": float
     [images * tokens_per_image, hidden]}`` by the model's ``get_image_features`` (vision tower, feature layer and
-    selection, projector), or its vision model and connector (:attr:`Family.encode`)."""
+    selection, projector), or its vision model and connector (:attr:`Family.encode`); Qwen2-VL: ``pixel_values
+    [images, patches, patch_dim]`` at the static ``grid`` ``(t, h, w)`` in patches."""
 
-    def __init__(self, inner: torch.nn.Module, family: Family, config: Any):
+    def __init__(self, inner: torch.nn.Module, family: Family, config: Any, grid: tuple[int, int, int] | None = None):
         super().__init__(inner, family.vision, config)
         self.encode = family.encode
+        if grid is not None:  # one image's patch positions (transformers' own, for the static grid): constants
+            from transformers.vision_utils import get_vision_position_ids
+
+            self.register_buffer("grid", torch.tensor([grid]), persistent=False)
+            self.register_buffer("patch_positions", get_vision_position_ids(
+                self.grid, self.visual.spatial_merge_size), persistent=False)
 
     def forward(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.encode == "patches":  # the images' segments: cu_seqlens of equal images, no data-dependent grid
+            images, patches = pixel_values.shape[:2]
+            segments = torch.arange(images + 1, dtype=torch.int32, device=pixel_values.device) * patches
+            out = self.visual(pixel_values.flatten(0, 1), grid_thw=self.grid.expand(images, -1),
+                              position_ids=self.patch_positions.repeat(images, 1), cu_seqlens=segments)
+            return {"image_embeds": out.pooler_output}
         if self.encode == "tower_connector":
             hidden = self.vision_model(pixel_values=pixel_values, return_dict=True).last_hidden_state
             features = self.connector(hidden)
@@ -118,6 +144,19 @@ class VisionStep(_Holding):
         if isinstance(features, torch.Tensor):
             features = [features]
         return {"image_embeds": torch.cat([f.reshape(-1, f.shape[-1]) for f in features])}
+
+
+class AudioStep(_Holding):
+    """The ``audio`` program (task ``"audio-text-to-text"``): ``input_features [chunks, mels, frames]`` (the feature
+    extractor's log-mel chunks at the encoder's fixed length) -> ``{"audio_embeds": float [chunks *
+    tokens_per_chunk, hidden]}`` by the model's ``get_audio_features`` (audio encoder, frames stacked, projector)."""
+
+    def __init__(self, inner: torch.nn.Module, family: Family, config: Any):
+        super().__init__(inner, family.vision, config)
+
+    def forward(self, input_features: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"audio_embeds": self.inner.get_audio_features(input_features=input_features,
+                                                              return_dict=True).pooler_output}
 
 
 class TokenEmbedStep(torch.nn.Module):
@@ -228,13 +267,21 @@ class ImageBlocksLMStep(CausalLMStep):
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
-def _family(model: Any) -> Family:
-    name = type(model).__name__
-    if name not in FAMILIES:
+def _family(model: Any, task: str) -> Family:
+    name, media = type(model).__name__, "audio" if task == AUDIO_TEXT_TO_TEXT else "image"
+    families = [family for family, kind in FAMILIES.items() if kind.media == media]
+    if name not in families:
         raise InvalidInputError(
-            f"{name} cannot be exported for task {IMAGE_TEXT_TO_TEXT!r}: hfexport merges image embeddings for "
-            f"{', '.join(FAMILIES)} so far; export its language model with task='text-generation' instead")
+            f"{name} cannot be exported for task {task!r}: hfexport merges {media} embeddings for "
+            f"{', '.join(families)} so far; export its language model with task='text-generation' instead")
     return FAMILIES[name]
+
+
+def _audio_shape(model: Any) -> list[int]:
+    """``[mels, frames]`` of one chunk: the audio encoder's fixed input (``num_mel_bins`` by twice
+    ``max_source_positions``, the frames its two convolutions halve once)."""
+    audio = model.config.audio_config
+    return [int(audio.num_mel_bins), 2 * int(audio.max_source_positions)]
 
 
 def _image_shape(model: Any) -> tuple[int, int, int]:
@@ -245,14 +292,40 @@ def _image_shape(model: Any) -> tuple[int, int, int]:
     return int(getattr(vision, "num_channels", 3)), int(height), int(width)
 
 
-def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
-                    max_batch: int | None = None, prefill_chunk: int | None = None, max_images: int | None = None,
-                    stateful: bool = False, fused_cache_attention: Any = False) -> Any:
-    """The ``vision``, ``embed`` and ``decoder`` components of a vision-language model (see the module docstring).
+def _patch_grid(model: Any, grid_thw: Any) -> tuple[tuple[int, int, int], list[int], list[int]]:
+    """Qwen2-VL's static grid ``(1, h, w)`` in patches, the vision program's ``[patches, patch_dim]`` and the image
+    size ``[height, width]`` in pixels: the example's ``image_grid_thw`` (every image the same), else the smallest
+    image the model's processor makes (``2 * spatial_merge_size`` patches a side: 56x56 pixels for the released
+    models, whose processor resizes to a multiple of ``patch_size * spatial_merge_size``).
+
+    Raises:
+        hfexport.InvalidInputError: an ``image_grid_thw`` that is not one still image's grid repeated.
+    """
+    vision = model.config.vision_config
+    merge, patch = int(vision.spatial_merge_size), int(vision.patch_size)
+    grid = (1, 2 * merge, 2 * merge)
+    if grid_thw is not None:
+        rows = {tuple(row) for row in torch.as_tensor(grid_thw).reshape(-1, 3).tolist()}
+        if len(rows) != 1 or next(iter(rows))[0] != 1 or any(side % merge for side in next(iter(rows))[1:]):
+            raise InvalidInputError(f"the example image_grid_thw must give one grid (1, h, w), h and w multiples of "
+                                    f"spatial_merge_size={merge}, to every image (the export's static image size), "
+                                    f"got {sorted(rows)}")
+        grid = next(iter(rows))
+    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * patch * patch
+    return grid, [grid[0] * grid[1] * grid[2], patch_dim], [grid[1] * patch, grid[2] * patch]
+
+
+def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task: str = IMAGE_TEXT_TO_TEXT,
+                    max_cache_len: int | None = None, max_batch: int | None = None, prefill_chunk: int | None = None,
+                    max_images: int | None = None, stateful: bool = False, fused_cache_attention: Any = False) -> Any:
+    """The ``vision``, ``embed`` and ``decoder`` components of a vision-language model (see the module docstring);
+    for ``task="audio-text-to-text"``, the ``audio``, ``embed`` and ``decoder`` components of an audio-language
+    model (Voxtral: :class:`AudioStep`; at most ``max_batch`` chunks per call).
 
     Args:
         model: a ``...ForConditionalGeneration`` of :data:`FAMILIES`.
-        inputs: an example ``{"input_ids", "attention_mask", "pixel_values"}`` (each optional); default: seeded.
+        inputs: an example ``{"input_ids", "attention_mask", "pixel_values"}`` (``"input_features"`` for audio;
+            each optional); default: seeded.
         max_cache_len, max_batch, prefill_chunk, stateful, fused_cache_attention: as for ``"text-generation"``
             (:func:`hfexport_dynamo.generation.plan_task`).
         max_images: the most images one call of ``generate`` takes, the whole batch's (default ``max_batch``: one
@@ -266,38 +339,55 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
 
     from hfexport.plugin import ComponentPlan, TaskPlan
 
-    family = _family(model)
+    family = _family(model, task)
     inner = getattr(model, family.inner)
     max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
     prefill_chunk = check_prefill_chunk(prefill_chunk, max_cache_len)
+    if max_images is not None and family.media == "audio":
+        raise TypeError(f"max_images is an option of task {IMAGE_TEXT_TO_TEXT!r}, not of {task!r}")
     max_images = max_batch if max_images is None else max_images
     if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
         raise ValueError(f"max_images must be an int >= 1, got {max_images!r}")
     inputs = dict(inputs or {})
-    pixel_values = inputs.pop("pixel_values", None)
-    inputs.pop("pixel_attention_mask", None)
+    input_name = "input_features" if family.media == "audio" else "pixel_values"
+    pixel_values = inputs.pop(input_name, None)
+    grid_thw = inputs.pop("image_grid_thw", None)
+    for name in ("pixel_attention_mask", "token_type_ids", "mm_token_type_ids"):
+        inputs.pop(name, None)
     if family.per_row and isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 5:
         pixel_values = pixel_values.flatten(0, 1)
     ids, mask = _prompt(model, inputs or None)
     if inputs and ids.shape[0] > max_batch:
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
-    channels, height, width = _image_shape(model)
+    grid = None
+    if family.media == "audio":  # [chunks, mels, frames]
+        shape = _audio_shape(model)
+        height, width = shape
+    elif family.encode == "patches":  # Qwen2-VL: [images, patches, patch_dim] at one grid
+        grid, shape, (height, width) = _patch_grid(model, grid_thw)
+        if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 2:  # the processor's packed patches
+            pixel_values = pixel_values.reshape(-1, *shape) if pixel_values.shape[0] % shape[0] == 0 else pixel_values
+    else:
+        channels, height, width = _image_shape(model)
+        shape = [channels, height, width]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     images = min(_TRACE_IMAGES, max_images)
     if pixel_values is None:
-        pixel_values = torch.randn(images, channels, height, width, generator=torch.Generator().manual_seed(0))
-    if not isinstance(pixel_values, torch.Tensor) or tuple(pixel_values.shape[1:]) != (channels, height, width):
-        raise InvalidInputError(f"the example pixel_values must be a tensor [images, {channels}, {height}, {width}] "
-                                f"(the config's image size), got {list(getattr(pixel_values, 'shape', []))}")
+        pixel_values = torch.randn(images, *shape, generator=torch.Generator().manual_seed(0))
+    if not isinstance(pixel_values, torch.Tensor) or list(pixel_values.shape[1:]) != shape:
+        raise InvalidInputError(f"the example {input_name} must be a tensor [items, {', '.join(map(str, shape))}] "
+                                f"(the export's {family.media} size, {height}x{width}), got "
+                                f"{list(getattr(pixel_values, 'shape', []))}")
     pixel_values = pixel_values[:images].to(dtype)
     if pixel_values.shape[0] < images:
-        pixel_values = pixel_values[:1].repeat(images, 1, 1, 1)
+        pixel_values = pixel_values[:1].repeat(images, *[1] * len(shape))
 
-    vision = VisionStep(inner, family, model.config)
+    vision = AudioStep(inner, family, model.config) if family.media == "audio" else \
+        VisionStep(inner, family, model.config, grid)
     embed = TokenEmbedStep(model)
     lm = LanguageModelHead(model, inner, family.language)
     with torch.no_grad():
-        image_embeds = vision(pixel_values)["image_embeds"]
+        (image_embeds,) = vision(pixel_values).values()
     tokens_per_image = image_embeds.shape[0] // images
     def tokens(t: torch.Tensor) -> dict[str, torch.Tensor]:
         if not family.token_types:
@@ -311,26 +401,39 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, max_
                                   # a runtime's fused attention is causal only (ONNX Runtime's GroupQueryAttention,
                                   # ExecuTorch's custom_sdpa): an image block's bidirectional mask needs the plain one
                                   fused_cache_attention=False if family.token_types else fused_cache_attention,
-                                  embed=tokens,
+                                  embed=tokens, position_rows=3 if family.mrope else None,
                                   step_class=ImageBlocksLMStep if family.token_types else EmbedsLMStep)
     rows = 1 if max_batch == 1 else 2
     embed_ids = ids[:1].repeat(rows, 1) if ids.shape[0] < rows else ids[:rows]
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
     components = [
-        ComponentPlan(VISION, vision, {"pixel_values": pixel_values},
-                      {"pixel_values": {0: Dim("images", min=1, max=max_images)} if images > 1 else None}),
+        ComponentPlan(AUDIO if family.media == "audio" else VISION, vision, {input_name: pixel_values},
+                      {input_name: {0: Dim("chunks" if family.media == "audio" else "images", min=1,
+                                                       max=max_images)} if images > 1 else None}),
         ComponentPlan(EMBED, embed, {"input_ids": embed_ids},
                       {"input_ids": {**batch, 1: Dim("seq", min=1, max=max_cache_len)}}),
         decoder,
     ]
     section = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
-    section.update(prefill_chunk=prefill_chunk, cache=cache, vision={
+    section.update(prefill_chunk=prefill_chunk, cache=cache)
+    if family.media == "audio":
+        section["audio"] = {"inputs": [input_name], "input_features_shape": shape,
+                            "dtype": str(dtype).removeprefix("torch."),
+                            "audio_token_id": int(model.config.audio_token_id),
+                            "tokens_per_chunk": int(tokens_per_image), "max_audio_chunks": max_images}
+        return TaskPlan(task, components, manifest={"generation": section}, model=model)
+    section.update(vision={
         "inputs": ["pixel_values", *(["pixel_attention_mask"] if family.per_row else []),
-                   *(["token_type_ids"] if family.token_types else [])],
-        "pixel_values_shape": [channels, height, width],
+                   *(["token_type_ids"] if family.token_types else []),
+                   *(["image_grid_thw", "mm_token_type_ids"] if family.mrope else [])],
+        "pixel_values_shape": shape,
         # [batch, images, C, H, W] with all-zero padding images (generate drops them), or [images, C, H, W]
         "per_row": family.per_row,
         "token_types": family.token_types,  # the decoder takes image_blocks (Gemma 3's bidirectional images)
+        # Qwen2-VL: the processor's packed patches [images * patches, patch_dim] at one grid (t, h, w)
+        **({"patches": True, "grid_thw": list(grid),
+            "spatial_merge_size": int(model.config.vision_config.spatial_merge_size)} if grid is not None else {}),
+        **({"mrope": True} if family.mrope else {}),  # the decoder's position_ids are [3, batch, seq]
         "image_size": [height, width],
         "dtype": str(dtype).removeprefix("torch."),
         "image_token_id": int(model.config.image_token_id),

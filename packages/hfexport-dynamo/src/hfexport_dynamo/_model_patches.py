@@ -244,3 +244,49 @@ def _patch_fnet_fourier_transform(original: Any) -> Any:
 for _scope in ("onnx", "executorch"):  # the backends without complex tensors; dynamo keeps torch.fft
     register_patch(_scope, "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward")(
         _patch_fnet_fourier_transform)
+
+
+@register_patch("dynamo", "transformers.models.qwen2_vl.modeling_qwen2_vl.VisionAttention.forward",
+                "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention.forward")
+def _patch_qwen_vl_vision_segments(original: Any) -> Any:
+    """Attend over Qwen2-VL's (and Qwen2.5-VL's) packed image patches with one block-diagonal mask instead of one
+    attention call per image.
+
+    **Why**: ``VisionAttention.forward`` (outside flash attention) splits the packed patches of all images with
+    ``torch.split(..., (cu_seqlens[1:] - cu_seqlens[:-1]).tolist())`` and attends per image: the number of images
+    and their lengths become data-dependent Python values, which torch.export cannot trace with a dynamic number of
+    images (``GuardOnDataDependentSymNode`` / an unbacked length). The same attention is one call over the whole
+    sequence with a mask that lets a patch see the patches of its own segment only (``segment(q) == segment(k)``,
+    each patch's segment counted from ``cu_seqlens`` by comparisons). Masked keys get the dtype's minimum, so each
+    row's softmax is its segment's (exact up to rounding of the longer reductions). The flash-attention path, which
+    takes ``cu_seqlens`` itself, is left to the original.
+    **Upstream**: model-side (transformers ``modeling_qwen2_vl.py``, copied to ``modeling_qwen2_5_vl.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["apply_rotary_pos_emb_vision", "eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlen: int | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        query, key, value = (self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1)
+                             .permute(1, 0, 2, 3).unbind(0))
+        cos, sin = position_embeddings
+        query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+        query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+        positions = torch.arange(seq_length, device=hidden_states.device)
+        segment = (positions[:, None] >= cu_seqlens[None, 1:].to(positions.dtype)).sum(-1)
+        mask = torch.zeros(seq_length, seq_length, dtype=query.dtype, device=query.device).masked_fill(
+            segment[:, None] != segment[None, :], torch.finfo(query.dtype).min)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                          module.eager_attention_forward)
+        output, _ = attention(self, query, key, value, attention_mask=mask[None, None], scaling=self.scaling,
+                              dropout=0.0, is_causal=False, **kwargs)
+        return self.proj(output.reshape(seq_length, -1).contiguous())
+
+    return forward

@@ -6,4 +6,7 @@ TEXT_GENERATION = "text-generation"
 TEXT2TEXT_GENERATION = "text2text-generation"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 IMAGE_TEXT_TO_TEXT = "image-text-to-text"
-TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION, IMAGE_TEXT_TO_TEXT)
+AUDIO_TEXT_TO_TEXT = "audio-text-to-text"
+TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION, IMAGE_TEXT_TO_TEXT, AUDIO_TEXT_TO_TEXT)
+# the tasks whose generate merges encoded media (images, audio) into the prompt's embeddings
+MEDIA_TASKS = (IMAGE_TEXT_TO_TEXT, AUDIO_TEXT_TO_TEXT)

@@ -55,6 +55,7 @@ from hfexport.plugin import InvalidInputError, torch_dtype
 from . import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 from ._decoding import (
     IMAGE_TEXT_TO_TEXT,
+    MEDIA_TASKS,
     TASKS,
     TEXT_GENERATION,
     GenerationStats,
@@ -581,7 +582,7 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
 
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
-    if task == IMAGE_TEXT_TO_TEXT:  # its own module plans it (it builds on this one's decoder)
+    if task in MEDIA_TASKS:  # its own module plans it (it builds on this one's decoder)
         raise ValueError(f"task {task!r} is planned by hfexport_dynamo._image_text.plan_image_text (the tracer's "
                          "plan_task calls it)")
     if max_images is not None:
@@ -620,14 +621,16 @@ def check_prefill_chunk(prefill_chunk: int | None, max_cache_len: int) -> int:
 def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache_len: int, max_batch: int,
                  prefill_chunk: int, stateful: bool = False, fused_cache_attention: Any = False,
                  embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
-                 step_class: type[CausalLMStep] = CausalLMStep) -> tuple[Any, dict[str, Any]]:
+                 step_class: type[CausalLMStep] = CausalLMStep,
+                 position_rows: int | None = None) -> tuple[Any, dict[str, Any]]:
     """The ``decoder`` component of a generation task and its manifest's ``cache`` section (see :func:`plan_task`
     for the arguments; ``ids``/``mask`` are the example prompt, ``[batch, prompt]``).
 
     ``embed`` (with a ``step_class`` whose forward takes what it returns, as the image-text-to-text decoder's): the
     program takes ``embed(ids)``'s inputs instead of ``input_ids`` (``inputs_embeds`` ``float [batch, seq, hidden]``,
     and per-position inputs such as ``token_type_ids`` ``int64 [batch, seq]``), each with the ``batch`` and ``seq``
-    dims; everything else (mask, positions, cache, dims) is the text decoder's.
+    dims; everything else (mask, positions, cache, dims) is the text decoder's. ``position_rows``: the program's
+    ``position_ids`` are ``int64 [position_rows, batch, seq]`` (Qwen2-VL's 3-D RoPE positions), not ``[batch, seq]``.
     """
     from torch.export import Dim
 
@@ -649,6 +652,8 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     example: dict[str, Any] = {**_tokens(ids, embed), "attention_mask": full_mask}
     if takes_position_ids:
         example["position_ids"] = positions_from_mask(mask)
+        if position_rows:
+            example["position_ids"] = example["position_ids"][None].repeat(position_rows, 1, 1)
     example["past_length"] = torch.tensor(0)
     if not stateful:
         example["cache"] = tuple((torch.zeros(k, dtype=dtype), torch.zeros(v, dtype=dtype)) for k, v in shapes)
@@ -657,7 +662,8 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     in_place_kernel = stateful and callable(fused_cache_attention) and rows == 1 and max_batch == 1
     step = None
     if fused_cache_attention and attends_by_sdpa and (in_place_kernel or not stateful):
-        for fused_rotary in (True, False):  # RoPE in the fused op where the model's tables give it, else before it
+        # RoPE in the fused op where the model's tables give it (tables of 1-D positions: not 3-D ones), else before
+        for fused_rotary in (False,) if position_rows else (True, False):
             fused = step_class(model, shapes, dtype, in_buffers=stateful, fused_attention=fused_cache_attention,
                                fused_rotary=fused_rotary)
             try:  # a layer that attends another way (its own attention code) sees only the new positions: fail here
@@ -680,7 +686,8 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     dynamic_shapes: dict[str, Any] = {**{name: {**batch, 1: seq} for name in _tokens(ids[:, :1], embed)},
                                       "attention_mask": dict(batch) or None}
     if takes_position_ids:
-        dynamic_shapes["position_ids"] = {**batch, 1: seq}
+        dynamic_shapes["position_ids"] = {**({1: batch[0]} if batch else {}), 2: seq} if position_rows else \
+            {**batch, 1: seq}
     dynamic_shapes["past_length"] = None
     if not stateful:
         dynamic_shapes["cache"] = tuple((dict(batch) or None, dict(batch) or None) for _ in shapes)
@@ -746,10 +753,11 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
         options["eos_token_id"] = eos_token_id
     task = exported.manifest.get("task")
     media = {}
-    if task == IMAGE_TEXT_TO_TEXT:  # the image inputs, not GenerationConfig fields
-        media = {name: options.pop(name) for name in list(options) if name in section["vision"]["inputs"]}
+    if task in MEDIA_TASKS:  # the image or audio inputs, not GenerationConfig fields
+        inputs = section["audio" if "audio" in section else "vision"]["inputs"]
+        media = {name: options.pop(name) for name in list(options) if name in inputs}
     config = merged_generation_config(section, options)
-    if task not in (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT):
+    if task not in (TEXT_GENERATION, *MEDIA_TASKS):
         from ._seq2seq import generate_seq2seq
 
         return generate_seq2seq(exported, input_ids, attention_mask, config, section)
@@ -757,18 +765,19 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
     prompt_embeds = embed_tokens = None
     per_position: dict[str, torch.Tensor] = {}
     encode_s = 0.0
-    if task == IMAGE_TEXT_TO_TEXT:  # images checked before any program runs, encoded, merged into the prompt
-        from ._image_prompt import image_prompt
+    if task in MEDIA_TASKS:  # images or audio checked before any program runs, encoded, merged into the prompt
+        from ._image_prompt import audio_prompt, image_prompt
 
         start = time.perf_counter()
-        prompt_embeds, embed_tokens, per_position = image_prompt(exported, section, input_ids, media)
+        prompt_embeds, embed_tokens, per_position = (audio_prompt if "audio" in section else image_prompt)(
+            exported, section, input_ids, attention_mask, media)
         encode_s = time.perf_counter() - start
     padding = None
     if section["cache"].get("ignores_padding"):  # a kernel without a padding mask: run the row without its padding
         padding, input_ids, attention_mask = _split_left_padding(input_ids, attention_mask)
         if prompt_embeds is not None:
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
-            per_position = {k: v[:, padding.shape[1]:] for k, v in per_position.items()}
+            per_position = {k: v[..., padding.shape[1]:] for k, v in per_position.items()}
     eos = token_id_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
     processors = logits_processors(config, section, input_ids.shape[1], None, attention_mask)
@@ -779,7 +788,7 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
     if padding is not None:
         sequences, input_ids = torch.cat([padding, sequences], -1), torch.cat([padding, input_ids], -1)
     exported.generation_stats = GenerationStats(
-        **({"encode_s": encode_s} if task == IMAGE_TEXT_TO_TEXT else {}),
+        **({"encode_s": encode_s} if task in MEDIA_TASKS else {}),
         prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, new_tokens=sequences.shape[1] - input_ids.shape[1],
         decode_tokens_per_s=steps * input_ids.shape[0] / decode_s if decode_s > 0 and steps else float("nan"),
         decode_step_s=[b - a for a, b in zip(ends, ends[1:], strict=False)])
@@ -824,24 +833,30 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     With ``prompt_embeds`` (``[batch, prompt, hidden]``, a decoder that takes ``inputs_embeds``), the prefill feeds
     them and each decode step feeds ``embed_tokens(ids)`` of the new ids (``[batch, 1]`` -> ``[batch, 1, hidden]``).
     ``per_position``: more inputs ``[batch, prompt]`` (``image_blocks``), sliced with the prefill's chunks; at the
-    decode steps, :data:`DECODE_STEP_VALUES` (else 0)."""
+    decode steps, :data:`DECODE_STEP_VALUES` (else 0). Its ``position_ids`` ``[rows, batch, prompt]`` (Qwen2-VL's
+    3-D RoPE positions), if any, replace the positions counted from the mask; each decode step's are then the
+    prompt's largest position plus the steps, in every row (as the model's ``rope_deltas`` make them)."""
     names = input_names(exported, DECODER)
     rows, prompt = input_ids.shape
+    per_position = dict(per_position or {})
+    positions = per_position.pop("position_ids", None)
+    if positions is None:
+        positions = positions_from_mask(attention_mask)
     batch = section["max_batch"] if section["cache"]["static_batch"] else rows
     if batch > rows:  # a static batch: the extra rows repeat the last one, and their tokens are dropped
         input_ids = torch.cat([input_ids, input_ids[-1:].expand(batch - rows, -1)])
         attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(batch - rows, -1)])
         if prompt_embeds is not None:
             prompt_embeds = torch.cat([prompt_embeds, prompt_embeds[-1:].expand(batch - rows, -1, -1)])
-        per_position = {k: torch.cat([v, v[-1:].expand(batch - rows, -1)]) for k, v in (per_position or {}).items()}
-    per_position = dict(per_position or {})
+        per_position = {k: torch.cat([v, v[-1:].expand(batch - rows, -1)]) for k, v in per_position.items()}
+        positions = torch.cat([positions, positions[..., -1:, :].expand(*positions.shape[:-2], batch - rows, -1)],
+                              -2)
     step_zeros = {k: torch.full((batch, 1), DECODE_STEP_VALUES.get(k, 0), dtype=v.dtype)  # the decode steps'
                   for k, v in per_position.items()}
     token_name = "input_ids" if prompt_embeds is None else "inputs_embeds"
     prompt_tokens = input_ids if prompt_embeds is None else prompt_embeds
     mask = torch.zeros(batch, section["max_cache_len"], dtype=torch.long)
     mask[:, :prompt] = attention_mask
-    positions = positions_from_mask(attention_mask)
     cache = new_cache(section, batch) if "cache" in names else None
     chunk = section["prefill_chunk"]
 
@@ -875,11 +890,13 @@ def _greedy(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, 
     with getattr(runner, "reusing_bindings", contextlib.nullcontext)():
         start = time.perf_counter()
         for past in range(0, prompt, chunk):
-            logits = step(prompt_tokens[:, past:past + chunk], positions[:, past:past + chunk], past,
-                          extra={k: v[:, past:past + chunk] for k, v in per_position.items()})
+            logits = step(prompt_tokens[:, past:past + chunk], positions[..., past:past + chunk], past,
+                          extra={k: v[..., past:past + chunk] for k, v in per_position.items()})
         prefill_s = time.perf_counter() - start
         sequences, unfinished, steps = input_ids[:rows], torch.ones(rows, dtype=torch.bool), 0
         position, past = positions[:, -1:].clone(), prompt
+        if positions.dim() == 3:  # [rows, batch, 1]: each row of the next position is the prompt's largest + 1
+            position = positions.amax((0, 2), keepdim=True).expand_as(positions[..., -1:]).clone()
         ids = torch.zeros(batch, 1, dtype=torch.long)
         token_embeds = None  # the decode steps' inputs_embeds, written in place (a runner may have bound them)
         start = time.perf_counter()

@@ -131,7 +131,7 @@ class DynamoTracer:
             "outputs": describe_outputs(program),
             "output_spec": pytree.treespec_dumps(program.call_spec.out_spec),
             "output_modules": sorted(_spec_modules(program.call_spec.out_spec)),
-            "fixed_kwargs": state.fixed_kwargs,
+            "fixed_kwargs": {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in state.fixed_kwargs.items()},
             # dims asked to be dynamic that the trace fixed (stage 5 warns about each)
             **({"specialized_dims": state.specialized_dims}
                if state.specialized_dims is not None and program is ctx.program else {}),
@@ -153,14 +153,14 @@ class DynamoTracer:
                   max_cache_len: int | None = None, max_batch: int | None = None, prefill_chunk: int | None = None,
                   max_images: int | None = None, stateful: bool = False, fused_cache_attention: Any = False) -> Any:
         """The components a generative ``task`` exports (see :func:`hfexport_dynamo.generation.plan_task`;
-        ``"image-text-to-text"``: :func:`hfexport_dynamo._image_text.plan_image_text`)."""
-        from ._task_names import IMAGE_TEXT_TO_TEXT
+        ``"image-text-to-text"``, ``"audio-text-to-text"``: :func:`hfexport_dynamo._image_text.plan_image_text`)."""
+        from ._task_names import MEDIA_TASKS
         from .generation import plan_task
 
-        if task == IMAGE_TEXT_TO_TEXT:
+        if task in MEDIA_TASKS:
             from ._image_text import plan_image_text
 
-            return plan_image_text(model, inputs, max_cache_len=max_cache_len, max_batch=max_batch,
+            return plan_image_text(model, inputs, task=task, max_cache_len=max_cache_len, max_batch=max_batch,
                                    prefill_chunk=prefill_chunk, max_images=max_images, stateful=stateful,
                                    fused_cache_attention=fused_cache_attention)
         return plan_task(model, task, inputs, max_cache_len=max_cache_len, max_batch=max_batch,
