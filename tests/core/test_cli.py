@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from hfexport import cli
 
 
@@ -89,6 +91,15 @@ def test_demo_and_a_model_directory_together_are_a_usage_error(tmp_path, capsys)
     assert cli.main(["export", str(tmp_path), "--demo", "--output", str(tmp_path / "o")]) == 2
     assert "not both" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("where,message", [("missing/report.md", "directory {parent} does not exist"),
+                                           (".", "is a directory: give a file name")])
+def test_a_report_path_that_cannot_be_written_is_refused_before_the_export(tmp_path, capsys, where, message):
+    report = tmp_path / where
+    assert cli.main(["export", "--demo", "--output", str(tmp_path / "o"), "--report", str(report)]) == 2
+    assert message.format(parent=report.parent) in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before any export
 
 
 def test_hfexport_warnings_print_as_one_line_and_others_keep_their_format(capsys):

@@ -223,6 +223,18 @@ def _check_output(path: Path, overwrite: bool) -> None:
                          f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
 
 
+def _check_report(report: str | None) -> None:
+    """``--report FILE`` is writable where it points: its directory exists and it is not a directory itself."""
+    if not report:
+        return
+    path = Path(report)
+    if path.is_dir():
+        raise UsageError(f"--report {report} is a directory: give a file name, e.g. --report {path / 'report.md'}")
+    if not path.parent.is_dir():
+        raise UsageError(f"--report {report}: directory {path.parent} does not exist; create it first or give "
+                         "another path")
+
+
 class _BackendOptions:
     """An exporter class whose instances get the config options that command plugins add to ``export`` (hfexport-onnx:
     ``--no-ort-fusions``); class attributes and methods are the class's own."""
@@ -276,6 +288,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if demo and args.output is None and (output / MANIFEST_NAME).is_file():
         args.overwrite = True  # the demo's own directory: running the README's first command again replaces it
     _check_output(output, args.overwrite)  # before the toolchain loads
+    _check_report(args.report)
     try:
         backend = get_backend(args.backend)
         if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads

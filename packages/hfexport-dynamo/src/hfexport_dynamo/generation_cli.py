@@ -129,10 +129,14 @@ without --task, a prompt beyond the export's bounds, --prompt without a tokenize
 
 
 def _parse_ids(text: str, flag: str) -> list[int]:
-    """``"1,2,3"`` (or ``"1 2 3"``) as token ids; a usage error that names the bad item otherwise."""
+    """``"1,2,3"`` (or ``"1 2 3"``) as token ids; a usage error that names the bad item otherwise (an empty item,
+    ``"1,,2"``, is a missing id, not a separator)."""
     items = [item for item in text.replace(",", " ").split() if item]
     if not items:
         raise UsageError(f"{flag} {text!r} holds no token ids: give comma-separated integers, e.g. {flag} 1,2,3")
+    if any(not part.strip() for part in text.strip().strip(",").split(",")):
+        raise UsageError(f"{flag} {text!r} has an empty item between commas: give one integer between each two "
+                         f"commas, e.g. {flag} 1,2,3")
     ids = []
     for item in items:
         try:
