@@ -492,6 +492,40 @@ def test_reports_group_failures_and_draw_the_matrix(tmp_path):
     assert (root / "onnx" / "index.html").read_text().count("<tr><td>") >= 3  # onnx page has every architecture
 
 
+def test_reports_count_vision_traced_per_backend_and_list_the_text_only_cases(tmp_path, capsys):
+    """Issue 28: report.md counts the multimodal cases whose vision (audio) tower was traced, per backend, and lists
+    every other multimodal case with its reason; the criterion line gives the zoo's batches from its constants."""
+    root = tmp_path / "reports"
+    mm = {"modality": "multimodal", "task": "feature-extraction"}
+    _write_sweep(root / "dynamo", "dynamo", [
+        _rec("llava/LlavaModel", "ok", images="one image, 64 placeholder tokens (pixel_values)", vision_traced=True,
+             **mm),
+        _rec("qwen3_vl/Qwen3VLModel", "export_error", images="one image, 16 placeholder tokens (image_grid_thw)",
+             vision_traced=False, cause="GuardOnDataDependentSymNode: Eq(u4, 0)", **mm),
+        _rec("fuyu/FuyuModel", "ok", images="text only: RuntimeError: addmm", vision_traced=False, **mm),
+        _rec("chameleon/ChameleonModel", "not_instantiable", reason="model construction fails: x", **mm),
+        _rec("llama/LlamaModel", "ok"),
+    ])
+    _write_sweep(root / "onnx", "onnx", [
+        _rec("llava/LlavaModel", "mismatch", images="one image, 64 placeholder tokens (pixel_values)", **mm)])
+    write_reports(root / "dynamo")
+    md = (root / "dynamo" / "report.md").read_text()
+    assert "| dynamo | 4 | 2 | 1 | 1 |" in md  # 4 multimodal, 2 with images, 1 traced (and ok)
+    assert "| onnx | 1 | 1 | 1 | 0 |" in md  # a record without vision_traced: derived from its status
+    assert "The 3 multimodal cases of this sweep whose vision (audio) tower was not traced" in md
+    assert "| `fuyu/FuyuModel` | ok | text only: RuntimeError: addmm |" in md
+    assert "| `qwen3_vl/Qwen3VLModel` | export_error | export with one image, 16 placeholder tokens (image_grid_thw): " \
+           "GuardOnDataDependentSymNode" in md
+    assert "| `chameleon/ChameleonModel` | not_instantiable | not built: model construction fails: x |" in md
+    from hfexport_sweep import results
+
+    assert f"batch {results.LARGE_BATCH}, then {results.ALT_LARGE_BATCH}" in md and "batch 2), " not in md
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--help"])
+    help_text = capsys.readouterr().out
+    assert f"batch {results.LARGE_BATCH}, then {results.ALT_LARGE_BATCH}" in " ".join(help_text.split())
+
+
 def test_cause_key_blanks_numbers_and_model_names():
     a = cause_key({"status": "export_error", "stage": "5/5 State cleanup",
                    "cause": "RuntimeError: shape [2, 8] of LlamaAttention is invalid for 16"})

@@ -183,7 +183,9 @@ def test_tiny_config_is_small_and_consistent():
 
 # sha256 (first 16 hex digits) of each case's inputs and alt_inputs: what the recorded sweep results under
 # reports/ were produced with (changed by issue 26's realistic shapes: batch 9/10 for the sampled case of a family,
-# 1 s of audio, images at the config's size). A change here makes earlier results incomparable: rerun the sweeps.
+# 1 s of audio, images at the config's size; issue 28: a multimodal case's image or audio clip as its processor lays it
+# out, e.g. Qwen3-VL's patches, image_grid_thw and M-RoPE positions). A change here makes earlier results
+# incomparable: rerun the sweeps (of the changed cases).
 INPUT_DIGESTS = {
     "bert/BertModel": "b079296bfb2b87bf",
     "llama/LlamaForCausalLM": "a0288cd7752a92dc",
@@ -191,7 +193,7 @@ INPUT_DIGESTS = {
     "t5/T5ForConditionalGeneration": "668a5fc026d1cf5d",
     "whisper/WhisperForConditionalGeneration": "534a8dd9e45f382f",
     "clip/CLIPModel": "977a27f52b58c83c",
-    "qwen3_vl/Qwen3VLModel": "3319e8061cc927e7",
+    "qwen3_vl/Qwen3VLModel": "cb4020831cfdce3e",
     "wav2vec2/Wav2Vec2ForCTC": "f2a4f9e45e1c7ad8",
     "bart/BartForSequenceClassification": "526c7de679d504d1",
     "resnet/ResNetForImageClassification": "45ae0e44fb64a596",
@@ -230,13 +232,13 @@ def test_zoo_builds_inputs_with_dynamo_dummy_inputs(monkeypatch):
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(hfexport_dynamo.inputs, "dummy_inputs", spy)
-    model, inputs, _ = zoo.build_case("qwen3_vl/Qwen3VLModel")
-    assert calls[:2] == ["multimodal", "multimodal"]  # the text, then the images' attempt ("vision")
-    # Qwen3-VL's vision tower needs image_grid_thw, which the generic image recipe does not make: text only
-    assert set(inputs) == {"input_ids", "attention_mask"}
+    model, inputs, _ = zoo.build_case("fuyu/FuyuModel")
+    assert calls[:2] == ["multimodal", "multimodal"]  # the text at both shapes; then the filler text of the image row
+    # Fuyu's forward wants image patches with their indices, which no recipe makes: text only
+    assert set(inputs) - {"use_cache"} == {"input_ids", "attention_mask"}
     assert not zoo.image_inputs(model).used and zoo.image_inputs(model).reason
-    image_token = model.config.image_token_id
-    assert not (inputs["input_ids"] == image_token).any()  # special tokens are never drawn
+    image_token = zoo._image_token_id(model.config)
+    assert image_token is None or not (inputs["input_ids"] == image_token).any()  # special tokens are never drawn
 
 
 def test_dummy_inputs_defaults_for_an_export_without_inputs():
@@ -293,7 +295,7 @@ def test_a_llava_case_gets_one_image_and_its_placeholder_tokens():
     row starts with 64 image tokens, the others with 64 text tokens; the image is the same size at both shapes."""
     model, inputs, alt_inputs = zoo.build_case("llava/LlavaModel")
     images = zoo.image_inputs(model)
-    assert images == zoo.ImageInputs(True, tokens_per_image=64)
+    assert images == zoo.ImageInputs(True, tokens_per_image=64, kind="pixel_values")
     image_token = model.config.image_token_id
     batches = zoo.case_shapes(zoo.get_case("llava/LlavaModel"))["batch"]
     for x, batch, text in ((inputs, batches[0], zoo.SEQ_LEN), (alt_inputs, batches[1], zoo.ALT_SEQ_LEN)):
@@ -316,21 +318,24 @@ def test_a_llava_case_reads_its_pixels():
 
 
 def test_a_text_only_fallback_says_why_and_keeps_the_text_inputs():
-    """A model whose vision tower needs more than pixels (Qwen2-VL: image_grid_thw) keeps text-only inputs, the
-    same bytes as before images were tried; a case that is not multimodal has no image record."""
-    model, inputs, alt_inputs = zoo.build_case("qwen2_vl/Qwen2VLModel")
+    """A model whose vision tower needs inputs no recipe makes (Fuyu: image patches and their indices) keeps
+    text-only inputs, the same bytes as before images were tried; a case that is not multimodal has no image
+    record."""
+    model, inputs, alt_inputs = zoo.build_case("fuyu/FuyuModel")
     images = zoo.image_inputs(model)
-    assert images is not None and not images.used and images.tokens_per_image == 0
+    assert images is not None and not images.used and images.tokens_per_image == 0 and images.kind == ""
     assert images.reason and "\n" not in images.reason
+    assert images.describe() == f"text only: {images.reason}"
     assert "pixel_values" not in inputs and "pixel_values" not in alt_inputs
-    batch = zoo.case_shapes(zoo.get_case("qwen2_vl/Qwen2VLModel"))["batch"][0]
+    batch = zoo.case_shapes(zoo.get_case("fuyu/FuyuModel"))["batch"][0]
     assert tuple(inputs["input_ids"].shape) == (batch, zoo.SEQ_LEN)
     assert zoo.image_inputs(zoo.build_case("llama/LlamaForCausalLM")[0]) is None
 
 
 def test_a_model_without_placeholder_tokens_gets_one_image_per_row():
     model, inputs, alt_inputs = zoo.build_case("git/GitModel")
-    assert zoo.image_inputs(model) == zoo.ImageInputs(True, tokens_per_image=0)
+    assert zoo.image_inputs(model) == zoo.ImageInputs(True, tokens_per_image=0, kind="per_row")
+    assert zoo.image_inputs(model).describe() == "one image per row"
     batch, alt_batch = zoo.case_shapes(zoo.get_case("git/GitModel"))["batch"]
     assert inputs["pixel_values"].shape[0] == batch and alt_inputs["pixel_values"].shape[0] == alt_batch
     assert inputs["input_ids"].shape == (batch, zoo.SEQ_LEN)

@@ -49,6 +49,15 @@ __all__ = ["Component", "component_manifest", "DEFAULT_COMPONENT", "ExportedMode
 DEFAULT_COMPONENT = "model"  # the component ``ExportedModel.__call__`` runs
 
 
+def same_constant(value: Any, baked: Any) -> bool:
+    """Whether a call's ``value`` is the constant baked into an export (``manifest["fixed_kwargs"]``): Python
+    values compare with ``==``; a tensor (an integer input such as ``image_grid_thw`` that the exporter bakes in)
+    compares by its values, which the manifest holds as nested lists."""
+    if hasattr(value, "tolist") and not isinstance(value, bool | int | float | str):
+        value = value.tolist()
+    return bool(value == baked)
+
+
 class Runner(Protocol):
     """Runs an exported program on its runtime.
 
@@ -559,7 +568,7 @@ class ExportedModel:
                    if isinstance(n, str)}
         inputs = {k: v for k, v in inputs.items() if k not in ignored or k in names}  # the model ignores them
         for name in [n for n in inputs if n in fixed and n not in names]:
-            if inputs[name] != fixed[name]:
+            if not same_constant(inputs[name], fixed[name]):
                 raise ValueError(f"{name}={inputs[name]!r} was baked into this export as {fixed[name]!r}; "
                                  f"re-export with {name}={inputs[name]!r} to change it")
             inputs = {k: v for k, v in inputs.items() if k != name}

@@ -3,10 +3,13 @@
 Its five stages prepare the model for ``torch.export.export``; the ONNX and ExecuTorch exporters run them
 through :func:`trace` (nested under one of their own stages) to get their ``ExportedProgram``:
 
-1. Forward signature patch — a flat, explicit signature from the sample inputs (internal).
+1. Forward signature patch — a flat, explicit signature from the sample inputs (internal); Python constants and
+   a vision-language processor's integer layout inputs (``image_grid_thw``, ``image_sizes``: see
+   :data:`hfexport_dynamo.inputs.IMAGE_LAYOUT_INPUTS`) are baked in.
 2. Model patches — ``@register_patch("dynamo", ...)``.
 3. Pytree registration — every ``Cache`` and ``ModelOutput`` flattens and rebuilds.
-4. Dynamic shapes — ``Dim.AUTO`` on every tensor and cache leaf when ``dynamic=True``; overridden by
+4. Dynamic shapes — ``Dim.AUTO`` on every tensor and cache leaf when ``dynamic=True`` (but the image dims of a
+   ``pixel_values`` that comes with text: :func:`hfexport_dynamo.inputs.static_image_dims`); overridden by
    ``DynamoConfig.dynamic_shapes``.
 5. State cleanup — tensor attributes a model sets inside ``forward`` (``_STATEFUL_CACHE_ATTRS``) are
    saved, nulled for the trace and restored; then ``torch.export.export`` runs as a step of its own.
@@ -51,7 +54,7 @@ from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_expert
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program
 from ._pytree import register_transformers_pytrees
 from ._recurrences import _patch_mamba_selective_scan  # noqa: F401 - registers the scan-op model patches
-from .inputs import forward_parameters, shared_dims
+from .inputs import IMAGE_LAYOUT_INPUTS, IMAGE_SIZE_LISTS, forward_parameters, shared_dims, static_image_dims
 from .skips import EXPORT_SKIPS
 from .tracer import (
     DYNAMO_TRACER,
@@ -97,7 +100,11 @@ class _ExportSignature(torch.nn.Module):
         self.fixed_kwargs = dict(fixed_kwargs)
 
     def forward(self, *args: Any) -> Any:
-        output = self.model(**dict(zip(self.input_names, args, strict=True)), **self.fixed_kwargs)
+        # baked image sizes go in as Python lists, which the model iterates as it iterates the tensor: read from the
+        # tensor, each size would be a data-dependent symbol in the trace (LLaVA-NeXT's anyres grid, Pixtral's crops)
+        fixed = {k: v.tolist() if k in IMAGE_SIZE_LISTS and isinstance(v, torch.Tensor) else v
+                 for k, v in self.fixed_kwargs.items()}
+        output = self.model(**dict(zip(self.input_names, args, strict=True)), **fixed)
         return pytree.tree_unflatten(*pytree.tree_flatten(output))
 
 
@@ -191,7 +198,8 @@ class DynamoExporter(Exporter):
             ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in ignored}
         # Python constants among the inputs (use_cache=False, return_dict=True) are not program inputs: they
         # are baked in, and ExportedModel accepts them again only with the same value.
-        fixed = {n: v for n, v in ctx.inputs.items() if isinstance(v, bool | int | float | str | type(None))}
+        fixed = {n: v for n, v in ctx.inputs.items() if isinstance(v, bool | int | float | str | type(None)) or (
+            n in IMAGE_LAYOUT_INPUTS and isinstance(v, torch.Tensor) and not v.is_floating_point())}
         ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in fixed}
         # transformers 5 names the cache argument `cache` (`past_key_values` is its deprecated alias).
         has_cache_input = any(n in ctx.inputs for n in _CACHE_INPUT_NAMES)
@@ -247,6 +255,12 @@ class DynamoExporter(Exporter):
                 shapes.append(_auto_spec(value))
             else:
                 shapes.append(None)
+        for name, dims in (static_image_dims(ctx.inputs) if ctx.config.dynamic else {}).items():
+            if name not in overrides:  # a vision-language model's image size is its processor's: static
+                index = list(ctx.inputs).index(name)
+                shapes[index] = {**shapes[index], **dims}
+                ctx.note(f"{name}: dims {sorted(dims)} static (the image size of a vision-language model's "
+                         "processor); the first dim stays dynamic")
         shared = shared_dims(ctx.model, ctx.inputs) if ctx.config.dynamic and not overrides else {}
         if shared:  # one batch and one sequence symbol across the token inputs; Dim.AUTO kept for a retrace
             state.auto_dynamic_shapes = tuple(shapes)

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 __all__ = ["BATCH_INPUTS", "DECODER_TOKEN_INPUTS", "DEFAULT_AUDIO_SECONDS", "DEFAULT_MEL_FRAMES",
-           "DEFAULT_SAMPLING_RATE", "MODALITIES", "TOKEN_INPUTS", "dim_roles", "dummy_inputs", "forward_parameters",
-           "max_positions", "shared_dims", "typical_size"]
+           "DEFAULT_SAMPLING_RATE", "IMAGE_LAYOUT_INPUTS", "IMAGE_SIZE_LISTS", "MODALITIES", "TOKEN_INPUTS", "dim_roles", "dummy_inputs", "forward_parameters",
+           "max_positions", "shared_dims", "static_image_dims", "typical_size"]
 
 MODALITIES = ("text", "text2text", "multimodal", "dual-encoder", "vision", "audio", "speech")
 """The kinds of inputs :func:`dummy_inputs` makes (its ``modality`` argument)."""
@@ -168,6 +168,36 @@ def shared_dims(model: Any, inputs: Mapping[str, Any]) -> dict[str, dict[int, An
         for name, dim in members:
             out.setdefault(name, {})[dim] = shared
     return out
+
+
+IMAGE_LAYOUT_INPUTS = ("image_grid_thw", "image_sizes", "spatial_shapes", "target_sizes", "image_merge_sizes")
+"""Integer inputs a vision-language processor derives from the image size (Qwen-VL's patch grid ``[images, 3]``,
+LLaVA-NeXT's and Pixtral's ``[images, 2]`` sizes in pixels, NaFlex's and MiniCPM-V's patch grids). The model reads
+their values to split and place the patches (``.tolist()``, ``repeat_interleave``): torch.export cannot trace those
+reads on an input, so the dynamo exporter bakes an integer tensor of these names into the program as a constant
+(``manifest["fixed_kwargs"]``, as nested lists), as it bakes Python constants; a call with other values is refused
+by name. With :func:`static_image_dims`, the image size is the export's."""
+IMAGE_SIZE_LISTS = ("image_sizes",)
+"""Baked :data:`IMAGE_LAYOUT_INPUTS` the traced model is given as nested Python lists (``[[H, W], ...]``), which it
+iterates as it iterates the tensor (``for size in image_sizes``): sizes read from a tensor, even a constant one, are
+data-dependent symbols in the trace (LLaVA-NeXT's ``select_best_resolution``, Pixtral's crops)."""
+
+
+def static_image_dims(inputs: Mapping[str, Any]) -> dict[str, dict[int, Any]]:
+    """``{"pixel_values": {dim: Dim.STATIC, ...}}``: with ``dynamic=True``, the dims of a ``pixel_values`` that
+    comes with text (a :data:`TOKEN_INPUTS` tensor beside it: a vision-language model) are static but the first
+    (the images, or the patches of a flattened layout such as Qwen-VL's ``[patches, C * t * p * p]``). Such a
+    model's image size is fixed by its processor (the config's ``image_size``; anyres crops and tiles come in that
+    size too), and ``Dim.AUTO`` on the height and width makes torch.export reason about sizes the model never sees
+    (InternVL's pixel shuffle fails with a ``ValueRangeError``). ``{}`` when there is no such ``pixel_values``;
+    a vision model's ``pixel_values`` (no text) keeps ``Dim.AUTO`` on every dim."""
+    from torch.export import Dim
+
+    pixels = inputs.get("pixel_values")
+    if not (isinstance(pixels, torch.Tensor) and pixels.dim() >= 2
+            and any(isinstance(inputs.get(name), torch.Tensor) for name in TOKEN_INPUTS)):
+        return {}
+    return {"pixel_values": dict.fromkeys(range(1, pixels.dim()), Dim.STATIC)}
 
 
 def forward_parameters(model: torch.nn.Module) -> tuple[list[str], bool]:

@@ -12,17 +12,48 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ALT_BATCH",
+    "ALT_LARGE_BATCH",
+    "ALT_SEQ_LEN",
+    "BATCH",
     "COMMON_ARCHITECTURES",
+    "LARGE_BATCH",
     "META_FILE",
     "META_KIND",
     "META_SCHEMA",
     "RESULTS_FILE",
+    "SEQ_LEN",
     "STATUSES",
+    "TRACED_STATUSES",
+    "default_zoo_shapes",
     "load_results",
 ]
 
+BATCH, ALT_BATCH = 2, 3
+"""The default zoo's batch at the traced and at the checked (alt) shape, for most cases."""
+LARGE_BATCH, ALT_LARGE_BATCH = 9, 10
+"""Batches of the one case per model type that :func:`hfexport_sweep.zoo.case_shapes` gives a batch above 8
+(ExecuTorch's default ``max_batch``): the case ``sample_cases(0)`` draws for its family, so that ``--sample --seed 0``
+covers it."""
+SEQ_LEN, ALT_SEQ_LEN = 8, 12
+"""The default zoo's text tokens at the traced and at the checked shape."""
+
+
+def default_zoo_shapes(zoo_inputs: int | None = None) -> str:
+    """What the default zoo traces and checks, in words, from the constants :mod:`hfexport_sweep.zoo` builds its
+    inputs with: ``"batch 9, then 10 for the one case per model type that --sample --seed 0 draws (batch 2, then 3 for
+    the others), 8 tokens, then 12"``. ``zoo_inputs`` (a ``meta.json``'s): 1 gives version 1's batch 2, then 3."""
+    tokens = f"{SEQ_LEN} tokens, then {ALT_SEQ_LEN}"
+    if zoo_inputs == 1:
+        return f"batch 2, then 3, {tokens}"
+    return (f"batch {LARGE_BATCH}, then {ALT_LARGE_BATCH} for the one case per model type that `--sample --seed 0` "
+            f"draws (batch {BATCH}, then {ALT_BATCH} for the others), {tokens}")
+
 STATUSES = ("ok", "not_instantiable", "export_error", "runtime_error", "mismatch", "timeout", "skipped")
 """Every status a case can end in, best first."""
+TRACED_STATUSES = ("ok", "mismatch", "runtime_error")
+"""Statuses of a case whose export produced a program: a multimodal case with images (or audio) in these has its
+vision (audio) tower traced (``vision_traced`` in its record)."""
 
 RESULTS_FILE, META_FILE = "results.jsonl", "meta.json"
 META_KIND = "hfexport-sweep"

@@ -79,6 +79,8 @@ from .results import (
     META_SCHEMA,
     RESULTS_FILE,
     STATUSES,
+    TRACED_STATUSES,
+    default_zoo_shapes,
     load_results,
 )
 from .sweep_report import write_reports
@@ -222,7 +224,8 @@ def resolve_backend(name: str) -> tuple[str, str]:
 
 
 ZOOS = ("default", "testers")
-"""``--zoo``: ``default`` is :mod:`hfexport_sweep.zoo` (every auto-mapped class, shrunk configs, batch 2 and 3);
+"""``--zoo``: ``default`` is :mod:`hfexport_sweep.zoo` (every auto-mapped class, shrunk configs, at the sizes of
+:func:`~hfexport_sweep.results.default_zoo_shapes`);
 ``testers`` is :mod:`hfexport_sweep.tester_zoo` (configs and inputs of Transformers' own model testers, checked at
 the tester's shape and at a second one)."""
 
@@ -522,8 +525,8 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
 
     Args:
         model: the tiny eval-mode model.
-        inputs: forward kwargs to trace with (batch 2).
-        alt_inputs: forward kwargs to verify with (batch 3, another sequence length where there is one).
+        inputs: forward kwargs to trace with.
+        alt_inputs: forward kwargs to verify with (the next batch, another sequence length where there is one).
         backend: the backend name.
         atol: absolute tolerance of the verification.
         rtol: relative tolerance of the verification.
@@ -576,9 +579,11 @@ def export_and_verify(model: Any, inputs: dict[str, Any], alt_inputs: dict[str, 
 def _verify_at(exported: Any, inputs: dict[str, Any], export_s: float, *, atol: float, rtol: float,
                **fields: Any) -> dict[str, Any]:
     """The record fields of ``exported.verify(inputs)`` (``ok``, ``mismatch`` or ``runtime_error``), plus ``fields``."""
-    # Python constants baked into the program (use_cache=False) are added to the eager call by the artifact.
+    # Constants baked into the program (use_cache=False; image_grid_thw, as nested lists) are added to the eager call
+    # by the artifact.
     fixed = exported.manifest.get("fixed_kwargs", {})
-    checked = {k: v for k, v in inputs.items() if not (k in fixed and fixed[k] == v)}
+    checked = {k: v for k, v in inputs.items()
+               if not (k in fixed and (v.tolist() if hasattr(v, "tolist") else v) == fixed[k])}
     start = time.perf_counter()
     try:
         report = exported.verify(checked, atol=atol, rtol=rtol)
@@ -697,9 +702,8 @@ def run_case(case_id: str, backend: str, *, runner: str = DEFAULT_RUNNER, atol: 
         outcome["shapes_checked"] = _shapes(inputs, alt_inputs)
     images = default_zoo.image_inputs(model)
     if images is not None and isinstance(outcome, dict):  # a multimodal case: whether its vision tower was traced
-        outcome["images"] = (f"one image, {images.tokens_per_image} placeholder tokens" if images.used
-                             and images.tokens_per_image else "one image per row" if images.used
-                             else f"text only: {images.reason}")
+        outcome["images"] = images.describe()
+        outcome["vision_traced"] = images.used and outcome.get("status") in TRACED_STATUSES
     return outcome
 
 
@@ -1288,7 +1292,7 @@ def register_cli(subparsers: Any) -> None:
                    help=f"only the cases of {len(COMMON_ARCHITECTURES)} widely used architectures (a stratified "
                         "sweep, for slow backends)")
     p.add_argument("--zoo", choices=ZOOS, default="default",
-                   help="default: every auto-mapped class with shrunk configs (batch 2, then 3); testers: ~90 "
+                   help=f"default: every auto-mapped class with shrunk configs ({default_zoo_shapes()}); testers: ~90 "
                         "architectures built with the configs and inputs of Transformers' own model testers (batch "
                         "13-14, 7 tokens, 1024 audio samples, 30-pixel images), each verified at the tester's shape "
                         "and at batch + 1 with another length (a larger image where the model allows); results in "

@@ -21,9 +21,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .results import COMMON_ARCHITECTURES, META_FILE, META_KIND, RESULTS_FILE, STATUSES, load_results
+from .results import (
+    COMMON_ARCHITECTURES,
+    META_FILE,
+    META_KIND,
+    RESULTS_FILE,
+    STATUSES,
+    TRACED_STATUSES,
+    default_zoo_shapes,
+    load_results,
+)
 
-__all__ = ["PEER_FILE", "cause_key", "find_sweeps", "render_html", "render_markdown", "summarize", "write_reports"]
+__all__ = ["PEER_FILE", "cause_key", "find_sweeps", "render_html", "render_markdown", "summarize", "vision_traced",
+           "write_reports"]
 
 PEER_FILE = "peer.json"
 FAILURES = ("export_error", "runtime_error", "mismatch", "timeout")
@@ -237,8 +247,9 @@ def _criterion(meta: Mapping[str, Any]) -> str:
                 "`hfexport_sweep.tester_zoo`), then `exported.verify(..., atol=1e-4, rtol=1e-3)` at the tester's "
                 "shape and at a second one: batch + 1 and another sequence length, an image twice the size where "
                 "the model takes other sizes (`shapes_checked` in results.jsonl).")
-    return ("- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the tiny zoo model (batch 2), "
-            "then `exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)` at batch 3 and another sequence length.")
+    return ("- Criterion: `hfexport.export(model, inputs, backend=..., dynamic=True)` on the tiny zoo model, then "
+            "`exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)` at the next batch and another sequence length: "
+            f"{default_zoo_shapes(meta.get('zoo_inputs'))}.")
 
 
 UPSTREAM_REASONS: tuple[tuple[str, str, str], ...] = (
@@ -302,6 +313,49 @@ def _stage(record: Mapping[str, Any]) -> str:
     return record.get("stage") or {"mismatch": "verify", "runtime_error": "verify"}.get(record["status"], "?")
 
 
+
+def vision_traced(record: Mapping[str, Any]) -> bool:
+    """Whether a multimodal record's export traced its vision (or audio) tower: its inputs held images (audio) and
+    the export produced a program (``vision_traced`` in the record; derived for records written before it was)."""
+    if "vision_traced" in record:
+        return bool(record["vision_traced"])
+    images = record.get("images")
+    return bool(images) and not str(images).startswith("text only") and record.get("status") in TRACED_STATUSES
+
+
+def _multimodal_lines(records: Sequence[Mapping[str, Any]],
+                      sweeps: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Markdown lines on the multimodal cases: how many had images or audio, how many traced their vision (audio)
+    tower, per backend under the reports root, and the cases still traced text-only, each with its reason."""
+    multimodal = [r for r in records if r.get("modality") == "multimodal"]
+    if not multimodal:
+        return []
+    lines = ["", "### Multimodal cases: vision (audio) towers traced", "",
+             "A multimodal case gets one image (or audio clip) laid out as its processor would, from the config "
+             "(`images` in results.jsonl says which kind); `vision traced`: its export, with those inputs, produced a "
+             "program (ok, mismatch or runtime_error).", "",
+             "| backend | multimodal cases | with images or audio | vision traced | of them ok |",
+             "|---|---:|---:|---:|---:|"]
+    for name, recs in {**sweeps, **({} if sweeps else {"this sweep": records})}.items():
+        mm = [r for r in recs if r.get("modality") == "multimodal"]
+        if not mm:
+            continue
+        media = [r for r in mm if r.get("images") and not str(r["images"]).startswith("text only")]
+        traced = [r for r in mm if vision_traced(r)]
+        lines.append(f"| {name} | {len(mm)} | {len(media)} | {len(traced)} | "
+                     f"{sum(r['status'] == 'ok' for r in traced)} |")
+    text_only = [r for r in multimodal if not vision_traced(r)]
+    if text_only:
+        lines += ["", f"The {len(text_only)} multimodal cases of this sweep whose vision (audio) tower was not traced, "
+                  "and why:", "", "| case | status | why |", "|---|---|---|"]
+        for r in sorted(text_only, key=lambda r: r["case_id"]):
+            images = str(r.get("images") or "")
+            why = (images if images.startswith("text only") else f"export with {images}: {r.get('cause') or ''}"
+                   if images else f"not built: {r.get('reason') or r.get('cause') or ''}")
+            lines.append(f"| `{r['case_id']}` | {r['status']} | {_md(why[:220])} |")
+    return lines
+
+
 def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                     sweeps: Mapping[str, Sequence[Mapping[str, Any]]], peer: Mapping[str, Any] | None = None,
                     history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
@@ -350,13 +404,7 @@ def render_markdown(backend: str, meta: Mapping[str, Any], records: Sequence[Map
             by_error[cause_key({"cause": r.get("dynamic_error")})].append(r["case_id"])  # dynamic_error has the stage
         for error, cases in sorted(by_error.items(), key=lambda kv: -len(kv[1])):
             lines.append(f"| {len(cases)} | {_md(error[:200])} | {', '.join(f'`{c}`' for c in cases[:3])} |")
-    with_images = [r for r in records if "images" in r]
-    if with_images:  # multimodal cases: was the vision tower traced?
-        used = [r for r in with_images if not r["images"].startswith("text only")]
-        lines += ["", f"Multimodal cases: {len(used)} of {len(with_images)} exported with an image (so their "
-                  f"vision towers were traced; {sum(r['status'] == 'ok' for r in used)} of them ok), the others "
-                  "with text only because the zoo's image recipe does not run them eagerly (`images` in "
-                  "results.jsonl says why)."]
+    lines += _multimodal_lines(records, sweeps)
     # per modality
     lines += ["", "### By modality", "", "| modality | tried | instantiable | ok | export_error | runtime_error | "
               "mismatch | timeout | skipped |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

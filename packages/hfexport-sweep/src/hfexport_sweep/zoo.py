@@ -12,9 +12,11 @@ kwargs are produced: ``inputs`` (batch 2) and ``alt_inputs`` (batch 3 and, where
 the modality allows it, a different sequence length) for checking dynamic
 exports. The sizes are realistic where it matters (:func:`case_shapes`): one case
 per model type (the one ``sample_cases(0)`` draws) has batch 9 and 10, audio lasts
-1 s and 1.25 s, and a vision case's images have its config's size. A multimodal case gets an image where the recipe runs eagerly (LLaVA and
-the like: one image and its placeholder tokens in the first row; GIT, ViLT: one
-image per row), else text only; the model's :func:`image_inputs` says which, and why.
+1 s and 1.25 s, and a vision case's images have its config's size. A multimodal case gets
+one image (or audio clip) laid out as its processor would (:data:`MEDIA_KINDS`: plain ``pixel_values``,
+``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ``spatial_shapes``, audio features) with its
+placeholder tokens in the first row (GIT, ViLT: one image per row) where that runs eagerly, else text only; the
+model's :func:`image_inputs` says which, and why.
 
 Nothing here touches the network or the Hugging Face Hub: configs come from the
 config classes' defaults and weights are randomly initialised.
@@ -46,8 +48,12 @@ from typing import Any
 
 import torch
 
+# the zoo's sizes live where the CLI's help and the reports read them without importing torch
+from .results import ALT_BATCH, ALT_LARGE_BATCH, ALT_SEQ_LEN, BATCH, LARGE_BATCH, SEQ_LEN
+
 __all__ = [
     "ImageInputs",
+    "MEDIA_KINDS",
     "NotInstantiable",
     "UnknownCaseError",
     "ZooCase",
@@ -63,11 +69,6 @@ __all__ = [
 SEED = 0
 """Seed used for weights (``torch.manual_seed``) and dummy inputs."""
 
-BATCH, ALT_BATCH = 2, 3
-LARGE_BATCH, ALT_LARGE_BATCH = 9, 10
-"""Batches of the one case per model type that :func:`case_shapes` gives a batch above 8 (ExecuTorch's default
-``max_batch``): the case ``sample_cases(0)`` draws for its family, so that ``--sample --seed 0`` covers it."""
-SEQ_LEN, ALT_SEQ_LEN = 8, 12
 DECODER_SEQ_LEN, ALT_DECODER_SEQ_LEN = 6, 5
 AUDIO_SECONDS, ALT_AUDIO_SECONDS = 1.0, 1.25
 """Raw audio (``input_values``) at ``config.sampling_rate`` (16 kHz when the config names none) and feature frames
@@ -396,6 +397,11 @@ _INT_CAPS: dict[str, int] = {
     # vision
     "image_size": TINY_IMAGE,
     "patch_size": TINY_PATCH,
+    "mm_tokens_per_image": 16,  # Gemma 3's pooled image tokens: a square of 4 x 4 from the 8 x 8 patches
+    "out_hidden_size": TINY_HIDDEN,
+    "vision_output_dim": TINY_HIDDEN,  # Llama 4's vision tower and projector
+    "projector_input_dim": TINY_HIDDEN,
+    "projector_output_dim": TINY_HIDDEN,  # a vision tower's output width, the text model's (GLM-4V, Qwen2.5-VL)
     "projection_dim": 32,
     "projection_size": 32,
     "vision_embed_dim": 32,
@@ -618,6 +624,10 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     d = _shrink_dict(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
+    _scale_pinpoints(d)
+    _add_mrope_section(d)
+    _fit_vision_feature_layers(d)
+    _fit_patch_to_query(d)
     _remap_token_ids(d, TINY_VOCAB, {})
     if task == "sequence-classification":
         for sub in (d, d.get("text_config")):
@@ -646,6 +656,62 @@ def _restore_image_size(d: dict[str, Any], original: dict[str, Any]) -> None:
             shrunk["image_size"] = size
             if "patch_size" in default:
                 shrunk["patch_size"] = default["patch_size"]
+
+
+def _scale_pinpoints(d: dict[str, Any]) -> None:
+    """Scale LLaVA-NeXT's ``image_grid_pinpoints`` (resolutions in whole tiles of the vision tower's image size:
+    336-pixel tiles by default) to tiles of the shrunk vision config's ``image_size``, in place, so that the anyres
+    crops of an image stay whole tiles."""
+    pinpoints, vision = d.get("image_grid_pinpoints"), d.get("vision_config")
+    side = _side(vision.get("image_size")) if isinstance(vision, dict) else None
+    if not (isinstance(pinpoints, list) and pinpoints and side
+            and all(isinstance(p, list | tuple) and p and all(_is_int(v) and v > 0 for v in p) for p in pinpoints)):
+        return
+    tile = math.gcd(*(v for p in pinpoints for v in p))
+    if tile != side:
+        d["image_grid_pinpoints"] = [[v // tile * side for v in p] for p in pinpoints]
+
+
+def _fit_vision_feature_layers(d: dict[str, Any]) -> None:
+    """Clamp ``vision_feature_layer`` (VipLLaVA's list ``[-2, -5, -8, -11, 6]``) to the hidden states of the shrunk
+    vision tower (:data:`TINY_LAYERS` + 1), in place; the list keeps its length (its projector's width)."""
+    layers = d.get("vision_feature_layer")
+    low, high = -(TINY_LAYERS + 1), TINY_LAYERS
+    if isinstance(layers, list) and layers and all(_is_int(v) for v in layers):
+        d["vision_feature_layer"] = [min(max(v, low), high) for v in layers]
+
+
+def _fit_patch_to_query(d: dict[str, Any]) -> None:
+    """Aria's ``projector_patch_to_query_dict`` maps the patch count of an image (1225 for 490 pixels in 14-pixel
+    patches) to its query count: give the shrunk vision tower's patch count 16 queries, in place."""
+    table, vision = d.get("projector_patch_to_query_dict"), d.get("vision_config")
+    side = _side(vision.get("image_size")) if isinstance(vision, dict) else None
+    patch = _side(vision.get("patch_size")) if isinstance(vision, dict) else None
+    if isinstance(table, dict) and table and side and patch:
+        d["projector_patch_to_query_dict"] = {(side // patch) ** 2: 16}
+
+
+def _add_mrope_section(d: dict[str, Any]) -> None:
+    """Give the text config of a model with a merging vision tower (``vision_config.spatial_merge_size``: Qwen-VL,
+    GLM-4V and their kin) an ``mrope_section`` that sums to the tiny head's rotary half, in place, where its rope
+    parameters name none or one of another sum: such a model falls back to the section of its real head (``[8, 12,
+    12]``, 32 of a 128-wide head), which the shrunk head cannot split."""
+    vision, text = d.get("vision_config"), d.get("text_config")
+    if not (isinstance(vision, dict) and "spatial_merge_size" in vision and isinstance(text, dict)):
+        return
+    rope = text.get("rope_parameters")
+    heads, width = text.get("num_attention_heads"), text.get("hidden_size")
+    if not isinstance(rope, dict) or "rope_type" not in rope or not (_is_int(heads) and _is_int(width) and heads):
+        return  # none, or one per layer type
+    head_dim = text.get("head_dim") if _is_int(text.get("head_dim")) else width // heads
+    factor = rope.get("partial_rotary_factor") or text.get("partial_rotary_factor") or 1.0
+    half = int(head_dim * factor) // 2
+    section = rope.get("mrope_section")
+    if isinstance(section, list | tuple) and sum(section) == half:
+        return
+    side = max(1, half * 3 // 8)  # the 8:12:12 split of the real models
+    if half > 2 * side:
+        text["rope_parameters"] = {**rope, "mrope_section": [half - 2 * side, side, side]}
 
 
 _MAX_REPAIRS = 6
@@ -763,79 +829,126 @@ def _make_inputs(case: ZooCase, model: torch.nn.Module, gen: torch.Generator) ->
     return both[0], both[1]
 
 
-# --------------------------------------------------------------------------- images of multimodal cases
+# --------------------------------------------------------------------------- images and audio of multimodal cases
 
 IMAGE_INPUTS_ATTR = "_hfexport_zoo_image_inputs"
 """Attribute of a built multimodal case's model holding its :class:`ImageInputs` (see :func:`image_inputs`)."""
 
 _IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+_AUDIO_TOKEN_KEYS = ("audio_token_id", "audio_token_index")
+_AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "feature_mask")
+"""Names a multimodal forward gives the mask of ``input_features`` (``[clips, frames]``, ones where real)."""
+MEDIA_KINDS = ("pixel_values", "per_row", "image_grid_thw", "image_sizes", "pixel_attention_mask", "spatial_shapes",
+               "target_sizes", "audio")
+"""What a multimodal case's media inputs are (:attr:`ImageInputs.kind`): ``pixel_values [1, C, H, W]`` alone (one
+image, placeholder tokens: LLaVA, PaliGemma, ...), ``per_row`` (``[batch, C, H, W]``, no placeholders: GIT, ViLT),
+``image_grid_thw`` (flattened patches ``[patches, C * temporal_patch * patch * patch]`` and their grid ``[[1, h,
+w]]``: the Qwen-VL and GLM-V families), ``image_sizes`` (``[[H, W]]`` beside ``[1, C, H, W]``, or the anyres
+``[1, crops, C, H, W]``: Pixtral, LLaVA-NeXT), ``pixel_attention_mask`` (``[1, 1, C, H, W]`` and a mask ``[1, 1, H,
+W]``: Idefics2/3, SmolVLM), ``spatial_shapes`` (NaFlex patches ``[1, h * w, C * patch * patch]``, ``[[h, w]]`` and a
+mask ``[1, h * w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]``: MiniCPM-V) and
+``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
+GLM-ASR, ...)."""
 
 
 @dataclass(frozen=True)
 class ImageInputs:
-    """Whether a multimodal zoo case got images, and why not when it did not.
+    """Whether a multimodal zoo case got images (or audio), of which kind, and why not when it did not.
 
     Attributes:
-        used: ``inputs`` and ``alt_inputs`` hold ``pixel_values`` and the eager forward reads them (its first
-            output changes with the pixels).
-        tokens_per_image: image placeholder tokens in ``input_ids`` (as many as the vision tower yields
-            features for the one image, at the start of the first row); 0 for a model that takes no
-            placeholders (one image per row), or when unused.
+        used: ``inputs`` and ``alt_inputs`` hold the media inputs of :attr:`kind` and the eager forward reads
+            them (its first output changes with the pixels or features).
+        tokens_per_image: image (or audio) placeholder tokens in ``input_ids``: as many as the model's
+            ``get_image_features`` (``get_audio_features``) yields for the one image (clip), at the start of the
+            first row; 0 for a model that takes no placeholders (one image per row), or when unused.
         reason: why the case kept text-only inputs (one line), None when ``used``.
+        kind: one of :data:`MEDIA_KINDS` when ``used``, else ``""``.
     """
 
     used: bool
     tokens_per_image: int = 0
     reason: str | None = None
+    kind: str = ""
+
+    def describe(self) -> str:
+        """One line for a sweep record: ``"one image, 64 placeholder tokens (image_grid_thw)"``, ``"one image per
+        row"``, ``"one audio clip, 16 placeholder tokens (audio)"`` or ``"text only: <reason>"``."""
+        if not self.used:
+            return f"text only: {self.reason}"
+        if self.kind == "per_row":
+            return "one image per row"
+        what = "one audio clip" if self.kind == "audio" else "one image"
+        return f"{what}, {self.tokens_per_image} placeholder tokens ({self.kind})"
 
 
 def image_inputs(model: torch.nn.Module) -> ImageInputs | None:
-    """What :func:`build_case` did about images for this model: an :class:`ImageInputs` for a multimodal case,
-    None for other cases (and models not built by the zoo)."""
+    """What :func:`build_case` did about images (or audio) for this model: an :class:`ImageInputs` for a
+    multimodal case, None for other cases (and models not built by the zoo)."""
     return getattr(model, IMAGE_INPUTS_ATTR, None)
 
 
-def _image_token_id(config: Any) -> int | None:
-    for sub in (config, getattr(config, "text_config", None)):
-        for key in _IMAGE_TOKEN_KEYS:
+def _token_id(config: Any, keys: tuple[str, ...]) -> int | None:
+    for sub in (config, getattr(config, "text_config", None), getattr(config, "thinker_config", None)):
+        for key in keys:
             value = getattr(sub, key, None) if sub is not None else None
             if _is_int(value) and value >= 0:
                 return value
     return None
 
 
-def _image_feature_count(model: torch.nn.Module, pixel_values: torch.Tensor) -> int:
-    """Features (text-embedding rows) the model's ``get_image_features`` yields for ``pixel_values``
-    ``[images, C, H, W]``, all images together.
+def _image_token_id(config: Any) -> int | None:
+    return _token_id(config, _IMAGE_TOKEN_KEYS)
+
+
+def _params(fn: Any) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _feature_owner(model: torch.nn.Module, method: str) -> Any:
+    return next((m for m in (model, getattr(model, "model", None)) if m is not None and hasattr(m, method)), None)
+
+
+def _feature_count(model: torch.nn.Module, media: Mapping[str, Any], method: str = "get_image_features") -> int:
+    """Features (text-embedding rows) the model's ``get_image_features`` (or ``get_audio_features``) yields for
+    the media inputs of one image (clip), ``media``: the arguments it takes among them are passed.
 
     Raises:
-        ValueError: the model has no ``get_image_features``, or its result is not a whole number of
-            text-embedding rows.
+        ValueError: the model has no such method, or its result is not a whole number of text-embedding rows.
     """
-    owner = next((m for m in (model, getattr(model, "model", None)) if hasattr(m, "get_image_features")), None)
+    owner = _feature_owner(model, method)
     if owner is None:
-        raise ValueError(f"{type(model).__name__} has no get_image_features")
+        raise ValueError(f"{type(model).__name__} has no {method}")
+    takes = _params(getattr(owner, method))
     with torch.no_grad():
-        features = owner.get_image_features(pixel_values=pixel_values)
+        features = getattr(owner, method)(**{k: v for k, v in media.items() if k in takes})
     if isinstance(features, Mapping) or hasattr(features, "pooler_output"):
-        features = getattr(features, "pooler_output", None)  # transformers 5: the projected image features
+        features = getattr(features, "pooler_output", None)  # transformers 5: the projected features
     tensors = [features] if isinstance(features, torch.Tensor) else list(features or [])
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise ValueError(f"get_image_features gives no tensors ({type(features).__name__})")
+        raise ValueError(f"{method} gives no tensors ({type(features).__name__})")
     width = model.get_input_embeddings().weight.shape[-1]
     total = sum(t.numel() for t in tensors)
     if total == 0 or total % width:
-        raise ValueError(f"get_image_features gives {total} values, not rows of the text width {width}")
+        raise ValueError(f"{method} gives {total} values, not rows of the text width {width}")
     return total // width
 
 
-def _with_image_tokens(inputs: dict[str, Any], pixel_values: torch.Tensor, image_token: int,
+def _image_feature_count(model: torch.nn.Module, pixel_values: torch.Tensor) -> int:
+    """:func:`_feature_count` of one image ``pixel_values [1, C, H, W]``."""
+    return _feature_count(model, {"pixel_values": pixel_values})
+
+
+def _with_media_tokens(inputs: dict[str, Any], media: Mapping[str, Any], token: int,
                        filler_ids: torch.Tensor) -> dict[str, Any]:
-    """``inputs`` with one image (``pixel_values [1, C, H, W]``) in the first row: its ``k`` placeholder tokens
+    """``inputs`` with one image (or audio clip), ``media``, in the first row: its ``k`` placeholder tokens
     prefixed to that row's text, and ``filler_ids`` (``[batch - 1, k]`` text ids) to the other rows'; the other
     token inputs get ``k`` ones (``attention_mask``) or zeros (token types) in front."""
-    out = dict(inputs)
-    out["pixel_values"] = pixel_values
+    out = {**inputs, **media}
     from hfexport_dynamo.inputs import TOKEN_INPUTS
 
     tokens = filler_ids.shape[1]
@@ -844,11 +957,17 @@ def _with_image_tokens(inputs: dict[str, Any], pixel_values: torch.Tensor, image
         if not (isinstance(value, torch.Tensor) and value.dim() == 2):
             continue
         if name == "input_ids":
-            prefix = torch.cat([torch.full((1, tokens), image_token, dtype=value.dtype), filler_ids.to(value.dtype)])
+            prefix = torch.cat([torch.full((1, tokens), token, dtype=value.dtype), filler_ids.to(value.dtype)])
         else:
             prefix = torch.full((value.shape[0], tokens), 1 if name == "attention_mask" else 0, dtype=value.dtype)
         out[name] = torch.cat([prefix, value], dim=1)
     return out
+
+
+def _with_image_tokens(inputs: dict[str, Any], pixel_values: torch.Tensor, image_token: int,
+                       filler_ids: torch.Tensor) -> dict[str, Any]:
+    """:func:`_with_media_tokens` of one image ``pixel_values [1, C, H, W]``."""
+    return _with_media_tokens(inputs, {"pixel_values": pixel_values}, image_token, filler_ids)
 
 
 def _first_float_tensor(output: Any) -> torch.Tensor | None:
@@ -858,60 +977,237 @@ def _first_float_tensor(output: Any) -> torch.Tensor | None:
     return next((t for v in values if (t := _first_float_tensor(v)) is not None), None)
 
 
+def _side(value: Any) -> int | None:
+    """An image side or patch size of a config (an int, or the first of a pair)."""
+    if isinstance(value, list | tuple) and value:
+        value = value[0]
+    return value if _is_int(value) and value > 0 else None
+
+
+def _vision_facts(config: Any) -> dict[str, int]:
+    """``channels``, ``image`` (side, pixels: the config's size, else :data:`TINY_IMAGE`), ``patch``,
+    ``temporal`` (temporal patch size, 1 where none), ``merge`` (spatial merge size, 1 where none) of the vision
+    config."""
+    vision = getattr(config, "vision_config", None) or getattr(getattr(config, "thinker_config", None),
+                                                              "vision_config", None) or config
+    patch = _side(getattr(vision, "patch_size", None)) or TINY_PATCH
+    image = _side(getattr(vision, "image_size", None))
+    image = image if image is not None and image <= MAX_CONFIG_IMAGE else TINY_IMAGE
+    merge = next((v for k in ("spatial_merge_size", "merge_size") if _is_int(v := getattr(vision, k, None))), 1)
+    channels = next((v for k in ("in_channels", "num_channels", "in_chans")
+                     if _is_int(v := getattr(vision, k, None)) and v > 0), 3)
+    return {"channels": channels, "image": image, "patch": patch, "merge": max(merge, 1),
+            "temporal": _side(getattr(vision, "temporal_patch_size", None)) or 1}
+
+
+def _anyres_crops(model: torch.nn.Module, side: int) -> int | None:
+    """Crops (the base image included) LLaVA-NeXT's anyres processing makes of a ``side x side`` image: the
+    model's own ``image_size_to_num_patches`` over ``config.image_grid_pinpoints``; None without pinpoints."""
+    import sys
+
+    pinpoints = getattr(model.config, "image_grid_pinpoints", None)
+    if not pinpoints:
+        return None
+    helper = getattr(sys.modules.get(type(model).__module__), "image_size_to_num_patches", None)
+    if helper is None:
+        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches as helper
+    return int(helper(image_size=(side, side), grid_pinpoints=pinpoints, patch_size=side))
+
+
+def _image_recipes(model: torch.nn.Module, pixels: Callable[..., torch.Tensor]) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    """``(kind, make)`` pairs, the first to try first: ``make()`` gives the media inputs of one image as the
+    model's processor lays them out (:data:`MEDIA_KINDS`), at the config's image size. Which kinds are tried
+    follows the arguments of the model's ``get_image_features`` and ``forward``."""
+    from hfexport_dynamo import forward_parameters
+
+    facts = _vision_facts(model.config)
+    c, side, p, t, m = facts["channels"], facts["image"], facts["patch"], facts["temporal"], facts["merge"]
+    names = set(forward_parameters(model)[0])
+    owner = _feature_owner(model, "get_image_features")
+    takes = (_params(owner.get_image_features) if owner is not None else set()) | names
+    recipes: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+    if "image_grid_thw" in takes:
+        grid = max(m, side // p // m * m)  # patches a side: whole merge windows
+        thw = torch.tensor([[1, grid, grid]])
+        extra = {"image_merge_sizes": torch.tensor([m])} if "image_merge_sizes" in takes else {}
+        recipes += [("image_grid_thw", lambda tp=tp: {"pixel_values": pixels(grid * grid, c * tp * p * p),
+                                                      "image_grid_thw": thw, **extra})
+                    for tp in dict.fromkeys((t, 2))]  # a config without temporal_patch_size may still take 2 frames
+        recipes += [("image_grid_thw", lambda: {"pixel_values": pixels(grid * grid, c, p, p),
+                                                "image_grid_thw": thw, **extra}),
+                    ("image_grid_thw", lambda: {"pixel_values": pixels(1, c, grid * p, grid * p),
+                                                "image_grid_thw": thw, **extra})]
+    if "image_sizes" in takes:
+        sizes = torch.tensor([[side, side]])
+        recipes.append(("image_sizes", lambda: {"pixel_values": pixels(1, c, side, side), "image_sizes": sizes}))
+        crops = _anyres_crops(model, side)
+        if crops is not None:
+            recipes.insert(len(recipes) - 1, ("image_sizes", lambda: {
+                "pixel_values": pixels(1, crops, c, side, side), "image_sizes": sizes}))
+    if "spatial_shapes" in takes:
+        grid = side // p
+        recipes.append(("spatial_shapes", lambda: {
+            "pixel_values": pixels(1, grid * grid, c * p * p), "spatial_shapes": torch.tensor([[grid, grid]]),
+            "pixel_attention_mask": torch.ones(1, grid * grid, dtype=torch.bool)}))
+    elif "pixel_attention_mask" in takes:
+        recipes.append(("pixel_attention_mask", lambda: {
+            "pixel_values": pixels(1, 1, c, side, side),
+            "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}))
+    if "target_sizes" in takes:  # MiniCPM-V: the patch grid of each image
+        recipes.append(("target_sizes", lambda: {"pixel_values": pixels(1, c, side, side),
+                                                 "target_sizes": torch.tensor([[side // p, side // p]])}))
+    high = {}
+    if "high_res_pixel_values" in takes:  # DeepSeek-VL hybrid: the image again, at the high-res tower's size
+        high_side = _vision_facts(getattr(model.config, "high_res_vision_config", None) or model.config)["image"]
+        high = {"high_res_pixel_values": (1, c, high_side, high_side)}
+    recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, c, side, side),
+                                             **{k: pixels(*shape) for k, shape in high.items()}}))
+    recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, 1, c, side, side)}))
+    return [(kind, make) for kind, make in recipes if set(make()) <= names]
+
+
+def _audio_recipe(model: torch.nn.Module, features: Callable[..., torch.Tensor]) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    """The ``("audio", make)`` pairs of a model that takes ``input_features`` beside an audio placeholder token:
+    ``input_features [1, mel bins, frames]`` (the encoder's ``2 * max_source_positions`` frames, else 1 s at
+    100 frames a second) and its mask of ones under the name forward gives it."""
+    from hfexport_dynamo import forward_parameters
+
+    names, takes_kwargs = forward_parameters(model)
+    names = set(names)
+    if "input_features" not in names or _token_id(model.config, _AUDIO_TOKEN_KEYS) is None:
+        return []
+    owner = _feature_owner(model, "get_audio_features")
+    if takes_kwargs and owner is not None:  # masks forward passes on through **kwargs
+        names |= _params(owner.get_audio_features) & {*_AUDIO_MASKS, "padding_mask"}
+    config = model.config
+    audio = getattr(config, "audio_config", None) or getattr(getattr(config, "thinker_config", None),
+                                                            "audio_config", None) or config
+    mels = next((v for k in ("num_mel_bins", "feature_size", "n_mels", "input_dim")
+                 if _is_int(v := getattr(audio, k, None)) and v > 0), 16)
+    source = getattr(audio, "max_source_positions", None)
+    lengths = [2 * source] if _is_int(source) and source > 0 else []
+    lengths.append(100)
+    recipes = []
+    for frames in dict.fromkeys(lengths):
+        def make(frames: int = frames) -> dict[str, Any]:
+            media = {"input_features": features(1, mels, frames)}
+            for mask in (n for n in (*_AUDIO_MASKS, "padding_mask") if n in names):
+                media[mask] = torch.ones(1, frames, dtype=torch.long)
+            return media
+        recipes.append(("audio", make))
+    return recipes
+
+
 def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
                       alt_inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], ImageInputs]:
-    """``(inputs, alt_inputs, what was done)``: the text inputs of a multimodal case with images added.
+    """``(inputs, alt_inputs, what was done)``: the text inputs of a multimodal case with images (or audio) added.
 
-    ``pixel_values`` have the size the vision config names and come from a generator of their own (so the text
-    is the same as without images). A model with an image placeholder token (``config.image_token_id`` /
-    ``image_token_index``: LLaVA and the models sharing its recipe) gets one image, in the first row: as many
-    placeholders before that row's text as ``get_image_features`` yields for it, and as many extra text tokens
-    before the other rows' text. The image and its tokens are the same number at both shapes (only the batch
-    and the text part vary): LLaVA's ``get_image_features`` turns the features into a list of one tensor per
-    image (``list(image_features)``), which makes torch.export specialize the number of images, and its output
-    (``image_outputs.pooler_output``) holds that list. A model without a placeholder token (GIT, ViLT) pairs each
-    row with an image (``pixel_values [batch, C, H, W]``).
+    The media are what the model's processor would build for one image at the size the vision config names
+    (:data:`TINY_IMAGE` where it names none), from the config alone (:func:`_image_recipes`, :data:`MEDIA_KINDS`;
+    audio: :func:`_audio_recipe`), drawn from a generator of their own (so the text is the same as without them). A
+    model with a placeholder token (``config.image_token_id`` / ``image_token_index``; ``audio_token_id`` for
+    audio) gets one image, in the first row: as many placeholders before that row's text as ``get_image_features``
+    (``get_audio_features``) yields for it, and as many extra text tokens before the other rows' text. The image
+    and its tokens are the same at both shapes (only the batch and the text part vary): LLaVA's
+    ``get_image_features`` turns the features into a list of one tensor per image (``list(image_features)``),
+    which makes torch.export specialize the number of images. A model without a placeholder token (GIT, ViLT)
+    pairs each row with an image (``pixel_values [batch, C, H, W]``).
 
-    The eager forward then runs at both shapes and once with other pixels: if anything fails, gives NaNs, or
-    the first output ignores the pixels, the text-only inputs are returned unchanged with the reason.
+    Each kind the model's signatures allow is tried in turn: the eager forward runs at both shapes and once with
+    other pixels (features); the first kind whose forward works, gives no NaNs and whose first output reads the
+    pixels is kept. If none is, the text-only inputs are returned unchanged with the first kind's reason.
     """
     from hfexport_dynamo import dummy_inputs, forward_parameters
 
     def fallback(reason: str) -> tuple[dict[str, Any], dict[str, Any], ImageInputs]:
         return inputs, alt_inputs, ImageInputs(False, reason=" ".join(reason.split()))
 
-    if "pixel_values" not in forward_parameters(model)[0]:
-        return fallback("forward takes no pixel_values")
+    names = forward_parameters(model)[0]
+    if "pixel_values" not in names and "input_features" not in names:
+        return fallback("forward takes no pixel_values or input_features")
     gen = torch.Generator().manual_seed(SEED + 1)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
     image_token = _image_token_id(model.config)
+    if image_token is None and "pixel_values" in names:
+        def per_row() -> tuple[list[dict[str, Any]], int]:
+            return [{**x, "pixel_values": dummy_inputs(model, x["input_ids"].shape[0], SEQ_LEN, generator=gen,
+                                                       modality="vision", default_image_size=TINY_IMAGE)["pixel_values"]}
+                    for x in (inputs, alt_inputs)], 0
+        attempts: list[tuple[str, Callable[[], tuple[list[dict[str, Any]], int]]]] = [("per_row", per_row)]
+    else:
+        recipes = [(kind, make, image_token, "get_image_features") for kind, make in _image_recipes(model, draw)
+                   if image_token is not None]
+        audio_token = _token_id(model.config, _AUDIO_TOKEN_KEYS)
+        recipes += [(kind, make, audio_token, "get_audio_features") for kind, make in _audio_recipe(model, draw)]
+        if not recipes:
+            return fallback("no placeholder token id in the config (image_token_id, audio_token_id) for the "
+                            "media inputs forward takes")
 
-    def pixels(images: int) -> torch.Tensor:
-        return dummy_inputs(model, images, SEQ_LEN, generator=gen, modality="vision",
-                            default_image_size=TINY_IMAGE)["pixel_values"]
-
+        def placed(make: Callable[[], dict[str, Any]], kind: str, token: int,
+                   method: str) -> tuple[list[dict[str, Any]], int]:
+            media = [make(), make()]  # other values at the alt shape
+            tokens = _feature_count(model, media[0], method)
+            both = [_with_media_tokens(x, mx, token, dummy_inputs(
+                model, x["input_ids"].shape[0] - 1, tokens, generator=gen, modality="text",
+                max_vocab=TINY_VOCAB)["input_ids"]) for x, mx in zip((inputs, alt_inputs), media, strict=True)]
+            if kind == "image_grid_thw":
+                both = [_with_mrope_positions(model, x, token, names) for x in both]
+            return both, tokens
+        attempts = [(kind, functools.partial(placed, make, kind, token, method))
+                    for kind, make, token, method in recipes]
+    first_reason: str | None = None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        try:
-            if image_token is None:
-                tokens = 0
-                with_images = [{**x, "pixel_values": pixels(x["input_ids"].shape[0])} for x in (inputs, alt_inputs)]
-            else:
-                image = [pixels(1), pixels(1)]
-                tokens = _image_feature_count(model, image[0])
-                with_images = [_with_image_tokens(x, p, image_token, dummy_inputs(
-                    model, x["input_ids"].shape[0] - 1, tokens, generator=gen, modality="text",
-                    max_vocab=TINY_VOCAB)["input_ids"]) for x, p in zip((inputs, alt_inputs), image, strict=True)]
-            other = {**with_images[0], "pixel_values": with_images[0]["pixel_values"] + 1.0}
-            with torch.no_grad():
-                outs = [model(**kwargs) for kwargs in (*with_images, other)]
-        except Exception as exc:  # noqa: BLE001 - any failure keeps the text-only inputs, with its reason
-            return fallback(_first_line(exc))
+        for kind, attempt in attempts:
+            try:
+                with_media, tokens = attempt()
+            except Exception as exc:  # noqa: BLE001 - a recipe that fails gives its reason; the next one is tried
+                first_reason = first_reason or _first_line(exc)
+                continue
+            reason = _reads_media(model, with_media)
+            if reason is None:
+                return with_media[0], with_media[1], ImageInputs(True, tokens_per_image=tokens, kind=kind)
+            first_reason = first_reason or reason
+    return fallback(first_reason or "no media recipe fits the model's forward")
+
+
+def _with_mrope_positions(model: torch.nn.Module, inputs: dict[str, Any], token: int,
+                          names: list[str]) -> dict[str, Any]:
+    """``inputs`` of a Qwen-VL-style model with the processor's ``mm_token_type_ids`` (0 text, 1 image) or, where
+    the model has a ``get_rope_index`` and forward takes ``position_ids``, with the M-RoPE ``position_ids`` ``[3,
+    batch, seq]`` it computes from them (as generation does): forward then skips that computation, a Python loop over
+    the token types that torch.export cannot trace on an input."""
+    types = (inputs["input_ids"] == token).long()
+    owner = _feature_owner(model, "get_rope_index")
+    if owner is None or "position_ids" not in names:
+        return {**inputs, "mm_token_type_ids": types} if "mm_token_type_ids" in names else inputs
+    takes = _params(owner.get_rope_index)
+    given = {"mm_token_type_ids": types, "image_grid_thw": inputs.get("image_grid_thw"),
+             "attention_mask": inputs.get("attention_mask")}
+    with torch.no_grad():
+        positions = owner.get_rope_index(inputs["input_ids"], **{k: v for k, v in given.items() if k in takes})[0]
+    return {**inputs, "position_ids": positions}
+
+
+def _reads_media(model: torch.nn.Module, with_media: list[dict[str, Any]]) -> str | None:
+    """None when the eager forward runs at both shapes without NaNs and its first output changes with the media's
+    float input (pixels or features); else why not (one line)."""
+    key = "pixel_values" if "pixel_values" in with_media[0] else "input_features"
+    other = {**with_media[0], key: with_media[0][key] + 1.0}
+    try:
+        with torch.no_grad():
+            outs = [model(**kwargs) for kwargs in (*with_media, other)]
+    except Exception as exc:  # noqa: BLE001 - any failure is a reason
+        return _first_line(exc)
     if any(_has_nan(out) for out in outs):
-        return fallback("eager forward with images gives NaN outputs")
+        return "eager forward with images gives NaN outputs"
     first, moved = _first_float_tensor(outs[0]), _first_float_tensor(outs[2])
     if first is None or moved is None or first.shape != moved.shape or torch.equal(first, moved):
-        return fallback("the first output does not depend on pixel_values")
-    return with_images[0], with_images[1], ImageInputs(True, tokens_per_image=tokens)
+        return f"the first output does not depend on {key}"
+    return None
 
 
 # --------------------------------------------------------------------------- building
@@ -933,17 +1229,23 @@ def _model_class(case: ZooCase) -> type[torch.nn.Module]:
         raise NotInstantiable(f"cannot import {case.class_name}: {_fmt(exc)}") from exc
 
 
+_ZERO_INIT_DRAWN = ("router", "mm_input_projection")
+
+
 def _draw_zero_routers(model: torch.nn.Module) -> list[str]:
     """Draw router weights that a model's init leaves all zero from N(0, 0.02) (in place; the names drawn).
 
     A zero router (AfMoE's ``router.gate``) scores every expert the same, so top-k routing is decided by how a
     runtime breaks ties, which differs between PyTorch and ONNX Runtime: a mismatch of the tiny model only, since a
-    trained router has no such ties. Runs under :func:`build_case`'s seeded RNG, so cases stay reproducible.
+    trained router has no such ties. So is a multimodal projection that init leaves all zero (Gemma 3's
+    ``mm_input_projection_weight``): image features of zeros would not depend on the pixels. Runs under
+    :func:`build_case`'s seeded RNG, so cases stay reproducible.
     """
     drawn = []
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.dim() == 2 and param.is_floating_point() and "router" in name and not param.any():
+            if param.dim() == 2 and param.is_floating_point() and any(key in name for key in _ZERO_INIT_DRAWN) \
+                    and not param.any():
                 param.normal_(0.0, 0.02)
                 drawn.append(name)
     return drawn

@@ -1,0 +1,76 @@
+"""Issue 28: a multimodal zoo case gets the media inputs its processor would build from the config (one image, or one
+audio clip, with its placeholder tokens in the first row), and its dynamo export traces the vision (audio) tower:
+the program's outputs equal eager at the alt shape, and move with the pixels (features).
+
+One case per kind of media inputs: Qwen2-VL's flattened patches and ``image_grid_thw`` (baked into the program),
+Mistral 3's Pixtral ``image_sizes`` (baked too), InternVL's plain ``pixel_values`` (whose pixel shuffle failed with
+``Dim.AUTO`` on the image's height and width: the image dims are now static) and GLM-ASR's ``input_features``. Exported
+and checked at the zoo's inputs cut to 2 and 3 rows, with the sweep's tolerance (atol 1e-4, rtol 1e-3).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport_sweep import zoo
+
+ATOL, RTOL = 1e-4, 1e-3  # the sweep's tolerance
+
+CASES = {
+    "image_grid_thw": "qwen2_vl/Qwen2VLModel",
+    "image_sizes": "mistral3/Mistral3Model",
+    "pixel_values": "internvl/InternVLModel",
+    "audio": "glmasr/GlmAsrModel",
+}
+
+
+def _first_rows(inputs: dict, rows: int) -> dict:
+    """The zoo's inputs cut to their first ``rows`` text rows (the media stay: they belong to the first row), to keep
+    the test fast."""
+    from hfexport_dynamo.inputs import TOKEN_INPUTS
+
+    def cut(name: str, value: torch.Tensor) -> torch.Tensor:
+        if name == "position_ids" and value.dim() == 3:  # M-RoPE positions [3, batch, seq]
+            return value[:, :rows]
+        return value[:rows] if name in (*TOKEN_INPUTS, "mm_token_type_ids") else value
+
+    return {k: cut(k, v) for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_a_multimodal_case_gets_its_media_and_the_dynamo_export_traces_the_tower(kind):
+    import hfexport
+
+    model, inputs, alt_inputs = zoo.build_case(CASES[kind])
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == kind and media.tokens_per_image > 0, media
+    key = "input_features" if kind == "audio" else "pixel_values"
+    token = zoo._token_id(model.config, zoo._AUDIO_TOKEN_KEYS if kind == "audio" else zoo._IMAGE_TOKEN_KEYS)
+    for x in (inputs, alt_inputs):
+        assert (x["input_ids"][0, :media.tokens_per_image] == token).all()
+        assert int((x["input_ids"] == token).sum()) == media.tokens_per_image  # only there
+    assert inputs[key].shape == alt_inputs[key].shape  # one image (clip) of the config's size at both shapes
+
+    inputs, alt_inputs = _first_rows(inputs, 2), _first_rows(alt_inputs, 3)
+    exported = hfexport.export(model, inputs, backend="dynamo", dynamic=True, verify=False)
+    fixed = exported.manifest["fixed_kwargs"]
+    layout = {"image_grid_thw": "image_grid_thw", "image_sizes": "image_sizes"}.get(kind)
+    if layout:  # the patch grid (image size) is baked in: the model reads its values; another one is refused by name
+        assert fixed[layout] == inputs[layout].tolist()
+        with pytest.raises(ValueError, match=f"{layout}=.*baked into this export"):
+            exported(**{**inputs, layout: inputs[layout] * 2})
+    if key == "pixel_values":  # with dynamic=True, the image's own dims are static: the processor's size
+        pixels = next(i for i in exported.manifest["inputs"] if i["name"] == "pixel_values")
+        assert [int(d) for d in pixels["shape"][1:]] == list(inputs["pixel_values"].shape[1:])
+    alt = {k: v for k, v in alt_inputs.items() if k not in fixed}
+    report = exported.verify(alt, atol=ATOL, rtol=RTOL)
+    assert report.passed, report
+    moved = {**alt, key: alt[key] + 1.0}
+    first = next(iter(exported(**alt).values()))
+    other = next(iter(exported(**moved).values()))
+    with torch.no_grad():
+        eager = next(iter(model(**{**alt_inputs, key: moved[key]}).values()))
+    assert (first[0] - other[0]).abs().max() > 1e-3  # the image's row reads the traced tower
+    torch.testing.assert_close(other, eager, atol=ATOL, rtol=RTOL)
+
