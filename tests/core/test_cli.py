@@ -102,6 +102,13 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_export(tmp_p
     assert not (tmp_path / "o").exists()  # refused before any export
 
 
+def test_a_quantize_recipe_the_backend_refuses_is_refused_before_the_model_loads(tmp_path, capsys):
+    assert cli.main(["export", "--demo", "--backend", "dynamo", "--quantize", "int4", "-o", str(tmp_path / "o")]) == 2
+    captured = capsys.readouterr()
+    assert "backend 'dynamo' does not quantize (--quantize int4)" in captured.err
+    assert "exporting" not in captured.out  # the line printed once the model is loaded
+
+
 def test_hfexport_warnings_print_as_one_line_and_others_keep_their_format(capsys):
     """Inside a command, hfexport's warning classes and its ``hfexport`` logger print ``warning: ...`` on stderr,
     as its errors print ``error: ...``; another library's warning keeps Python's format; all is restored after."""

@@ -299,6 +299,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     exporter_class = _with_backend_options(exporter_class, args)
+    configured_exporter(exporter_class, args)  # a --quantize recipe the backend refuses: before any model loads
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if task is not None:
         return args.export_task(args, exporter_class, output, out)
