@@ -247,7 +247,18 @@ for _scope in ("onnx", "executorch"):  # the backends without complex tensors; d
 
 
 @register_patch("dynamo", "transformers.models.qwen2_vl.modeling_qwen2_vl.VisionAttention.forward",
-                "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention.forward")
+                "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention.forward",
+                # the same forward, copied (checked: identical source in transformers 5.24)
+                "transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLVisionAttention.forward",
+                "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe.Qwen3VLMoeVisionAttention.forward",
+                "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5VisionAttention.forward",
+                "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeVisionAttention.forward",
+                "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe.Qwen3OmniMoeVisionAttention.forward",
+                "transformers.models.qwen4_exp.modeling_qwen4_exp.Qwen4ExpVisionAttention.forward",
+                "transformers.models.glm4v.modeling_glm4v.Glm4vVisionAttention.forward",
+                "transformers.models.glm4v_moe.modeling_glm4v_moe.Glm4vMoeVisionAttention.forward",
+                "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe.Ernie4_5_VLMoeVisionAttention.forward",
+                "transformers.models.cohere_compass.modeling_cohere_compass.CohereCompassVisionAttention.forward")
 def _patch_qwen_vl_vision_segments(original: Any) -> Any:
     """Attend over Qwen2-VL's (and Qwen2.5-VL's) packed image patches with one block-diagonal mask instead of one
     attention call per image.
@@ -260,7 +271,8 @@ def _patch_qwen_vl_vision_segments(original: Any) -> Any:
     each patch's segment counted from ``cu_seqlens`` by comparisons). Masked keys get the dtype's minimum, so each
     row's softmax is its segment's (exact up to rounding of the longer reductions). The flash-attention path, which
     takes ``cu_seqlens`` itself, is left to the original.
-    **Upstream**: model-side (transformers ``modeling_qwen2_vl.py``, copied to ``modeling_qwen2_5_vl.py``).
+    **Upstream**: model-side (transformers ``modeling_qwen2_vl.py``, copied to ``modeling_qwen2_5_vl.py`` and to the
+    Qwen3-VL, Qwen3.5, Qwen3-Omni, GLM-4V, ERNIE-4.5-VL and Cohere Compass vision attentions patched here too).
     **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
