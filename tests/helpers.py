@@ -59,6 +59,15 @@ KINDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         text_config=dict(_DECODER, bos_token_id=1, eos_token_id=2,
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1])),
         image_token_id=99, video_token_id=98, vision_start_token_id=97, vision_end_token_id=96)),
+    # Qwen2.5-VL: the Qwen2-VL shapes above with RMSNorm/SwiGLU vision blocks, block 0 attending within windows of
+    # 16 pixels (2x2 image tokens; a 24x24 image's 3x3 tokens fall into 4 windows, padded) and block 1 over the image
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", dict(
+        vision_config=dict(depth=2, hidden_size=32, out_hidden_size=32, num_heads=2, intermediate_size=37,
+                           patch_size=4, temporal_patch_size=2, spatial_merge_size=2, in_channels=3, window_size=16,
+                           fullatt_block_indexes=[1]),
+        text_config=dict(_DECODER, bos_token_id=1, eos_token_id=2,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1])),
+        image_token_id=99, video_token_id=98, vision_start_token_id=97, vision_end_token_id=96)),
     # a Voxtral (Whisper-style) audio encoder on chunks of 16 mel bins x 32 frames (16 positions, stacked by 4 into
     # 4 audio tokens per chunk), a projector and the Llama decoder above; audio token 99
     "voxtral": ("VoxtralForConditionalGeneration", "VoxtralConfig", dict(

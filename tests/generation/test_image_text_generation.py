@@ -19,11 +19,12 @@ from helpers import generate_in_fresh_process, selected_params, tiny_model
 NEW_TOKENS = 20
 IMAGE_TOKEN, TOKENS_PER_IMAGE = 99, 16  # the tiny LLaVA's: a 32x32 image in 8x8 patches
 SMOLVLM_TOKENS_PER_IMAGE = 4  # the tiny SmolVLM's: 16 patches, pixel-shuffled by 2
-KINDS = ["llava", "smolvlm", "idefics3", "gemma3", "qwen2vl"]
+KINDS = ["llava", "smolvlm", "idefics3", "gemma3", "qwen2vl", "qwen2_5_vl"]
 # The development loop: each family's code path on dynamo (an export of the three programs takes ~2 s) and one ONNX
 # export, Gemma 3's (its own attention path: the fused GroupQueryAttention broke its image blocks); the rest is slow
 # (an ONNX export ~8 s, ExecuTorch ~30 s of lowering three programs; Idefics3 is SmolVLM's path under its classes)
-QUICK = {("dynamo", "llava"), ("dynamo", "smolvlm"), ("dynamo", "gemma3"), ("onnx", "gemma3"), ("dynamo", "qwen2vl")}
+QUICK = {("dynamo", "llava"), ("dynamo", "smolvlm"), ("dynamo", "gemma3"), ("onnx", "gemma3"), ("dynamo", "qwen2vl"),
+         ("dynamo", "qwen2_5_vl")}
 CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}", marks=() if (backend, kind) in QUICK else pytest.mark.slow)
          for backend in ("dynamo", "onnx", "executorch-xnnpack") for kind in KINDS]
 
@@ -83,8 +84,26 @@ def qwen2vl_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict
                        "no_repeat_ngram_size": 2}
 
 
+def qwen2_5_vl_batch(pixel_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Qwen2.5-VL: :func:`qwen2vl_batch`'s layout at 24x24 images (6x6 patches, 9 image tokens each, in 4 windows of
+    its windowed block), prompts of 26 positions."""
+    ids = torch.randint(3, 90, (2, 26), generator=torch.Generator().manual_seed(4))
+    ids[0, 2:11] = ids[0, 13:22] = ids[1, 5:14] = IMAGE_TOKEN
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    pixel_values = torch.randn(3 * 36, 96, generator=torch.Generator().manual_seed(pixel_seed))
+    return ids, mask, {"pixel_values": pixel_values, "image_grid_thw": QWEN2_5_VL_GRID.repeat(3, 1),
+                       "mm_token_type_ids": (ids == IMAGE_TOKEN).int(), "repetition_penalty": 1.5,
+                       "no_repeat_ngram_size": 2}
+
+
+QWEN2_5_VL_GRID = torch.tensor([[1, 6, 6]])  # the export's image size, given as the example's image_grid_thw
+
+
 def case_inputs(kind: str, other_images: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``(input_ids, attention_mask, the images and options generate takes)`` of a family's case."""
+    if kind == "qwen2_5_vl":
+        return qwen2_5_vl_batch(pixel_seed=5 if other_images else 0)
     if kind == "qwen2vl":
         return qwen2vl_batch(pixel_seed=5 if other_images else 0)
     if kind == "gemma3":
@@ -123,8 +142,11 @@ def new_process_runs(request, tmp_path_factory):
         # ONNX first: the process's first load
         model = vlm(kind)
         try:
-            hfexport.export(model, backend=backend, task="image-text-to-text", max_batch=2,
-                            max_images=3 if kind in ("smolvlm", "idefics3", "qwen2vl") else None).save_pretrained(workdir / f"{backend}-{kind}")
+            exported = hfexport.export(model, {"image_grid_thw": QWEN2_5_VL_GRID} if kind == "qwen2_5_vl" else None,
+                                       backend=backend, task="image-text-to-text", max_batch=2,
+                                       max_images=3 if kind in ("smolvlm", "idefics3", "qwen2vl", "qwen2_5_vl")
+                                       else None)
+            exported.save_pretrained(workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
             models[backend, kind] = error
             continue
@@ -324,6 +346,18 @@ def test_qwen2vl_images_of_another_grid_or_without_it_are_refused_by_name(qwen2v
     ids, mask, media = qwen2vl_batch()
     with pytest.raises(error, match=message):
         exported.generate(ids, mask, **change(ids, media), max_new_tokens=2)
+
+
+def test_qwen2vl_export_check_of_the_cli_generates_with_packed_patches(qwen2vl_dynamo):
+    """``hfexport export --task image-text-to-text``'s generation check: one seeded image per row, as the processor
+    gives them (packed patches, ``image_grid_thw``, ``mm_token_type_ids``), against eager."""
+    from hfexport_dynamo.generation_cli import _generation_check
+
+    model, exported = qwen2vl_dynamo
+    check = _generation_check(model, exported)
+    assert check["report"]["passed"], check["text"]
+    assert check["report"]["inputs"]["pixel_values"] == [2 * 16, 96]
+    assert check["report"]["inputs"]["image_grid_thw"] == [2, 3]
 
 
 def test_qwen2vl_two_images_in_one_run_of_tokens_are_refused():

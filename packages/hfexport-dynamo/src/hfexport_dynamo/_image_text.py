@@ -26,6 +26,10 @@ Idefics3/SmolVLM (the vision model and pixel-shuffle connector; the processor's 
 all-zero padding images, which ``generate`` drops as the model does, so that a prompt may hold several images) and
 Gemma 3 (an image's tokens attend to the whole image inside the causal mask: the decoder also takes
 ``image_blocks``, and attends without a runtime's causal-only fused kernel; a prompt must fit one prefill call).
+Qwen2-VL and Qwen2.5-VL take the processor's packed patches at one static grid and 3-D RoPE positions (the vision
+program computes the patch positions, per-image segments and, for Qwen2.5-VL, the windows for that grid;
+``generate`` computes the decoder's ``position_ids [3, batch, seq]``). Voxtral (``task="audio-text-to-text"``) has
+an ``audio`` program in place of ``vision`` (:class:`AudioStep`), merged at its audio token the same way.
 The manifest's ``generation.vision`` records the image size, the image token, the tokens per image, the layout and
 the bound on images; ``generate`` refuses another image size by name before any program runs, and
 ``run("vision", ...)`` refuses it as any static dim.
@@ -94,6 +98,7 @@ FAMILIES: dict[str, Family] = {
     "Gemma3ForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model",
                                              token_types=True),
     "Qwen2VLForConditionalGeneration": Family("model", ("visual",), "language_model", "patches", mrope=True),
+    "Qwen2_5_VLForConditionalGeneration": Family("model", ("visual",), "language_model", "patches", mrope=True),
     "VoxtralForConditionalGeneration": Family("model", ("audio_tower", "multi_modal_projector"), "language_model",
                                               "get_audio_features", media="audio"),
 }
@@ -122,19 +127,31 @@ class VisionStep(_Holding):
     def __init__(self, inner: torch.nn.Module, family: Family, config: Any, grid: tuple[int, int, int] | None = None):
         super().__init__(inner, family.vision, config)
         self.encode = family.encode
+        self.windows = grid is not None and hasattr(self.visual, "window_size")  # Qwen2.5-VL's window attention
         if grid is not None:  # one image's patch positions (transformers' own, for the static grid): constants
-            from transformers.vision_utils import get_vision_position_ids
+            from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
 
             self.register_buffer("grid", torch.tensor([grid]), persistent=False)
             self.register_buffer("patch_positions", get_vision_position_ids(
                 self.grid, self.visual.spatial_merge_size), persistent=False)
+            if self.windows:  # its merged tokens' order by window, and the windows' ends in patches
+                order, ends = get_vision_window_index(self.grid, self.visual.spatial_merge_size,
+                                                      self.visual.window_size, self.visual.patch_size)
+                self.register_buffer("window_order", order, persistent=False)
+                self.register_buffer("window_ends", ends[1:], persistent=False)
 
     def forward(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.encode == "patches":  # the images' segments: cu_seqlens of equal images, no data-dependent grid
             images, patches = pixel_values.shape[:2]
             segments = torch.arange(images + 1, dtype=torch.int32, device=pixel_values.device) * patches
+            windows = {}
+            if self.windows:  # each image's windows, the images one after the other
+                image = torch.arange(images, device=pixel_values.device)[:, None]
+                ends = (self.window_ends[None] + image * patches).flatten().to(torch.int32)
+                windows = {"window_index": (self.window_order[None] + image * self.window_order.numel()).flatten(),
+                           "cu_window_seqlens": torch.cat([segments[:1], ends])}
             out = self.visual(pixel_values.flatten(0, 1), grid_thw=self.grid.expand(images, -1),
-                              position_ids=self.patch_positions.repeat(images, 1), cu_seqlens=segments)
+                              position_ids=self.patch_positions.repeat(images, 1), cu_seqlens=segments, **windows)
             return {"image_embeds": out.pooler_output}
         if self.encode == "tower_connector":
             hidden = self.vision_model(pixel_values=pixel_values, return_dict=True).last_hidden_state

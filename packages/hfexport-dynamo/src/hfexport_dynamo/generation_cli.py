@@ -467,6 +467,10 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
             media["pixel_values"] = torch.randn(shape, generator=generator)
         if batch > 1:
             ids[0, :2], mask[0, :2] = pad, 0
+        if image_tokens and vision.get("patches"):  # Qwen2-VL: the processor's packed patches, grid, token types
+            media.update(pixel_values=media["pixel_values"].flatten(0, 1),
+                         image_grid_thw=torch.tensor([vision["grid_thw"]] * batch),
+                         mm_token_type_ids=(ids == vision["image_token_id"]).int())
         prompt = {"input_ids": ids, "attention_mask": mask, **media}
         ours = exported.generate(ids, mask, max_new_tokens=new, pad_token_id=pad, **media)
     stats = dict(exported.generation_stats)
