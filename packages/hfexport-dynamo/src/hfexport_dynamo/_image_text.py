@@ -309,7 +309,7 @@ def _image_shape(model: Any) -> tuple[int, int, int]:
     return int(getattr(vision, "num_channels", 3)), int(height), int(width)
 
 
-def _patch_grid(model: Any, grid_thw: Any) -> tuple[tuple[int, int, int], list[int], list[int]]:
+def _static_grid(model: Any, grid_thw: Any) -> tuple[tuple[int, int, int], list[int], list[int]]:
     """Qwen2-VL's static grid ``(1, h, w)`` in patches, the vision program's ``[patches, patch_dim]`` and the image
     size ``[height, width]`` in pixels: the example's ``image_grid_thw`` (every image the same), else the smallest
     image the model's processor makes (``2 * spatial_merge_size`` patches a side: 56x56 pixels for the released
@@ -381,7 +381,7 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         shape = _audio_shape(model)
         height, width = shape
     elif family.encode == "patches":  # Qwen2-VL: [images, patches, patch_dim] at one grid
-        grid, shape, (height, width) = _patch_grid(model, grid_thw)
+        grid, shape, (height, width) = _static_grid(model, grid_thw)
         if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 2:  # the processor's packed patches
             pixel_values = pixel_values.reshape(-1, *shape) if pixel_values.shape[0] % shape[0] == 0 else pixel_values
     else:
