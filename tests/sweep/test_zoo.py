@@ -193,7 +193,7 @@ INPUT_DIGESTS = {
     "t5/T5ForConditionalGeneration": "668a5fc026d1cf5d",
     "whisper/WhisperForConditionalGeneration": "534a8dd9e45f382f",
     "clip/CLIPModel": "977a27f52b58c83c",
-    "qwen3_vl/Qwen3VLModel": "cb4020831cfdce3e",
+    "qwen3_vl/Qwen3VLModel": "8e47c9947d0a0714",
     "wav2vec2/Wav2Vec2ForCTC": "f2a4f9e45e1c7ad8",
     "bart/BartForSequenceClassification": "526c7de679d504d1",
     "resnet/ResNetForImageClassification": "45ae0e44fb64a596",

@@ -1014,11 +1014,16 @@ def _anyres_crops(model: torch.nn.Module, side: int) -> int | None:
     return int(helper(image_size=(side, side), grid_pinpoints=pinpoints, patch_size=side))
 
 
-def _image_recipes(model: torch.nn.Module, pixels: Callable[..., torch.Tensor]) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     """``(kind, make)`` pairs, the first to try first: ``make()`` gives the media inputs of one image as the
-    model's processor lays them out (:data:`MEDIA_KINDS`), at the config's image size. Which kinds are tried
-    follows the arguments of the model's ``get_image_features`` and ``forward``."""
+    model's processor lays them out (:data:`MEDIA_KINDS`), at the config's image size, its pixels from ``draw(*shape)``.
+    Which kinds are tried follows the arguments of the model's ``get_image_features`` and ``forward``."""
     from hfexport_dynamo import forward_parameters
+
+    dry = [False]  # while the recipes are filtered by the names they give: draw nothing
+
+    def pixels(*shape: int) -> torch.Tensor:
+        return torch.empty(shape) if dry[0] else draw(*shape)
 
     facts = _vision_facts(model.config)
     c, side, p, t, m = facts["channels"], facts["image"], facts["patch"], facts["temporal"], facts["merge"]
@@ -1049,10 +1054,11 @@ def _image_recipes(model: torch.nn.Module, pixels: Callable[..., torch.Tensor]) 
         recipes.append(("spatial_shapes", lambda: {
             "pixel_values": pixels(1, grid * grid, c * p * p), "spatial_shapes": torch.tensor([[grid, grid]]),
             "pixel_attention_mask": torch.ones(1, grid * grid, dtype=torch.bool)}))
-    elif "pixel_attention_mask" in takes:
-        recipes.append(("pixel_attention_mask", lambda: {
-            "pixel_values": pixels(1, 1, c, side, side),
-            "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}))
+    elif "pixel_attention_mask" in takes:  # per pixel (Idefics2/3), else per tile (Granite Docling)
+        recipes += [("pixel_attention_mask", lambda: {"pixel_values": pixels(1, 1, c, side, side),
+                                                      "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}),
+                    ("pixel_attention_mask", lambda: {"pixel_values": pixels(1, 1, c, side, side),
+                                                      "pixel_attention_mask": torch.ones(1, 1, dtype=torch.bool)})]
     if "target_sizes" in takes:  # MiniCPM-V: the patch grid of each image
         recipes.append(("target_sizes", lambda: {"pixel_values": pixels(1, c, side, side),
                                                  "target_sizes": torch.tensor([[side // p, side // p]])}))
@@ -1063,7 +1069,10 @@ def _image_recipes(model: torch.nn.Module, pixels: Callable[..., torch.Tensor]) 
     recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, c, side, side),
                                              **{k: pixels(*shape) for k, shape in high.items()}}))
     recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, 1, c, side, side)}))
-    return [(kind, make) for kind, make in recipes if set(make()) <= names]
+    dry[0] = True
+    fitting = [(kind, make) for kind, make in recipes if set(make()) <= names]
+    dry[0] = False
+    return fitting
 
 
 def _audio_recipe(model: torch.nn.Module, features: Callable[..., torch.Tensor]) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
@@ -1162,6 +1171,7 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         for kind, attempt in attempts:
+            gen.manual_seed(SEED + 1)  # each kind draws from the start: a plain image is the same as before kinds
             try:
                 with_media, tokens = attempt()
             except Exception as exc:  # noqa: BLE001 - a recipe that fails gives its reason; the next one is tried
