@@ -217,3 +217,31 @@ def test_an_output_whose_compiled_port_holds_several_names_is_found_by_its_own()
     assert "inputs_embeds" in ports[0].get_names()
     other = ids(3, 7, 1)
     torch.testing.assert_close(exported(input_ids=other)["inputs_embeds"], model(other)["inputs_embeds"])
+
+
+class SymIntArithmetic(torch.nn.Module):
+    """``min``, ``max`` and ``%`` of a dynamic dim, as mask and chunking code computes them (Bamba's ``%``,
+    DeepSeek-V3.2's ``min``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        return x.sum(1) * torch.sym_min(n, 5) * (n % 3 + 1) + torch.sym_max(n, 7)
+
+
+@pytest.mark.parametrize("disable", [(), ("_fix_symint_min_max_mod_as_tensors",)], ids=["fixed", "unfixed"])
+def test_symint_min_max_and_mod_convert(disable: tuple[str, ...]) -> None:
+    dims = {"x": {0: torch.export.Dim("batch"), 1: torch.export.Dim("length", min=2, max=64)}}
+
+    def export() -> Any:
+        return hfexport.export(SymIntArithmetic(), {"x": torch.randn(2, 9)}, backend="openvino",
+                               dynamic_shapes=dims, disable=disable)
+
+    if disable:
+        with pytest.raises(hfexport.ExportError, match="openvino.convert_model") as failure:
+            export()
+        assert re.search(r"No conversion rule found for operations: .*(mod|sym_min|sym_max)", str(failure.value.__cause__))
+        return
+    exported = export()
+    for length in (4, 9, 13):  # each side of min's 5, max's 7, and every remainder of 3
+        x = torch.randn(3, length)
+        torch.testing.assert_close(exported(x=x), SymIntArithmetic()(x), atol=1e-4, rtol=1e-3)

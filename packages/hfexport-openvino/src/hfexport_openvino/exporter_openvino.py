@@ -349,6 +349,44 @@ def _fix_squeeze_dims_torch_keeps(gm: Any, node: Any) -> bool:
     return True
 
 
+@register_fx_node_fix("openvino")
+def _fix_symint_min_max_mod_as_tensors(gm: Any, node: Any) -> bool:
+    """Computes ``torch.sym_min``, ``torch.sym_max`` and ``%`` of SymInts (a dynamic dim's arithmetic) on 0-d int64
+    tensors: ``_local_scalar_dense(minimum(scalar_tensor(a), scalar_tensor(b)))`` (``maximum``, ``remainder``), the
+    same integer with ``meta["val"]`` kept.
+
+    **Why**: OpenVINO's FX decoder converts only ``+``, ``-``, ``*`` and ``//`` of SymInts; a program with another
+    fails in ``openvino.convert_model`` with ``No conversion rule found for operations: <built-in function mod>``
+    (Bamba, Falcon-H1, Bailing-hybrid, CANINE in the sample sweep) or ``<function sym_min>`` (DeepSeek-V3.2,
+    dots3-note, AXK2). The tensor ops convert (Minimum, Maximum, FloorMod).
+    **Upstream**: none found (OpenVINO's PyTorch frontend op table, ``src/frontends/pytorch/src/op_table.cpp``,
+    has ``_operator.add``/``sub``/``mul``/``floordiv`` only).
+    **Remove when**: a module computing ``torch.sym_min(n, 5)``, ``torch.sym_max(n, 7)`` and ``n % 3`` of a
+    dynamic dim converts with ``disable=("_fix_symint_min_max_mod_as_tensors",)``.
+    """
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    tensor_op = {torch.sym_min: aten.minimum.default, torch.sym_max: aten.maximum.default,
+                 operator.mod: aten.remainder.Tensor}.get(node.target) if node.op == "call_function" else None
+    value = node.meta.get("val")
+    if tensor_op is None or not isinstance(value, torch.SymInt) or len(node.args) != 2:
+        return False
+    graph = gm.graph
+    like = next((n for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode")), node)  # for the fake mode
+    with graph.inserting_before(node):
+        operands = [_call(graph, aten.scalar_tensor.default, (arg,), {"dtype": torch.int64}, like)
+                    for arg in node.args]
+        result = _call(graph, tensor_op, tuple(operands), {}, like)
+        scalar = graph.call_function(aten._local_scalar_dense.default, (result,))
+    scalar.meta.update(node.meta)  # the same SymInt for the nodes that use it
+    node.replace_all_uses_with(scalar)
+    graph.erase_node(node)
+    return True
+
+
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs."""
     import torch
