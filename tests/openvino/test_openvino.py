@@ -18,7 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import hfexport
-from helpers import load_in_fresh_process, tiny_model
+from helpers import ComplexRope, load_in_fresh_process, tiny_model
 
 
 def ids(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -245,3 +245,29 @@ def test_symint_min_max_and_mod_convert(disable: tuple[str, ...]) -> None:
     for length in (4, 9, 13):  # each side of min's 5, max's 7, and every remainder of 3
         x = torch.randn(3, length)
         torch.testing.assert_close(exported(x=x), SymIntArithmetic()(x), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("disable", [(), ("_fix_complex_to_real_pairs",)], ids=["fixed", "unfixed"])
+def test_complex_rope_runs_as_real_pairs(disable: tuple[str, ...]) -> None:
+    inputs = {"x": torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0)),
+              "positions": torch.arange(5.0).repeat(2, 1)}
+    if disable:
+        with pytest.raises(hfexport.ExportError, match="openvino.convert_model") as failure:
+            hfexport.export(ComplexRope(), inputs, backend="openvino", disable=disable)
+        assert "aten.polar.default" in str(failure.value.__cause__)
+        return
+    exported = hfexport.export(ComplexRope(), inputs, backend="openvino")
+    assert any(name.endswith("._fix_complex_to_real_pairs") for name in exported.manifest["workarounds"]["fixes"])
+    torch.testing.assert_close(exported(**inputs), ComplexRope()(**inputs), atol=1e-4, rtol=1e-3)
+
+
+def test_fnet_token_mixing_runs_without_complex_tensors() -> None:
+    from transformers import FNetConfig, FNetModel
+
+    torch.manual_seed(0)
+    model = FNetModel(FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, intermediate_size=37,
+                                 max_position_embeddings=64)).eval()
+    inputs = {"input_ids": ids(2, 8, 6)}
+    exported = hfexport.export(model, inputs, backend="openvino", dynamic=True)
+    other = {"input_ids": ids(3, 11, 7)}
+    torch.testing.assert_close(exported(**other)["last_hidden_state"], eager(model, other)[0], atol=1e-4, rtol=1e-3)

@@ -225,8 +225,9 @@ def _patch_fnet_fourier_transform(original: Any) -> Any:
     The complex intermediate is fine for a ``.pt2`` program, so the ``dynamo`` backend keeps it, but ONNX has no
     complex dtype (hfexport's complex-to-real-pair rewrite has no ``aten.fft_fftn``: ``ComplexRewriteError``) and
     ExecuTorch has no FFT kernel. The real part of a 2-D DFT of a real input is two real matmul chains
-    (:func:`_real_dft_2d`), with the sequence length symbolic. Registered for the ``onnx`` and ``executorch``
-    scopes only: the other backends trace the original.
+    (:func:`_real_dft_2d`), with the sequence length symbolic. Registered for the ``onnx``, ``executorch`` and
+    ``openvino`` scopes only (OpenVINO's frontend: ``aten::view_as_real is only supported for complex tensors``):
+    the other backends trace the original.
     **Upstream**: model-side (transformers ``modeling_fnet.py``); ONNX's ``DFT`` op has no torch.onnx translation of
     ``fft_fftn`` on real input in the pinned torch.
     **Remove when**: torch.onnx translates ``aten.fft_fftn`` (and ExecuTorch has an FFT kernel), or FNet computes
@@ -241,7 +242,7 @@ def _patch_fnet_fourier_transform(original: Any) -> Any:
     return forward
 
 
-for _scope in ("onnx", "executorch"):  # the backends without complex tensors; dynamo keeps torch.fft
+for _scope in ("onnx", "executorch", "openvino"):  # the backends without complex tensors; dynamo keeps torch.fft
     register_patch(_scope, "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward")(
         _patch_fnet_fourier_transform)
 

@@ -38,7 +38,7 @@ from hfexport.plugin import (
     component_manifest,
     register_fx_node_fix,
 )
-from hfexport_dynamo import DYNAMO_TRACER, trace
+from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
 
 from ._config import OpenVINOConfig
 from ._graph import constants_inlined, make_stateful, model_io_names
@@ -384,6 +384,26 @@ def _fix_symint_min_max_mod_as_tensors(gm: Any, node: Any) -> bool:
     scalar.meta.update(node.meta)  # the same SymInt for the nodes that use it
     node.replace_all_uses_with(scalar)
     graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_complex_to_real_pairs(gm: Any, node: Any, ctx: ExportContext | None = None) -> bool:
+    """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
+    complex node (``hfexport_dynamo.complex_to_real_pairs``, as ONNX's and ExecuTorch's fixes of the same name do).
+
+    **Why**: OpenVINO's PyTorch frontend converts complex tensors only around a few ops: DeepSeek-V2's complex
+    RoPE failed in ``openvino.convert_model`` with ``No conversion rule found for operations: aten.polar.default``,
+    and ``view_as_real`` of a complex product with ``aten::view_as_real is only supported for complex tensors``
+    (``complex.cpp``). The real pairs are plain float arithmetic (the same values within float rounding).
+    **Upstream**: none found for ``aten.polar`` in OpenVINO's FX decoder; the same gap on ONNX is
+    pytorch/pytorch#126972, on ExecuTorch pytorch/executorch#11404.
+    **Remove when**: ``tests/helpers.ComplexRope`` exports on openvino with ``disable=("_fix_complex_to_real_pairs",)``.
+    """
+    if not involves_complex(node):
+        return False
+    program = ctx.program if ctx is not None and getattr(ctx.program, "graph_module", None) is gm else None
+    complex_to_real_pairs(gm, program, backend="openvino")
     return True
 
 
