@@ -271,3 +271,36 @@ def test_fnet_token_mixing_runs_without_complex_tensors() -> None:
     exported = hfexport.export(model, inputs, backend="openvino", dynamic=True)
     other = {"input_ids": ids(3, 11, 7)}
     torch.testing.assert_close(exported(**other)["last_hidden_state"], eager(model, other)[0], atol=1e-4, rtol=1e-3)
+
+
+class HalvedLength(torch.nn.Module):
+    """Returns an int computed from a dynamic dim beside a tensor, as MaskFormer-Swin returns its spatial sizes."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x * 2, x.shape[1] // 2
+
+
+def test_an_int_output_from_a_dynamic_dim_comes_back_as_an_int(tmp_path: Path) -> None:
+    dims = {"x": {0: torch.export.Dim("batch"), 1: torch.export.Dim("length", min=2, max=64)}}
+    exported = hfexport.export(HalvedLength(), {"x": torch.randn(2, 8)}, backend="openvino", dynamic_shapes=dims)
+    x = torch.randn(3, 13)
+    doubled, half = hfexport.load(exported.save_pretrained(tmp_path / "halved"))(x=x)
+    assert half == 6 and isinstance(half, int)
+    torch.testing.assert_close(doubled, x * 2)
+
+
+class SameOutputTwice(torch.nn.Module):
+    """Returns one tensor twice, and a mask twice, as T5Gemma returns its encoder's last hidden state."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden, mask = torch.tanh(x), x > 0
+        return hidden, hidden, mask, mask
+
+
+def test_a_tensor_returned_twice_comes_back_twice() -> None:
+    x = torch.randn(3, 5)
+    exported = hfexport.export(SameOutputTwice(), {"x": torch.randn(2, 4)}, backend="openvino", dynamic=True)
+    got = exported(x=x)
+    for g, w in zip(got, SameOutputTwice()(x), strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)

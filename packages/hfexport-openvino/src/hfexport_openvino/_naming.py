@@ -25,10 +25,12 @@ def _unique(name: str, taken: set[str], fallback: str) -> str:
 def io_names(program: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """``input_leaves`` and ``output_leaves``: a name per flattened leaf of ``program``'s user inputs and outputs,
     ``None`` where the leaf is not a tensor (baked into the program); ``output_constants``: ``{leaf index: value}``
-    of the outputs that are constants."""
+    of the outputs that are constants; ``int_outputs``: the indices of the outputs that are Python ints computed
+    from dynamic dims (SymInts: MaskFormer-Swin's spatial sizes), which the model returns as 0-d int64 tensors
+    (``_graph.symint_outputs_as_tensors``)."""
     import torch
     import torch.utils._pytree as pytree
-    from torch.export.graph_signature import ConstantArgument, TensorArgument
+    from torch.export.graph_signature import ConstantArgument, SymIntArgument, TensorArgument
 
     signature = program.graph_signature
     taken: set[str] = set()
@@ -44,12 +46,16 @@ def io_names(program: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     user_outputs = [spec for spec in signature.output_specs if spec.kind.name == "USER_OUTPUT"]
     output_leaves: list[str | None] = []
     constants: dict[str, Any] = {}
+    int_outputs: list[int] = []
     for index, (name, spec) in enumerate(zip(out_names, user_outputs, strict=True)):
-        tensor = isinstance(spec.arg, TensorArgument)
+        tensor = isinstance(spec.arg, TensorArgument | SymIntArgument)
         output_leaves.append(_unique(name, taken, "output") if tensor else None)
-        if not tensor:
+        if isinstance(spec.arg, SymIntArgument):
+            int_outputs.append(index)
+        elif not tensor:
             constants[str(index)] = spec.arg.value if isinstance(spec.arg, ConstantArgument) else None
-    return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants}
+    return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants,
+            "int_outputs": int_outputs}
 
 
 def name_model_io(model: Any, inputs: list[str], outputs: list[str]) -> None:

@@ -36,7 +36,7 @@ class OpenVINORunner(FileRunner):
         path: the ``openvino_model.xml`` file.
         data_path: its weights; default ``openvino_model.bin`` beside it.
         io: ``input_leaves`` / ``output_leaves`` (the model's input and output name per flattened leaf, ``None`` for
-            a leaf baked into the program), ``output_constants``, and ``num_threads`` (``INFERENCE_NUM_THREADS``),
+            a leaf baked into the program), ``output_constants``, ``int_outputs``, and ``num_threads`` (``INFERENCE_NUM_THREADS``),
             as the manifest's ``openvino`` section holds them.
         num_threads: overrides ``io["num_threads"]``.
         untrusted: the file comes from a loaded artifact: checked by ``_untrusted.check_ir_file`` first (done by
@@ -73,6 +73,7 @@ class OpenVINORunner(FileRunner):
         self.output_leaves: list[str | None] = list(self.io.get("output_leaves")
                                                     or [port.get_any_name() for port in self.compiled.outputs])
         self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
+        self.int_outputs: set[int] = {int(i) for i in self.io.get("int_outputs") or ()}  # SymInts, as 0-d tensors
         # a compiled port may hold several tensor names (the CPU plugin keeps a fused node's), get_any_name()
         # one of them: a leaf is found by any (Gemma 3's scaled token embedding answered '3' for inputs_embeds)
         missing = sorted({n for n in self.input_leaves if n is not None}
@@ -94,5 +95,5 @@ class OpenVINORunner(FileRunner):
                 if name is not None}
         results = self.request.infer(feed, share_inputs=True, share_outputs=False)
         values = {name: value for port, value in results.items() for name in port.get_names()}
-        return [self.output_constants.get(str(i)) if name is None else torch.from_numpy(values[name])
-                for i, name in enumerate(self.output_leaves)]
+        return [self.output_constants.get(str(i)) if name is None else int(values[name]) if i in self.int_outputs
+                else torch.from_numpy(values[name]) for i, name in enumerate(self.output_leaves)]
