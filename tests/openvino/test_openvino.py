@@ -304,3 +304,22 @@ def test_a_tensor_returned_twice_comes_back_twice() -> None:
     for g, w in zip(got, SameOutputTwice()(x), strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+class IndexAdd(torch.nn.Module):
+    """Rows added at indices, as JetMoE combines its experts' outputs."""
+
+    def forward(self, x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return x.index_add(0, torch.tensor([0, 2, 0]), source)
+
+
+@pytest.mark.parametrize("disable", [(), ("_fix_index_add_explicit_alpha",)], ids=["fixed", "unfixed"])
+def test_index_add_converts(disable: tuple[str, ...]) -> None:
+    inputs = {"x": torch.randn(4, 5), "source": torch.randn(3, 5)}
+    if disable:
+        with pytest.raises(hfexport.ExportError, match="openvino.convert_model") as failure:
+            hfexport.export(IndexAdd(), inputs, backend="openvino", disable=disable)
+        assert "aten.index_add.default" in str(failure.value.__cause__)
+        return
+    exported = hfexport.export(IndexAdd(), inputs, backend="openvino")
+    torch.testing.assert_close(exported(**inputs), IndexAdd()(**inputs))

@@ -407,6 +407,25 @@ def _fix_complex_to_real_pairs(gm: Any, node: Any, ctx: ExportContext | None = N
     return True
 
 
+@register_fx_node_fix("openvino")
+def _fix_index_add_explicit_alpha(gm: Any, node: Any) -> bool:
+    """Passes ``aten.index_add``'s ``alpha`` (default 1) as its fifth argument.
+
+    **Why**: OpenVINO's translation of ``aten.index_add`` reads five inputs and failed on the traced four
+    (``Got less inputs 4 than expected 5 ... Conversion is failed for: aten.index_add.default``: JetMoE's expert
+    combination in the sample sweep).
+    **Upstream**: none found (OpenVINO's ``src/frontends/pytorch/src/op/index_add.cpp``).
+    **Remove when**: ``x.index_add(0, index, source)`` converts with ``disable=("_fix_index_add_explicit_alpha",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.index_add.default or len(node.args) != 4:
+        return False
+    node.args = (*node.args, node.kwargs.get("alpha", 1))
+    node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
+    return True
+
+
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs."""
     import torch
