@@ -22,6 +22,7 @@ package.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -108,7 +109,7 @@ class OpenVINOExporter(Exporter):
 
         state = openvino_state(ctx)
         graph, state.graph = state.graph, None
-        with ctx.step("openvino.convert_model"), torch.no_grad():
+        with ctx.step("openvino.convert_model"), torch.no_grad(), _root_logger_kept():
             # convert_model(ExportedProgram) decodes program.module(), where a mutated buffer is lost (_graph.py)
             state.model = openvino.convert_model(TorchFXPythonDecoder(graph, dynamic_shapes=True))
         inputs, outputs = model_io_names(state.prepared, state.program_states, state.io)
@@ -177,6 +178,24 @@ class OpenVINOExporter(Exporter):
         data_path = artifact_file(path, manifest, section.get("data_file"), f"{where}.data_file")
         check_ir_file(model_path)
         return OpenVINORunner(model_path, data_path, io=section, untrusted=True)
+
+
+@contextlib.contextmanager
+def _root_logger_kept() -> Any:
+    """Restore the root logger's level, filters and handlers after the body, also on error.
+
+    ``openvino.convert_model`` sets the root logger to ERROR (``ovc.logger.init_logger``) and restores it only when
+    the conversion succeeds (``openvino/tools/ovc/convert.py``, no ``finally``): after a failed export the caller's
+    warnings and hfexport's own stopped printing."""
+    import logging
+
+    root = logging.getLogger()
+    level, filters, handlers = root.level, list(root.filters), list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.filters, root.handlers = filters, handlers
 
 
 def _openvino_decompositions() -> Any:
