@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["ComplexRewriteError", "complex_to_real_pairs", "involves_complex"]
+__all__ = ["ComplexRewriteError", "complex_to_real_pairs", "involves_complex", "real_pairs_at_first_complex"]
 
 aten = torch.ops.aten
 _REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
@@ -387,3 +387,20 @@ def complex_to_real_pairs(gm: torch.fx.GraphModule, program: Any = None, backend
         gm.graph.lint()
         gm.recompile()
     return len(rewritten)
+
+
+def real_pairs_at_first_complex(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: Any, backend: str) -> bool:
+    """The body of a backend's ``_fix_complex_to_real_pairs`` FX node fix (ONNX, ExecuTorch, OpenVINO): at the graph's
+    first node that :func:`involves_complex`, rewrite the whole graph with :func:`complex_to_real_pairs`, whose
+    complex buffers and constants are those of ``ctx.program`` when that program owns ``gm`` (else none).
+
+    Returns whether it rewrote (False for a node without complex tensors).
+
+    Raises:
+        ComplexRewriteError: as :func:`complex_to_real_pairs`.
+    """
+    if not involves_complex(node):
+        return False
+    program = getattr(ctx, "program", None)
+    complex_to_real_pairs(gm, program if getattr(program, "graph_module", None) is gm else None, backend=backend)
+    return True

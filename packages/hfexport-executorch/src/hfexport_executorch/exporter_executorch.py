@@ -52,7 +52,7 @@ from hfexport.plugin import (
     register_fx_program_fix,
     register_patch,
 )
-from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 
 from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds
 from ._attention import llm_cache_attention
@@ -1239,11 +1239,7 @@ def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ct
     **Remove when**: ExecuTorch lowers and runs complex ``view_as_complex``/``mul``/``view_as_real`` (d14 exports
     with ``disable=("_fix_complex_to_real_pairs",)``).
     """
-    if not involves_complex(node):
-        return False
-    program = ctx.program if ctx is not None and getattr(ctx.program, "graph_module", None) is gm else None
-    complex_to_real_pairs(gm, program, backend="executorch")
-    return True
+    return real_pairs_at_first_complex(gm, node, ctx, backend="executorch")
 
 
 @register_fx_node_fix("executorch")

@@ -51,7 +51,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 
 from ._attention import lowerings
 from ._config import OnnxConfig
@@ -463,11 +463,7 @@ def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ct
     **Remove when**: torchlib translates complex ``unsqueeze``/``mul``/``view_as_real`` and ONNX Runtime runs
     them (d14 exports with ``disable=("_fix_complex_to_real_pairs",)``).
     """
-    if not involves_complex(node):
-        return False
-    program = ctx.program if ctx is not None and getattr(ctx.program, "graph_module", None) is gm else None
-    complex_to_real_pairs(gm, program, backend="onnx")
-    return True
+    return real_pairs_at_first_complex(gm, node, ctx, backend="onnx")
 
 
 

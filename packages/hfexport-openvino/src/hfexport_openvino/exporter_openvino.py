@@ -39,7 +39,7 @@ from hfexport.plugin import (
     component_manifest,
     register_fx_node_fix,
 )
-from hfexport_dynamo import DYNAMO_TRACER, complex_to_real_pairs, involves_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 
 from ._config import OpenVINOConfig
 from ._graph import constants_inlined, make_stateful, model_io_names
@@ -419,11 +419,7 @@ def _fix_complex_to_real_pairs(gm: Any, node: Any, ctx: ExportContext | None = N
     pytorch/pytorch#126972, on ExecuTorch pytorch/executorch#11404.
     **Remove when**: ``tests/helpers.ComplexRope`` exports on openvino with ``disable=("_fix_complex_to_real_pairs",)``.
     """
-    if not involves_complex(node):
-        return False
-    program = ctx.program if ctx is not None and getattr(ctx.program, "graph_module", None) is gm else None
-    complex_to_real_pairs(gm, program, backend="openvino")
-    return True
+    return real_pairs_at_first_complex(gm, node, ctx, backend="openvino")
 
 
 @register_fx_node_fix("openvino")
