@@ -106,7 +106,7 @@ def symint_outputs_as_tensors(gm: Any) -> None:
 
     graph = gm.graph
     output = next(node for node in graph.nodes if node.op == "output")
-    fake_mode = next((n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode")), None)
+    fake_mode = graph_fake_mode(graph)
 
     def as_tensor(arg: Any) -> Any:
         if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.SymInt):
@@ -119,6 +119,11 @@ def symint_outputs_as_tensors(gm: Any) -> None:
         return tensor
 
     output.args = pytree.tree_map(as_tensor, output.args)
+
+
+def graph_fake_mode(graph: Any) -> Any:
+    """The fake mode of ``graph``'s traced values (``meta["val"]``), to compute a new node's; None if it has none."""
+    return next((n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode")), None)
 
 
 def model_io_names(program: Any, states: list[ProgramState], io: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -42,7 +42,7 @@ from hfexport.plugin import (
 from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 
 from ._config import OpenVINOConfig
-from ._graph import constants_inlined, make_stateful, model_io_names
+from ._graph import constants_inlined, graph_fake_mode, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
@@ -394,11 +394,10 @@ def _fix_symint_min_max_mod_as_tensors(gm: Any, node: Any) -> bool:
     if tensor_op is None or not isinstance(value, torch.SymInt) or len(node.args) != 2:
         return False
     graph = gm.graph
-    like = next((n for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode")), node)  # for the fake mode
     with graph.inserting_before(node):
-        operands = [_call(graph, aten.scalar_tensor.default, (arg,), {"dtype": torch.int64}, like)
+        operands = [_call(graph, aten.scalar_tensor.default, (arg,), {"dtype": torch.int64}, node)
                     for arg in node.args]
-        result = _call(graph, tensor_op, tuple(operands), {}, like)
+        result = _call(graph, tensor_op, tuple(operands), {}, node)
         scalar = graph.call_function(aten._local_scalar_dense.default, (result,))
     scalar.meta.update(node.meta)  # the same SymInt for the nodes that use it
     node.replace_all_uses_with(scalar)
@@ -442,11 +441,12 @@ def _fix_index_add_explicit_alpha(gm: Any, node: Any) -> bool:
 
 
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
-    """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs."""
+    """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs (in
+    ``like``'s fake mode, else the graph's: ``like`` may be a SymInt node)."""
     import torch
 
     created = graph.call_function(op, args, kwargs)
-    fake_mode = getattr(like.meta.get("val"), "fake_mode", None)
+    fake_mode = getattr(like.meta.get("val"), "fake_mode", None) or graph_fake_mode(graph)
     fake_args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
     if fake_mode is not None:
         with fake_mode:
