@@ -327,3 +327,49 @@ def test_index_add_converts(disable: tuple[str, ...]) -> None:
         return
     exported = hfexport.export(IndexAdd(), inputs, backend="openvino")
     torch.testing.assert_close(exported(**inputs), IndexAdd()(**inputs))
+
+
+class LinearRecurrence(torch.nn.Module):
+    """``state = a * state + b * w`` over the sequence as a scan op, as ``hfexport_dynamo``'s recurrence patches run
+    Mamba's selective scan: a weight closed over (an additional input), one carry and two stacked outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from torch._higher_order_ops.scan import scan
+
+        def step(state: torch.Tensor, x: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+            state = x[0] * state + x[1] * self.w
+            return state.clone(), (state.sum(-1), state * 2)
+
+        return scan(step, torch.zeros(a.shape[1], a.shape[2]), (a, b))
+
+
+@pytest.mark.parametrize("disable", [(), ("_fix_scan_as_while_loop",)], ids=["fixed", "unfixed"])
+def test_a_scan_over_a_dynamic_length_runs_as_a_loop(disable: tuple[str, ...], tmp_path: Path) -> None:
+    length, batch = torch.export.Dim("length", min=2, max=256), torch.export.Dim("batch", max=64)
+    dims = {"a": {0: length, 1: batch}, "b": {0: length, 1: batch}}
+    inputs = {"a": torch.rand(7, 2, 3), "b": torch.rand(7, 2, 3)}
+    if disable:
+        with pytest.raises(hfexport.ExportError, match="openvino.convert_model") as failure:
+            hfexport.export(LinearRecurrence(), inputs, backend="openvino", dynamic_shapes=dims, disable=disable)
+        assert "scan" in str(failure.value.__cause__)
+        return
+    exported = hfexport.export(LinearRecurrence(), inputs, backend="openvino", dynamic_shapes=dims)
+    reloaded = hfexport.load(exported.save_pretrained(tmp_path / "scan"))
+    for steps, rows in ((2, 1), (7, 2), (40, 5)):
+        x = {"a": torch.rand(steps, rows, 3), "b": torch.rand(steps, rows, 3)}
+        torch.testing.assert_close(reloaded(**x), LinearRecurrence()(**x), atol=1e-5, rtol=1e-5)
+
+
+def test_mamba_runs_at_another_length() -> None:
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    model = MambaForCausalLM(MambaConfig(vocab_size=100, hidden_size=32, state_size=8, num_hidden_layers=2,
+                                         expand=2, conv_kernel=4, use_cache=False)).eval()
+    exported = hfexport.export(model, {"input_ids": ids(2, 8, 8)}, backend="openvino", dynamic=True)
+    other = {"input_ids": ids(3, 21, 9)}
+    torch.testing.assert_close(exported(**other)["logits"], eager(model, other)[0], atol=1e-4, rtol=1e-3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProgramState", "constants_inlined", "make_stateful", "model_io_names"]
+__all__ = ["ProgramState", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
 
 STATE_INPUT = "state_in."  # the OpenVINO input name of a mutable buffer's value before a call (then a variable)
 STATE_OUTPUT = "state_out."  # the output name of its value after the call
@@ -218,3 +218,137 @@ def distinct_outputs(gm: Any) -> None:
         return copy
 
     output.args = pytree.tree_map(distinct, output.args)
+
+
+def scan_as_while_loop(gm: Any, node: Any) -> bool:
+    """Rewrite the ``torch.ops.higher_order.scan`` call ``node`` of ``gm`` (in place) as a
+    ``torch.ops.higher_order.while_loop`` over the scanned dim, with every operand carried.
+
+    ``scan(combine, init, xs, additional)`` returns ``(final_carry..., stacked_ys...)``. The loop carries
+    ``(index, ys_buffers..., carry..., xs..., additional...)``: the body (``combine``'s own graph module, extended
+    in place, so the fixes that run after this one still visit it) takes step ``index`` of each ``xs`` with
+    ``index_select``, runs ``combine``'s ops, writes each ``y`` into its ``[length, *y.shape]`` buffer with
+    ``index_copy``, and returns ``xs`` and ``additional`` unchanged; the condition is ``index < xs[0].shape[0]``.
+    The same arithmetic in the same order: the outputs are equal.
+
+    Returns:
+        False, leaving the graph as it was, when the call has keyword arguments or a buffer's size is a symbol that no
+        operand's shape holds; True once rewritten.
+    """
+    import torch
+    import torch.utils._pytree as pytree
+
+    aten = torch.ops.aten
+    combine_attr, init, xs, additional = node.args
+    combine = getattr(gm, combine_attr.target, None) if combine_attr.op == "get_attr" else None
+    fake_mode = graph_fake_mode(gm.graph)
+    if node.kwargs or combine is None or not xs or fake_mode is None or "val" not in node.meta:
+        return False
+    operands = [*init, *xs, *additional]
+    operand_vals = [o.meta["val"] if isinstance(o, torch.fx.Node) else o for o in operands]
+    carry_vals, ys_vals = list(node.meta["val"][:len(init)]), list(node.meta["val"][len(init):])
+    graph = gm.graph
+    sizes = [_size_sources(y.shape, operands, operand_vals) for y in ys_vals]
+    if any(size is None for size in sizes):
+        return False
+    old_inputs = [n for n in combine.graph.nodes if n.op == "placeholder"]
+    if len(old_inputs) != len(operands):
+        return False
+
+    def call(g: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+        created = g.call_function(op, args, kwargs or {})
+        with fake_mode:
+            created.meta["val"] = op(*pytree.tree_map(lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a,
+                                                      args), **(kwargs or {}))
+        return created
+
+    with fake_mode:
+        index_val = torch.zeros((), dtype=torch.int64)
+    loop_vals = [index_val, *ys_vals, *operand_vals]
+    names = ["index", *(f"ys_{j}" for j in range(len(ys_vals))), *(f"carry_{j}" for j in range(len(init))),
+             *(f"xs_{j}" for j in range(len(xs))), *(f"additional_{j}" for j in range(len(additional)))]
+
+    def loop_inputs(g: Any) -> list[Any]:
+        made = []
+        for name, val in zip(names, loop_vals, strict=True):
+            made.append(g.placeholder(name))
+            made[-1].meta["val"] = val
+        return made
+
+    # The condition: index < length of the scanned dim.
+    cond_graph = torch.fx.Graph()
+    cond_inputs = loop_inputs(cond_graph)
+    length = call(cond_graph, aten.sym_size.int, (cond_inputs[1 + len(ys_vals) + len(init)], 0))
+    cond_graph.output(call(cond_graph, aten.lt.Scalar, (cond_inputs[0], length)))
+    cond_name = _free_attr(gm, "while_loop_cond_graph")
+    gm.register_module(cond_name, torch.fx.GraphModule(torch.nn.Module(), cond_graph))
+
+    # The body: combine's graph, its inputs taken from the carried operands, its ys written at the index.
+    body = combine.graph
+    with body.inserting_before(old_inputs[0]):
+        inputs = loop_inputs(body)
+    index, buffers = inputs[0], inputs[1:1 + len(ys_vals)]
+    carried = inputs[1 + len(ys_vals):]
+    with body.inserting_before(old_inputs[-1].next):
+        at = call(body, aten.view.default, (index, [1]))
+        steps = {}
+        for k in range(len(xs)):
+            picked = call(body, aten.index_select.default, (carried[len(init) + k], 0, at))
+            steps[k] = call(body, aten.squeeze.dim, (picked, 0))
+    for j, old in enumerate(old_inputs):
+        is_step = len(init) <= j < len(init) + len(xs)
+        old.replace_all_uses_with(steps[j - len(init)] if is_step else carried[j])
+        body.erase_node(old)
+    output = next(n for n in body.nodes if n.op == "output")
+    results = list(output.args[0])
+    with body.inserting_before(output):
+        written = [call(body, aten.index_copy.default, (buffer, 0, at, call(body, aten.unsqueeze.default, (y, 0))))
+                   for buffer, y in zip(buffers, results[len(init):], strict=True)]
+        following = call(body, aten.add.Tensor, (index, 1))
+    output.args = ((following, *written, *results[:len(init)], *carried[len(init):]),)
+    combine.recompile()
+
+    # The loop, in place of the scan.
+    with graph.inserting_before(node):
+        start = call(graph, aten.zeros.default, ([],), {"dtype": torch.int64})
+        ys_buffers = []
+        for size, y in zip(sizes, ys_vals, strict=True):
+            shape = [s if isinstance(s, int) else call(graph, aten.sym_size.int, s) for s in size]
+            ys_buffers.append(call(graph, aten.zeros.default, (shape,), {"dtype": y.dtype}))
+        cond_attr = graph.get_attr(cond_name)
+        loop = graph.call_function(torch.ops.higher_order.while_loop,
+                                   (cond_attr, combine_attr, (start, *ys_buffers, *operands), ()))
+    loop.meta["val"] = (index_val, *ys_vals, *carry_vals, *operand_vals[len(init):])
+    for user in list(node.users):
+        j = user.args[1]
+        user.args = (loop, 1 + len(ys_vals) + j if j < len(init) else 1 + j - len(init))
+    graph.erase_node(node)
+    return True
+
+
+def _size_sources(shape: Any, operands: list[Any], vals: list[Any]) -> list[Any] | None:
+    """``shape`` with each symbolic size as ``(operand, dim)``, an operand whose dim ``dim`` has that size (an int
+    stays an int); None when no operand has one."""
+    import torch
+
+    sources: list[Any] = []
+    for size in shape:
+        if isinstance(size, int):
+            sources.append(size)
+            continue
+        found = next(((operand, dim) for operand, val in zip(operands, vals, strict=True)
+                      if isinstance(val, torch.Tensor)
+                      for dim, other in enumerate(val.shape)
+                      if isinstance(other, torch.SymInt) and other.node.expr == size.node.expr), None)
+        if found is None:
+            return None
+        sources.append(found)
+    return sources
+
+
+def _free_attr(gm: Any, prefix: str) -> str:
+    """The first ``<prefix>_<n>`` that is not an attribute of ``gm``."""
+    n = 0
+    while hasattr(gm, f"{prefix}_{n}"):
+        n += 1
+    return f"{prefix}_{n}"

@@ -42,7 +42,7 @@ from hfexport.plugin import (
 from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 
 from ._config import OpenVINOConfig
-from ._graph import constants_inlined, graph_fake_mode, make_stateful, model_io_names
+from ._graph import constants_inlined, graph_fake_mode, make_stateful, model_io_names, scan_as_while_loop
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
@@ -438,6 +438,28 @@ def _fix_index_add_explicit_alpha(gm: Any, node: Any) -> bool:
     node.args = (*node.args, node.kwargs.get("alpha", 1))
     node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
     return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_scan_as_while_loop(gm: Any, node: Any) -> bool:
+    """Rewrites a ``torch.ops.higher_order.scan`` as a ``torch.ops.higher_order.while_loop`` over the scanned dim,
+    every operand carried (``_graph.scan_as_while_loop``): the same ops in the same order.
+
+    **Why**: OpenVINO's FX frontend converts ``while_loop`` (to a ``Loop``) but has no translation of ``scan``; the
+    recurrences that ``hfexport_dynamo`` runs as a scan op (Mamba's selective scan, RWKV's WKV, RecurrentGemma's
+    RG-LRU) failed with ``No conversion rule found for operations: scan`` (Mamba, FalconMamba, Jamba, Zamba,
+    RecurrentGemma, RWKV in the sample sweep). Its ``while_loop`` translation also counts ``additional_inputs`` as
+    carried values and failed on them (``body_fn must return same number of outputs as carried inputs``,
+    ``loop.cpp``), so none is left additional.
+    **Upstream**: openvinotoolkit/openvino#33173 (``while_loop`` for the FX frontend; ``scan`` not covered);
+    model-side, ``hfexport_dynamo``'s recurrence patches.
+    **Remove when**: ``tests/openvino``'s scan module converts with ``disable=("_fix_scan_as_while_loop",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.higher_order.scan:
+        return False
+    return scan_as_while_loop(gm, node)
 
 
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
