@@ -190,7 +190,8 @@ def _coverage(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
     filters = sorted({r.get("filter") or "" for r in runs if not r.get("recheck_skips")})
     zoo = "tester-zoo" if meta.get("zoo") == "testers" else "zoo"
     what = f"{len(records)} of {total} {zoo} cases" if total else f"{len(records)} {zoo} cases"
-    if any(r.get("common") for r in runs if not r.get("recheck_skips")):
+    selections = [r for r in runs if not r.get("recheck_skips")]
+    if selections and all(r.get("common") for r in selections):  # a wider run (the whole sample) covers them
         what += (f": a stratified subset, every case of the {len(COMMON_ARCHITECTURES)} common architectures of "
                  f"`hfexport sweep --common` ({', '.join(COMMON_ARCHITECTURES)})")
     sampled = [r for r in runs if not r.get("recheck_skips") and r.get("sample_seed") is not None]
