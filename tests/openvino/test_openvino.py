@@ -310,6 +310,23 @@ def test_a_tensor_returned_twice_comes_back_twice() -> None:
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
+class MaskPassedThrough(torch.nn.Module):
+    """Returns its ``attention_mask`` input as it is, beside a result, as Qwen2-Audio does."""
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden": x * attention_mask[..., None], "attention_mask": attention_mask}
+
+
+def test_an_input_returned_keeps_its_name(tmp_path: Path) -> None:
+    inputs = {"x": torch.randn(2, 5, 3), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    exported = hfexport.export(MaskPassedThrough(), inputs, backend="openvino", dynamic=True)
+    other = {"x": torch.randn(3, 7, 3), "attention_mask": torch.randint(0, 2, (3, 7))}
+    got = hfexport.load(exported.save_pretrained(tmp_path / "mask"))(**other)
+    want = MaskPassedThrough()(**other)
+    torch.testing.assert_close(got["hidden"], want["hidden"])
+    assert torch.equal(got["attention_mask"], other["attention_mask"])
+
+
 class IndexAdd(torch.nn.Module):
     """Rows added at indices, as JetMoE combines its experts' outputs."""
 

@@ -192,11 +192,14 @@ def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
 
 
 def distinct_outputs(gm: Any) -> None:
-    """Give each repeat of a node among ``gm``'s outputs its own node, ``x * 1`` (``x | x`` for booleans): OpenVINO's
-    FX decoder failed on a node returned twice with ``Tensor name is not a number: mul`` (T5Gemma returns its
-    encoder's last hidden state as two outputs, VipLLaVA an image feature twice); an ``aten.clone`` converts to
-    nothing and failed the same way. Upstream: none found (``translate_session.cpp``); remove when
-    ``test_a_tensor_returned_twice_comes_back_twice`` passes without it."""
+    """Give each repeat of a node among ``gm``'s outputs, and each input returned as an output, its own node,
+    ``x * 1`` (``x | x`` for booleans). OpenVINO's FX decoder failed on a node returned twice with ``Tensor name is
+    not a number: mul`` (T5Gemma returns its encoder's last hidden state as two outputs, VipLLaVA an image feature
+    twice); an ``aten.clone`` converts to nothing and failed the same way. An input returned as it is shares its
+    tensor with the output, so naming the output renamed the input (Qwen2-Audio returns its ``attention_mask``:
+    the compiled model's input was ``attention_mask_1``). Upstream: none found (``translate_session.cpp``); remove
+    when ``test_a_tensor_returned_twice_comes_back_twice`` and ``test_an_input_returned_keeps_its_name`` pass
+    without it."""
     import torch
     import torch.utils._pytree as pytree
 
@@ -207,7 +210,7 @@ def distinct_outputs(gm: Any) -> None:
     def distinct(arg: Any) -> Any:
         if not isinstance(arg, torch.fx.Node):
             return arg
-        if arg not in seen:
+        if arg not in seen and arg.op != "placeholder":
             seen.add(arg)
             return arg
         with graph.inserting_before(output):
