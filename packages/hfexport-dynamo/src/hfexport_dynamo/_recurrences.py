@@ -226,8 +226,11 @@ def _canine_block_attention(module: Any, hidden_states: torch.Tensor, attention_
     # The diagonal blocks of the mask, [batch, chunks, width (from), width (to)], made additive as the original
     # does for a 3-D mask; padded keys get -inf, so that a query whose real keys are all masked spreads its
     # weight over the real keys of its chunk only, as over the original's shorter last chunk.
+    # Indexed with one arange on both chunk dims ([chunks, batch, width, width]), not torch.diagonal, which
+    # OpenVINO's frontend does not convert (aten.diagonal).
     blocks = F.pad(attention_mask, (0, pad, 0, pad), value=1.0).reshape(batch, chunks, width, chunks, width)
-    blocks = torch.diagonal(blocks, dim1=1, dim2=3).permute(0, 3, 1, 2)
+    chunk = torch.arange(chunks, device=attention_mask.device)
+    blocks = blocks[:, chunk, :, chunk].permute(1, 0, 2, 3)
     scores_dtype = hidden_states.dtype
     additive = (1.0 - blocks.float()) * torch.finfo(scores_dtype).min
     padded_key = (torch.arange(chunks * width, device=hidden_states.device) >= seq).reshape(1, chunks, 1, width)
