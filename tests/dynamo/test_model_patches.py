@@ -171,3 +171,23 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
         hfexport.export(model, {"x": x}, backend="dynamo", disable=("_patch_masked_select",))
     exported = hfexport.export(model, {"x": x}, backend="dynamo")
     torch.testing.assert_close(exported(x=x), model(x))
+
+
+@pytest.mark.parametrize("case_id, patch", [
+    ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
+    ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm
+])
+def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_id, patch):
+    """The zoo's inputs carry packed image patches (``image_grid_thw``); the per-image split on
+    ``.tolist()`` is data-dependent without the patch, and the exported program matches eager at the zoo's second
+    shape with it."""
+    from hfexport_sweep.zoo import build_case
+
+    model, inputs, alt_inputs = build_case(case_id)
+    assert "pixel_values" in inputs and "image_grid_thw" in inputs
+    exported = hfexport.export(model, inputs, dynamic=True)
+    assert patch in str(exported.manifest["workarounds"]["patches"])
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
+    assert report.passed, str(report)
+    with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode"):
+        hfexport.export(model, inputs, dynamic=True, disable=(patch,))

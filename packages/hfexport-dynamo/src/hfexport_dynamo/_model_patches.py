@@ -247,6 +247,32 @@ for _scope in ("onnx", "executorch", "openvino"):  # the backends without comple
         _patch_fnet_fourier_transform)
 
 
+def _segment_attention(self: Any, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       cu_seqlens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """One attention call over packed image patches where a patch sees the patches of its own image only.
+
+    Args:
+        self: the vision attention module (its ``config``, ``scaling``).
+        module: the model's modeling module (its ``eager_attention_forward``).
+        query, key, value: ``[1, heads, patches, head_dim]``, every image's patches in a row.
+        cu_seqlens: ``[images + 1]`` int, the cumulative patch counts (``cu_seqlens[0] == 0``).
+
+    Returns:
+        ``[1, patches, heads, head_dim]``, as the attention interface returns it.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    seq_length = query.shape[2]
+    positions = torch.arange(seq_length, device=query.device)
+    segment = (positions[:, None] >= cu_seqlens[None, 1:].to(positions.dtype)).sum(-1)
+    mask = torch.zeros(seq_length, seq_length, dtype=query.dtype, device=query.device).masked_fill(
+        segment[:, None] != segment[None, :], torch.finfo(query.dtype).min)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, module.eager_attention_forward)
+    output, _ = attention(self, query, key, value, attention_mask=mask[None, None], scaling=self.scaling,
+                          dropout=0.0, is_causal=False, **kwargs)
+    return output
+
+
 @register_patch("dynamo", "transformers.models.qwen2_vl.modeling_qwen2_vl.VisionAttention.forward",
                 "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention.forward",
                 # the same forward, copied (checked: identical source in transformers 5.24)
@@ -259,24 +285,27 @@ for _scope in ("onnx", "executorch", "openvino"):  # the backends without comple
                 "transformers.models.glm4v.modeling_glm4v.Glm4vVisionAttention.forward",
                 "transformers.models.glm4v_moe.modeling_glm4v_moe.Glm4vMoeVisionAttention.forward",
                 "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe.Ernie4_5_VLMoeVisionAttention.forward",
-                "transformers.models.cohere_compass.modeling_cohere_compass.CohereCompassVisionAttention.forward")
+                "transformers.models.cohere_compass.modeling_cohere_compass.CohereCompassVisionAttention.forward",
+                # the same with q_norm / k_norm after the projection
+                "transformers.models.glm_ocr.modeling_glm_ocr.GlmOcrVisionAttention.forward",
+                "transformers.models.glm5_next.modeling_glm5_next.Glm5NextVisionAttention.forward")
 def _patch_qwen_vl_vision_segments(original: Any) -> Any:
     """Attend over Qwen2-VL's (and Qwen2.5-VL's) packed image patches with one block-diagonal mask instead of one
-    attention call per image.
+    attention call per image (:func:`_segment_attention`).
 
-    **Why**: ``VisionAttention.forward`` (outside flash attention) splits the packed patches of all images with
+    **Why**: the vision attention's forward (outside flash attention) splits the packed patches of all images with
     ``torch.split(..., (cu_seqlens[1:] - cu_seqlens[:-1]).tolist())`` and attends per image: the number of images
     and their lengths become data-dependent Python values, which torch.export cannot trace with a dynamic number of
-    images (``GuardOnDataDependentSymNode`` / an unbacked length). The same attention is one call over the whole
-    sequence with a mask that lets a patch see the patches of its own segment only (``segment(q) == segment(k)``,
-    each patch's segment counted from ``cu_seqlens`` by comparisons). Masked keys get the dtype's minimum, so each
-    row's softmax is its segment's (exact up to rounding of the longer reductions). The flash-attention path, which
-    takes ``cu_seqlens`` itself, is left to the original.
+    images (``GuardOnDataDependentSymNode``: ``Eq(u0, 0)`` in the split's list comprehension). The same attention
+    is one call over the whole sequence with a mask that lets a patch see the patches of its own segment only
+    (``segment(q) == segment(k)``, each patch's segment counted from ``cu_seqlens`` by comparisons). Masked keys
+    get the dtype's minimum, so each row's softmax is its segment's (exact up to rounding of the longer
+    reductions). The flash-attention path, which takes ``cu_seqlens`` itself, is left to the original.
     **Upstream**: model-side (transformers ``modeling_qwen2_vl.py``, copied to ``modeling_qwen2_5_vl.py`` and to the
-    Qwen3-VL, Qwen3.5, Qwen3-Omni, GLM-4V, ERNIE-4.5-VL and Cohere Compass vision attentions patched here too).
+    Qwen3-VL, Qwen3.5, Qwen3-Omni, GLM-4V, ERNIE-4.5-VL and Cohere Compass vision attentions patched here too;
+    GLM-OCR's and GLM-5-Next's add ``q_norm``/``k_norm``).
     **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.utils.generic import is_flash_attention_requested
 
     module = __import__(original.__module__, fromlist=["apply_rotary_pos_emb_vision", "eager_attention_forward"])
@@ -289,17 +318,47 @@ def _patch_qwen_vl_vision_segments(original: Any) -> Any:
         seq_length = hidden_states.shape[0]
         query, key, value = (self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1)
                              .permute(1, 0, 2, 3).unbind(0))
+        if hasattr(self, "q_norm"):
+            query, key = self.q_norm(query), self.k_norm(key)
         cos, sin = position_embeddings
         query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
         query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-        positions = torch.arange(seq_length, device=hidden_states.device)
-        segment = (positions[:, None] >= cu_seqlens[None, 1:].to(positions.dtype)).sum(-1)
-        mask = torch.zeros(seq_length, seq_length, dtype=query.dtype, device=query.device).masked_fill(
-            segment[:, None] != segment[None, :], torch.finfo(query.dtype).min)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                          module.eager_attention_forward)
-        output, _ = attention(self, query, key, value, attention_mask=mask[None, None], scaling=self.scaling,
-                              dropout=0.0, is_causal=False, **kwargs)
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
         return self.proj(output.reshape(seq_length, -1).contiguous())
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.paddleocr_vl.modeling_paddleocr_vl.PaddleOCRVisionAttention.forward",
+                # the same forward, copied (checked: identical source in transformers 5.24)
+                "transformers.models.video_llama_3.modeling_video_llama_3.VideoLlama3VisionAttention.forward")
+def _patch_separate_projection_vision_segments(original: Any) -> Any:
+    """Attend over PaddleOCR-VL's (and VideoLLaMA3's) packed image patches with one block-diagonal mask instead of
+    one attention call per image (:func:`_segment_attention`); their attention projects with ``q_proj``/``k_proj``/
+    ``v_proj`` and ``out_proj`` and returns ``(output, None)`` (no per-image weights).
+
+    **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-image ``torch.split`` on
+    ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(u4, 0)`` in
+    PaddleOCR-VL's list comprehension); one call with a segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_paddleocr_vl.py``, copied to ``modeling_video_llama_3.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["apply_rotary_pos_emb_vision", "eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor], max_seqlen: int | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        query, key, value = (proj(hidden_states).view(seq_length, self.num_heads, self.head_dim)
+                             for proj in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = position_embeddings
+        query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+        query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
+        return self.out_proj(output.reshape(seq_length, -1).contiguous()), None
 
     return forward
