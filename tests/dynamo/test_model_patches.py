@@ -173,6 +173,7 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     torch.testing.assert_close(exported(x=x), model(x))
 
 
+@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL and GLM-OCR with an image; about 15 s in all
 @pytest.mark.parametrize("case_id, patch", [
     ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
     ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm

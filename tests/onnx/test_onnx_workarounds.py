@@ -120,6 +120,23 @@ def test_searchsorted_translation():
     assert report.passed, report  # exact indices, NaN past the end as in eager
 
 
+# ── _aten_sym_numel ──────────────────────────────────────────────────────────────────────────────────
+@pytest.mark.slow  # two ONNX exports of the zoo's tiny PaddleOCR-VL with its image; about 22 s on an idle 2-core machine
+def test_numel_of_paddleocr_vl_image_features_exports():
+    """PaddleOCR-VL checks ``n_image_tokens * hidden == image_features.numel()`` on features whose count is
+    data-dependent (packed patches): ``aten.sym_numel`` stays in the program (a backed-only ``numel()`` is folded to a
+    product of sizes before the translation, so a plain module does not show it)."""
+    from hfexport_sweep.zoo import build_case
+
+    model, inputs, alt_inputs = build_case("paddleocr_vl/PaddleOCRVLModel")
+    with pytest.raises(ExportError, match=r"No ONNX function found for <OpOverload\(op='aten.sym_numel'"):
+        hfexport.export(model, inputs, backend="onnx", dynamic=True, disable=("_aten_sym_numel",))
+    exported = hfexport.export(model, inputs, backend="onnx", dynamic=True)
+    assert "_aten_sym_numel" in exported.manifest["onnx"]["translations"]
+    report = exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)
+    assert report.passed, str(report)
+
+
 # ── _aten_scaled_dot_product_attention (c03, left padding) ─────────────────────────────────────────────
 class BoolMaskAttention(torch.nn.Module):
     def forward(self, q, k, v, mask):

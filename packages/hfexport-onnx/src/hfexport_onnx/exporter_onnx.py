@@ -541,6 +541,22 @@ def _aten_searchsorted(sorted_sequence: Any, self: Any, *, out_int32: bool = Fal
     return op.Cast(count, to=ir.DataType.INT32) if out_int32 else count
 
 
+@register_workaround("onnx_translation", "onnx", target=aten.sym_numel.default)
+def _aten_sym_numel(self: Any) -> Any:
+    """``aten.sym_numel`` → ``Size(x)``: the element count as a 0-d int64, as torchlib gives ``sym_size.int``.
+
+    **Why**: torchlib has no function for it: ``DispatchError: No ONNX function found for
+    <OpOverload(op='aten.sym_numel', overload='default')>``. It stays in the program for ``tensor.numel()`` of a tensor
+    whose size is data-dependent: PaddleOCR-VL checks ``n_image_tokens * hidden == image_features.numel()`` on its
+    packed image features, so that model fed an image failed on ONNX.
+    **Upstream**: torchlib's ATen coverage tracker, microsoft/onnxscript#258, has no entry for ``sym_numel`` (no issue
+    of its own found).
+    **Remove when**: torchlib translates ``aten.sym_numel`` (``test_numel_of_paddleocr_vl_image_features_exports``
+    passes with ``disable=("_aten_sym_numel",)``).
+    """
+    return op.Size(self)
+
+
 @register_workaround("onnx_translation", "onnx", target=aten.scaled_dot_product_attention.default)
 def _aten_scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                        dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
