@@ -235,8 +235,8 @@ def scan_as_while_loop(gm: Any, node: Any) -> bool:
     The same arithmetic in the same order: the outputs are equal.
 
     Returns:
-        False, leaving the graph as it was, when the call has keyword arguments or a buffer's size is a symbol that no
-        operand's shape holds; True once rewritten.
+        False, leaving the graph as it was, when the call has keyword arguments, its combine graph is shared with
+        another call, or a buffer's size is a symbol that no operand's shape holds; True once rewritten.
     """
     import torch
     import torch.utils._pytree as pytree
@@ -255,8 +255,9 @@ def scan_as_while_loop(gm: Any, node: Any) -> bool:
     if any(size is None for size in sizes):
         return False
     old_inputs = [n for n in combine.graph.nodes if n.op == "placeholder"]
-    if len(old_inputs) != len(operands):
-        return False
+    shared = [n for n in graph.nodes if n.op == "get_attr" and n.target == combine_attr.target]
+    if len(old_inputs) != len(operands) or len(shared) > 1 or len(combine_attr.users) > 1:
+        return False  # the combine graph is extended in place: it must be this scan's alone
 
     def call(g: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
         created = g.call_function(op, args, kwargs or {})
