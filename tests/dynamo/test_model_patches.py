@@ -173,10 +173,14 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     torch.testing.assert_close(exported(x=x), model(x))
 
 
-@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL and GLM-OCR with an image; about 15 s in all
+@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice) and Cosmos3-Edge
+# with an image; about 15 s a case
 @pytest.mark.parametrize("case_id, patch", [
     ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
     ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm
+    ("hunyuan_vl/HunYuanVLModel", "_patch_hunyuan_vl_vision_segments"),  # batch-first, no rotary
+    ("hunyuan_vl/HunYuanVLModel", "_patch_hunyuan_vl_placeholder_check"),  # the next guard: its placeholder count
+    ("cosmos3_edge/Cosmos3EdgeModel", "_patch_cosmos3_edge_vision_segments"),  # no rotary, self.scale
 ])
 def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_id, patch):
     """The zoo's inputs carry packed image patches (``image_grid_thw``); the per-image split on

@@ -248,7 +248,7 @@ for _scope in ("onnx", "executorch", "openvino"):  # the backends without comple
 
 
 def _segment_attention(self: Any, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       cu_seqlens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+                       cu_seqlens: torch.Tensor, scaling: float | None = None, **kwargs: Any) -> torch.Tensor:
     """One attention call over packed image patches where a patch sees the patches of its own image only.
 
     Args:
@@ -256,10 +256,12 @@ def _segment_attention(self: Any, module: Any, query: torch.Tensor, key: torch.T
         module: the model's modeling module (its ``eager_attention_forward``).
         query, key, value: ``[1, heads, patches, head_dim]``, every image's patches in a row.
         cu_seqlens: ``[images + 1]`` int, the cumulative patch counts (``cu_seqlens[0] == 0``).
+        scaling: the softmax scale, where the module names it otherwise than ``self.scaling``.
 
     Returns:
         ``[1, patches, heads, head_dim]``, as the attention interface returns it.
     """
+    kwargs.pop("attention_mask", None)  # None where a block passes it on: the segment mask replaces it
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     seq_length = query.shape[2]
@@ -268,7 +270,8 @@ def _segment_attention(self: Any, module: Any, query: torch.Tensor, key: torch.T
     mask = torch.zeros(seq_length, seq_length, dtype=query.dtype, device=query.device).masked_fill(
         segment[:, None] != segment[None, :], torch.finfo(query.dtype).min)
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, module.eager_attention_forward)
-    output, _ = attention(self, query, key, value, attention_mask=mask[None, None], scaling=self.scaling,
+    output, _ = attention(self, query, key, value, attention_mask=mask[None, None],
+                          scaling=self.scaling if scaling is None else scaling,
                           dropout=0.0, is_causal=False, **kwargs)
     return output
 
@@ -362,3 +365,90 @@ def _patch_separate_projection_vision_segments(original: Any) -> Any:
         return self.out_proj(output.reshape(seq_length, -1).contiguous()), None
 
     return forward
+
+
+@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionAttention.forward")
+def _patch_hunyuan_vl_vision_segments(original: Any) -> Any:
+    """Attend over HunYuan-VL's packed image patches with one block-diagonal mask instead of one attention call per
+    image (:func:`_segment_attention`); its attention is batch-first (``[1, patches, hidden]``), has no rotary
+    embedding, projects with ``q_proj``/``k_proj``/``v_proj`` and ``o_proj`` and returns ``(output, None)``.
+
+    **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-image ``torch.split`` on
+    ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(u3, 0)`` at
+    ``modeling_hunyuan_vl.py:416``); one call with a segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_hunyuan_vl.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+        if is_flash_attention_requested(self.config) or hidden_states.shape[0] != 1:
+            return original(self, hidden_states, cu_seqlens, max_seqlen, **kwargs)
+        batch_size, seq_len, _ = hidden_states.shape
+        query, key, value = (proj(hidden_states).view(batch_size, seq_len, self.num_heads, self.head_dim)
+                             .transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
+        return self.o_proj(output.reshape(batch_size, seq_len, -1).contiguous()), None
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.cosmos3_edge.modeling_cosmos3_edge.Cosmos3EdgeVisionAttention.forward")
+def _patch_cosmos3_edge_vision_segments(original: Any) -> Any:
+    """Attend over Cosmos3-Edge's packed image patches with one block-diagonal mask instead of one attention call
+    per image (:func:`_segment_attention`); its attention has no rotary embedding, scales by ``self.scale`` and
+    projects with ``q_proj``/``k_proj``/``v_proj`` and ``out_proj``.
+
+    **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-image ``torch.split`` on
+    ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(u0, 0)`` at
+    ``modeling_cosmos3_edge.py:494``); one call with a segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_cosmos3_edge.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        query, key, value = (proj(hidden_states).reshape(seq_length, -1, self.head_dim).transpose(0, 1).unsqueeze(0)
+                             for proj in (self.q_proj, self.k_proj, self.v_proj))
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, scaling=self.scale, **kwargs)
+        return self.out_proj(output.reshape(seq_length, -1).contiguous())
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask")
+def _patch_hunyuan_vl_placeholder_check(original: Any) -> Any:
+    """HunYuan-VL's placeholder mask with its token-count check as ``torch._check`` instead of a Python ``if``.
+
+    **Why**: ``HunYuanVLModel.get_placeholder_mask`` checks ``if inputs_embeds[special_image_mask].numel() !=
+    image_features.numel(): raise``: the boolean-mask index has a data-dependent size, so the ``if`` stops the
+    trace (``GuardOnDataDependentSymNode``: ``Ne(u6, 1408)`` at ``modeling_hunyuan_vl.py:1029``). The same check as
+    ``torch_compilable_check(placeholders * hidden == numel)`` (Qwen2-VL's form) is a runtime
+    assertion of the exported program; the mask is the original's.
+    **Upstream**: model-side (transformers ``modeling_hunyuan_vl.py``; the Qwen-VL family uses
+    ``torch_compilable_check``).
+    **Remove when**: transformers checks HunYuan-VL's placeholder count with ``torch_compilable_check``.
+    """
+
+    from transformers.utils.import_utils import torch_compilable_check
+
+    def get_placeholder_mask(self: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor,
+                             image_features: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids is None:
+            return original(self, input_ids, inputs_embeds, image_features)
+        special_image_mask = input_ids == self.config.image_token_id
+        if image_features is not None:
+            torch_compilable_check(special_image_mask.sum() * inputs_embeds.shape[-1] == image_features.numel(),
+                                   "Image features and image tokens do not match")
+        return special_image_mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
+
+    return get_placeholder_mask
