@@ -196,3 +196,30 @@ def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_
     assert report.passed, str(report)
     with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode"):
         hfexport.export(model, inputs, dynamic=True, disable=(patch,))
+
+
+@pytest.mark.slow  # two exports of the zoo's tiny Ovis2 with an image; about 10 s
+def test_ovis2_writes_its_visual_indicator_embeddings_without_a_data_dependent_branch():
+    """With the zoo's image the indicator loop's ``if mask.any()`` is data-dependent without the patch; with it the
+    exported program matches eager at the zoo's second shape, and the patched forward writes the indicator tokens'
+    embeddings as the original does."""
+    from transformers.models.ovis2.modeling_ovis2 import Ovis2Model
+
+    from hfexport_dynamo._model_patches import _patch_ovis2_visual_indicators
+    from hfexport_sweep.zoo import build_case, image_inputs
+
+    model, inputs, alt_inputs = build_case("ovis2/Ovis2Model")
+    assert image_inputs(model).used and "pixel_values" in inputs
+    with_indicators = {**inputs, "input_ids": inputs["input_ids"].clone()}
+    with_indicators["input_ids"][1, :len(model.visual_indicator_token_ids)] = torch.tensor(
+        model.visual_indicator_token_ids)
+    with torch.no_grad():
+        patched = _patch_ovis2_visual_indicators(Ovis2Model.forward)(model, **with_indicators)
+        torch.testing.assert_close(patched.last_hidden_state, model(**with_indicators).last_hidden_state,
+                                   atol=0, rtol=0)
+    exported = hfexport.export(model, inputs, dynamic=True)
+    assert "_patch_ovis2_visual_indicators" in str(exported.manifest["workarounds"]["patches"])
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
+    assert report.passed, str(report)
+    with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode"):
+        hfexport.export(model, inputs, dynamic=True, disable=("_patch_ovis2_visual_indicators",))

@@ -452,3 +452,45 @@ def _patch_hunyuan_vl_placeholder_check(original: Any) -> Any:
         return special_image_mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
 
     return get_placeholder_mask
+
+
+@register_patch("dynamo", "transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward")
+def _patch_ovis2_visual_indicators(original: Any) -> Any:
+    """Ovis2's forward with its visual indicator embeddings written by ``torch.where`` instead of under ``if
+    mask.any()``.
+
+    **Why**: ``Ovis2Model.forward`` writes each visual indicator token's embedding with ``if mask.any():
+    inputs_embeds[mask] = ...``: ``mask.any()`` on a tensor computed from ``input_ids`` is data-dependent, so the
+    trace stops there as soon as the inputs carry an image (``GuardOnDataDependentSymNode``: ``Eq(u1, 1)`` at
+    ``modeling_ovis2.py:566``). ``torch.where(mask, indicator, inputs_embeds)`` writes the same rows and leaves the
+    others alone when no token matches (the ``if``'s other branch); the rest is the original forward.
+    **Upstream**: model-side (transformers ``modeling_ovis2.py``).
+    **Remove when**: transformers writes Ovis2's indicator embeddings without branching on ``mask.any()``.
+    """
+    module = __import__(original.__module__, fromlist=["Ovis2ModelOutputWithPast", "can_return_tuple"])
+
+    def forward(self: Any, input_ids: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                cache: Any = None, inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                use_cache: bool | None = None, mm_encoder_outputs: dict[str, Any] | None = None,
+                **kwargs: Any) -> Any:
+        if input_ids is None or pixel_values is None or mm_encoder_outputs is not None or "past_key_values" in kwargs:
+            return original(self, input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
+                            position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds, labels=labels,
+                            use_cache=use_cache, mm_encoder_outputs=mm_encoder_outputs, **kwargs)
+        if inputs_embeds is None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+        image = self.get_image_features(pixel_values=pixel_values, return_dict=True)
+        special_image_mask = self.get_placeholder_mask(input_ids, inputs_embeds=inputs_embeds,
+                                                       image_features=image.pooler_output)
+        inputs_embeds = inputs_embeds.masked_scatter(
+            special_image_mask, image.pooler_output.to(inputs_embeds.device, inputs_embeds.dtype))
+        indicators = image.visual_indicator_features.to(inputs_embeds.device, inputs_embeds.dtype)
+        for i, visual_indicator_id in enumerate(self.visual_indicator_token_ids):
+            mask = (input_ids == visual_indicator_id).to(inputs_embeds.device)
+            inputs_embeds = torch.where(mask[..., None], indicators[i], inputs_embeds)
+        outputs = self.language_model(attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                                      inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        return module.Ovis2ModelOutputWithPast(**outputs, image_outputs=image)
+
+    return module.can_return_tuple(forward)
