@@ -15,6 +15,7 @@ import hfexport
 from helpers import generate_in_fresh_process, selected_params, tiny_model
 
 NEW_TOKENS = 20
+MAX_CACHE_LEN = 40  # the longest prompt (9) and its 20 new tokens fit
 KINDS = ["llama", "qwen2", "gpt2", "mistral", "phi"]
 # (backend, kind) pairs of the development loop; the rest run with -m slow.
 QUICK = {("dynamo", kind) for kind in KINDS} | {("onnx", "llama")}
@@ -39,30 +40,40 @@ def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
                               **{"max_new_tokens": NEW_TOKENS, **options})
 
 
-def export_and_save(backend: str, kind: str, directory) -> torch.nn.Module:
+def export_and_save(backend: str, kind: str, directory) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
     model = tiny_model(kind)
-    hfexport.export(model, backend=backend, task="text-generation", max_batch=2).save_pretrained(directory)
-    return model
+    exported = hfexport.export(model, backend=backend, task="text-generation", max_cache_len=MAX_CACHE_LEN,
+                               max_batch=2)
+    exported.save_pretrained(directory)
+    return model, exported
 
 
 @pytest.fixture(scope="module")
-def new_process_runs(request, tmp_path_factory):
+def new_process_exports(request, tmp_path_factory):
     """The cases of the new-process test this run selected (the development loop's six; all fifteen in the full
-    suite), exported and saved, then generated in one new process: starting one and loading hfexport,
-    transformers and a backend costs about 8 s, once instead of once per case. A failed export is kept for its
-    test to raise."""
+    suite), exported and saved: (backend, kind) -> (model, export), or the error of a failed export, kept for its
+    test to raise. The in-process tests below reuse the dynamo Llama."""
     workdir = tmp_path_factory.mktemp("generation-new-process")
     cases = selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend", "kind")
-    models, runs = {}, {}
+    exports = {}
     for backend, kind in sorted(cases, key=lambda case: (case[0] != "onnx", case)):
         # ONNX first: its load is the process's first (hfexport_dynamo and transformers not imported yet); the
         # ExecuTorch runtime's own new-process generation is checked by test_executorch_keeps_the_cache_in_buffers
         try:
-            models[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
+            exports[backend, kind] = export_and_save(backend, kind, workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
-            models[backend, kind] = error
-            continue
-        runs[f"{backend}-{kind}"] = (workdir / f"{backend}-{kind}", prompts(), {"max_new_tokens": NEW_TOKENS})
+            exports[backend, kind] = error
+    return workdir, exports
+
+
+@pytest.fixture(scope="module")
+def new_process_runs(new_process_exports):
+    """Those cases generated in one new process: starting one and loading hfexport, transformers and a backend
+    costs about 8 s, once instead of once per case."""
+    workdir, exports = new_process_exports
+    models = {case: value if isinstance(value, Exception) else value[0] for case, value in exports.items()}
+    runs = {f"{backend}-{kind}": (workdir / f"{backend}-{kind}", prompts(), {"max_new_tokens": NEW_TOKENS})
+            for (backend, kind), value in exports.items() if not isinstance(value, Exception)}
     return models, generate_in_fresh_process(runs, workdir) if runs else {}
 
 
@@ -82,9 +93,15 @@ def test_generate_equals_eager_in_a_new_process(backend, kind, new_process_runs)
 
 
 @pytest.fixture(scope="module")
-def llama_generation():
-    model = tiny_model("llama")
-    return model, hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=40, max_batch=2)
+def llama_generation(new_process_exports, tmp_path_factory):
+    """The dynamo Llama of the new-process test (max_cache_len=40, max_batch=2) where this run made it, else the
+    same export made here: the tests below only read it and generate with it."""
+    exported = new_process_exports[1].get(("dynamo", "llama"))
+    if exported is None:
+        return export_and_save("dynamo", "llama", tmp_path_factory.mktemp("llama") / "artifact")
+    if isinstance(exported, Exception):
+        raise exported
+    return exported
 
 
 def test_a_row_that_reaches_eos_is_padded_as_eager_pads_it(llama_generation):

@@ -132,28 +132,56 @@ def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
                               **{"max_new_tokens": NEW_TOKENS, **options})
 
 
+def export_case(backend: str, kind: str, directory) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    """A family's case exported (``max_batch=2``, ``max_cache_len=48``: the longest prompt, 26 positions, and its
+    20 new tokens fit; up to 3 images where a prompt of the case holds two) and saved."""
+    model = vlm(kind)
+    exported = hfexport.export(model, {"image_grid_thw": QWEN2_5_VL_GRID} if kind == "qwen2_5_vl" else None,
+                               backend=backend, task="image-text-to-text", max_batch=2, max_cache_len=48,
+                               max_images=3 if kind in ("smolvlm", "idefics3", "qwen2vl", "qwen2_5_vl") else None)
+    exported.save_pretrained(directory)
+    return model, exported
+
+
 @pytest.fixture(scope="module")
-def new_process_runs(request, tmp_path_factory):
-    """The cases this run selected, each exported once and saved, then all generated in one new process."""
+def new_process_exports(request, tmp_path_factory):
+    """The cases this run selected, each exported once and saved: (backend, kind) -> (model, export), or the error
+    of a failed export, kept for its test to raise. The in-process tests below reuse the dynamo exports."""
     workdir = tmp_path_factory.mktemp("image-text-new-process")
-    models, runs = {}, {}
+    exports = {}
     for backend, kind in sorted(selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend",
                                                 "kind"), key=lambda case: (case[0] != "onnx", case)):
         # ONNX first: the process's first load
-        model = vlm(kind)
         try:
-            exported = hfexport.export(model, {"image_grid_thw": QWEN2_5_VL_GRID} if kind == "qwen2_5_vl" else None,
-                                       backend=backend, task="image-text-to-text", max_batch=2,
-                                       max_images=3 if kind in ("smolvlm", "idefics3", "qwen2vl", "qwen2_5_vl")
-                                       else None)
-            exported.save_pretrained(workdir / f"{backend}-{kind}")
+            exports[backend, kind] = export_case(backend, kind, workdir / f"{backend}-{kind}")
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
-            models[backend, kind] = error
-            continue
-        models[backend, kind] = model
-        ids, mask, media = case_inputs(kind)
-        runs[f"{backend}-{kind}"] = (workdir / f"{backend}-{kind}", [(ids, mask)], {**media, "max_new_tokens": NEW_TOKENS})
+            exports[backend, kind] = error
+    return workdir, exports
+
+
+@pytest.fixture(scope="module")
+def new_process_runs(new_process_exports):
+    """Those cases all generated in one new process."""
+    workdir, exports = new_process_exports
+    models, runs = {}, {}
+    for (backend, kind), value in exports.items():
+        models[backend, kind] = value if isinstance(value, Exception) else value[0]
+        if not isinstance(value, Exception):
+            ids, mask, media = case_inputs(kind)
+            runs[f"{backend}-{kind}"] = (workdir / f"{backend}-{kind}", [(ids, mask)],
+                                         {**media, "max_new_tokens": NEW_TOKENS})
     return models, generate_in_fresh_process(runs, workdir) if runs else {}
+
+
+def dynamo_export(new_process_exports, kind: str, tmp_path_factory) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    """The dynamo export of the new-process case where this run made it, else the same export made here (the
+    tests that take it only read it and generate with it)."""
+    exported = new_process_exports[1].get(("dynamo", kind))
+    if exported is None:
+        return export_case("dynamo", kind, tmp_path_factory.mktemp(kind) / "artifact")
+    if isinstance(exported, Exception):
+        raise exported
+    return exported
 
 
 @pytest.mark.parametrize("backend,kind", CASES)
@@ -192,9 +220,8 @@ def test_gemma3_images_attend_both_ways_and_that_changes_the_tokens():
 
 
 @pytest.fixture(scope="module")
-def llava_dynamo():
-    model = tiny_model("llava")
-    return model, hfexport.export(model, backend="dynamo", task="image-text-to-text", max_batch=2, max_cache_len=48)
+def llava_dynamo(new_process_exports, tmp_path_factory):
+    return dynamo_export(new_process_exports, "llava", tmp_path_factory)
 
 
 def test_the_manifest_records_the_programs_and_the_image_size(llava_dynamo, tmp_path):
@@ -264,10 +291,10 @@ def test_a_model_of_another_family_or_task_says_what_to_do():
         hfexport.export(tiny_model("llama"), backend="dynamo", task="text-generation", max_images=2)
 
 
-def test_smolvlm_images_with_masked_pixels_or_without_their_row_dim_are_refused():
+def test_smolvlm_images_with_masked_pixels_or_without_their_row_dim_are_refused(new_process_exports,
+                                                                               tmp_path_factory):
     """Idefics3/SmolVLM take the processor's ``[batch, images, C, H, W]``; the export encodes whole images only."""
-    exported = hfexport.export(tiny_model("smolvlm"), backend="dynamo", task="image-text-to-text", max_batch=2,
-                               max_images=3, max_cache_len=40)
+    _, exported = dynamo_export(new_process_exports, "smolvlm", tmp_path_factory)
     ids, mask, media = smolvlm_batch()
     media["pixel_attention_mask"][0, 0, :, 16:] = False  # the right half of a real image
     with pytest.raises(ValueError, match="pixel_attention_mask hides pixels of an image"):
@@ -291,10 +318,8 @@ def test_executorch_at_max_batch_1_attends_with_its_fused_kernel_over_a_row_with
 
 # ── Qwen2-VL: packed patches at one grid, 3-D RoPE positions ─────────────────────────────────────────────
 @pytest.fixture(scope="module")
-def qwen2vl_dynamo():
-    model = tiny_model("qwen2vl")
-    return model, hfexport.export(model, backend="dynamo", task="image-text-to-text", max_batch=2, max_images=3,
-                                  max_cache_len=48)
+def qwen2vl_dynamo(new_process_exports, tmp_path_factory):
+    return dynamo_export(new_process_exports, "qwen2vl", tmp_path_factory)
 
 
 @pytest.mark.parametrize("layout", ["two images, left padding", "ends with an image", "no image"])
