@@ -173,14 +173,16 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     torch.testing.assert_close(exported(x=x), model(x))
 
 
-@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice) and Cosmos3-Edge
-# with an image; about 15 s a case
+@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice), Cosmos3-Edge and
+# HY-V4-VL with an image; about 15 s a case
 @pytest.mark.parametrize("case_id, patch", [
     ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
     ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm
     ("hunyuan_vl/HunYuanVLModel", "_patch_hunyuan_vl_vision_segments"),  # batch-first, no rotary
     ("hunyuan_vl/HunYuanVLModel", "_patch_hunyuan_vl_placeholder_check"),  # the next guard: its placeholder count
     ("cosmos3_edge/Cosmos3EdgeModel", "_patch_cosmos3_edge_vision_segments"),  # no rotary, self.scale
+    # HunYuan-VL's attention, and a position grid interpolated at a scale of the data-dependent grid size
+    ("hy_v4_vl/HYV4VLModel", "_patch_hy_v4_vl_position_interpolation"),
 ])
 def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_id, patch):
     """The zoo's inputs carry packed image patches (``image_grid_thw``); the per-image split on
@@ -223,3 +225,25 @@ def test_ovis2_writes_its_visual_indicator_embeddings_without_a_data_dependent_b
     assert report.passed, str(report)
     with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode"):
         hfexport.export(model, inputs, dynamic=True, disable=("_patch_ovis2_visual_indicators",))
+
+
+def test_hy_v4_vl_position_grid_sampled_in_tensor_ops_equals_its_interpolation():
+    """The patched patch embedding (bilinear sampling by gathers) gives eager's ``F.interpolate`` values for
+    downsampled, upsampled (a side above the 256-patch grid), non-square and several-image grids."""
+    from transformers import HYV4VLVisionConfig
+    from transformers.models.hy_v4_vl.modeling_hy_v4_vl import HYV4VLVisionPatchEmbed
+
+    from hfexport_dynamo._model_patches import _patch_hy_v4_vl_position_interpolation
+
+    torch.manual_seed(0)
+    config = HYV4VLVisionConfig(hidden_size=16, patch_size=8, num_channels=3, max_image_size=2048)
+    embed = HYV4VLVisionPatchEmbed(config).eval()
+    patched = _patch_hy_v4_vl_position_interpolation(HYV4VLVisionPatchEmbed.forward)
+    for grid in ([[1, 8, 8]], [[1, 6, 10], [2, 4, 4]], [[1, 300, 7]]):
+        grid = torch.tensor(grid)
+        pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 8 * 8)
+        with torch.no_grad():
+            # eager interpolates a channels-last view, whose CPU kernel differs from the contiguous one by up to
+            # 2.2e-5 on a 300-row grid (the patch agrees with the contiguous kernel within 5e-7)
+            torch.testing.assert_close(patched(embed, pixels, grid), HYV4VLVisionPatchEmbed.forward(embed, pixels, grid),
+                                       atol=ATOL, rtol=RTOL)

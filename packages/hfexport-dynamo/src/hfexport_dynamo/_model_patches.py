@@ -367,7 +367,9 @@ def _patch_separate_projection_vision_segments(original: Any) -> Any:
     return forward
 
 
-@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionAttention.forward")
+@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionAttention.forward",
+                # the same forward, copied (checked: identical source in transformers 5.24)
+                "transformers.models.hy_v4_vl.modeling_hy_v4_vl.HYV4VLVisionAttention.forward")
 def _patch_hunyuan_vl_vision_segments(original: Any) -> Any:
     """Attend over HunYuan-VL's packed image patches with one block-diagonal mask instead of one attention call per
     image (:func:`_segment_attention`); its attention is batch-first (``[1, patches, hidden]``), has no rotary
@@ -376,7 +378,7 @@ def _patch_hunyuan_vl_vision_segments(original: Any) -> Any:
     **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-image ``torch.split`` on
     ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(u3, 0)`` at
     ``modeling_hunyuan_vl.py:416``); one call with a segment mask computes the same attention.
-    **Upstream**: model-side (transformers ``modeling_hunyuan_vl.py``).
+    **Upstream**: model-side (transformers ``modeling_hunyuan_vl.py``, copied to ``modeling_hy_v4_vl.py``).
     **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
     """
     from transformers.utils.generic import is_flash_attention_requested
@@ -494,3 +496,57 @@ def _patch_ovis2_visual_indicators(original: Any) -> Any:
         return module.Ovis2ModelOutputWithPast(**outputs, image_outputs=image)
 
     return module.can_return_tuple(forward)
+
+
+def _bilinear_source(size: torch.Tensor, edge: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(i0, i1, lambda)`` of ``size`` output positions sampled by bilinear ``F.interpolate`` (``align_corners=False``)
+    from ``edge`` inputs at ``scale_factor = (size + 0.1) / edge``: source ``(dst + 0.5) * edge / (size + 0.1) - 0.5``,
+    clamped at 0, between ``i0 = floor`` and ``i1 = min(i0 + 1, edge - 1)`` (PyTorch's
+    ``area_pixel_compute_source_index``); ``size`` a 0-d integer tensor (a data-dependent count)."""
+    count = size.item()
+    torch._check(count >= 0)
+    position = torch.arange(count, device=size.device, dtype=torch.float32)
+    scale = (edge / (size.to(torch.float64) + 0.1)).to(torch.float32)
+    source = ((position + 0.5) * scale - 0.5).clamp(min=0)
+    low = source.floor().long().clamp(max=edge - 1)
+    return low, (low + 1).clamp(max=edge - 1), (source - low).clamp(0, 1)
+
+
+@register_patch("dynamo", "transformers.models.hy_v4_vl.modeling_hy_v4_vl.HYV4VLVisionPatchEmbed.forward")
+def _patch_hy_v4_vl_position_interpolation(original: Any) -> Any:
+    """HY-V4-VL's patch embedding with its learned position grid sampled bilinearly in tensor ops at each image's
+    grid size, instead of ``F.interpolate`` at a ``scale_factor`` computed from ``int(height)``.
+
+    **Why**: ``HYV4VLVisionPatchEmbed.interpolate_pos_encoding`` computes ``scale = (int(height) + 0.1) / edge`` from
+    a row of ``image_grid_thw`` (an input tensor): a Python float of a data-dependent size, which torch.export
+    cannot trace (``GuardOnDataDependentSymNode``: ``Could not extract specialized integer from data-dependent
+    expression u0`` at ``modeling_hy_v4_vl.py:798``). Bilinear interpolation (``align_corners=False``) at that scale
+    samples output row ``i`` at ``(i + 0.5) * edge / (h + 0.1) - 0.5`` between two grid rows
+    (:func:`_bilinear_source`), and the same for columns: two gathers and weighted sums, the ``h`` and ``w`` output
+    positions counted by ``arange`` of the data-dependent sizes (``floor(edge * scale) == h``, as in eager). Other
+    interpolation modes than the default ``"bilinear"`` are left to the original.
+    **Upstream**: model-side (transformers ``modeling_hy_v4_vl.py``).
+    **Remove when**: transformers interpolates HY-V4-VL's position grid without a Python scale of the grid size.
+    """
+
+    def positions(self: Any, t: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        edge, width = self.position_edge, self.embed_dim
+        grid = self.position_embedding.weight[1:, :].reshape(edge, edge, width).float()
+        r0, r1, lr = _bilinear_source(h, edge)
+        c0, c1, lc = _bilinear_source(w, edge)
+        rows = grid[r0] * (1 - lr)[:, None, None] + grid[r1] * lr[:, None, None]  # [h, edge, width]
+        sampled = rows[:, c0] * (1 - lc)[None, :, None] + rows[:, c1] * lc[None, :, None]  # [h, w, width]
+        return sampled.reshape(-1, width).repeat(t.item(), 1)
+
+    def forward(self: Any, pixel_values: torch.Tensor, grid_thw: Any) -> torch.Tensor:
+        if self.config.interpolate_mode != "bilinear" or not isinstance(grid_thw, torch.Tensor):
+            return original(self, pixel_values, grid_thw)
+        num_patches, _ = pixel_values.shape
+        pixel_values = pixel_values.reshape(num_patches, self.config.num_channels, self.patch_size, self.patch_size)
+        patch_embeds = self.patch_embedding(pixel_values.to(dtype=self.patch_embedding.weight.dtype))
+        embeddings = patch_embeds.flatten(-2).squeeze(-1).reshape(num_patches, -1)
+        position_embeddings = torch.cat([positions(self, t, h, w) for t, h, w in grid_thw], dim=0)
+        torch._check(position_embeddings.shape[0] == num_patches)
+        return (embeddings + position_embeddings.to(embeddings.dtype)).unsqueeze(0)
+
+    return forward
