@@ -74,3 +74,14 @@ def test_a_multimodal_case_gets_its_media_and_the_dynamo_export_traces_the_tower
     assert (first[0] - other[0]).abs().max() > 1e-3  # the image's row reads the traced tower
     torch.testing.assert_close(other, eager, atol=ATOL, rtol=RTOL)
 
+
+
+def test_an_audio_head_gets_the_masks_its_base_model_wants_through_kwargs():
+    """MOSS-Transcribe-Diarize's head passes ``padding_mask`` on to its base model's ``get_audio_features`` through
+    ``**kwargs``: the feature count is taken with it, so the case gets its audio clip (it fell back to text)."""
+    model, inputs, alt_inputs = zoo.build_case("moss_transcribe_diarize/MossTranscribeDiarizeForConditionalGeneration")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "audio" and media.tokens_per_image == 16, media
+    for x in (inputs, alt_inputs):
+        assert x["padding_mask"].shape == x["input_features_mask"].shape == (1, x["input_features"].shape[-1])
+        assert int((x["input_ids"] == model.config.audio_token_id).sum()) == 16

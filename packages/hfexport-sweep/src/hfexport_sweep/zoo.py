@@ -923,7 +923,11 @@ def _feature_count(model: torch.nn.Module, media: Mapping[str, Any], method: str
     owner = _feature_owner(model, method)
     if owner is None:
         raise ValueError(f"{type(model).__name__} has no {method}")
+    # a head's method may pass some of its base model's arguments on through **kwargs (MOSS-Transcribe-Diarize's
+    # padding_mask): the arguments either names are passed
     takes = _params(getattr(owner, method))
+    if "kwargs" in takes:
+        takes |= _params(getattr(getattr(owner, "model", None), method, None))
     with torch.no_grad():
         features = getattr(owner, method)(**{k: v for k, v in media.items() if k in takes})
     if isinstance(features, Mapping) or hasattr(features, "pooler_output"):
