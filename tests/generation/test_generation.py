@@ -92,16 +92,26 @@ def test_generate_equals_eager_in_a_new_process(backend, kind, new_process_runs)
         assert torch.equal(ids_out, expected), f"prompt {list(ids.shape)}: first difference at {first[:1].tolist()}"
 
 
-@pytest.fixture(scope="module")
-def llama_generation(new_process_exports, tmp_path_factory):
-    """The dynamo Llama of the new-process test (max_cache_len=40, max_batch=2) where this run made it, else the
-    same export made here: the tests below only read it and generate with it."""
-    exported = new_process_exports[1].get(("dynamo", "llama"))
+def new_process_export(new_process_exports, backend: str, kind: str,
+                       tmp_path_factory) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    """The new-process test's export of a case (max_cache_len=40, max_batch=2) where this run made it, else the
+    same export made here: the tests that take it only read it and run or generate with it."""
+    exported = new_process_exports[1].get((backend, kind))
     if exported is None:
-        return export_and_save("dynamo", "llama", tmp_path_factory.mktemp("llama") / "artifact")
+        return export_and_save(backend, kind, tmp_path_factory.mktemp(f"{backend}-{kind}") / "artifact")
     if isinstance(exported, Exception):
         raise exported
     return exported
+
+
+@pytest.fixture(scope="module")
+def llama_generation(new_process_exports, tmp_path_factory):
+    return new_process_export(new_process_exports, "dynamo", "llama", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def onnx_llama(new_process_exports, tmp_path_factory):
+    return new_process_export(new_process_exports, "onnx", "llama", tmp_path_factory)
 
 
 def test_a_row_that_reaches_eos_is_padded_as_eager_pads_it(llama_generation):
@@ -263,18 +273,17 @@ def test_max_batch_1_exports_a_static_batch_that_generates_eagers_ids():
         exported.generate(prompts()[2][0], max_new_tokens=2)
 
 
-def test_onnx_runtime_writes_the_new_positions_into_the_cache_in_place():
+def test_onnx_runtime_writes_the_new_positions_into_the_cache_in_place(onnx_llama):
     """The ``decoder`` program's cache outputs are bound to its cache inputs' memory (IO binding over ScatterND):
     a decode step returns the memory it was given, with only the new position written."""
     from hfexport_dynamo.generation import new_cache
 
-    model = tiny_model("llama")
-    exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=32)
+    model, exported = onnx_llama
     section = exported.manifest["components"]["decoder"]["onnx"]
     assert sorted(section["in_place_outputs"].values()) == sorted(
         n for n in section["input_leaves"] if n and n.startswith("cache."))
     ids = torch.tensor([[5, 6, 7]])
-    mask = torch.zeros(1, 32, dtype=torch.long)
+    mask = torch.zeros(1, MAX_CACHE_LEN, dtype=torch.long)
     mask[:, :3] = 1
     cache = new_cache(exported.manifest["generation"], 1)
     out = exported.run("decoder", input_ids=ids, attention_mask=mask, position_ids=torch.arange(3)[None],
@@ -376,11 +385,17 @@ def test_executorch_keeps_the_cache_in_buffers_written_in_place(max_batch, kerne
 
 
 @pytest.mark.parametrize("rope", [{"rope_type": "default"}, {"rope_type": "dynamic", "factor": 2.0}])
-def test_onnx_fused_attention_applies_rope_only_where_the_tables_are_the_models(rope):
+def test_onnx_fused_attention_applies_rope_only_where_the_tables_are_the_models(rope, request):
     """RoPE moves into the fused attention (``fused_rotary``) when the model's cos/sin at a position are its table's
-    row; a RoPE whose frequencies depend on the length (``dynamic``) stays before it. Either way eager's ids."""
-    model = tiny_model("llama", rope_parameters={**rope, "rope_theta": 10000.0})
-    exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=48)
+    row; a RoPE whose frequencies depend on the length (``dynamic``) stays before it. Either way eager's ids. The
+    default RoPE is tiny_model("llama")'s own: its case takes the new-process test's ONNX Llama (max_cache_len=40:
+    the 9-token prompt and 30 new tokens fit)."""
+    if rope["rope_type"] == "default":
+        assert tiny_model("llama").config.rope_parameters == {**rope, "rope_theta": 10000.0}
+        model, exported = request.getfixturevalue("onnx_llama")
+    else:
+        model = tiny_model("llama", rope_parameters={**rope, "rope_theta": 10000.0})
+        exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=48)
     cache = exported.manifest["generation"]["cache"]
     assert cache["fused_attention"] is True and cache["fused_rotary"] is (rope["rope_type"] == "default")
     prompt = torch.randint(3, 100, (1, 9), generator=torch.Generator().manual_seed(4))
