@@ -38,20 +38,35 @@ def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
                               **{"max_new_tokens": NEW_TOKENS, **options})
 
 
+def export_and_save(model: torch.nn.Module, backend: str, directory) -> hfexport.ExportedModel:
+    """``max_batch=3``, ``max_cache_len=40`` (the 16-position prompts and their 20 new tokens fit)."""
+    exported = hfexport.export(model, backend=backend, task="audio-text-to-text", max_batch=3, max_cache_len=40)
+    exported.save_pretrained(directory)
+    return exported
+
+
 @pytest.fixture(scope="module")
-def new_process_runs(request, tmp_path_factory):
-    """The backends this run selected, each exported once and saved, then all generated in one new process."""
+def new_process_exports(request, tmp_path_factory):
+    """The backends this run selected, each exported once and saved: (model, backend -> export or the error of a
+    failed export, kept for its test to raise). The in-process tests below reuse the dynamo export."""
     workdir = tmp_path_factory.mktemp("audio-text-new-process")
-    model, runs, errors = tiny_model("voxtral"), {}, {}
-    ids, mask, media = audio_batch()
+    model, exports = tiny_model("voxtral"), {}
     for (backend,) in selected_params(request, "test_generate_equals_eager_in_a_new_process", "backend"):
         try:
-            hfexport.export(model, backend=backend, task="audio-text-to-text", max_batch=3).save_pretrained(
-                workdir / backend)
+            exports[backend] = export_and_save(model, backend, workdir / backend)
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
-            errors[backend] = error
-            continue
-        runs[backend] = (workdir / backend, [(ids, mask)], {**media, "max_new_tokens": NEW_TOKENS})
+            exports[backend] = error
+    return workdir, model, exports
+
+
+@pytest.fixture(scope="module")
+def new_process_runs(new_process_exports):
+    """Those exports all generated in one new process."""
+    workdir, model, exports = new_process_exports
+    ids, mask, media = audio_batch()
+    errors = {backend: value for backend, value in exports.items() if isinstance(value, Exception)}
+    runs = {backend: (workdir / backend, [(ids, mask)], {**media, "max_new_tokens": NEW_TOKENS})
+            for backend in exports if backend not in errors}
     return model, errors, generate_in_fresh_process(runs, workdir) if runs else {}
 
 
@@ -77,9 +92,17 @@ def test_the_audio_changes_the_tokens_that_the_test_compares():
 
 
 @pytest.fixture(scope="module")
-def voxtral_dynamo():
-    model = tiny_model("voxtral")
-    return model, hfexport.export(model, backend="dynamo", task="audio-text-to-text", max_batch=3, max_cache_len=40)
+def voxtral_dynamo(new_process_exports, tmp_path_factory):
+    """The new-process test's dynamo export where this run made it, else the same export made here (the tests
+    that take it only read it and generate with it)."""
+    _, model, exports = new_process_exports
+    exported = exports.get("dynamo")
+    if exported is None:
+        model = tiny_model("voxtral")
+        exported = export_and_save(model, "dynamo", tmp_path_factory.mktemp("voxtral") / "artifact")
+    if isinstance(exported, Exception):
+        raise exported
+    return model, exported
 
 
 def test_the_manifest_records_the_programs_and_the_chunk_shape(voxtral_dynamo):
