@@ -247,3 +247,21 @@ def test_hy_v4_vl_position_grid_sampled_in_tensor_ops_equals_its_interpolation()
             # 2.2e-5 on a 300-row grid (the patch agrees with the contiguous kernel within 5e-7)
             torch.testing.assert_close(patched(embed, pixels, grid), HYV4VLVisionPatchEmbed.forward(embed, pixels, grid),
                                        atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.slow  # two exports of the zoo's tiny Inkling2 with an image; about 25 s
+def test_inkling2_checks_its_placeholder_count_without_indexing_by_the_mask():
+    """The zoo gives Inkling2 one block of 2 x 2 patches per image token (``[tokens, 16, 16, 3]``, the grid counted
+    in tokens); the vision tower traces, and its placeholder check on a masked index's ``numel()`` fails torch's
+    range refinement without the patch."""
+    from hfexport_sweep.zoo import build_case, image_inputs
+
+    model, inputs, alt_inputs = build_case("inkling2/Inkling2Model")
+    assert image_inputs(model).used and tuple(inputs["pixel_values"].shape) == (16, 16, 16, 3)
+    assert inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
+    exported = hfexport.export(model, inputs, dynamic=True)
+    assert "_patch_inkling2_placeholder_check" in str(exported.manifest["workarounds"]["patches"])
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
+    assert report.passed, str(report)
+    with pytest.raises(ExportError, match="not a subset of src_bound"):
+        hfexport.export(model, inputs, dynamic=True, disable=("_patch_inkling2_placeholder_check",))

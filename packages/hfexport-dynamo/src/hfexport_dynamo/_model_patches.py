@@ -550,3 +550,35 @@ def _patch_hy_v4_vl_position_interpolation(original: Any) -> Any:
         return (embeddings + position_embeddings.to(embeddings.dtype)).unsqueeze(0)
 
     return forward
+
+
+@register_patch("dynamo", "transformers.models.inkling2.modeling_inkling2.Inkling2Model.get_placeholder_mask",
+                # the same method, copied (checked: identical source in transformers 5.24)
+                "transformers.models.inkling2_loop.modeling_inkling2_loop.Inkling2LoopModel.get_placeholder_mask")
+def _patch_inkling2_placeholder_check(original: Any) -> Any:
+    """Inkling2's placeholder mask with its token-count check on the count of placeholders instead of the ``numel()``
+    of a boolean-mask index.
+
+    **Why**: ``Inkling2Model.get_placeholder_mask`` checks ``torch_compilable_check(inputs_embeds[special_mask]
+    .numel() == features.numel())``: the masked index has a data-dependent size ``u`` and torch.export's value-range
+    refinement of ``u == features.numel()`` fails inside ``torch._check`` (``AssertionError: tgt_bound=VR[128,
+    9223372036854775808] not a subset of src_bound=VR[128, 9223372036854775806]`` at ``modeling_inkling2.py:1653``).
+    ``special_mask.sum() * hidden == features.numel()`` (the Qwen-VL form) is the same check without the index;
+    the mask is the original's.
+    **Upstream**: model-side (transformers ``modeling_inkling2.py``, copied to ``modeling_inkling2_loop.py``); the
+    range refinement is torch's.
+    **Remove when**: transformers checks Inkling2's placeholder count without indexing, or the test passes with
+    ``disable=("_patch_inkling2_placeholder_check",)``.
+    """
+    from transformers.utils.import_utils import torch_compilable_check
+
+    def get_placeholder_mask(self: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor,
+                             features: torch.Tensor, token_id: int) -> torch.Tensor:
+        if input_ids is None:
+            return original(self, input_ids, inputs_embeds, features, token_id)
+        special_mask = input_ids == token_id
+        torch_compilable_check(special_mask.sum() * inputs_embeds.shape[-1] == features.numel(),
+                               "Multimodal features and placeholder tokens do not match")
+        return special_mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
+
+    return get_placeholder_mask

@@ -843,7 +843,8 @@ MEDIA_KINDS = ("pixel_values", "per_row", "image_grid_thw", "image_sizes", "pixe
 """What a multimodal case's media inputs are (:attr:`ImageInputs.kind`): ``pixel_values [1, C, H, W]`` alone (one
 image, placeholder tokens: LLaVA, PaliGemma, ...), ``per_row`` (``[batch, C, H, W]``, no placeholders: GIT, ViLT),
 ``image_grid_thw`` (flattened patches ``[patches, C * temporal_patch * patch * patch]`` and their grid ``[[1, h,
-w]]``: the Qwen-VL and GLM-V families), ``image_sizes`` (``[[H, W]]`` beside ``[1, C, H, W]``, or the anyres
+w]]``: the Qwen-VL and GLM-V families; Inkling2: one ``[merge * patch, merge * patch, C]`` block per image token
+and the grid in tokens), ``image_sizes`` (``[[H, W]]`` beside ``[1, C, H, W]``, or the anyres
 ``[1, crops, C, H, W]``: Pixtral, LLaVA-NeXT), ``pixel_attention_mask`` (``[1, 1, C, H, W]`` and a mask ``[1, 1, H,
 W]``: Idefics2/3, SmolVLM), ``spatial_shapes`` (NaFlex patches ``[1, h * w, C * patch * patch]``, ``[[h, w]]`` and a
 mask ``[1, h * w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]``: MiniCPM-V) and
@@ -1046,6 +1047,10 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
                                                 "image_grid_thw": thw, **extra}),
                     ("image_grid_thw", lambda: {"pixel_values": pixels(1, c, grid * p, grid * p),
                                                 "image_grid_thw": thw, **extra})]
+        if m > 1:  # Inkling2: one pixel block of m x m patches, channels last, per language-model token, and the grid
+            tokens = grid // m  # counted in those tokens
+            recipes.append(("image_grid_thw", lambda: {"pixel_values": pixels(tokens * tokens, m * p, m * p, c),
+                                                       "image_grid_thw": torch.tensor([[1, tokens, tokens]]), **extra}))
     if "image_sizes" in takes:
         sizes = torch.tensor([[side, side]])
         recipes.append(("image_sizes", lambda: {"pixel_values": pixels(1, c, side, side), "image_sizes": sizes}))
