@@ -173,8 +173,8 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     torch.testing.assert_close(exported(x=x), model(x))
 
 
-@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice), Cosmos3-Edge and
-# HY-V4-VL with an image; about 15 s a case
+@pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice), Cosmos3-Edge,
+# HY-V4-VL and Kimi-K2.5 with an image; about 15 s a case
 @pytest.mark.parametrize("case_id, patch", [
     ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
     ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm
@@ -183,6 +183,7 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     ("cosmos3_edge/Cosmos3EdgeModel", "_patch_cosmos3_edge_vision_segments"),  # no rotary, self.scale
     # HunYuan-VL's attention, and a position grid interpolated at a scale of the data-dependent grid size
     ("hy_v4_vl/HYV4VLModel", "_patch_hy_v4_vl_position_interpolation"),
+    ("kimi_k25/Kimi_K25Model", "_patch_kimi_k25_merge_index_counts"),  # int() of its patch counts
 ])
 def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_id, patch):
     """The zoo's inputs carry packed image patches (``image_grid_thw``); the per-image split on
@@ -265,3 +266,19 @@ def test_inkling2_checks_its_placeholder_count_without_indexing_by_the_mask():
     assert report.passed, str(report)
     with pytest.raises(ExportError, match="not a subset of src_bound"):
         hfexport.export(model, inputs, dynamic=True, disable=("_patch_inkling2_placeholder_check",))
+
+
+def test_kimi_k25_merge_index_with_item_counts_equals_the_original():
+    """The patched temporal-merge index (counts by ``.item()``, each patch's video by comparisons) is the original's
+    for images and videos of several sizes."""
+    from transformers.models.kimi_k25 import modeling_kimi_k25
+
+    from hfexport_dynamo._model_patches import _patch_kimi_k25_merge_index_counts
+
+    original = modeling_kimi_k25.get_vision_temporal_merge_index
+    patched = _patch_kimi_k25_merge_index_counts(original)
+    for grid in ([[1, 8, 8]], [[1, 4, 6], [3, 2, 4], [2, 6, 2]]):
+        grid = torch.tensor(grid)
+        index, weight, tokens = patched(grid, 2, 2)
+        want_index, want_weight, want_tokens = original(grid, 2, 2)
+        assert torch.equal(index, want_index) and torch.equal(weight, want_weight) and tokens == want_tokens

@@ -582,3 +582,51 @@ def _patch_inkling2_placeholder_check(original: Any) -> Any:
         return special_mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
 
     return get_placeholder_mask
+
+
+@register_patch("dynamo", "transformers.models.kimi_k25.modeling_kimi_k25.get_vision_temporal_merge_index")
+def _patch_kimi_k25_merge_index_counts(original: Any) -> Any:
+    """Kimi-K2.5's temporal-merge scatter index with its patch and token counts as ``.item()`` instead of ``int()``.
+
+    **Why**: ``get_vision_temporal_merge_index`` counts the patches and merged tokens of ``grid_thw`` (an input
+    tensor) with ``int(tensor.sum())``: under torch.export's non-strict tracing ``int()`` of a data-dependent value
+    must be specialized and fails (``GuardOnDataDependentSymNode``: ``Could not extract specialized integer from
+    data-dependent expression u10`` at ``modeling_kimi_k25.py:447``). ``.item()`` gives the same counts as unbacked
+    sizes (checked non-negative); each patch's video is counted by comparisons with the cumulative patch counts
+    instead of ``repeat_interleave(..., output_size=)`` (torch.onnx's ``aten_repeat_interleave_Tensor`` takes no
+    ``output_size``); the rest is the original computation.
+    **Upstream**: model-side (transformers ``modeling_kimi_k25.py``).
+    **Remove when**: transformers counts them with ``.item()`` (or torch.export specializes ``int()`` to an unbacked
+    size).
+    """
+
+    def get_vision_temporal_merge_index(grid_thw: torch.Tensor, kernel_height: int, kernel_width: int,
+                                        kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        if kwargs is not None and "temporal_merge_index" in kwargs:
+            return original(grid_thw, kernel_height, kernel_width, kwargs=kwargs)
+        kernel_size = kernel_height * kernel_width
+        num_frames, height, width = grid_thw.unbind(-1)
+        merged_width = width // kernel_width
+        patches_per_video = num_frames * height * width
+        merged_tokens_per_video = (height // kernel_height) * merged_width
+        patch_offset_per_video = torch.cumsum(patches_per_video, 0) - patches_per_video
+        merged_offset_per_video = torch.cumsum(merged_tokens_per_video, 0) - merged_tokens_per_video
+        num_patches, num_merged_tokens = patches_per_video.sum().item(), merged_tokens_per_video.sum().item()
+        torch._check(num_patches >= 0)
+        torch._check(num_merged_tokens >= 0)
+        patch = torch.arange(num_patches, device=grid_thw.device)
+        # each patch's video: how many videos end at or before it (repeat_interleave with output_size, which
+        # torch.onnx's translation does not take)
+        video_index = (patch[:, None] >= torch.cumsum(patches_per_video, 0)[None, :]).sum(-1)
+        patch_index_in_video = patch - patch_offset_per_video[video_index]
+        patch_height, patch_width = height[video_index], width[video_index]
+        index_in_frame = patch_index_in_video % (patch_height * patch_width)
+        row, col = index_in_frame // patch_width, index_in_frame % patch_width
+        merged_index_in_video = (row // kernel_height) * merged_width[video_index] + (col // kernel_width)
+        position_in_kernel = (row % kernel_height) * kernel_width + (col % kernel_width)
+        destination_index = (merged_offset_per_video[video_index] + merged_index_in_video) * kernel_size \
+            + position_in_kernel
+        frame_weight = 1.0 / num_frames[video_index].to(torch.float32)
+        return destination_index, frame_weight, num_merged_tokens
+
+    return get_vision_temporal_merge_index

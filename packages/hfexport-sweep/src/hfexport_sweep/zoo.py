@@ -403,6 +403,7 @@ _INT_CAPS: dict[str, int] = {
     "projector_input_dim": TINY_HIDDEN,
     "projector_output_dim": TINY_HIDDEN,  # a vision tower's output width, the text model's (GLM-4V, Qwen2.5-VL)
     "projection_dim": 32,
+    "projection_hidden_size": TINY_HIDDEN,  # Kimi-K2.5's projector norm: the vision tower's width
     "projection_size": 32,
     "vision_embed_dim": 32,
     "text_embed_dim": 32,
