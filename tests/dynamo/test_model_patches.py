@@ -174,7 +174,7 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
 
 
 @pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice), Cosmos3-Edge,
-# HY-V4-VL and Kimi-K2.5 with an image; about 15 s a case
+# HY-V4-VL, Kimi-K2.5 and VideoLLaMA3 with an image; about 15 s a case
 @pytest.mark.parametrize("case_id, patch", [
     ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
     ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm
@@ -184,6 +184,8 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     # HunYuan-VL's attention, and a position grid interpolated at a scale of the data-dependent grid size
     ("hy_v4_vl/HYV4VLModel", "_patch_hy_v4_vl_position_interpolation"),
     ("kimi_k25/Kimi_K25Model", "_patch_kimi_k25_merge_index_counts"),  # int() of its patch counts
+    # the attention of PaddleOCR-VL, then a per-image view and interpolation at sizes of grid_thw
+    ("video_llama_3/VideoLlama3Model", "_patch_video_llama_3_pixel_unshuffle"),
 ])
 def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_id, patch):
     """The zoo's inputs carry packed image patches (``image_grid_thw``); the per-image split on
@@ -282,3 +284,21 @@ def test_kimi_k25_merge_index_with_item_counts_equals_the_original():
         index, weight, tokens = patched(grid, 2, 2)
         want_index, want_weight, want_tokens = original(grid, 2, 2)
         assert torch.equal(index, want_index) and torch.equal(weight, want_weight) and tokens == want_tokens
+
+
+def test_video_llama_3_pixel_unshuffle_as_a_gather_equals_its_interpolation():
+    """The patched downsampling (the mean of each merge window's central patches) gives eager's per-image
+    ``F.interpolate`` for merge sizes 1 to 4, mixed in one batch of images and videos."""
+    from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
+
+    from hfexport_dynamo._model_patches import _patch_video_llama_3_pixel_unshuffle
+
+    original = VideoLlama3VisionModel.pixel_unshuffle
+    patched = _patch_video_llama_3_pixel_unshuffle(original)
+    generator = torch.Generator().manual_seed(0)
+    for grid, merge in (([[1, 8, 8]], [1]), ([[1, 8, 8]], [2]), ([[2, 4, 6], [1, 6, 6], [1, 4, 4]], [2, 3, 1]),
+                        ([[1, 8, 4]], [4])):
+        grid, merge = torch.tensor(grid), torch.tensor(merge)
+        hidden = torch.randn(int(grid.prod(1).sum()), 16, generator=generator)
+        torch.testing.assert_close(patched(None, hidden, grid, merge), original(None, hidden, grid, merge),
+                                   atol=1e-6, rtol=1e-5)

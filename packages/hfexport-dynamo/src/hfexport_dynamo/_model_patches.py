@@ -630,3 +630,43 @@ def _patch_kimi_k25_merge_index_counts(original: Any) -> Any:
         return destination_index, frame_weight, num_merged_tokens
 
     return get_vision_temporal_merge_index
+
+
+@register_patch("dynamo", "transformers.models.video_llama_3.modeling_video_llama_3.VideoLlama3VisionModel"
+                ".pixel_unshuffle")
+def _patch_video_llama_3_pixel_unshuffle(original: Any) -> Any:
+    """VideoLLaMA3's per-image bilinear downsampling by its merge size as one gather of each merge window's central
+    patches, instead of a Python loop of ``view`` and ``F.interpolate`` at sizes read from ``grid_thw``.
+
+    **Why**: ``VideoLlama3VisionModel.pixel_unshuffle`` splits the patches on ``grid_thw.prod(1).tolist()`` and, per
+    image, views them as ``(t, h // m, w // m, m, m, c)`` and interpolates to ``(h // m, w // m)``: every size is a
+    data-dependent value of the ``grid_thw`` and ``merge_sizes`` inputs, and torch.export stops at the view
+    (``GuardOnDataDependentSymNode``: ``64*u2*u8*u9 < 2``). The patches come in merge windows of ``m * m`` rows
+    (``dy``, ``dx``); bilinear interpolation (``align_corners=False``) by the exact factor ``m`` samples each output
+    at the window's centre ``(m - 1) / 2``, i.e. the mean of the window's rows ``(a, a), (a, b), (b, a), (b, b)``
+    with ``a = (m - 1) // 2`` and ``b = m // 2`` (the one centre patch for odd ``m``, the identity for ``m = 1``), in
+    the window order ``(t, h // m, w // m)`` that the original's output has. Each output row finds its image and
+    window by comparisons with the cumulative counts; the row count is ``.item()`` of their sum.
+    **Upstream**: model-side (transformers ``modeling_video_llama_3.py``).
+    **Remove when**: transformers downsamples VideoLLaMA3's features without per-image Python sizes.
+    """
+
+    def pixel_unshuffle(self: Any, hidden_states: torch.Tensor, grid_thw: torch.Tensor,
+                        merge_sizes: torch.Tensor) -> torch.Tensor:
+        device = hidden_states.device
+        merge = merge_sizes.to(device=device, dtype=torch.long).reshape(-1)
+        patches = grid_thw.to(device).prod(dim=1)
+        windows = patches // (merge * merge)
+        patch_start = torch.cumsum(patches, 0) - patches
+        window_end = torch.cumsum(windows, 0)
+        total = window_end[-1].item()
+        torch._check(total >= 0)
+        row = torch.arange(total, device=device)
+        image = (row[:, None] >= window_end[None, :]).sum(-1)
+        m = merge[image]
+        base = patch_start[image] + (row - (window_end - windows)[image]) * m * m
+        low, high = (m - 1) // 2, m // 2
+        corners = [base + dy * m + dx for dy in (low, high) for dx in (low, high)]
+        return sum(hidden_states[index] for index in corners) * 0.25
+
+    return pixel_unshuffle
