@@ -155,6 +155,51 @@ def test_a_changed_weights_byte_is_detected(saved: dict[str, Any], tmp_path: Pat
         hfexport.load(artifact)
 
 
+def test_a_cpu_property_outside_the_allowlist_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    manifest = json.loads((artifact / "export.json").read_text())
+
+    def set_cache_dir(section: Any) -> int:
+        if isinstance(section, dict):
+            found = 0
+            if "cpu_properties" in section:
+                assert section["cpu_properties"] == {"SNIPPETS_MODE": "DISABLE"}  # what the export recorded
+                section["cpu_properties"] = {"CACHE_DIR": str(tmp_path / "blobs")}
+                found = 1
+            return found + sum(set_cache_dir(v) for v in section.values())
+        return sum(set_cache_dir(v) for v in section) if isinstance(section, list) else 0
+
+    assert set_cache_dir(manifest) >= 1  # every copy of the component's section
+    (artifact / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"cpu_properties sets CACHE_DIR"):
+        hfexport.load(artifact)
+    assert not (tmp_path / "blobs").exists()
+
+
+def _inkling() -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
+    from hfexport_sweep.zoo import build_case
+
+    return build_case("inkling_text/InklingTextModel")
+
+
+@pytest.mark.slow  # one export of the zoo's tiny Inkling text decoder and a verification, about 12 s idle
+def test_inkling_matches_eager_without_snippets() -> None:
+    model, inputs, alt_inputs = _inkling()
+    exported = hfexport.export(model, inputs, backend="openvino", dynamic=True)  # verified at the traced shape
+    assert exported.manifest["components"]["model"]["openvino"]["cpu_properties"] == {"SNIPPETS_MODE": "DISABLE"}
+    report = exported.verify(alt_inputs, atol=1e-4, rtol=1e-3)
+    assert report.passed, str(report)
+
+
+@pytest.mark.slow  # one export of the zoo's tiny Inkling text decoder, about 10 s
+def test_inkling_with_snippets_does_not_match_eager() -> None:
+    """What ``_fix_cpu_snippets_disabled`` works around (openvinotoolkit/openvino#37989)."""
+    model, inputs, _ = _inkling()
+    with pytest.raises(hfexport.VerificationError, match="last_hidden_state"):
+        hfexport.export(model, inputs, backend="openvino", dynamic=True, disable=("_fix_cpu_snippets_disabled",))
+
+
 def test_num_threads_is_recorded_and_checked(tmp_path: Path) -> None:
     model = tiny_model("bert", layers=1)
     exported = hfexport.export(model, {"input_ids": ids(1, 6, 0)}, backend="openvino", num_threads=1)

@@ -10,19 +10,34 @@ import torch
 
 from hfexport.plugin import FileRunner
 
-__all__ = ["DATA_FILE", "MODEL_FILE", "OpenVINORunner", "compile_options"]
+__all__ = ["ALLOWED_CPU_PROPERTIES", "DATA_FILE", "MODEL_FILE", "OpenVINORunner", "compile_options"]
 
 MODEL_FILE = "openvino_model.xml"
 DATA_FILE = "openvino_model.bin"
 DEVICE = "CPU"
 
 
-def compile_options(num_threads: int | None) -> dict[str, Any]:
+# The CPU properties an artifact's manifest may set (``openvino.cpu_properties``), with their allowed values: the
+# manifest is untrusted, and a property such as CACHE_DIR would make compile_model write or read files.
+ALLOWED_CPU_PROPERTIES = {"SNIPPETS_MODE": ("DISABLE", "ENABLE", "IGNORE_CALLBACK")}
+
+
+def compile_options(num_threads: int | None, cpu_properties: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The CPU plugin's properties of a runner: float32 inference (no bfloat16/float16 on CPUs that have it: the
-    export is verified against float32 eager) and ``INFERENCE_NUM_THREADS`` when given."""
+    export is verified against float32 eager), ``INFERENCE_NUM_THREADS`` when given, and ``cpu_properties`` (the
+    workarounds' properties the export recorded, e.g. ``{"SNIPPETS_MODE": "DISABLE"}``).
+
+    Raises:
+        ValueError: a property or value outside :data:`ALLOWED_CPU_PROPERTIES` (names it and what is allowed).
+    """
     options: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
     if num_threads is not None:
         options["INFERENCE_NUM_THREADS"] = int(num_threads)
+    for name, value in dict(cpu_properties or {}).items():
+        if value not in ALLOWED_CPU_PROPERTIES.get(name, ()):
+            raise ValueError(f"the manifest's openvino.cpu_properties sets {name}={value!r}; hfexport compiles with "
+                             f"only {ALLOWED_CPU_PROPERTIES}")
+        options[name] = value
     return options
 
 
@@ -36,7 +51,8 @@ class OpenVINORunner(FileRunner):
         path: the ``openvino_model.xml`` file.
         data_path: its weights; default ``openvino_model.bin`` beside it.
         io: ``input_leaves`` / ``output_leaves`` (the model's input and output name per flattened leaf, ``None`` for
-            a leaf baked into the program), ``output_constants``, ``int_outputs``, and ``num_threads`` (``INFERENCE_NUM_THREADS``),
+            a leaf baked into the program), ``output_constants``, ``int_outputs``, ``num_threads`` (``INFERENCE_NUM_THREADS``)
+            and ``cpu_properties`` (more properties of ``compile_model``, within :data:`ALLOWED_CPU_PROPERTIES`),
             as the manifest's ``openvino`` section holds them.
         num_threads: overrides ``io["num_threads"]``.
         untrusted: the file comes from a loaded artifact: checked by ``_untrusted.check_ir_file`` first (done by
@@ -52,6 +68,8 @@ class OpenVINORunner(FileRunner):
                  num_threads: int | None = None, untrusted: bool = False):
         self.io = dict(io or {})
         self.num_threads = num_threads if num_threads is not None else self.io.get("num_threads")
+        self.cpu_properties = dict(self.io.get("cpu_properties") or {})
+        compile_options(None, self.cpu_properties)  # a property outside the allowlist is refused before any read
         self.untrusted = untrusted
         if data_path is None:
             beside = Path(path).with_name(DATA_FILE)
@@ -64,7 +82,7 @@ class OpenVINORunner(FileRunner):
         core = openvino.Core()
         try:
             model = core.read_model(str(self.path), str(self.data_path) if self.data_path else None)
-            self.compiled = core.compile_model(model, DEVICE, compile_options(self.num_threads))
+            self.compiled = core.compile_model(model, DEVICE, compile_options(self.num_threads, self.cpu_properties))
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RuntimeError(f"OpenVINO ({DEVICE}) cannot read or compile {self.path.name}: {first}") from exc
