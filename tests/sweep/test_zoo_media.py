@@ -4,7 +4,8 @@ the program's outputs equal eager at the alt shape, and move with the pixels (fe
 
 One case per kind of media inputs: Qwen2-VL's flattened patches and ``image_grid_thw`` (baked into the program),
 Mistral 3's Pixtral ``image_sizes`` (baked too), InternVL's plain ``pixel_values`` (whose pixel shuffle failed with
-``Dim.AUTO`` on the image's height and width: the image dims are now static) and GLM-ASR's ``input_features``. Exported
+``Dim.AUTO`` on the image's height and width: the image dims are now static), GLM-ASR's ``input_features`` and
+Gemma 4's patches with their ``image_position_ids``. Exported
 and checked at the zoo's inputs cut to 2 and 3 rows, with the sweep's tolerance (atol 1e-4, rtol 1e-3).
 """
 
@@ -22,6 +23,7 @@ CASES = {
     "image_sizes": "mistral3/Mistral3Model",
     "pixel_values": "internvl/InternVLModel",
     "audio": "glmasr/GlmAsrModel",
+    "image_position_ids": "gemma4/Gemma4Model",  # its vision config, None by default, filled in (with_vision)
 }
 
 

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -594,7 +595,8 @@ def _remap_token_ids(d: Any, vocab: int, mapping: dict[int, int]) -> None:
             d[key] = [remap(v) for v in value]
 
 
-def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bool = False) -> Any:
+def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bool = False,
+                with_vision: bool = False) -> Any:
     """Build the tiny config of a model type from its default config class.
 
     Args:
@@ -602,6 +604,8 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
         task: The zoo task; ``"sequence-classification"`` also gets a pad token id.
         keep_image_size: keep the default config's ``image_size`` and ``patch_size`` (top level and
             ``vision_config``) where no side exceeds :data:`MAX_CONFIG_IMAGE` pixels (the vision cases).
+        with_vision: give a config whose ``vision_config`` is optional and None by default (Gemma 4) its sub-config
+            class's default, shrunk like the rest (the multimodal cases: their vision tower is what they test).
 
     Returns:
         A ``PreTrainedConfig`` with size fields shrunk (nested sub-configs included).
@@ -620,6 +624,10 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     except Exception as exc:  # noqa: BLE001 - any failure is a reason
         raise NotInstantiable(f"default config fails: {_fmt(exc)}") from exc
     d = copy.deepcopy(default.to_dict())
+    vision_class = (getattr(config_cls, "sub_configs", None) or {}).get("vision_config")
+    if with_vision and d.get("vision_config", 0) is None and vision_class is not None:
+        with contextlib.suppress(Exception):  # a default that fails: the case keeps none (no vision tower)
+            d["vision_config"] = vision_class().to_dict()
     for key in ("transformers_version", "_name_or_path", "architectures"):
         d.pop(key, None)
     d = _shrink_dict(d)
@@ -840,16 +848,17 @@ _AUDIO_TOKEN_KEYS = ("audio_token_id", "audio_token_index")
 _AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "feature_mask")
 """Names a multimodal forward gives the mask of ``input_features`` (``[clips, frames]``, ones where real)."""
 MEDIA_KINDS = ("pixel_values", "per_row", "image_grid_thw", "image_sizes", "pixel_attention_mask", "spatial_shapes",
-               "target_sizes", "audio")
+               "target_sizes", "image_position_ids", "audio")
 """What a multimodal case's media inputs are (:attr:`ImageInputs.kind`): ``pixel_values [1, C, H, W]`` alone (one
 image, placeholder tokens: LLaVA, PaliGemma, ...), ``per_row`` (``[batch, C, H, W]``, no placeholders: GIT, ViLT),
 ``image_grid_thw`` (flattened patches ``[patches, C * temporal_patch * patch * patch]`` and their grid ``[[1, h,
-w]]``: the Qwen-VL and GLM-V families; Inkling2: one ``[merge * patch, merge * patch, C]`` block per image token
-and the grid in tokens), ``image_sizes`` (``[[H, W]]`` beside ``[1, C, H, W]``, or the anyres
-``[1, crops, C, H, W]``: Pixtral, LLaVA-NeXT), ``pixel_attention_mask`` (``[1, 1, C, H, W]`` and a mask ``[1, 1, H,
-W]``: Idefics2/3, SmolVLM), ``spatial_shapes`` (NaFlex patches ``[1, h * w, C * patch * patch]``, ``[[h, w]]`` and a
-mask ``[1, h * w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]``: MiniCPM-V) and
-``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
+w]]``: the Qwen-VL and GLM-V families; Inkling2: one ``[merge * patch, merge * patch, C]`` block per image token and
+the grid in tokens), ``image_sizes`` (``[[H, W]]`` beside ``[1, C, H, W]``, or the anyres ``[1, crops, C, H, W]``:
+Pixtral, LLaVA-NeXT), ``pixel_attention_mask`` (``[1, 1, C, H, W]`` and a mask ``[1, 1, H, W]``: Idefics2/3,
+SmolVLM), ``spatial_shapes`` (NaFlex patches ``[1, h * w, C * patch * patch]``, ``[[h, w]]`` and a mask ``[1, h *
+w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]``: MiniCPM-V),
+``image_position_ids`` (patches ``[1, n, 3 * patch * patch]`` and their ``(x, y)`` ``[1, n, 2]``, a grid of whole
+pooling kernels: Gemma 4) and ``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
 GLM-ASR, ...)."""
 
 
@@ -1069,6 +1078,13 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
                                                       "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}),
                     ("pixel_attention_mask", lambda: {"pixel_values": pixels(1, 1, c, side, side),
                                                       "pixel_attention_mask": torch.ones(1, 1, dtype=torch.bool)})]
+    if "image_position_ids" in takes:  # Gemma 4: patches [1, n, 3 * p * p] and their (x, y), pooled k x k
+        k = _side(getattr(getattr(model.config, "vision_config", None), "pooling_kernel_size", None)) or 1
+        cells = max(k, side // p // k * k)
+        ys, xs = torch.meshgrid(torch.arange(cells), torch.arange(cells), indexing="ij")
+        where = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)[None]
+        recipes.append(("image_position_ids", lambda: {"pixel_values": pixels(1, cells * cells, 3 * p * p),
+                                                       "image_position_ids": where}))
     if "target_sizes" in takes:  # MiniCPM-V: the patch grid of each image
         recipes.append(("target_sizes", lambda: {"pixel_values": pixels(1, c, side, side),
                                                  "target_sizes": torch.tensor([[side // p, side // p]])}))
@@ -1299,7 +1315,8 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
         raise NotInstantiable(
             f"no dummy-input recipe for task {case.task!r} of model type {case.model_type!r}"
         )
-    config = tiny_config(case.model_type, case.task, keep_image_size=case.modality == "vision")
+    config = tiny_config(case.model_type, case.task, keep_image_size=case.modality == "vision",
+                         with_vision=case.modality == "multimodal")
     model_cls = _model_class(case)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
