@@ -355,6 +355,31 @@ def test_a_tensor_returned_twice_comes_back_twice() -> None:
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
+class WindowBoundaries(torch.nn.Module):
+    """Repeated boundaries dropped with ``unique_consecutive``, then used as indices, as Qwen2.5-VL's vision windows."""
+
+    def forward(self, bounds: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kept = torch.unique_consecutive(bounds)
+        return rows[kept] * 2, kept
+
+
+@pytest.mark.parametrize("disable", [(), ("_fix_unique_consecutive_as_mask",)], ids=["fixed", "unfixed"])
+def test_unique_consecutive_converts(disable: tuple[str, ...]) -> None:
+    dims = {"bounds": {0: torch.export.Dim("n", min=2, max=64)}, "rows": {0: torch.export.Dim("m", min=2, max=256)}}
+    inputs = {"bounds": torch.tensor([0, 0, 4, 8, 8, 12]), "rows": torch.randn(20, 3)}
+    if disable:
+        with pytest.raises(hfexport.ExportError, match="openvino.convert_model") as failure:
+            hfexport.export(WindowBoundaries(), inputs, backend="openvino", dynamic_shapes=dims, disable=disable)
+        assert "unique_consecutive" in str(failure.value.__cause__)
+        return
+    exported = hfexport.export(WindowBoundaries(), inputs, backend="openvino", dynamic_shapes=dims)
+    for bounds in ([0, 3, 3, 3, 5, 9, 9], [7, 7], [1, 2]):  # runs of repeats, all equal, none
+        other = {"bounds": torch.tensor(bounds), "rows": torch.randn(30, 3)}
+        got, want = exported(**other), WindowBoundaries()(**other)
+        assert torch.equal(got[1], want[1])
+        torch.testing.assert_close(got[0], want[0])
+
+
 class MaskPassedThrough(torch.nn.Module):
     """Returns its ``attention_mask`` input as it is, beside a result, as Qwen2-Audio does."""
 

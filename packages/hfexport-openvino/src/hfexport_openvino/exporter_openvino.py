@@ -468,14 +468,64 @@ def _fix_scan_as_while_loop(gm: Any, node: Any) -> bool:
     return scan_as_while_loop(gm, node)
 
 
+@register_fx_node_fix("openvino")
+def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
+    """Replaces ``torch.unique_consecutive(x)`` of a 1-D ``x`` (no inverse, no counts) by the elements that differ
+    from their predecessor: ``x[nonzero(cat([True], x[1:] != x[:-1])[:len(x)])]``, the same values in the same
+    order.
+
+    **Why**: OpenVINO's FX decoder has no rule for ``aten.unique_consecutive`` (``No conversion rule found for
+    operations: aten.unique_consecutive.default``): Qwen2.5-VL's vision windows (``transformers.vision_utils``
+    drops repeated window boundaries with it) failed with an image on Qwen2.5-VL and HyperCLOVAX-Vision-V2 in the
+    sample sweep. ``NotEqual``, ``Concat``, ``NonZero`` and ``Gather`` convert.
+    **Upstream**: none found (OpenVINO's PyTorch frontend op table, ``src/frontends/pytorch/src/op_table.cpp``, has
+    ``aten::unique_consecutive`` for TorchScript only); model-side, ``transformers/vision_utils.py``.
+    **Remove when**: ``torch.unique_consecutive`` of a dynamic 1-D tensor converts with
+    ``disable=("_fix_unique_consecutive_as_mask",)``.
+    """
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.unique_consecutive.default:
+        return False
+    x = node.args[0]
+    options = dict(zip(("return_inverse", "return_counts", "dim"), node.args[1:], strict=False), **node.kwargs)
+    value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if value is None or value.dim() != 1 or any(options.get(k) for k in ("return_inverse", "return_counts")) \
+            or options.get("dim") is not None:
+        return False
+    firsts = [user for user in node.users if user.target is operator.getitem and user.args[1] == 0]
+    if len(firsts) != len(node.users):
+        return False  # the inverse or the counts are used
+    graph = gm.graph
+    with graph.inserting_before(node):
+        rest = _call(graph, aten.slice.Tensor, (x, 0, 1), {}, x)
+        before = _call(graph, aten.slice.Tensor, (x, 0, 0, -1), {}, x)
+        changed = _call(graph, aten.ne.Tensor, (rest, before), {}, x)
+        head = _call(graph, aten.ones.default, ([1],), {"dtype": torch.bool}, x)
+        keep = _call(graph, aten.slice.Tensor, (_call(graph, aten.cat.default, ([head, changed],), {}, x), 0, 0,
+                                                 _call(graph, aten.sym_size.int, (x, 0), {}, x)), {}, x)
+        where = _call(graph, aten.nonzero.default, (keep,), {}, x)
+        kept = _call(graph, aten.index_select.default, (x, 0, _call(graph, aten.squeeze.dim, (where, 1), {}, x)), {}, x)
+    for user in firsts:
+        kept.meta["val"] = user.meta.get("val", kept.meta.get("val"))  # the unbacked size its users were traced with
+        user.replace_all_uses_with(kept)
+        graph.erase_node(user)
+    graph.erase_node(node)
+    return True
+
+
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs (in
     ``like``'s fake mode, else the graph's: ``like`` may be a SymInt node)."""
     import torch
+    import torch.utils._pytree as pytree
 
     created = graph.call_function(op, args, kwargs)
     fake_mode = getattr(like.meta.get("val"), "fake_mode", None) or graph_fake_mode(graph)
-    fake_args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    fake_args = pytree.tree_map(lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a, list(args))
     if fake_mode is not None:
         with fake_mode:
             created.meta["val"] = op(*fake_args, **kwargs)
