@@ -478,8 +478,8 @@ def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
     operations: aten.unique_consecutive.default``): Qwen2.5-VL's vision windows (``transformers.vision_utils``
     drops repeated window boundaries with it) failed with an image on Qwen2.5-VL and HyperCLOVAX-Vision-V2 in the
     sample sweep. ``NotEqual``, ``Concat``, ``NonZero`` and ``Gather`` convert.
-    **Upstream**: none found (OpenVINO's PyTorch frontend op table, ``src/frontends/pytorch/src/op_table.cpp``, has
-    ``aten::unique_consecutive`` for TorchScript only); model-side, ``transformers/vision_utils.py``.
+    **Upstream**: none found (the FX part of OpenVINO's PyTorch frontend op table,
+    ``src/frontends/pytorch/src/op_table.cpp``); model-side, ``transformers/vision_utils.py``.
     **Remove when**: ``torch.unique_consecutive`` of a dynamic 1-D tensor converts with
     ``disable=("_fix_unique_consecutive_as_mask",)``.
     """
