@@ -87,3 +87,16 @@ def test_an_audio_head_gets_the_masks_its_base_model_wants_through_kwargs():
     for x in (inputs, alt_inputs):
         assert x["padding_mask"].shape == x["input_features_mask"].shape == (1, x["input_features"].shape[-1])
         assert int((x["input_ids"] == model.config.audio_token_id).sum()) == 16
+
+
+def test_a_config_without_an_image_token_id_gets_a_free_one():
+    """MiniCPM-V 4.6 declares ``image_token_id`` but leaves it None (its processor adds the token): the tiny config
+    of the multimodal case gets the highest id no other token key uses, and the case its image (it was text only:
+    the forward never placed the features)."""
+    model, inputs, _ = zoo.build_case("minicpmv4_6/MiniCPMV4_6Model")
+    token = model.config.image_token_id
+    assert token == zoo.TINY_VOCAB - 1
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "target_sizes" and media.tokens_per_image > 0, media
+    assert int((inputs["input_ids"] == token).sum()) == media.tokens_per_image
+    assert zoo.tiny_config("minicpmv4_6").image_token_id is None  # only with_vision fills it in

@@ -605,7 +605,8 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
         keep_image_size: keep the default config's ``image_size`` and ``patch_size`` (top level and
             ``vision_config``) where no side exceeds :data:`MAX_CONFIG_IMAGE` pixels (the vision cases).
         with_vision: give a config whose ``vision_config`` is optional and None by default (Gemma 4) its sub-config
-            class's default, shrunk like the rest (the multimodal cases: their vision tower is what they test).
+            class's default, shrunk like the rest, and an ``image_token_id`` left None (MiniCPM-V 4.6) a free id
+            (the multimodal cases: their vision tower is what they test).
 
     Returns:
         A ``PreTrainedConfig`` with size fields shrunk (nested sub-configs included).
@@ -638,6 +639,8 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     _fit_vision_feature_layers(d)
     _fit_patch_to_query(d)
     _remap_token_ids(d, TINY_VOCAB, {})
+    if with_vision:
+        _give_image_token_id(d)
     if task == "sequence-classification":
         for sub in (d, d.get("text_config")):
             if isinstance(sub, dict) and sub.get("pad_token_id") is None:
@@ -651,6 +654,30 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
             if fix is None or fix in repaired:
                 raise NotInstantiable(f"tiny config fails: {_fmt(exc)}") from exc
             repaired.append(fix)
+
+
+def _token_ids_in(d: Any) -> set[int]:
+    if not isinstance(d, dict):
+        return set()
+    found: set[int] = set()
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("id2label", "label2id"):
+            found |= _token_ids_in(value)
+        elif _is_token_key(key) and _is_int(value):
+            found.add(value)
+        elif _is_token_key(key) and isinstance(value, list):
+            found |= {v for v in value if _is_int(v)}
+    return found
+
+
+def _give_image_token_id(d: dict[str, Any]) -> None:
+    """Give a config that declares ``image_token_id`` but leaves it None (MiniCPM-V 4.6, whose processor adds the
+    token) the highest id of the tiny vocab no other token key uses, in place: without one its forward never places
+    an image's features (it checks ``image_token_id is not None``)."""
+    if "image_token_id" not in d or d["image_token_id"] is not None:
+        return
+    used = _token_ids_in(d)
+    d["image_token_id"] = next(v for v in range(TINY_VOCAB - 1, -1, -1) if v not in used)
 
 
 def _restore_image_size(d: dict[str, Any], original: dict[str, Any]) -> None:
@@ -1190,6 +1217,8 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
                 max_vocab=TINY_VOCAB)["input_ids"]) for x, mx in zip((inputs, alt_inputs), media, strict=True)]
             if kind == "image_grid_thw":
                 both = [_with_mrope_positions(model, x, token, names) for x in both]
+            elif kind == "target_sizes" and "mm_token_type_ids" in names:  # MiniCPM-V 4.7's M-RoPE
+                both = [_with_mrope_positions(model, x, token, names) for x in both]
             return both, tokens
         attempts = [(kind, functools.partial(placed, make, kind, token, method))
                     for kind, make, token, method in recipes]
@@ -1212,7 +1241,8 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
 
 def _with_mrope_positions(model: torch.nn.Module, inputs: dict[str, Any], token: int,
                           names: list[str]) -> dict[str, Any]:
-    """``inputs`` of a Qwen-VL-style model with the processor's ``mm_token_type_ids`` (0 text, 1 image) or, where
+    """``inputs`` of a Qwen-VL-style model (MiniCPM-V 4.7's too, from its ``target_sizes``) with the processor's
+    ``mm_token_type_ids`` (0 text, 1 image) or, where
     the model has a ``get_rope_index`` and forward takes ``position_ids``, with the M-RoPE ``position_ids`` ``[3,
     batch, seq]`` it computes from them (as generation does): forward then skips that computation, a Python loop over
     the token types that torch.export cannot trace on an input."""
@@ -1222,7 +1252,7 @@ def _with_mrope_positions(model: torch.nn.Module, inputs: dict[str, Any], token:
         return {**inputs, "mm_token_type_ids": types} if "mm_token_type_ids" in names else inputs
     takes = _params(owner.get_rope_index)
     given = {"mm_token_type_ids": types, "image_grid_thw": inputs.get("image_grid_thw"),
-             "attention_mask": inputs.get("attention_mask")}
+             "target_sizes": inputs.get("target_sizes"), "attention_mask": inputs.get("attention_mask")}
     with torch.no_grad():
         positions = owner.get_rope_index(inputs["input_ids"], **{k: v for k, v in given.items() if k in takes})[0]
     return {**inputs, "position_ids": positions}
