@@ -100,3 +100,13 @@ def test_a_config_without_an_image_token_id_gets_a_free_one():
     assert media.used and media.kind == "target_sizes" and media.tokens_per_image > 0, media
     assert int((inputs["input_ids"] == token).sum()) == media.tokens_per_image
     assert zoo.tiny_config("minicpmv4_6").image_token_id is None  # only with_vision fills it in
+
+
+def test_a_vision_projection_as_wide_as_the_text_model_stays_so():
+    """Florence-2's vision ``projection_dim`` equals its text ``d_model`` (1024) by default: the tiny config keeps them
+    equal (64; the caps made them 32 and 64, and the image features were no rows of the text width), so the case gets
+    its image."""
+    model, inputs, _ = zoo.build_case("florence2/Florence2Model")
+    assert model.config.vision_config.projection_dim == model.config.text_config.d_model == 64
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 5, media

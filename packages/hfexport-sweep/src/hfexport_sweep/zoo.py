@@ -605,8 +605,9 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
         keep_image_size: keep the default config's ``image_size`` and ``patch_size`` (top level and
             ``vision_config``) where no side exceeds :data:`MAX_CONFIG_IMAGE` pixels (the vision cases).
         with_vision: give a config whose ``vision_config`` is optional and None by default (Gemma 4) its sub-config
-            class's default, shrunk like the rest, and an ``image_token_id`` left None (MiniCPM-V 4.6) a free id
-            (the multimodal cases: their vision tower is what they test).
+            class's default, shrunk like the rest, an ``image_token_id`` left None (MiniCPM-V 4.6) a free id, and a
+            vision ``projection_dim`` the text width where the default has them equal (Florence-2) (the multimodal
+            cases: their vision tower is what they test).
 
     Returns:
         A ``PreTrainedConfig`` with size fields shrunk (nested sub-configs included).
@@ -634,6 +635,8 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     d = _shrink_dict(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
+    if with_vision:
+        _fit_vision_projection(d, default.to_dict())
     _scale_pinpoints(d)
     _add_mrope_section(d)
     _fit_vision_feature_layers(d)
@@ -678,6 +681,19 @@ def _give_image_token_id(d: dict[str, Any]) -> None:
         return
     used = _token_ids_in(d)
     d["image_token_id"] = next(v for v in range(TINY_VOCAB - 1, -1, -1) if v not in used)
+
+
+def _fit_vision_projection(d: dict[str, Any], original: dict[str, Any]) -> None:
+    """Keep a vision tower's ``projection_dim`` equal to the text model's width where the default config has them
+    equal (Florence-2: the image features are text-embedding rows), in place; :data:`_INT_CAPS` shrinks the two to
+    different sizes."""
+    vision, text = d.get("vision_config"), d.get("text_config")
+    vision0, text0 = original.get("vision_config"), original.get("text_config")
+    if not all(isinstance(x, dict) for x in (vision, text, vision0, text0)):
+        return
+    width_key = next((k for k in ("hidden_size", "d_model") if _is_int(text.get(k))), None)
+    if width_key and _is_int(vision.get("projection_dim")) and vision0.get("projection_dim") == text0.get(width_key):
+        vision["projection_dim"] = text[width_key]
 
 
 def _restore_image_size(d: dict[str, Any], original: dict[str, Any]) -> None:
