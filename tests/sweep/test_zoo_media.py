@@ -110,3 +110,11 @@ def test_a_vision_projection_as_wide_as_the_text_model_stays_so():
     assert model.config.vision_config.projection_dim == model.config.text_config.d_model == 64
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 5, media
+
+
+def test_a_merged_vision_width_stays_the_vision_width_times_the_merge_squared():
+    """MuseGlimmer's ``out_hidden_size`` (its adapter's input, the merged vision features) is the vision width times
+    ``merge_size ** 2`` by default: the multimodal case's tiny config keeps it so (256, where the caps gave 64)."""
+    config = zoo.tiny_config("muse_glimmer", with_vision=True)
+    assert config.out_hidden_size == config.vision_config.hidden_size * config.vision_config.merge_size ** 2 == 256
+    assert zoo.tiny_config("muse_glimmer").out_hidden_size == 64  # only with_vision fits it

@@ -670,3 +670,41 @@ def _patch_video_llama_3_pixel_unshuffle(original: Any) -> Any:
         return sum(hidden_states[index] for index in corners) * 0.25
 
     return pixel_unshuffle
+
+
+@register_patch("dynamo",
+                "transformers.models.muse_glimmer.modeling_muse_glimmer.MuseGlimmerVisionAttention.forward")
+def _patch_muse_glimmer_vision_segments(original: Any) -> Any:
+    """Attend over MuseGlimmer's packed image patches (and its attention windows) with one block-diagonal mask
+    instead of one attention call per segment (:func:`_segment_attention`); its attention applies the rotary
+    embedding batch-first (``[1, patches, heads, head_dim]``) and projects with ``q_proj``/``k_proj``/``v_proj``
+    and ``proj``.
+
+    **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-segment ``torch.split`` on
+    ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(Max(0, u3 - Min(1,
+    u3)), 0)`` at ``modeling_muse_glimmer.py:591``); one call with a segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_muse_glimmer.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["apply_rotary_pos_emb_vision", "eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlen: int | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        # the window reordering makes the patch count data-dependent: SDPA's `q_length > 1` would stop the trace; an
+        # image is at least one merge window (merge_size ** 2 > 1 patches)
+        torch._check(seq_length > 1)
+        query, key, value = (proj(hidden_states).reshape(1, seq_length, -1, self.head_dim)
+                             for proj in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = position_embeddings
+        query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+        query, key, value = (t.transpose(2, 1) for t in (query, key, value))
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
+        return self.proj(output.reshape(seq_length, -1).contiguous())
+
+    return forward

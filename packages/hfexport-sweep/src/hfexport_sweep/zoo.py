@@ -685,8 +685,9 @@ def _give_image_token_id(d: dict[str, Any]) -> None:
 
 def _fit_vision_projection(d: dict[str, Any], original: dict[str, Any]) -> None:
     """Keep a vision tower's ``projection_dim`` equal to the text model's width where the default config has them
-    equal (Florence-2: the image features are text-embedding rows), in place; :data:`_INT_CAPS` shrinks the two to
-    different sizes."""
+    equal (Florence-2: the image features are text-embedding rows), and a top-level ``out_hidden_size`` equal to the
+    vision width times the merge size squared where it was (MuseGlimmer's adapter input), in place;
+    :data:`_INT_CAPS` shrinks them to other sizes."""
     vision, text = d.get("vision_config"), d.get("text_config")
     vision0, text0 = original.get("vision_config"), original.get("text_config")
     if not all(isinstance(x, dict) for x in (vision, text, vision0, text0)):
@@ -694,6 +695,12 @@ def _fit_vision_projection(d: dict[str, Any], original: dict[str, Any]) -> None:
     width_key = next((k for k in ("hidden_size", "d_model") if _is_int(text.get(k))), None)
     if width_key and _is_int(vision.get("projection_dim")) and vision0.get("projection_dim") == text0.get(width_key):
         vision["projection_dim"] = text[width_key]
+    # MuseGlimmer: the adapter takes the merged vision features, hidden_size * merge_size ** 2 wide
+    merge0, merge = (next((v for k in ("spatial_merge_size", "merge_size") if _is_int(v := x.get(k))), None)
+                     for x in (vision0, vision))
+    if (merge0 and merge and _is_int(d.get("out_hidden_size")) and _is_int(vision.get("hidden_size"))
+            and original.get("out_hidden_size") == vision0.get("hidden_size") * merge0 ** 2):
+        d["out_hidden_size"] = vision["hidden_size"] * merge ** 2
 
 
 def _restore_image_size(d: dict[str, Any], original: dict[str, Any]) -> None:
