@@ -427,6 +427,18 @@ def _patch_cosmos3_edge_vision_segments(original: Any) -> Any:
     return forward
 
 
+def _checked_placeholder_mask(mask: torch.Tensor, inputs_embeds: torch.Tensor, features: torch.Tensor | None,
+                              message: str) -> torch.Tensor:
+    """``mask`` (``[batch, seq]`` bool, the placeholder tokens) expanded to ``inputs_embeds``' shape, after a
+    ``torch_compilable_check`` that the placeholders hold exactly ``features``' values (a graph assertion, not a
+    Python branch on a data-dependent count)."""
+    from transformers.utils.import_utils import torch_compilable_check
+
+    if features is not None:
+        torch_compilable_check(mask.sum() * inputs_embeds.shape[-1] == features.numel(), message)
+    return mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
+
+
 @register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask")
 def _patch_hunyuan_vl_placeholder_check(original: Any) -> Any:
     """HunYuan-VL's placeholder mask with its token-count check as ``torch._check`` instead of a Python ``if``.
@@ -441,17 +453,12 @@ def _patch_hunyuan_vl_placeholder_check(original: Any) -> Any:
     **Remove when**: transformers checks HunYuan-VL's placeholder count with ``torch_compilable_check``.
     """
 
-    from transformers.utils.import_utils import torch_compilable_check
-
     def get_placeholder_mask(self: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor,
                              image_features: torch.Tensor | None = None) -> torch.Tensor:
         if input_ids is None:
             return original(self, input_ids, inputs_embeds, image_features)
-        special_image_mask = input_ids == self.config.image_token_id
-        if image_features is not None:
-            torch_compilable_check(special_image_mask.sum() * inputs_embeds.shape[-1] == image_features.numel(),
-                                   "Image features and image tokens do not match")
-        return special_image_mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
+        return _checked_placeholder_mask(input_ids == self.config.image_token_id, inputs_embeds, image_features,
+                                         "Image features and image tokens do not match")
 
     return get_placeholder_mask
 
@@ -570,16 +577,12 @@ def _patch_inkling2_placeholder_check(original: Any) -> Any:
     **Remove when**: transformers checks Inkling2's placeholder count without indexing, or the test passes with
     ``disable=("_patch_inkling2_placeholder_check",)``.
     """
-    from transformers.utils.import_utils import torch_compilable_check
-
     def get_placeholder_mask(self: Any, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor,
                              features: torch.Tensor, token_id: int) -> torch.Tensor:
         if input_ids is None:
             return original(self, input_ids, inputs_embeds, features, token_id)
-        special_mask = input_ids == token_id
-        torch_compilable_check(special_mask.sum() * inputs_embeds.shape[-1] == features.numel(),
-                               "Multimodal features and placeholder tokens do not match")
-        return special_mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
+        return _checked_placeholder_mask(input_ids == token_id, inputs_embeds, features,
+                                         "Multimodal features and placeholder tokens do not match")
 
     return get_placeholder_mask
 
