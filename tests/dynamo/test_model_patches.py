@@ -30,6 +30,17 @@ def token_inputs(model: torch.nn.Module, batch: int, seq: int, decoder_seq: int 
     return inputs
 
 
+def assert_exports_only_with(model, inputs, alt_inputs, patch: str, failure: str) -> None:
+    """Exported with ``dynamic=True``, the program records ``patch`` and matches eager at ``alt_inputs`` (the
+    sweep's criterion); with ``patch`` disabled the export fails matching ``failure``."""
+    exported = hfexport.export(model, inputs, dynamic=True)
+    assert patch in str(exported.manifest["workarounds"]["patches"])
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
+    assert report.passed, str(report)
+    with pytest.raises(ExportError, match=failure):
+        hfexport.export(model, inputs, dynamic=True, disable=(patch,))
+
+
 @pytest.mark.slow  # two exports of the zoo's tiny CPM-Ant; about 20 s on an idle 2-core machine
 def test_cpmant_exports_with_a_dynamic_sequence_and_without_the_patch_specializes_it():
     model = zoo_model("cpmant/CpmAntForCausalLM")
@@ -196,12 +207,7 @@ def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_
 
     model, inputs, alt_inputs = build_case(case_id)
     assert "pixel_values" in inputs and "image_grid_thw" in inputs
-    exported = hfexport.export(model, inputs, dynamic=True)
-    assert patch in str(exported.manifest["workarounds"]["patches"])
-    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
-    assert report.passed, str(report)
-    with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode"):
-        hfexport.export(model, inputs, dynamic=True, disable=(patch,))
+    assert_exports_only_with(model, inputs, alt_inputs, patch, "(?i)data.dependent|GuardOnDataDependentSymNode")
 
 
 @pytest.mark.slow  # two exports of the zoo's tiny Ovis2 with an image; about 10 s
@@ -223,12 +229,8 @@ def test_ovis2_writes_its_visual_indicator_embeddings_without_a_data_dependent_b
         patched = _patch_ovis2_visual_indicators(Ovis2Model.forward)(model, **with_indicators)
         torch.testing.assert_close(patched.last_hidden_state, model(**with_indicators).last_hidden_state,
                                    atol=0, rtol=0)
-    exported = hfexport.export(model, inputs, dynamic=True)
-    assert "_patch_ovis2_visual_indicators" in str(exported.manifest["workarounds"]["patches"])
-    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
-    assert report.passed, str(report)
-    with pytest.raises(ExportError, match="(?i)data.dependent|GuardOnDataDependentSymNode"):
-        hfexport.export(model, inputs, dynamic=True, disable=("_patch_ovis2_visual_indicators",))
+    assert_exports_only_with(model, inputs, alt_inputs, "_patch_ovis2_visual_indicators",
+                             "(?i)data.dependent|GuardOnDataDependentSymNode")
 
 
 def test_hy_v4_vl_position_grid_sampled_in_tensor_ops_equals_its_interpolation():
@@ -263,12 +265,8 @@ def test_inkling2_checks_its_placeholder_count_without_indexing_by_the_mask():
     model, inputs, alt_inputs = build_case("inkling2/Inkling2Model")
     assert image_inputs(model).used and tuple(inputs["pixel_values"].shape) == (16, 16, 16, 3)
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
-    exported = hfexport.export(model, inputs, dynamic=True)
-    assert "_patch_inkling2_placeholder_check" in str(exported.manifest["workarounds"]["patches"])
-    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
-    assert report.passed, str(report)
-    with pytest.raises(ExportError, match="not a subset of src_bound"):
-        hfexport.export(model, inputs, dynamic=True, disable=("_patch_inkling2_placeholder_check",))
+    assert_exports_only_with(model, inputs, alt_inputs, "_patch_inkling2_placeholder_check",
+                             "not a subset of src_bound")
 
 
 def test_kimi_k25_merge_index_with_item_counts_equals_the_original():
