@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProgramState", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
+__all__ = ["ProgramState", "call_with_meta", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
 
 STATE_INPUT = "state_in."  # the OpenVINO input name of a mutable buffer's value before a call (then a variable)
 STATE_OUTPUT = "state_out."  # the output name of its value after the call
@@ -112,11 +112,8 @@ def symint_outputs_as_tensors(gm: Any) -> None:
         if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.SymInt):
             return arg
         with graph.inserting_before(output):
-            tensor = graph.call_function(torch.ops.aten.scalar_tensor.default, (arg,), {"dtype": torch.int64})
-        if fake_mode is not None:
-            with fake_mode:
-                tensor.meta["val"] = torch.ops.aten.scalar_tensor.default(arg.meta["val"], dtype=torch.int64)
-        return tensor
+            return call_with_meta(graph, torch.ops.aten.scalar_tensor.default, (arg,), {"dtype": torch.int64},
+                                  fake_mode)
 
     output.args = pytree.tree_map(as_tensor, output.args)
 
@@ -124,6 +121,24 @@ def symint_outputs_as_tensors(gm: Any) -> None:
 def graph_fake_mode(graph: Any) -> Any:
     """The fake mode of ``graph``'s traced values (``meta["val"]``), to compute a new node's; None if it has none."""
     return next((n.meta["val"].fake_mode for n in graph.nodes if hasattr(n.meta.get("val"), "fake_mode")), None)
+
+
+def call_with_meta(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                   fake_mode: Any = None) -> Any:
+    """A new ``call_function`` node of ``op`` in ``graph`` (at its insertion point), its ``meta["val"]`` computed on
+    the fake values of its inputs (nested ones included) in ``fake_mode``, else the graph's; none when neither has
+    one."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    kwargs = kwargs or {}
+    created = graph.call_function(op, args, kwargs)
+    fake_mode = fake_mode or graph_fake_mode(graph)
+    if fake_mode is not None:
+        with fake_mode:
+            created.meta["val"] = op(*pytree.tree_map(lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a,
+                                                      list(args)), **kwargs)
+    return created
 
 
 def model_io_names(program: Any, states: list[ProgramState], io: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -239,7 +254,6 @@ def scan_as_while_loop(gm: Any, node: Any) -> bool:
         another call, or a buffer's size is a symbol that no operand's shape holds; True once rewritten.
     """
     import torch
-    import torch.utils._pytree as pytree
 
     aten = torch.ops.aten
     combine_attr, init, xs, additional = node.args
@@ -260,11 +274,7 @@ def scan_as_while_loop(gm: Any, node: Any) -> bool:
         return False  # the combine graph is extended in place: it must be this scan's alone
 
     def call(g: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
-        created = g.call_function(op, args, kwargs or {})
-        with fake_mode:
-            created.meta["val"] = op(*pytree.tree_map(lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a,
-                                                      args), **(kwargs or {}))
-        return created
+        return call_with_meta(g, op, args, kwargs, fake_mode)  # the loop's graphs share the program's fake mode
 
     with fake_mode:
         index_val = torch.zeros((), dtype=torch.int64)

@@ -43,7 +43,7 @@ from hfexport.plugin import (
 from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 
 from ._config import OpenVINOConfig
-from ._graph import constants_inlined, graph_fake_mode, make_stateful, model_io_names, scan_as_while_loop
+from ._graph import call_with_meta, constants_inlined, make_stateful, model_io_names, scan_as_while_loop
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
@@ -520,16 +520,7 @@ def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs (in
     ``like``'s fake mode, else the graph's: ``like`` may be a SymInt node)."""
-    import torch
-    import torch.utils._pytree as pytree
-
-    created = graph.call_function(op, args, kwargs)
-    fake_mode = getattr(like.meta.get("val"), "fake_mode", None) or graph_fake_mode(graph)
-    fake_args = pytree.tree_map(lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a, list(args))
-    if fake_mode is not None:
-        with fake_mode:
-            created.meta["val"] = op(*fake_args, **kwargs)
-    return created
+    return call_with_meta(graph, op, args, kwargs, getattr(like.meta.get("val"), "fake_mode", None))
 
 
 # ── Stage 4: OpenVINO conversion ──
