@@ -677,10 +677,17 @@ def _give_image_token_id(d: dict[str, Any]) -> None:
     """Give a config that declares ``image_token_id`` but leaves it None (MiniCPM-V 4.6, whose processor adds the
     token) the highest id of the tiny vocab no other token key uses, in place: without one its forward never places
     an image's features (it checks ``image_token_id is not None``)."""
-    if "image_token_id" not in d or d["image_token_id"] is not None:
-        return
-    used = _token_ids_in(d)
-    d["image_token_id"] = next(v for v in range(TINY_VOCAB - 1, -1, -1) if v not in used)
+    for key in _FREE_TOKEN_KEYS:
+        if key in d and d[key] is None:
+            used = _token_ids_in(d)
+            d[key] = next(v for v in range(TINY_VOCAB - 1, -1, -1) if v not in used)
+
+
+_FREE_TOKEN_KEYS = ("image_token_id", "image_token_index", "video_token_index")
+"""Placeholder keys :func:`_give_image_token_id` fills where the default config leaves them None: MiniCPM-V's
+``image_token_id``, InstructBLIP's ``image_token_index`` and InstructBLIP-Video's ``video_token_index`` (None by
+default: their processors add the tokens; without one the forward's placeholder mask is ``input_ids == None``, a
+bool)."""
 
 
 def _fit_vision_projection(d: dict[str, Any], original: dict[str, Any]) -> None:
@@ -898,7 +905,7 @@ _AUDIO_TOKEN_KEYS = ("audio_token_id", "audio_token_index")
 _AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "feature_mask")
 """Names a multimodal forward gives the mask of ``input_features`` (``[clips, frames]``, ones where real)."""
 MEDIA_KINDS = ("pixel_values", "per_row", "image_grid_thw", "image_sizes", "pixel_attention_mask", "spatial_shapes",
-               "target_sizes", "image_position_ids", "audio")
+               "target_sizes", "image_position_ids", "qformer_input_ids", "audio")
 """What a multimodal case's media inputs are (:attr:`ImageInputs.kind`): ``pixel_values [1, C, H, W]`` alone (one
 image, placeholder tokens: LLaVA, PaliGemma, ...), ``per_row`` (``[batch, C, H, W]``, no placeholders: GIT, ViLT),
 ``image_grid_thw`` (flattened patches ``[patches, C * temporal_patch * patch * patch]`` and their grid ``[[1, h,
@@ -908,7 +915,8 @@ Pixtral, LLaVA-NeXT), ``pixel_attention_mask`` (``[1, 1, C, H, W]`` and a mask `
 SmolVLM), ``spatial_shapes`` (NaFlex patches ``[1, h * w, C * patch * patch]``, ``[[h, w]]`` and a mask ``[1, h *
 w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]``: MiniCPM-V),
 ``image_position_ids`` (patches ``[1, n, 3 * patch * patch]`` and their ``(x, y)`` ``[1, n, 2]``, a grid of whole
-pooling kernels: Gemma 4) and ``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
+pooling kernels: Gemma 4), ``qformer_input_ids`` (``[1, C, H, W]``, or 4 frames ``[1, 4, C, H, W]``, and the
+Q-Former's prompt ``[1, 8]``, ``num_query_tokens`` placeholders a frame: InstructBLIP, InstructBLIP-Video) and ``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
 GLM-ASR, ...)."""
 
 
@@ -1135,6 +1143,12 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
         where = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)[None]
         recipes.append(("image_position_ids", lambda: {"pixel_values": pixels(1, cells * cells, 3 * p * p),
                                                        "image_position_ids": where}))
+    if "qformer_input_ids" in takes:  # InstructBLIP(-Video): the image (or its frames) and the Q-Former's prompt
+        frames = _QFORMER_VIDEO_FRAMES
+        prompt = torch.arange(1, _QFORMER_PROMPT_LEN + 1)[None]
+        recipes += [("qformer_input_ids", lambda: {"pixel_values": pixels(1, c, side, side), "qformer_input_ids": prompt}),
+                    ("qformer_input_ids", lambda: {"pixel_values": pixels(1, frames, c, side, side),
+                                                   "qformer_input_ids": prompt})]
     if "target_sizes" in takes:  # MiniCPM-V: the patch grid of each image
         recipes.append(("target_sizes", lambda: {"pixel_values": pixels(1, c, side, side),
                                                  "target_sizes": torch.tensor([[side // p, side // p]])}))
@@ -1216,6 +1230,8 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
         return torch.randn(*shape, generator=gen)
 
     image_token = _image_token_id(model.config)
+    if image_token is None and "qformer_input_ids" in names:  # InstructBLIP-Video places its frames at a video token
+        image_token = _token_id(model.config, _QFORMER_VIDEO_TOKEN_KEYS)
     if image_token is None and "pixel_values" in names:
         def per_row() -> tuple[list[dict[str, Any]], int]:
             return [{**x, "pixel_values": dummy_inputs(model, x["input_ids"].shape[0], SEQ_LEN, generator=gen,
@@ -1234,7 +1250,8 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
         def placed(make: Callable[[], dict[str, Any]], kind: str, token: int,
                    method: str) -> tuple[list[dict[str, Any]], int]:
             media = [make(), make()]  # other values at the alt shape
-            tokens = _feature_count(model, media[0], method)
+            tokens = (_qformer_query_count(model, media[0]) if kind == "qformer_input_ids"
+                      else _feature_count(model, media[0], method))
             both = [_with_media_tokens(x, mx, token, dummy_inputs(
                 model, x["input_ids"].shape[0] - 1, tokens, generator=gen, modality="text",
                 max_vocab=TINY_VOCAB)["input_ids"]) for x, mx in zip((inputs, alt_inputs), media, strict=True)]
@@ -1260,6 +1277,21 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
                 return with_media[0], with_media[1], ImageInputs(True, tokens_per_image=tokens, kind=kind)
             first_reason = first_reason or reason
     return fallback(first_reason or "no media recipe fits the model's forward")
+
+
+_QFORMER_VIDEO_TOKEN_KEYS = ("video_token_id", "video_token_index")
+_QFORMER_VIDEO_FRAMES = 4  # InstructBLIP-Video's processor samples 4 frames a video
+_QFORMER_PROMPT_LEN = 8  # the Q-Former's instruction, in its own (BERT) vocabulary
+
+
+def _qformer_query_count(model: torch.nn.Module, media: Mapping[str, Any]) -> int:
+    """Placeholder tokens of one image of a Q-Former model (InstructBLIP: ``config.num_query_tokens``; InstructBLIP-Video:
+    as many per frame of ``pixel_values [1, frames, C, H, W]``): its base model has no ``get_image_features``."""
+    queries = getattr(model.config, "num_query_tokens", None)
+    if not _is_int(queries) or queries <= 0:
+        raise ValueError(f"{type(model).__name__} takes qformer_input_ids but its config has no num_query_tokens")
+    pixels = media["pixel_values"]
+    return queries * (pixels.shape[1] if pixels.dim() == 5 else 1)
 
 
 def _with_mrope_positions(model: torch.nn.Module, inputs: dict[str, Any], token: int,
