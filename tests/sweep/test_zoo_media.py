@@ -118,3 +118,41 @@ def test_a_merged_vision_width_stays_the_vision_width_times_the_merge_squared():
     config = zoo.tiny_config("muse_glimmer", with_vision=True)
     assert config.out_hidden_size == config.vision_config.hidden_size * config.vision_config.merge_size ** 2 == 256
     assert zoo.tiny_config("muse_glimmer").out_hidden_size == 64  # only with_vision fits it
+
+
+def test_a_pyramid_keeps_one_layer_per_stage():
+    """Muse Spark's audio tower is a pyramid, one layer per stage of ``hidden_sizes`` (its validator wants as many
+    ``patch_sizes``, ``hidden_sizes`` and ``depths`` as layers): the stages stay (4), shrunk; the case builds (it
+    failed: 2, 4 and 4 entries for 2 layers) and gets its image."""
+    audio = zoo.tiny_config("muse_spark", with_vision=True).audio_config
+    assert audio.num_hidden_layers == len(audio.patch_sizes) == len(audio.hidden_sizes) == len(audio.depths) == 4
+    assert list(audio.hidden_sizes) == [16, 32, 64, 128] and list(audio.depths) == [1, 1, 1, 1]
+
+
+def test_an_adapter_reads_the_last_layers_of_the_shrunk_vision_tower():
+    """Molmo2's ``adapter_config.vision_feature_layer`` ([24, 18]) indexes the vision tower's layers: the tiny config
+    gives the shrunk tower's last two, deepest first ([1, 0]), so the case builds (it failed validation)."""
+    config = zoo.tiny_config("molmo2", with_vision=True)
+    assert config.vision_config.num_hidden_layers == 2
+    assert config.adapter_config.vision_feature_layer == [1, 0]
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"])
+def test_a_thinker_config_gets_the_vision_start_token_its_checkpoints_carry(model_type):
+    """The Qwen Omni thinkers' get_rope_index reads ``config.vision_start_token_id``, which their config class does not
+    declare (the released checkpoints' thinker_config carries it: 151652): the tiny config has it, moved into the tiny
+    vocab apart from the other token ids (every forward failed with an AttributeError)."""
+    config = zoo.tiny_config(model_type, with_vision=True)
+    token = config.vision_start_token_id
+    assert 0 <= token < zoo.TINY_VOCAB
+    assert token not in (config.image_token_id, config.audio_token_id, config.video_token_id)
+
+
+def test_whole_mrope_positions_computed_in_float_are_given_as_ids():
+    """Qwen3-Omni's get_rope_index computes its M-RoPE positions in float32: the case's ``position_ids`` are the same
+    whole numbers as int64 (an export takes position ids as integers), and the case gets its image."""
+    model, inputs, alt_inputs = zoo.build_case("qwen3_omni_moe_thinker/Qwen3OmniMoeThinkerModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "image_grid_thw" and media.tokens_per_image == 16, media
+    for x in (inputs, alt_inputs):
+        assert x["position_ids"].dtype == torch.long and x["position_ids"].shape[0] == 3

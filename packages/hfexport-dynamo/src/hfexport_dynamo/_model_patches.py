@@ -676,7 +676,9 @@ def _patch_video_llama_3_pixel_unshuffle(original: Any) -> Any:
 
 
 @register_patch("dynamo",
-                "transformers.models.muse_glimmer.modeling_muse_glimmer.MuseGlimmerVisionAttention.forward")
+                "transformers.models.muse_glimmer.modeling_muse_glimmer.MuseGlimmerVisionAttention.forward",
+                # the same forward, copied (checked: identical source in transformers 5.24)
+                "transformers.models.muse_spark.modeling_muse_spark.MuseSparkVisionAttention.forward")
 def _patch_muse_glimmer_vision_segments(original: Any) -> Any:
     """Attend over MuseGlimmer's packed image patches (and its attention windows) with one block-diagonal mask
     instead of one attention call per segment (:func:`_segment_attention`); its attention applies the rotary
@@ -685,8 +687,9 @@ def _patch_muse_glimmer_vision_segments(original: Any) -> Any:
 
     **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-segment ``torch.split`` on
     ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(Max(0, u3 - Min(1,
-    u3)), 0)`` at ``modeling_muse_glimmer.py:591``); one call with a segment mask computes the same attention.
-    **Upstream**: model-side (transformers ``modeling_muse_glimmer.py``).
+    u3)), 0)`` at ``modeling_muse_glimmer.py:591``, the same at ``modeling_muse_spark.py:735``); one call with a
+    segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_muse_glimmer.py``, copied to ``modeling_muse_spark.py``).
     **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
     """
     from transformers.utils.generic import is_flash_attention_requested
@@ -707,6 +710,40 @@ def _patch_muse_glimmer_vision_segments(original: Any) -> Any:
         cos, sin = position_embeddings
         query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
         query, key, value = (t.transpose(2, 1) for t in (query, key, value))
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
+        return self.proj(output.reshape(seq_length, -1).contiguous())
+
+    return forward
+
+
+@register_patch("dynamo",
+                "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniVisionAttention.forward")
+def _patch_qwen2_5_omni_vision_segments(original: Any) -> Any:
+    """Attend over Qwen2.5-Omni's packed image patches (and its attention windows) with one block-diagonal mask
+    instead of one attention call per segment (:func:`_segment_attention`); its attention projects with ``q``/``k``/
+    ``v`` and ``proj`` (Qwen2.5-VL's fuses them in ``qkv``).
+
+    **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-segment ``torch.split`` on
+    ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(Max(0, u3 - Min(1,
+    u3)), 0)`` at ``modeling_qwen2_5_omni.py:1061``); one call with a segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_qwen2_5_omni.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["apply_rotary_pos_emb_vision", "eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlen: int | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        query, key, value = (proj(hidden_states).reshape(seq_length, self.num_heads, -1)
+                             for proj in (self.q, self.k, self.v))
+        cos, sin = position_embeddings
+        query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+        query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
         output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
         return self.proj(output.reshape(seq_length, -1).contiguous())
 

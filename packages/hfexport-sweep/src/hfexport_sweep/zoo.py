@@ -473,6 +473,7 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     """Shrink one (sub-)config dict in place and recurse into nested sub-configs."""
     original = dict(d)
     old_layers = next((original[k] for k in _LAYER_COUNT_KEYS if _is_int(original.get(k))), None)
+    pyramid = isinstance(original.get("hidden_sizes"), list | tuple) and len(original["hidden_sizes"]) == old_layers
     for key, value in list(d.items()):
         if isinstance(value, dict) and key not in ("id2label", "label2id"):
             if "model_type" in value or any(k in value for k in _INT_CAPS):
@@ -485,6 +486,7 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
                 d[key] = type(value)(min(v, rule(i)) if v > 0 else v for i, v in enumerate(value))
             if (
                 old_layers
+                and not pyramid
                 and old_layers > TINY_LAYERS
                 and len(value) == old_layers
                 and key not in _NO_TRUNCATE
@@ -493,6 +495,7 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
         elif (
             isinstance(value, (list, tuple))
             and old_layers
+            and not pyramid
             and old_layers > TINY_LAYERS
             and len(value) == old_layers
             and key not in _NO_TRUNCATE
@@ -516,6 +519,10 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     experts = any(_is_int(d.get(k)) for k in ("n_routed_experts", "num_experts", "num_local_experts"))
     if experts and "num_experts_per_tok" in d and d["num_experts_per_tok"] is None:
         d["num_experts_per_tok"] = 2
+    if pyramid:  # one layer per stage of hidden_sizes (Muse Spark's audio pyramid): the stages stay, shrunk
+        for key in _LAYER_COUNT_KEYS:
+            if key in d:
+                d[key] = original[key]
     new_layers = next((d[k] for k in _LAYER_COUNT_KEYS if _is_int(d.get(k))), None)
     if old_layers and new_layers and new_layers < old_layers:
         # per-layer dicts keyed by layer index
@@ -632,6 +639,8 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
             d["vision_config"] = vision_class().to_dict()
     for key in ("transformers_version", "_name_or_path", "architectures"):
         d.pop(key, None)
+    for key, value in _CHECKPOINT_FIELDS.get(model_type, {}).items():
+        d.setdefault(key, value)
     d = _shrink_dict(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
@@ -657,6 +666,18 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
             if fix is None or fix in repaired:
                 raise NotInstantiable(f"tiny config fails: {_fmt(exc)}") from exc
             repaired.append(fix)
+
+
+_CHECKPOINT_FIELDS: dict[str, dict[str, Any]] = {
+    # get_rope_index reads config.vision_start_token_id, which the thinker config class does not declare: the released
+    # checkpoints' thinker_config carries it (Qwen/Qwen2.5-Omni-7B, Qwen/Qwen3-Omni-30B-A3B-Instruct: Qwen's
+    # <|vision_start|>, 151652, as their talker config's default), and without it every forward fails
+    # (AttributeError: 'Qwen2_5OmniThinkerConfig' object has no attribute 'vision_start_token_id')
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 151652},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 151652},
+}
+"""Fields a model type's released checkpoints carry in their config that its config class's defaults lack, added to
+the default (before shrinking: token ids move into the tiny vocab like the others)."""
 
 
 def _token_ids_in(d: Any) -> set[int]:
@@ -745,6 +766,22 @@ def _fit_vision_feature_layers(d: dict[str, Any]) -> None:
     low, high = -(TINY_LAYERS + 1), TINY_LAYERS
     if isinstance(layers, list) and layers and all(_is_int(v) for v in layers):
         d["vision_feature_layer"] = [min(max(v, low), high) for v in layers]
+    _fit_adapter_feature_layers(d)
+
+
+def _fit_adapter_feature_layers(d: dict[str, Any]) -> None:
+    """Molmo2's ``adapter_config.vision_feature_layer`` (``[24, 18]``) indexes the vision tower's layers (its
+    validator wants ``-layers <= i < layers``): give the shrunk tower's last layers in the same order (``[1, 0]``),
+    in place; the list keeps its length (its pooling width)."""
+    adapter, vision = d.get("adapter_config"), d.get("vision_config")
+    layers = adapter.get("vision_feature_layer") if isinstance(adapter, dict) else None
+    depth = vision.get("num_hidden_layers") if isinstance(vision, dict) else None
+    if not (isinstance(layers, list) and layers and all(_is_int(v) for v in layers) and _is_int(depth) and depth > 0):
+        return
+    if all(-depth <= v < depth for v in layers):
+        return
+    rank = sorted(set(layers), reverse=True)  # the deepest first: the tower's last layer
+    adapter["vision_feature_layer"] = [max(depth - 1 - rank.index(v), 0) for v in layers]
 
 
 def _fit_patch_to_query(d: dict[str, Any]) -> None:
@@ -1234,9 +1271,10 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
         image_token = _token_id(model.config, _QFORMER_VIDEO_TOKEN_KEYS)
     if image_token is None and "pixel_values" in names:
         def per_row() -> tuple[list[dict[str, Any]], int]:
-            return [{**x, "pixel_values": dummy_inputs(model, x["input_ids"].shape[0], SEQ_LEN, generator=gen,
+            rows = [{**x, "pixel_values": dummy_inputs(model, x["input_ids"].shape[0], SEQ_LEN, generator=gen,
                                                        modality="vision", default_image_size=TINY_IMAGE)["pixel_values"]}
-                    for x in (inputs, alt_inputs)], 0
+                    for x in (inputs, alt_inputs)]
+            return _with_per_row_image_masks(model, rows, names, gen)
         attempts: list[tuple[str, Callable[[], tuple[list[dict[str, Any]], int]]]] = [("per_row", per_row)]
     else:
         recipes = [(kind, make, image_token, "get_image_features") for kind, make in _image_recipes(model, draw)
@@ -1279,6 +1317,34 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
     return fallback(first_reason or "no media recipe fits the model's forward")
 
 
+def _with_per_row_image_masks(model: torch.nn.Module, rows: list[dict[str, Any]], names: list[str],
+                              gen: torch.Generator) -> tuple[list[dict[str, Any]], int]:
+    """``(rows, tokens)``: the per-row image inputs ``rows`` (``pixel_values [batch, C, H, W]``) with the mask that
+    says where each row's text reads its image, where forward takes one (else unchanged, 0 tokens): IDEFICS's
+    cross-attention ``image_attention_mask [batch, seq, images]`` (every token sees its row's one image, ``pixel_values
+    [batch, 1, C, H, W]``), or Kosmos-2's ``image_embeds_position_mask [batch, seq]``, ones at the
+    ``config.latent_query_num`` (64) positions its processor puts before the text, where the image features replace
+    the embeddings (``tokens``: those positions, prefixed to each row as text ids)."""
+    from hfexport_dynamo import dummy_inputs
+
+    if "image_attention_mask" in names:
+        return [{**x, "pixel_values": x["pixel_values"][:, None], "image_attention_mask": torch.ones(
+            *x["input_ids"].shape, 1, dtype=torch.long)} for x in rows], 0
+    queries = getattr(model.config, "latent_query_num", None)
+    if "image_embeds_position_mask" not in names or not _is_int(queries) or queries <= 0:
+        return rows, 0
+    out = []
+    for x in rows:
+        batch, seq = x["input_ids"].shape
+        filler = dummy_inputs(model, batch, queries, generator=gen, modality="text", max_vocab=TINY_VOCAB)["input_ids"]
+        y = _with_media_tokens(x, {}, 0, filler[1:])  # the other token inputs get `queries` columns in front
+        y["input_ids"] = torch.cat([filler.to(x["input_ids"].dtype), x["input_ids"]], dim=1)
+        y["image_embeds_position_mask"] = torch.cat([torch.ones(batch, queries, dtype=torch.long),
+                                                     torch.zeros(batch, seq, dtype=torch.long)], dim=1)
+        out.append(y)
+    return out, queries
+
+
 _QFORMER_VIDEO_TOKEN_KEYS = ("video_token_id", "video_token_index")
 _QFORMER_VIDEO_FRAMES = 4  # InstructBLIP-Video's processor samples 4 frames a video
 _QFORMER_PROMPT_LEN = 8  # the Q-Former's instruction, in its own (BERT) vocabulary
@@ -1310,6 +1376,8 @@ def _with_mrope_positions(model: torch.nn.Module, inputs: dict[str, Any], token:
              "target_sizes": inputs.get("target_sizes"), "attention_mask": inputs.get("attention_mask")}
     with torch.no_grad():
         positions = owner.get_rope_index(inputs["input_ids"], **{k: v for k, v in given.items() if k in takes})[0]
+    if positions.is_floating_point() and torch.equal(positions, positions.round()):
+        positions = positions.long()  # Qwen3-Omni computes whole positions in float32; an export takes ids as long
     return {**inputs, "position_ids": positions}
 
 
