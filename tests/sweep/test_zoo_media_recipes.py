@@ -31,3 +31,39 @@ def test_a_qformer_model_gets_its_image_and_the_qformer_prompt(case_id, frames):
         text = model(**inputs).language_model_outputs.last_hidden_state
         moved = model(**{**inputs, "pixel_values": inputs["pixel_values"] + 1}).language_model_outputs.last_hidden_state
     assert not torch.allclose(text[0], moved[0]) and torch.equal(text[1:], moved[1:])  # only the first row's image
+
+
+def test_idefics_reads_one_image_a_row_through_its_opened_cross_attention_gates():
+    """IDEFICS cross-attends from the text to ``pixel_values [batch, images, C, H, W]`` under ``image_attention_mask
+    [batch, seq, images]`` (the case got no media: 4-D pixels failed to unpack, and it requires one of its image
+    inputs), behind tanh gates that init leaves zero: the case gets one image a row, every token attending to it, and
+    gates drawn from N(0, 1), so the text reads the pixels."""
+    model, inputs, alt_inputs = zoo.build_case("idefics/IdeficsModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "per_row", media
+    for x in (inputs, alt_inputs):
+        batch, seq = x["input_ids"].shape
+        assert x["pixel_values"].shape[:2] == (batch, 1)
+        assert x["image_attention_mask"].shape == (batch, seq, 1) and bool(x["image_attention_mask"].all())
+    gates = [p for n, p in model.named_parameters() if n.endswith(("alpha_cross_attn", "alpha_dense"))]
+    assert gates and all(bool(p.abs().gt(0).all()) for p in gates)
+
+
+def test_kosmos_2_places_each_rows_image_at_its_latent_query_positions():
+    """Kosmos-2 puts each row's image features at the ``image_embeds_position_mask`` positions (the case got no
+    media: the mask was None): ``latent_query_num`` (64) ones in front of each row's text, and only the first row
+    moves with the first image."""
+    model, inputs, alt_inputs = zoo.build_case("kosmos-2/Kosmos2Model")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "per_row" and media.tokens_per_image == 64, media
+    for x in (inputs, alt_inputs):
+        batch, seq = x["input_ids"].shape
+        assert x["pixel_values"].shape[0] == batch and x["attention_mask"].shape == (batch, seq)
+        assert x["image_embeds_position_mask"].shape == (batch, seq)
+        assert bool(x["image_embeds_position_mask"][:, :64].all()) and not x["image_embeds_position_mask"][:, 64:].any()
+    pixels = inputs["pixel_values"].clone()
+    pixels[0] += 1
+    with torch.no_grad():
+        out = model(**inputs).last_hidden_state
+        moved = model(**{**inputs, "pixel_values": pixels}).last_hidden_state
+    assert not torch.allclose(out[0], moved[0]) and torch.equal(out[1:], moved[1:])

@@ -1419,6 +1419,9 @@ def _model_class(case: ZooCase) -> type[torch.nn.Module]:
 
 
 _ZERO_INIT_DRAWN = ("router", "mm_input_projection")
+_ZERO_INIT_GATES = ("alpha_cross_attn", "alpha_dense")
+"""IDEFICS's tanh gates of its cross-attention to the images, zero at init (``alpha_initializer="zeros"``): the text
+would not read the images. A trained gate is open: they are drawn from N(0, 1)."""
 
 
 def _draw_zero_routers(model: torch.nn.Module) -> list[str]:
@@ -1427,7 +1430,8 @@ def _draw_zero_routers(model: torch.nn.Module) -> list[str]:
     A zero router (AfMoE's ``router.gate``) scores every expert the same, so top-k routing is decided by how a
     runtime breaks ties, which differs between PyTorch and ONNX Runtime: a mismatch of the tiny model only, since a
     trained router has no such ties. So is a multimodal projection that init leaves all zero (Gemma 3's
-    ``mm_input_projection_weight``): image features of zeros would not depend on the pixels. Runs under
+    ``mm_input_projection_weight``): image features of zeros would not depend on the pixels; and so are IDEFICS's
+    cross-attention gates (:data:`_ZERO_INIT_GATES`). Runs under
     :func:`build_case`'s seeded RNG, so cases stay reproducible.
     """
     drawn = []
@@ -1436,6 +1440,9 @@ def _draw_zero_routers(model: torch.nn.Module) -> list[str]:
             if param.dim() == 2 and param.is_floating_point() and any(key in name for key in _ZERO_INIT_DRAWN) \
                     and not param.any():
                 param.normal_(0.0, 0.02)
+                drawn.append(name)
+            elif name.rsplit(".", 1)[-1] in _ZERO_INIT_GATES and param.is_floating_point() and not param.any():
+                param.normal_(0.0, 1.0)
                 drawn.append(name)
     return drawn
 
