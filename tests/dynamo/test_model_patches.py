@@ -304,3 +304,38 @@ def test_video_llama_3_pixel_unshuffle_as_a_gather_equals_its_interpolation():
         hidden = torch.randn(int(grid.prod(1).sum()), 16, generator=generator)
         torch.testing.assert_close(patched(None, hidden, grid, merge), original(None, hidden, grid, merge),
                                    atol=1e-6, rtol=1e-5)
+
+
+def test_udop_patch_combines_image_and_text_as_the_original_does():
+    """UDOP's patched ``combine_image_text_embeddings`` gives the original's embeddings, boxes and mask (values and
+    dtypes) on boxes where several words fall on one patch and some on none, two rows."""
+    from transformers.models.udop import modeling_udop
+
+    from hfexport_dynamo._model_patches import _patch_udop_combine_image_text
+
+    original = modeling_udop.combine_image_text_embeddings
+    patched = _patch_udop_combine_image_text(original)
+    gen = torch.Generator().manual_seed(0)
+    image = torch.randn(2, 16, 8, generator=gen)  # 4 x 4 patches of a 64-pixel image in 16-pixel patches
+    text = torch.randn(2, 5, 8, generator=gen)
+    boxes = torch.rand(2, 5, 2, 2, generator=gen).sort(dim=-2).values.flatten(-2)
+    boxes[0, 1] = boxes[0, 0]  # two words on one patch
+    boxes[1, 2] = 0.0  # an empty box: no image embedding added
+    mask = torch.ones(2, 5, dtype=torch.long)
+    want = original(image, text.clone(), boxes, None, mask, 4, 0, 64, 16)
+    got = patched(image, text.clone(), boxes, None, mask, 4, 0, 64, 16)
+    for w, g in zip(want, got, strict=True):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+@pytest.mark.slow  # two exports of the zoo's tiny UDOP with one image per row; about 15 s
+def test_udop_exports_with_its_images_only_with_the_patch():
+    """The zoo's UDOP case carries word boxes and one image per row; the patch selection iterates over a tensor
+    without the patch, and the exported program matches eager at the zoo's second shape with it."""
+    from hfexport_sweep.zoo import build_case, image_inputs
+
+    model, inputs, alt_inputs = build_case("udop/UdopModel")
+    assert image_inputs(model).kind == "per_row" and inputs["bbox"].shape == (*inputs["input_ids"].shape, 4)
+    assert_exports_only_with(model, inputs, alt_inputs, "_patch_udop_combine_image_text",
+                             "data is not allocated yet")

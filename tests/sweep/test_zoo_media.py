@@ -156,3 +156,25 @@ def test_whole_mrope_positions_computed_in_float_are_given_as_ids():
     assert media.used and media.kind == "image_grid_thw" and media.tokens_per_image == 16, media
     for x in (inputs, alt_inputs):
         assert x["position_ids"].dtype == torch.long and x["position_ids"].shape[0] == 3
+
+
+def test_a_document_model_gets_word_boxes():
+    """UDOP requires a box per token (its relative position bias raised without): the multimodal case gets ``bbox``
+    ``[batch, seq, 4]``, page fractions with ``x0 <= x1`` and ``y0 <= y1``, and one image per row."""
+    model, inputs, alt_inputs = zoo.build_case("udop/UdopModel")
+    assert zoo.image_inputs(model).kind == "per_row"
+    for x in (inputs, alt_inputs):
+        boxes = x["bbox"]
+        assert boxes.shape == (*x["input_ids"].shape, 4) and boxes.is_floating_point()
+        assert ((0 <= boxes) & (boxes <= 1)).all()
+        assert (boxes[..., :2] <= boxes[..., 2:]).all()
+
+
+def test_a_sliding_window_the_forward_needs_is_set():
+    """Step3p7's text model builds a sliding-window mask whatever its layer types (all full attention by default),
+    and its config class leaves ``sliding_window`` None: the tiny config sets one, so the case builds and gets its
+    image (every forward failed)."""
+    assert zoo.tiny_config("step3p7", with_vision=True).text_config.sliding_window == 512
+    model, _, _ = zoo.build_case("step3p7/Step3p7Model")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 4, media

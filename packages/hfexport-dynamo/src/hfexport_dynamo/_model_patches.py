@@ -748,3 +748,65 @@ def _patch_qwen2_5_omni_vision_segments(original: Any) -> Any:
         return self.proj(output.reshape(seq_length, -1).contiguous())
 
     return forward
+
+
+@register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")
+def _patch_udop_combine_image_text(original: Any) -> Any:
+    """Combine UDOP's image patches with its text as a fixed-size gather: each row's patches that no word's box
+    centre falls on, in order, then zeros, where the original selects them with a boolean mask per row and pads.
+
+    **Why**: ``combine_image_text_embeddings`` marks the patches under the words with ``rows, cols = zip(*ind)``, a
+    Python iteration over a tensor of ``batch * seq`` index pairs (``RuntimeError: The tensor has a non-zero number of
+    elements, but its data is not allocated yet`` under torch.export), then keeps each row's other patches with
+    ``image_embeddings[i][patch_inds[i]]`` (a data-dependent length) and pads them to the patch count. Here the marks
+    are one ``scatter``; a stable sort of the unmarked patches first gives their order, a gather the patches, their
+    boxes and mask, and the marked ones' slots are zeroed: the same values and dtypes (the boxes float64, as the
+    original's ``torch.cat`` promotes them), the same fixed length (``max_len == 0``: the patch count).
+    **Upstream**: model-side (transformers ``modeling_udop.py``).
+    **Remove when**: transformers selects UDOP's patches without iterating over a tensor.
+    """
+    module = __import__(original.__module__, fromlist=["get_visual_bbox"])
+
+    def combine_image_text_embeddings(image_embeddings: torch.Tensor, inputs_embeds: torch.Tensor,
+                                      bbox: torch.Tensor, visual_bbox: torch.Tensor | None,
+                                      attention_mask: torch.Tensor | None = None, num_patches: int = 14,
+                                      max_len: int = 0, image_size: int = 224,
+                                      patch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if max_len != 0:  # a length other than the patch count: never passed by UdopStack
+            return original(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask, num_patches,
+                            max_len, image_size, patch_size)
+        sequence_length = num_patches
+        ocr_points_x = torch.clip(torch.floor((bbox[:, :, 0] + bbox[:, :, 2]) / 2.0 * sequence_length).long(), 0,
+                                  sequence_length - 1)
+        ocr_points_y = torch.clip(torch.floor((bbox[:, :, 1] + bbox[:, :, 3]) / 2.0 * sequence_length).long(), 0,
+                                  sequence_length - 1) * sequence_length
+        ocr_points = ocr_points_x + ocr_points_y
+        dtype = torch.float32 if bbox.device.type == "mps" else torch.float64
+        bbox = bbox.to(dtype)
+        target_seg = (bbox.mean(-1) == 0.0) | (bbox.mean(-1) == 1.0)
+        repeated_vision_embeds = torch.gather(
+            image_embeddings, 1, ocr_points.unsqueeze(-1).repeat(1, 1, image_embeddings.size(-1)))
+        repeated_vision_embeds = repeated_vision_embeds.masked_fill(target_seg[..., None], 0.0)
+        inputs_embeds += repeated_vision_embeds
+
+        keep = torch.ones_like(image_embeddings[:, :, 0], dtype=torch.bool).scatter(1, ocr_points, False)
+        order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices  # kept patches first, in order
+        kept = torch.gather(keep, 1, order)
+        if visual_bbox is None:
+            visual_bbox = module.get_visual_bbox(image_size=image_size, patch_size=patch_size)
+            visual_bbox = visual_bbox.unsqueeze(0).repeat(image_embeddings.size(0), 1, 1)
+            visual_bbox = visual_bbox.to(image_embeddings.device)
+
+        def select(values: torch.Tensor) -> torch.Tensor:
+            picked = torch.gather(values, 1, order[..., None].expand(-1, -1, values.shape[-1]))
+            return picked * kept[..., None].to(picked.dtype)
+
+        inputs_vision_patches = select(image_embeddings)
+        visual_bbox = select(visual_bbox)
+        inputs_embeds = torch.cat([inputs_embeds, inputs_vision_patches], 1)
+        bbox = torch.cat([bbox, visual_bbox], 1)
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask, kept.to(attention_mask.dtype)], 1)
+        return inputs_embeds, bbox, attention_mask
+
+    return combine_image_text_embeddings

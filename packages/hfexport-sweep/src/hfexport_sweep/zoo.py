@@ -640,7 +640,12 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     for key in ("transformers_version", "_name_or_path", "architectures"):
         d.pop(key, None)
     for key, value in _CHECKPOINT_FIELDS.get(model_type, {}).items():
-        d.setdefault(key, value)
+        if isinstance(value, dict) and isinstance(d.get(key), dict):
+            for sub_key, sub_value in value.items():
+                if d[key].get(sub_key) is None:
+                    d[key][sub_key] = sub_value
+        else:
+            d.setdefault(key, value)
     d = _shrink_dict(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
@@ -675,9 +680,15 @@ _CHECKPOINT_FIELDS: dict[str, dict[str, Any]] = {
     # (AttributeError: 'Qwen2_5OmniThinkerConfig' object has no attribute 'vision_start_token_id')
     "qwen2_5_omni_thinker": {"vision_start_token_id": 151652},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 151652},
+    # Step3p7's text model builds its sliding-window mask whatever its layer_types say, and the class default
+    # sliding_window None makes every forward fail (ValueError: Could not find a `sliding_window` argument in the
+    # config); its default layers are all full_attention, so the window's value changes no output: the tiny
+    # max_position_embeddings (512)
+    "step3p7": {"text_config": {"sliding_window": 512}},
 }
-"""Fields a model type's released checkpoints carry in their config that its config class's defaults lack, added to
-the default (before shrinking: token ids move into the tiny vocab like the others)."""
+"""Fields a model type's released checkpoints carry in their config (or its forward needs) that its config class's
+defaults lack or leave None, added to the default (a dict value: to that sub-config) before shrinking: token ids move
+into the tiny vocab like the others."""
 
 
 def _token_ids_in(d: Any) -> set[int]:
@@ -1488,9 +1499,36 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
     model = model.float().eval()
     inputs, alt_inputs = _make_inputs(case, model, torch.Generator().manual_seed(SEED))
     if case.modality == "multimodal":
+        inputs, alt_inputs = _with_word_boxes(case, model, inputs, alt_inputs)
         inputs, alt_inputs, images = _add_image_inputs(model, inputs, alt_inputs)
         setattr(model, IMAGE_INPUTS_ATTR, images)
     return model, inputs, alt_inputs
+
+
+_UNIT_BOXES = ("udop",)
+"""Model types whose word boxes are fractions of the page (UDOP clips them to ``[0, 1]``); the LayoutLM family's are
+integers of a 0-1000 grid."""
+
+
+def _with_word_boxes(case: ZooCase, model: torch.nn.Module, inputs: dict[str, Any],
+                     alt_inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A multimodal document model's text inputs with the word boxes its processor gives each token: ``bbox
+    [batch, seq, 4]`` ``(x0, y0, x1, y1)`` with ``x0 <= x1`` and ``y0 <= y1``, drawn from a generator of their own
+    (the other inputs are unchanged). UDOP requires them (``ValueError: Bbox is required for horizontal relative
+    position bias`` without); a forward that takes no ``bbox`` gets none."""
+    from hfexport_dynamo import forward_parameters
+
+    if "bbox" not in forward_parameters(model)[0]:
+        return inputs, alt_inputs
+    gen = torch.Generator().manual_seed(SEED + 2)
+    unit = case.model_type in _UNIT_BOXES
+
+    def boxes(ids: torch.Tensor) -> torch.Tensor:
+        corners = torch.rand(*ids.shape, 2, 2, generator=gen).sort(dim=-2).values  # [.., (low, high), (x, y)]
+        corners = corners.flatten(-2)  # x0, y0, x1, y1
+        return corners if unit else (corners * 1000).long()
+
+    return tuple({**x, "bbox": boxes(x["input_ids"])} for x in (inputs, alt_inputs))  # type: ignore[return-value]
 
 
 def _has_nan(output: Any) -> bool:
