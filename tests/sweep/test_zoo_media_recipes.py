@@ -67,3 +67,32 @@ def test_kosmos_2_places_each_rows_image_at_its_latent_query_positions():
         out = model(**inputs).last_hidden_state
         moved = model(**{**inputs, "pixel_values": pixels}).last_hidden_state
     assert not torch.allclose(out[0], moved[0]) and torch.equal(out[1:], moved[1:])
+
+
+def test_configs_whose_defaults_cannot_be_built_get_the_sizes_their_models_need():
+    """Defaults that leave a size None or empty although the model cannot be built without it (each case failed
+    construction): CohereCompass's rope parameters, one per layer type (KeyError: 'full_attention'), with an M-RoPE
+    section of the tiny head; DeepSeek-OCR 2's mlp_layer_types (None is not subscriptable); DiffusionGemma's experts
+    (nn.Linear(hidden, None))."""
+    text = zoo.tiny_config("cohere_compass", with_vision=True).text_config
+    assert set(text.rope_parameters) == set(text.layer_types) == {"full_attention"}
+    head = text.hidden_size // text.num_attention_heads
+    assert sum(text.rope_parameters["full_attention"]["mrope_section"]) == head // 2
+    text = zoo.tiny_config("deepseek_ocr2", with_vision=True).text_config
+    assert text.mlp_layer_types == ["dense", "sparse"] and text.num_hidden_layers == 2
+    text = zoo.tiny_config("diffusion_gemma", with_vision=True).text_config
+    assert (text.num_experts, text.top_k_experts, text.moe_intermediate_size) == (4, 2, 64)
+
+
+def test_deepseek_ocr_2_reads_its_image_through_a_sam_neck_of_the_encoders_width():
+    """DeepSeek-OCR 2's SAM neck ends in the width of the encoder it feeds (896 both by default; shrunk, 896 vs 64:
+    torch.cat failed), and SAM's initializer_range (1e-10) left the image's signal at 1e-37 (the features did not
+    depend on the pixels): the neck is [32, 64], the range 0.02 (multimodal cases only), and the case gets its image
+    (145 tokens: 144 queries and the view separator)."""
+    config = zoo.tiny_config("deepseek_ocr2", with_vision=True)
+    assert config.vision_config.sam_config.downsample_channels == [32, 64] == [32, config.vision_config.encoder_config.hidden_size]
+    assert config.vision_config.sam_config.initializer_range == 0.02
+    assert zoo.tiny_config("deepseek_ocr2").vision_config.sam_config.initializer_range == 1e-10
+    model, inputs, _ = zoo.build_case("deepseek_ocr2/DeepseekOcr2Model")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 145, media

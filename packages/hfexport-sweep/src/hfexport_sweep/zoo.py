@@ -647,10 +647,13 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
         else:
             d.setdefault(key, value)
     d = _shrink_dict(d)
+    _fill_unset_sizes(d)
+    _fit_sam_neck(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
     if with_vision:
         _fit_vision_projection(d, default.to_dict())
+        _raise_vanishing_init(d)
     _scale_pinpoints(d)
     _add_mrope_section(d)
     _fit_vision_feature_layers(d)
@@ -720,6 +723,78 @@ _FREE_TOKEN_KEYS = ("image_token_id", "image_token_index", "video_token_index")
 ``image_token_id``, InstructBLIP's ``image_token_index`` and InstructBLIP-Video's ``video_token_index`` (None by
 default: their processors add the tokens; without one the forward's placeholder mask is ``input_ids == None``, a
 bool)."""
+
+
+def _layer_count(d: dict[str, Any]) -> int:
+    return next((d[k] for k in _LAYER_COUNT_KEYS if _is_int(d.get(k))), TINY_LAYERS)
+
+
+def _rope_half(d: dict[str, Any]) -> int:
+    heads, width = d.get("num_attention_heads") or 1, d.get("hidden_size") or TINY_HIDDEN
+    return (d["head_dim"] if _is_int(d.get("head_dim")) else width // heads) // 2
+
+
+def _per_layer_type_rope(d: dict[str, Any]) -> dict[str, Any]:
+    """CohereCompass: one rope dict per layer type, with an M-RoPE section of the tiny head (8:12:12 of its half)."""
+    half = _rope_half(d)
+    side = max(1, half * 3 // 8)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * side, side, side]}
+    return {layer_type: dict(rope) for layer_type in dict.fromkeys(d.get("layer_types") or ["full_attention"])}
+
+
+_UNSET_SIZES: dict[str, dict[str, Callable[[dict[str, Any]], Any]]] = {
+    # its rotary embedding indexes rope_parameters by layer type (KeyError: 'full_attention' with the default's {})
+    "cohere_compass_text": {"rope_parameters": _per_layer_type_rope},
+    # its decoder layers index mlp_layer_types (TypeError: 'NoneType' object is not subscriptable): the docstring's
+    # ["dense", "sparse", "sparse", ...]
+    "deepseek_ocr2_text": {"mlp_layer_types": lambda d: ["dense"] + ["sparse"] * (_layer_count(d) - 1)},
+    # every text layer has its router and experts (TypeError: empty(): ... NoneType, from nn.Linear(hidden, None))
+    "diffusion_gemma_text": {"num_experts": lambda d: 4, "top_k_experts": lambda d: 2,
+                             "moe_intermediate_size": lambda d: TINY_HIDDEN},
+}
+"""Size fields a (sub-)config's default leaves None (or empty) although its model cannot be built without them,
+keyed by the sub-config's ``model_type``: each gets a value for the shrunk config (a function of it) in
+:func:`_fill_unset_sizes`."""
+
+
+def _fill_unset_sizes(d: Any) -> None:
+    """Give the fields of :data:`_UNSET_SIZES` that the shrunk config ``d`` (and its sub-configs) leaves None or
+    empty their tiny value, in place."""
+    if not isinstance(d, dict):
+        return
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("id2label", "label2id"):
+            _fill_unset_sizes(value)
+    for key, make in _UNSET_SIZES.get(d.get("model_type"), {}).items():
+        if key in d and not d[key]:
+            d[key] = make(d)
+
+
+def _raise_vanishing_init(d: Any) -> None:
+    """Give the (sub-)configs of ``d`` whose ``initializer_range`` is below 1e-6 (SAM's vision encoder: 1e-10, which
+    trained weights replace) the usual 0.02, in place: random weights of std 1e-10 leave an image's signal below
+    float32's resolution after a few layers (DeepSeek-OCR 2's SAM neck gave features of 1e-37, the same for any
+    pixels: text only)."""
+    if not isinstance(d, dict):
+        return
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("id2label", "label2id"):
+            _raise_vanishing_init(value)
+    if isinstance(d.get("initializer_range"), float) and 0 < d["initializer_range"] < 1e-6:
+        d["initializer_range"] = 0.02
+
+
+def _fit_sam_neck(d: dict[str, Any]) -> None:
+    """DeepSeek-OCR 2's SAM neck ends in ``sam_config.downsample_channels[-1]`` channels (896), the width of the
+    encoder its patches go on to (``encoder_config.hidden_size``, 896, shrunk to 64: torch.cat of the patches and the
+    queries failed, 896 vs 64): the neck's widths become half and all of the shrunk encoder's, in place."""
+    vision = d.get("vision_config")
+    sam, encoder = (vision.get(k) if isinstance(vision, dict) else None for k in ("sam_config", "encoder_config"))
+    if not (isinstance(sam, dict) and isinstance(encoder, dict) and _is_int(encoder.get("hidden_size"))):
+        return
+    channels, width = sam.get("downsample_channels"), encoder["hidden_size"]
+    if isinstance(channels, list) and len(channels) == 2 and channels[-1] != width:
+        sam["downsample_channels"] = [max(width // 2, 1), width]
 
 
 def _fit_vision_projection(d: dict[str, Any], original: dict[str, Any]) -> None:
