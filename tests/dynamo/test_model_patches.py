@@ -185,8 +185,8 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
 
 
 @pytest.mark.slow  # two exports each of the zoo's tiny PaddleOCR-VL, GLM-OCR, HunYuan-VL (twice), Cosmos3-Edge,
-# HY-V4-VL, Kimi-K2.5, VideoLLaMA3, MuseGlimmer, Muse Spark and Qwen2.5-Omni's thinker with an image; about 15 s
-# a case
+# HY-V4-VL, Kimi-K2.5, VideoLLaMA3, MuseGlimmer, Muse Spark, Qwen2.5-Omni's thinker and EXAONE 4.5 with an image;
+# about 15 s a case (EXAONE 4.5: 40 s)
 @pytest.mark.parametrize("case_id, patch", [
     ("paddleocr_vl/PaddleOCRVLModel", "_patch_separate_projection_vision_segments"),
     ("glm_ocr/GlmOcrModel", "_patch_qwen_vl_vision_segments"),  # the Qwen-VL form with q_norm / k_norm
@@ -201,6 +201,7 @@ def test_masked_select_of_a_broadcast_input_is_bounded_by_the_broadcast_numel():
     ("muse_glimmer/MuseGlimmerModel", "_patch_muse_glimmer_vision_segments"),  # rotary batch-first, windows
     ("muse_spark/MuseSparkModel", "_patch_muse_glimmer_vision_segments"),  # MuseGlimmer's attention, copied
     ("qwen2_5_omni_thinker/Qwen2_5OmniThinkerModel", "_patch_qwen2_5_omni_vision_segments"),  # q, k, v; windows
+    ("exaone4_5/Exaone4_5_Model", "_patch_exaone4_5_vision_segments"),  # fused qkv, fewer key/value heads
 ])
 def test_vision_attention_over_packed_images_exports_with_one_segment_mask(case_id, patch):
     """The zoo's inputs carry packed image patches (``image_grid_thw``); the per-image split on

@@ -178,3 +178,23 @@ def test_a_sliding_window_the_forward_needs_is_set():
     model, _, _ = zoo.build_case("step3p7/Step3p7Model")
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 4, media
+
+
+def test_a_high_res_tower_reads_a_layer_it_has():
+    """DeepSeek-VL hybrid reads its SAM tower's hidden state after ``global_attn_indexes[0]`` ([2, 5, 8, 11] of 12
+    layers): with 2 layers the indexes become the last one, and the case gets its image at both resolutions (it was
+    text only: IndexError)."""
+    config = zoo.tiny_config("deepseek_vl_hybrid", with_vision=True)
+    assert config.high_res_vision_config.num_hidden_layers == 2
+    assert config.high_res_vision_config.global_attn_indexes == [1]
+    model, inputs, _ = zoo.build_case("deepseek_vl_hybrid/DeepseekVLHybridModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.tokens_per_image == 64 and "high_res_pixel_values" in inputs, media
+
+
+def test_a_vision_tower_keeps_no_more_key_value_heads_than_heads():
+    """EXAONE 4.5's vision tower has 16 heads and 8 key/value heads (``num_heads``, no ``num_attention_heads``): the
+    tiny tower's 4 heads get 2 key/value heads (it kept 8: its attention failed, 4 vs 8 heads)."""
+    vision = zoo.tiny_config("exaone4_5", with_vision=True).vision_config
+    assert (vision.num_heads, vision.num_key_value_heads) == (4, 2)
+

@@ -810,3 +810,36 @@ def _patch_udop_combine_image_text(original: Any) -> Any:
         return inputs_embeds, bbox, attention_mask
 
     return combine_image_text_embeddings
+
+
+@register_patch("dynamo", "transformers.models.exaone4_5.modeling_exaone4_5.Exaone4_5_VisionAttention.forward")
+def _patch_exaone4_5_vision_segments(original: Any) -> Any:
+    """Attend over EXAONE 4.5's packed image patches with one block-diagonal mask instead of one attention call per
+    image (:func:`_segment_attention`); its fused ``qkv`` splits into fewer key/value heads than query heads
+    (grouped-query attention, which the attention interface repeats).
+
+    **Why**: as for Qwen2-VL (:func:`_patch_qwen_vl_vision_segments`): the per-image ``torch.split`` on
+    ``.tolist()`` of ``cu_seqlens`` is data-dependent (``GuardOnDataDependentSymNode``: ``Eq(Max(0, u3 - Min(1,
+    u3)), 0)`` at ``modeling_exaone4_5.py:301``); one call with a segment mask computes the same attention.
+    **Upstream**: model-side (transformers ``modeling_exaone4_5.py``).
+    **Remove when**: transformers' non-flash vision attention masks by segment instead of splitting on ``.tolist()``.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    module = __import__(original.__module__, fromlist=["apply_rotary_pos_emb_vision", "eager_attention_forward"])
+
+    def forward(self: Any, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlen: int | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        query, key, value = (t.view(seq_length, -1, self.head_dim) for t in
+                             self.qkv(hidden_states).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1))
+        cos, sin = position_embeddings
+        query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+        query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+        output = _segment_attention(self, module, query, key, value, cu_seqlens, **kwargs)
+        return self.proj(output.reshape(seq_length, -1).contiguous())
+
+    return forward

@@ -564,6 +564,12 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             else:
                 kv = min(kv, 2)
                 d[kv_key] = kv if heads % kv == 0 else 1
+    heads = d.get("num_heads")
+    if "num_attention_heads" not in d and _is_int(heads) and heads > 0:  # a vision tower's (EXAONE 4.5: 16 and 8)
+        for kv_key in _KV_KEYS:
+            kv = d.get(kv_key)
+            if _is_int(kv) and kv > 0 and heads % kv:  # more key/value heads than heads: only those are changed
+                d[kv_key] = min(kv, 2) if heads % min(kv, 2) == 0 else 1
     # multimodal rotary sections must sum to head_dim // 2
     head_dim = d.get("head_dim") if _is_int(d.get("head_dim")) else None
     if head_dim is None and _is_int(d.get("hidden_size")) and _is_int(d.get("num_attention_heads")):
@@ -853,6 +859,19 @@ def _fit_vision_feature_layers(d: dict[str, Any]) -> None:
     if isinstance(layers, list) and layers and all(_is_int(v) for v in layers):
         d["vision_feature_layer"] = [min(max(v, low), high) for v in layers]
     _fit_adapter_feature_layers(d)
+    _fit_high_res_global_layers(d)
+
+
+def _fit_high_res_global_layers(d: dict[str, Any]) -> None:
+    """DeepSeek-VL hybrid reads its high-res (SAM) tower's hidden state after its first global-attention layer,
+    ``high_res_vision_config.global_attn_indexes[0]`` (``[2, 5, 8, 11]`` of 12 layers; IndexError in
+    get_high_res_image_features with 2): the indexes past the shrunk tower become its last layer (``[1]``: a windowed
+    layer, then a global one), in place."""
+    high = d.get("high_res_vision_config")
+    indexes = high.get("global_attn_indexes") if isinstance(high, dict) else None
+    depth = high.get("num_hidden_layers") if isinstance(high, dict) else None
+    if isinstance(indexes, list) and indexes and all(_is_int(v) for v in indexes) and _is_int(depth) and depth > 0:
+        high["global_attn_indexes"] = sorted({min(v, depth - 1) for v in indexes})
 
 
 def _fit_adapter_feature_layers(d: dict[str, Any]) -> None:
