@@ -96,3 +96,16 @@ def test_deepseek_ocr_2_reads_its_image_through_a_sam_neck_of_the_encoders_width
     model, inputs, _ = zoo.build_case("deepseek_ocr2/DeepseekOcr2Model")
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 145, media
+
+
+def test_layoutlmv3_box_embeddings_are_as_wide_as_the_tiny_model_and_its_page_image_as_the_zoos():
+    """LayoutLMv3 adds the concatenated embeddings of a token's box (4 coordinates, 2 sides) to its 64-wide
+    embedding; they were 768 wide (the case failed eagerly), and its page image's position embeddings were sized for
+    224 pixels: they are 4 * 10 + 2 * 12 = 64 wide and the page 64 pixels, and each row gets its page image."""
+    config = zoo.tiny_config("layoutlmv3", "question-answering", with_vision=True)
+    assert 4 * config.coordinate_size + 2 * config.shape_size == config.hidden_size == 64
+    assert config.input_size == zoo.TINY_IMAGE
+    model, inputs, _ = zoo.build_case("layoutlmv3/LayoutLMv3ForQuestionAnswering")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "per_row", media
+    assert inputs["pixel_values"].shape == (inputs["input_ids"].shape[0], 3, 64, 64)

@@ -655,6 +655,7 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     d = _shrink_dict(d)
     _fill_unset_sizes(d)
     _fit_sam_neck(d)
+    _fit_layout_embeddings(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
     if with_vision:
@@ -788,6 +789,21 @@ def _raise_vanishing_init(d: Any) -> None:
             _raise_vanishing_init(value)
     if isinstance(d.get("initializer_range"), float) and 0 < d["initializer_range"] < 1e-6:
         d["initializer_range"] = 0.02
+
+
+def _fit_layout_embeddings(d: dict[str, Any]) -> None:
+    """LayoutLMv2/v3 add to each token's embedding the concatenated embeddings of its box, 4 coordinates of
+    ``coordinate_size`` and 2 sides of ``shape_size``, as wide as ``hidden_size`` (768 = 4 * 128 + 2 * 128; shrunk to
+    64 beside 768: the case failed eagerly): they become 4 * 10 + 2 * 12 = 64 (the tiny width over 6, the rest to
+    the sides), in place. LayoutLMv3's page image, ``input_size`` pixels a side (224), becomes :data:`TINY_IMAGE`
+    (its patch position embeddings are sized by it: 785 vs 65 for the zoo's 64-pixel image)."""
+    coords, shapes, width = d.get("coordinate_size"), d.get("shape_size"), d.get("hidden_size")
+    if not all(_is_int(v) and v > 0 for v in (coords, shapes, width)) or 4 * coords + 2 * shapes == width:
+        return
+    d["coordinate_size"] = width // 6
+    d["shape_size"] = (width - 4 * d["coordinate_size"]) // 2
+    if d.get("visual_embed") and _is_int(d.get("input_size")):
+        d["input_size"] = min(d["input_size"], TINY_IMAGE)
 
 
 def _fit_sam_neck(d: dict[str, Any]) -> None:
