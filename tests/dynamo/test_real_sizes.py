@@ -41,6 +41,67 @@ def test_convnext_traced_at_32_runs_at_64(backend, tmp_path):
         assert report.passed, str(report)
 
 
+class SameShrink(torch.nn.Module):
+    """Three stride-2 convolutions, each after TF "SAME" padding computed from the size (as MobileNet's), each
+    output plus its mean: 8x8 is 1x1 at the end."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(4 if i else 3, 4, 3, stride=2) for i in range(3))
+
+    def forward(self, pixel_values):
+        x = pixel_values
+        for conv in self.convs:
+            pad_h, pad_w = 1 + (-x.shape[-2]) % 2, 1 + (-x.shape[-1]) % 2
+            x = conv(torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)))
+            x = x + x.mean(dim=(2, 3), keepdim=True)
+        return x
+
+
+def test_guards_that_refuse_larger_images_are_widened():
+    """Traced at 8x8, the trace's guards (not its ranges) refused 16x16: ``Max(1, ...) > 1`` on the padded sizes
+    of the 1x1 last stage. ``_widen_narrowed_dims`` checks the guards at twice the example's image size and traces
+    again with size-oblivious guards; the program runs 16x16 and 9x12 equal to eager."""
+    model = SameShrink().eval()
+    exported = hfexport.export(model, _pixels(2, 8, 8, 0), backend="dynamo", dynamic=True)
+    assert any("guards refused the example's images" in note for note in exported.manifest["notes"])
+    for inputs in (_pixels(3, 16, 16, 1), _pixels(2, 9, 12, 2)):
+        report = exported.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0)
+        assert report.passed and report.max_abs_diff <= ATOL, str(report)
+
+
+def tiny_mobilenet_v2() -> torch.nn.Module:
+    """The MobileNetV2 of Transformers' model tester (32x32 images, 32 times smaller at the end, TF "SAME" padding)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config(
+        image_size=32, depth_multiplier=0.25, depth_divisible_by=8, min_depth=8, expand_ratio=6, output_stride=32,
+        first_layer_is_expansion=True, finegrained_output=True, hidden_act="relu6", num_labels=10)).eval()
+
+
+@pytest.mark.slow  # ~15 s idle (39 s at load 3): 17 blocks traced twice; test_guards_that_refuse_larger_images_are_widened
+def test_mobilenet_v2_traced_at_32_runs_at_64_and_odd_sizes():
+    """MobileNetV2 traced at 32x32 runs 64x64 and 33x48, equal to eager. Two things kept its size at 32: its
+    "SAME" padding reads the size as an int (``_patch_tf_same_padding_without_size_guard``; disabled, H and W are
+    static), and its 1x1 last stage at 32x32 left guards on the padded sizes that refuse 64x64 (the guard check of
+    ``_widen_narrowed_dims``, which traces again with size-oblivious guards and notes it)."""
+    model = tiny_mobilenet_v2()
+    exported = hfexport.export(model, copy.deepcopy(_pixels(2, 32, 32, 0)), backend="dynamo", dynamic=True)
+    dims = next(i for i in exported.manifest["inputs"] if i["name"] == "pixel_values")["dynamic_dims"]
+    assert set(dims) == {"0", "2", "3"}
+    assert any("size-oblivious" in note and "guards refused the example's images" in note
+               for note in exported.manifest["notes"])
+    for inputs in (_pixels(3, 64, 64, 1), _pixels(2, 33, 48, 2), _pixels(2, 32, 32, 3)):
+        report = exported.verify(copy.deepcopy(inputs), atol=ATOL, rtol=0.0)
+        assert report.passed and report.max_abs_diff <= ATOL, str(report)
+    with pytest.warns(UserWarning, match="dim 2 was asked to be dynamic but torch.export fixed it to 32"):
+        unpatched = hfexport.export(model, copy.deepcopy(_pixels(2, 32, 32, 0)), backend="dynamo", dynamic=True,
+                                    disable=("_patch_tf_same_padding_without_size_guard",), verify=False)
+    assert "2" not in next(i for i in unpatched.manifest["inputs"] if i["name"] == "pixel_values")["dynamic_dims"]
+
+
 def _audio(batch: int, seconds: float, seed: int) -> dict[str, torch.Tensor]:
     samples = int(16_000 * seconds)
     return {"input_values": torch.randn(batch, samples, generator=torch.Generator().manual_seed(seed)),

@@ -1,6 +1,7 @@
 """Patches (stage 2, ``"dynamo"`` scope) that pad a dynamic size to a multiple of a window, and slice back,
 without asking torch.export the parity of the size: three for shifted-window vision models (Swin and the families
-that copy its layers, FocalNet's patch embeddings), two for torch itself (``contiguous()`` of such a slice, and the layout queries that
+that copy its layers, FocalNet's patch embeddings), one for MobileNet's TensorFlow-style "SAME" padding, two for torch
+itself (``contiguous()`` of such a slice, and the layout queries that
 elementwise ops, ``layer_norm``, ``clone`` and each node's ``tensor_meta`` make on it), which every model that pads
 and slices back needs (odd/even grids, pixel shuffles).
 
@@ -154,6 +155,49 @@ def _patch_patch_embeddings_pad_without_divisibility_guard(original: Any) -> Any
         return F.pad(pixel_values, (0, pad_right, 0, pad_bottom))
 
     return maybe_pad
+
+
+def _same_padding(size: Any, stride: int, kernel: int) -> Any:
+    """TensorFlow's "SAME" padding along one dim, one formula for both of its cases: ``kernel - stride`` where
+    ``stride`` divides ``size``, else ``kernel - size % stride`` (both at least 0); ``(-size) % stride`` is 0 in the
+    first case and ``stride - size % stride`` in the second."""
+    pad = kernel - stride + (-size) % stride
+    return pad if kernel >= stride else torch.sym_max(pad, 0)
+
+
+@register_patch("dynamo", *(f"transformers.models.{family}.modeling_{family}.apply_tf_padding"
+                            for family in ("mobilenet_v1", "mobilenet_v2")))
+def _patch_tf_same_padding_without_size_guard(original: Any) -> Any:
+    """MobileNet's TensorFlow-style "SAME" padding computed from the symbolic image size.
+
+    **Why**: ``apply_tf_padding`` (MobileNetV1 and V2, ``config.tf_padding=True``, the default) reads the size as
+    ``int(features.shape[-2])`` (V2) and branches on ``in_height % stride == 0`` (both), so torch.export fixed the
+    image's height and width to the traced ones: the MobileNetV2 of Transformers' model tester, traced at 32x32,
+    refused 64x64 on every backend ("dim 2 is static (32)", guard ``Eq(pixel_values.size(2), 32)`` at
+    ``modeling_mobilenet_v2.py:56``). The replacement computes the same pads with one formula
+    (:func:`_same_padding`), symbolic where the size is. Static sizes keep the original.
+    **Upstream**: model-side (huggingface/transformers ``models/mobilenet_v2/modeling_mobilenet_v2.py`` and
+    ``models/mobilenet_v1/modeling_mobilenet_v1.py``, ``apply_tf_padding``).
+    **Remove when**: ``apply_tf_padding`` keeps the size symbolic and pads without the branch; the test exports a
+    tiny MobileNetV2 at 32x32 and runs it at 33x48 and 64x64 with
+    ``disable=("_patch_tf_same_padding_without_size_guard",)``.
+    """
+
+    @functools.wraps(original)
+    def apply_tf_padding(features: torch.Tensor, conv_layer: Any) -> torch.Tensor:
+        height, width = features.shape[-2:]
+        if not _symbolic(height, width):
+            return original(features, conv_layer)
+        (stride_height, stride_width), (kernel_height, kernel_width) = conv_layer.stride, conv_layer.kernel_size
+        dilation_height, dilation_width = conv_layer.dilation
+        along_height = _same_padding(height, stride_height, kernel_height)
+        along_width = _same_padding(width, stride_width, kernel_width)
+        top, left = along_height // 2, along_width // 2
+        padding = (left * dilation_width, (along_width - left) * dilation_width,
+                   top * dilation_height, (along_height - top) * dilation_height)
+        return F.pad(features, padding, "constant", 0.0)
+
+    return apply_tf_padding
 
 
 def _statically_contiguous(tensor: torch.Tensor) -> bool:

@@ -520,21 +520,63 @@ def narrowed_dims(program: torch.export.ExportedProgram, inputs: Mapping[str, An
     return out
 
 
+def _media_twice_as_large(program: torch.export.ExportedProgram, args: tuple[Any, ...]) -> list[Any] | None:
+    """The program's flat user inputs as meta tensors, with every dynamic dim past the batch and channels (dim 2 on)
+    of its floating-point inputs of 3 or more dims (images, video, audio features) doubled; None when no such dim
+    is dynamic. Other inputs keep their sizes: their dims may be shared with the media's batch."""
+    leaves = pytree.tree_leaves(args)
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    values = [placeholders[s.arg.name].meta.get("val") for s in specs if hasattr(s.arg, "name")]
+    if len(values) != len(leaves):
+        return None
+    out, doubled = [], False
+    for leaf, fake in zip(leaves, values, strict=True):
+        if not isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+            continue
+        shape = list(leaf.shape)
+        if leaf.is_floating_point() and leaf.dim() >= 3 and isinstance(fake, torch.Tensor):
+            for dim in range(2, leaf.dim()):
+                if _is_dynamic(fake.shape[dim]):
+                    shape[dim], doubled = 2 * shape[dim], True
+        out.append(torch.empty(shape, dtype=leaf.dtype, device="meta"))
+    return out if doubled else None
+
+
+def _guards_refuse(program: torch.export.ExportedProgram, flat_inputs: list[Any]) -> bool:
+    """Whether the program's input guards (the ranges and the shape guards it runs before its graph, which torch
+    builds as ``program.module()._guards_fn``) refuse ``flat_inputs``; only their sizes are read."""
+    guards = getattr(program.module(), "_guards_fn", None)
+    if guards is None:
+        return False
+    try:
+        guards(*flat_inputs)
+    except AssertionError:
+        return True
+    return False
+
+
 def _widen_narrowed_dims(ctx: ExportContext, module: Any, make_args: Any, strict: bool,
                          program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Trace again with size-oblivious guards when the trace bounded a dynamic dim below twice its example
-    (:func:`narrowed_dims`); keep the new program when it bounds none of those dims lower, and note it.
+    (:func:`narrowed_dims`), or its guards refuse the example's images (video, audio features) at twice their
+    dynamic sizes; keep the new program when it bounds none of those dims lower (and its guards take the larger
+    images), and note it.
 
     A size that is 1 inside the model at the traced shape (ConvNext's last stage is 1x1 for a 32x32 image, 32
     times smaller) makes torch's contiguity and broadcasting checks guard on it (``Max(1, s//32) <= 1``), which
-    bounds the input to ``[32, 63]``: the program refuses 64x64 though the model runs it. With
+    bounds the input to ``[32, 63]``: the program refuses 64x64 though the model runs it. Where the image size
+    goes through padding arithmetic first (MobileNetV2's "SAME" padding, 32x32 traced), the guards are not ranges
+    but expressions (``Max(1, (s + (-s) % 2) // 2 ...) > 1``) that refuse 64x64 all the same. With
     ``torch.fx.experimental._config.backed_size_oblivious`` those checks take the general answer, as they do for
     unbacked sizes, and add no guard. The export's verification then checks the program at the traced shape
     (where that size is 1) and at a second shape. The setting stays on for the rest of the export's stages
     (``ctx.stack``): a backend's retraces of the program evaluate those checks again."""
     state = trace_state(ctx)
     narrowed = narrowed_dims(program, ctx.inputs, state.dynamic_shapes, ctx.model)
-    if not narrowed:
+    larger_media = None if narrowed or not program._guards_code else _media_twice_as_large(program, make_args())
+    if not narrowed and not (larger_media is not None and _guards_refuse(program, larger_media)):
         return program
     from torch.fx.experimental import _config as fx_config
 
@@ -554,10 +596,18 @@ def _widen_narrowed_dims(ctx: ExportContext, module: Any, make_args: Any, strict
             continue
         widened.append(f"{entry['input']!r} dim {entry['dim']} from {entry['range']} to "
                        f"[{got['min']}, {got['max'] if got['max'] is not None else 'inf'}]")
-    if not widened:
+    if larger_media is not None:
+        if narrowed_dims(retried, ctx.inputs, state.dynamic_shapes, ctx.model) or \
+                _media_twice_as_large(retried, make_args()) is None or _guards_refuse(retried, larger_media):
+            return program
+        ctx.note("the trace's guards refused the example's images (video, audio features) at twice their dynamic "
+                 "sizes (a size of 1 inside the model at the traced shape); traced again with size-oblivious "
+                 "guards, which take them")
+    elif not widened:
         return program
-    ctx.note(f"the trace bounded dynamic dims below twice their example (a size of 1 inside the model at the "
-             f"traced shape); traced again with size-oblivious guards, which widened {', '.join(widened)}")
+    else:
+        ctx.note(f"the trace bounded dynamic dims below twice their example (a size of 1 inside the model at the "
+                 f"traced shape); traced again with size-oblivious guards, which widened {', '.join(widened)}")
     # The backend's own retraces (decompositions, ExecuTorch's lowering) evaluate the same checks again: without
     # the setting they would add the guards back and narrow the ranges ExecuTorch plans memory for.
     ctx.stack.enter_context(fx_config.patch(backed_size_oblivious=True))
