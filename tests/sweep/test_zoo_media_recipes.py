@@ -109,3 +109,15 @@ def test_layoutlmv3_box_embeddings_are_as_wide_as_the_tiny_model_and_its_page_im
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "per_row", media
     assert inputs["pixel_values"].shape == (inputs["input_ids"].shape[0], 3, 64, 64)
+
+
+def test_a_diffusion_model_gets_the_canvas_it_refines():
+    """DiffusionGemma draws its canvas with torch.randint when ``decoder_input_ids`` is None (two eager runs differed
+    by 6.0, the dynamo export's check by 7.2): the case gives one, ``[batch, canvas_length]``, so its forward is a
+    function of its inputs."""
+    model, inputs, alt_inputs = zoo.build_case("diffusion_gemma/DiffusionGemmaModel")
+    for x in (inputs, alt_inputs):
+        assert x["decoder_input_ids"].shape == (x["input_ids"].shape[0], model.config.canvas_length)
+    rows = {k: v[:2] for k, v in inputs.items()}
+    with torch.no_grad():
+        assert torch.equal(model(**rows).last_hidden_state, model(**rows).last_hidden_state)

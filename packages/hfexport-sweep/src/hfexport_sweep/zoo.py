@@ -1610,9 +1610,26 @@ def build_case(case_id: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str,
     inputs, alt_inputs = _make_inputs(case, model, torch.Generator().manual_seed(SEED))
     if case.modality == "multimodal":
         inputs, alt_inputs = _with_word_boxes(case, model, inputs, alt_inputs)
+        inputs, alt_inputs = _with_canvas(model, inputs, alt_inputs)
         inputs, alt_inputs, images = _add_image_inputs(model, inputs, alt_inputs)
         setattr(model, IMAGE_INPUTS_ATTR, images)
     return model, inputs, alt_inputs
+
+
+def _with_canvas(model: torch.nn.Module, inputs: dict[str, Any],
+                 alt_inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A diffusion model's text inputs with the canvas it refines, ``decoder_input_ids [batch, canvas_length]``
+    (random ids below the tiny vocab, the same generator at both shapes): without one DiffusionGemma's forward draws
+    the canvas with ``torch.randint`` (two eager runs differed by 6.0, the export by 7.2). Models whose config has no
+    ``canvas_length`` or whose forward takes no ``decoder_input_ids`` are unchanged."""
+    from hfexport_dynamo import forward_parameters
+
+    length = getattr(model.config, "canvas_length", None)
+    if not (_is_int(length) and length > 0) or "decoder_input_ids" not in forward_parameters(model)[0]:
+        return inputs, alt_inputs
+    gen = torch.Generator().manual_seed(SEED + 3)
+    return tuple({**x, "decoder_input_ids": torch.randint(0, TINY_VOCAB, (x["input_ids"].shape[0], length),
+                                                          generator=gen)} for x in (inputs, alt_inputs))  # type: ignore[return-value]
 
 
 _UNIT_BOXES = ("udop",)
