@@ -232,9 +232,9 @@ def test_zoo_builds_inputs_with_dynamo_dummy_inputs(monkeypatch):
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(hfexport_dynamo.inputs, "dummy_inputs", spy)
-    model, inputs, _ = zoo.build_case("fuyu/FuyuModel")
+    model, inputs, _ = zoo.build_case("evolla/EvollaModel")
     assert calls[:2] == ["multimodal", "multimodal"]  # the text at both shapes; then the filler text of the image row
-    # Fuyu's forward wants image patches with their indices, which no recipe makes: text only
+    # Evolla's forward takes protein sequences, for which no recipe exists: text only
     assert set(inputs) - {"use_cache"} == {"input_ids", "attention_mask"}
     assert not zoo.image_inputs(model).used and zoo.image_inputs(model).reason
     image_token = zoo._image_token_id(model.config)
@@ -318,16 +318,15 @@ def test_a_llava_case_reads_its_pixels():
 
 
 def test_a_text_only_fallback_says_why_and_keeps_the_text_inputs():
-    """A model whose vision tower needs inputs no recipe makes (Fuyu: image patches and their indices) keeps
-    text-only inputs, the same bytes as before images were tried; a case that is not multimodal has no image
-    record."""
-    model, inputs, alt_inputs = zoo.build_case("fuyu/FuyuModel")
+    """A model whose other modality needs inputs no recipe makes (Evolla: protein sequences) keeps text-only inputs,
+    the same bytes as before images were tried; a case that is not multimodal has no image record."""
+    model, inputs, alt_inputs = zoo.build_case("evolla/EvollaModel")
     images = zoo.image_inputs(model)
     assert images is not None and not images.used and images.tokens_per_image == 0 and images.kind == ""
     assert images.reason and "\n" not in images.reason
     assert images.describe() == f"text only: {images.reason}"
     assert "pixel_values" not in inputs and "pixel_values" not in alt_inputs
-    batch = zoo.case_shapes(zoo.get_case("fuyu/FuyuModel"))["batch"][0]
+    batch = zoo.case_shapes(zoo.get_case("evolla/EvollaModel"))["batch"][0]
     assert tuple(inputs["input_ids"].shape) == (batch, zoo.SEQ_LEN)
     assert zoo.image_inputs(zoo.build_case("llama/LlamaForCausalLM")[0]) is None
 

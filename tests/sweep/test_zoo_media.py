@@ -198,3 +198,13 @@ def test_a_vision_tower_keeps_no_more_key_value_heads_than_heads():
     vision = zoo.tiny_config("exaone4_5", with_vision=True).vision_config
     assert (vision.num_heads, vision.num_key_value_heads) == (4, 2)
 
+
+
+def test_an_image_embedded_as_flattened_patches_gets_them():
+    """Fuyu embeds its image's flattened patches ``[1, patches, C * patch * patch]`` with a linear layer and returns
+    them as the last hidden state (no pooler output): the case gets the 64 patches of its 64-pixel image and as many
+    placeholders (it was text only: the 4-D image failed the linear layer)."""
+    model, inputs, _ = zoo.build_case("fuyu/FuyuModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 64, media
+    assert inputs["pixel_values"].shape == (1, 64, 3 * 8 * 8)

@@ -1158,7 +1158,9 @@ def _feature_count(model: torch.nn.Module, media: Mapping[str, Any], method: str
     with torch.no_grad():
         features = getattr(owner, method)(**{k: v for k, v in media.items() if k in takes})
     if isinstance(features, Mapping) or hasattr(features, "pooler_output"):
-        features = getattr(features, "pooler_output", None)  # transformers 5: the projected features
+        pooled = getattr(features, "pooler_output", None)  # transformers 5: the projected features
+        # Fuyu's are its embedded patches, the last hidden state (it pools nothing)
+        features = pooled if pooled is not None else getattr(features, "last_hidden_state", None)
     tensors = [features] if isinstance(features, torch.Tensor) else list(features or [])
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
         raise ValueError(f"{method} gives no tensors ({type(features).__name__})")
@@ -1317,6 +1319,8 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
     recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, c, side, side),
                                              **{k: pixels(*shape) for k, shape in high.items()}}))
     recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, 1, c, side, side)}))
+    # Fuyu: the image as its flattened patches [1, patches, C * patch * patch], which a linear layer embeds
+    recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, (side // p) ** 2, c * p * p)}))
     dry[0] = True
     fitting = [(kind, make) for kind, make in recipes if set(make()) <= names]
     dry[0] = False
