@@ -208,3 +208,14 @@ def test_an_image_embedded_as_flattened_patches_gets_them():
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 64, media
     assert inputs["pixel_values"].shape == (1, 64, 3 * 8 * 8)
+
+
+def test_a_unified_embedder_gets_one_patch_per_merged_model_patch():
+    """Gemma 4 unified embeds model patches of ``pooling_kernel_size * patch_size`` pixels (24: ``[1, n, 3 * 24 *
+    24]``), where Gemma 4's tower takes 8-pixel patches it pools 3 x 3: the case gets the 2 x 2 model patches of its
+    64-pixel image, their (x, y) and 4 placeholders (it was text only: LayerNorm of 1728 on 192 values)."""
+    model, inputs, _ = zoo.build_case("gemma4_unified/Gemma4UnifiedForConditionalGeneration")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "image_position_ids" and media.tokens_per_image == 4, media
+    assert inputs["pixel_values"].shape == (1, 4, 1728)
+    assert inputs["image_position_ids"].tolist() == [[[0, 0], [1, 0], [0, 1], [1, 1]]]

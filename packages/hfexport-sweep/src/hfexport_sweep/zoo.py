@@ -1303,6 +1303,12 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
         where = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)[None]
         recipes.append(("image_position_ids", lambda: {"pixel_values": pixels(1, cells * cells, 3 * p * p),
                                                        "image_position_ids": where}))
+        if k > 1:  # Gemma 4 unified: one patch per model patch, k x k patches merged ([1, n, 3 * (k * p) ** 2])
+            merged = max(1, side // (k * p))
+            ys, xs = torch.meshgrid(torch.arange(merged), torch.arange(merged), indexing="ij")
+            merged_where = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)[None]
+            recipes.append(("image_position_ids", lambda: {"pixel_values": pixels(1, merged * merged, 3 * (k * p) ** 2),
+                                                           "image_position_ids": merged_where}))
     if "qformer_input_ids" in takes:  # InstructBLIP(-Video): the image (or its frames) and the Q-Former's prompt
         frames = _QFORMER_VIDEO_FRAMES
         prompt = torch.arange(1, _QFORMER_PROMPT_LEN + 1)[None]
