@@ -843,3 +843,28 @@ def _patch_exaone4_5_vision_segments(original: Any) -> Any:
         return self.proj(output.reshape(seq_length, -1).contiguous())
 
     return forward
+
+
+@register_patch("dynamo", "transformers.models.apertus1p5.modeling_apertus1p5.Apertus1p5Model.get_image_tokens")
+def _patch_apertus1p5_image_size_list(original: Any) -> Any:
+    """Tokenize Apertus 1.5's images at the sizes the exporter gives as a list.
+
+    **Why**: the dynamo exporter bakes ``image_sizes`` into the program and gives the traced model the nested list
+    ``[[H, W], ...]`` (``IMAGE_SIZE_LISTS``: sizes read from a tensor, even a constant one, are data-dependent);
+    ``get_image_tokens`` iterates ``image_sizes.tolist()``, which a list lacks (``AttributeError: 'list' object has
+    no attribute 'tolist'``). The list is iterated as ``.tolist()`` would give it; a tensor goes to the original.
+    **Upstream**: model-side (transformers ``modeling_apertus1p5.py``, ``Apertus1p5Model.get_image_tokens``).
+    **Remove when**: the exporter stops giving ``image_sizes`` as a list, or the model iterates the sizes without
+    ``.tolist()``: ``tests/dynamo/test_model_patches_vision.py`` exports with ``disable=("<this patch>",)``.
+    """
+
+    def get_image_tokens(self: Any, pixel_values: torch.Tensor, image_sizes: Any) -> list[torch.Tensor]:
+        if isinstance(image_sizes, torch.Tensor):
+            return original(self, pixel_values, image_sizes)
+        image_tokens = []
+        for image, (height, width) in zip(pixel_values, image_sizes, strict=True):
+            codes = self.vision_tokenizer.encode(image[None, :, :height, :width]).image_tokens
+            image_tokens.append(codes.flatten() + self.config.image_token_offset)
+        return image_tokens
+
+    return get_image_tokens

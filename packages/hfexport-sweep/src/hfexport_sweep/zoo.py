@@ -655,6 +655,7 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     d = _shrink_dict(d)
     _fill_unset_sizes(d)
     _fit_sam_neck(d)
+    _fit_code_ranges(d)
     _fit_layout_embeddings(d)
     if keep_image_size:
         _restore_image_size(d, default.to_dict())
@@ -804,6 +805,29 @@ def _fit_layout_embeddings(d: dict[str, Any]) -> None:
     d["shape_size"] = (width - 4 * d["coordinate_size"]) // 2
     if d.get("visual_embed") and _is_int(d.get("input_size")):
         d["input_size"] = min(d["input_size"], TINY_IMAGE)
+
+
+_CODEBOOK = 64
+"""Codes a tiny tokenizer's codebook holds (:func:`_fit_code_ranges`)."""
+
+
+def _fit_code_ranges(d: dict[str, Any]) -> None:
+    """Apertus 1.5 embeds its image and audio tokenizers' codes as vocabulary ids: the image codebook from
+    ``image_token_offset`` (131272), the audio one right after it (``audio_token_offset``, 262344) and both inside the
+    vocabulary (266752; shrunk to 512, the audio range ended at 266440: the tiny config failed validation). The
+    codebooks keep :data:`_CODEBOOK` codes each, from the middle of the tiny vocabulary (256 and 320; the
+    placeholder tokens, moved to its top end, stay outside both), in place."""
+    vision, audio, text = (d.get(k) for k in ("vision_config", "audio_config", "text_config"))
+    if not (all(isinstance(x, dict) for x in (vision, audio, text)) and _is_int(d.get("image_token_offset"))
+            and _is_int(d.get("audio_token_offset")) and _is_int(vision.get("codebook_size"))
+            and _is_int(audio.get("codebook_size")) and _is_int(text.get("vocab_size"))):
+        return
+    vocab = text["vocab_size"]
+    if d["audio_token_offset"] + audio["codebook_size"] <= vocab:
+        return
+    vision["codebook_size"] = audio["codebook_size"] = _CODEBOOK
+    d["image_token_offset"] = vocab // 2
+    d["audio_token_offset"] = vocab // 2 + _CODEBOOK
 
 
 def _fit_sam_neck(d: dict[str, Any]) -> None:

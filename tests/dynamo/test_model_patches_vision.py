@@ -1,0 +1,38 @@
+"""Issue 28 ("vision traced"): dynamo model patches that let a multimodal zoo case of the seeded sample export with
+its media inputs. Each test exports the case with its image, checks the program against eager at the zoo's second
+shape (the sweep's criterion), and shows the failure again with the patch disabled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hfexport
+from hfexport import ExportError
+
+ATOL, RTOL = 1e-4, 1e-3  # the sweep's criterion
+
+
+def _first_rows(inputs: dict, rows: int) -> dict:
+    """The zoo's inputs cut to their first ``rows`` text rows (the media belong to the first row), to keep the
+    exports fast."""
+    from hfexport_dynamo.inputs import TOKEN_INPUTS
+
+    return {k: v[:rows] if k in TOKEN_INPUTS and isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+@pytest.mark.slow  # two exports of the zoo's tiny Apertus 1.5 with its image; about 25 s on a loaded 2-core machine
+def test_apertus_1_5_tokenizes_its_image_at_the_baked_sizes():
+    from hfexport_sweep import zoo
+
+    model, inputs, alt_inputs = zoo.build_case("apertus1p5/Apertus1p5Model")
+    assert zoo.image_inputs(model).kind == "image_sizes"
+    inputs, alt_inputs = _first_rows(inputs, 2), _first_rows(alt_inputs, 3)
+    patch = "_patch_apertus1p5_image_size_list"
+    exported = hfexport.export(model, inputs, backend="dynamo", dynamic=True)
+    assert patch in str(exported.manifest["workarounds"]["patches"])
+    assert exported.manifest["fixed_kwargs"]["image_sizes"] == [[64, 64]]
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
+    assert report.passed, str(report)
+    with pytest.raises(ExportError, match="'list' object has no attribute 'tolist'"):
+        hfexport.export(model, inputs, backend="dynamo", dynamic=True, disable=(patch,))
