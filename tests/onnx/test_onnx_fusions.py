@@ -142,9 +142,13 @@ def test_a_fusion_that_raises_falls_back_to_the_unfused_model(monkeypatch):
         raise RuntimeError("rule exploded (test)")
 
     monkeypatch.setattr(F, "fuse_for_ort", broken)
+    conversions = []
+    real_export = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: conversions.append(1) or real_export(*a, **k))
     model = tiny_model("bert", layers=1)
     with pytest.warns(F.OrtFusionFallbackWarning, match=r"a fusion failed \(RuntimeError: rule exploded \(test\)\)"):
         exported = hfexport.export(model, backend="onnx")
+    assert len(conversions) == 1  # the fall back optimizes a copy of the converted graph, not a second conversion
     assert exported.manifest["onnx"]["fusions"]["applied"] is False
     assert exported.manifest["onnx"]["optimized"] is True  # the re-export is optimized, only not fused
     assert not [op for op in _op_counts(exported.runner.path) if op[1] == "HalfRewritten" or op[0] == MS]

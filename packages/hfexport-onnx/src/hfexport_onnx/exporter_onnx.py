@@ -156,19 +156,21 @@ class OnnxExporter(Exporter):
         # The ONNX program's initializers are views of the torch weights: not kept; the runner's files are.
         program, state.program = state.program, None
         applied = apply_ir_fixes(program.model, fixes)
+        # What an optimizer crash and a failed fusion fall back to (both rewrite the graph in place): a copy of the
+        # graph, its weights shared. Converting the program again cost a second torch.onnx.export, and failed
+        # where the decomposition had made unbacked symbols (PendingUnbackedSymbolNotFound: Inkling2's image).
+        unoptimized = program.model.clone()
         not_optimized_because, seconds, crashed = self._optimize(ctx, program)
-        if crashed:  # the optimizer rewrites in place (it may have inlined functions before it crashed): re-export
-            program = self._convert(ctx, translation_table(config.disable, config.opset_version))
-            applied = apply_ir_fixes(program.model, fixes)
+        if crashed:
+            program.model = unoptimized.clone()
         for fix in fixes:
             if fix.name in applied:
                 ctx.record_applied(fix.qualified_name, applied[fix.name])
 
-        def unfused() -> ir.Model:  # what a fusion that fails falls back to: the export again, optimized, unfused
-            again = self._convert(ctx, translation_table(config.disable, config.opset_version))
-            apply_ir_fixes(again.model, fixes)
-            again.optimize()
-            return again.model
+        def unfused() -> ir.Model:  # what a fusion that fails falls back to: the converted graph, optimized, unfused
+            program.model = unoptimized.clone()
+            program.optimize()
+            return program.model
 
         def open_runner(model: ir.Model, fusions: dict[str, Any]) -> OnnxRunner:
             final = model
