@@ -134,3 +134,16 @@ def test_apertus_1_5_keeps_its_code_ranges_inside_the_tiny_vocabulary():
     model, inputs, _ = zoo.build_case("apertus1p5/Apertus1p5Model")
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "image_sizes" and media.tokens_per_image == 16, media
+
+
+def test_chameleon_gets_a_vocabulary_map_of_its_tiny_codebook():
+    """Chameleon's ``vocabulary_map`` (its tokenizer's vocabulary, None by default: construction failed) names the
+    image placeholder and one BPE id a VQ-GAN code: the codebook keeps 64 codes, at ids 256 to 319, ``"<image>"`` is
+    a free id, and the case gets its image (16 codes of a 64-pixel image)."""
+    config = zoo.tiny_config("chameleon", with_vision=True)
+    assert config.vq_config.num_embeddings == 64 and len(config.vocabulary_map) == 65
+    assert config.image_token_id == config.vocabulary_map["<image>"] == zoo.TINY_VOCAB - 1
+    model, inputs, _ = zoo.build_case("chameleon/ChameleonModel")
+    assert model.vocabulary_mapping.img2bpe == {i: 256 + i for i in range(64)}
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 16, media

@@ -669,6 +669,7 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     _remap_token_ids(d, TINY_VOCAB, {})
     if with_vision:
         _give_image_token_id(d)
+    _fill_vocabulary_map(d)
     if task == "sequence-classification":
         for sub in (d, d.get("text_config")):
             if isinstance(sub, dict) and sub.get("pad_token_id") is None:
@@ -808,7 +809,27 @@ def _fit_layout_embeddings(d: dict[str, Any]) -> None:
 
 
 _CODEBOOK = 64
-"""Codes a tiny tokenizer's codebook holds (:func:`_fit_code_ranges`)."""
+"""Codes a tiny tokenizer's codebook holds (:func:`_fit_code_ranges`, :func:`_fill_vocabulary_map`)."""
+
+
+def _fill_vocabulary_map(d: dict[str, Any]) -> None:
+    """Chameleon maps its VQ-GAN's codes to BPE ids through ``vocabulary_map`` (token name to id: ``"<image>"`` and
+    one ``"IMGIMG<code in letters A-J>Z"`` a code), None by default (its tokenizer's vocabulary: the model failed
+    construction, ``'NoneType' object has no attribute 'get'``). Where it is None beside a ``vq_config``, the
+    codebook keeps :data:`_CODEBOOK` codes, named at ids from the middle of the tiny vocabulary (256 to 319), and
+    ``"<image>"`` is the config's ``image_token_id`` (a free id when it has none), in place."""
+    vq, text_vocab = d.get("vq_config"), d.get("vocab_size")
+    if "vocabulary_map" not in d or d["vocabulary_map"] is not None or not isinstance(vq, dict) or not _is_int(
+            text_vocab):
+        return
+    vq["num_embeddings"] = min(vq.get("num_embeddings") or _CODEBOOK, _CODEBOOK)
+    image = d.get("image_token_id")
+    if not _is_int(image):
+        used = _token_ids_in(d)
+        image = next(v for v in range(text_vocab - 1, -1, -1) if v not in used)
+    letters = str.maketrans("0123456789", "ABCDEFGHIJ")
+    codes = {f"IMGIMG{str(i).translate(letters)}Z": text_vocab // 2 + i for i in range(vq["num_embeddings"])}
+    d["vocabulary_map"] = {"<image>": image, **codes}
 
 
 def _fit_code_ranges(d: dict[str, Any]) -> None:
