@@ -273,6 +273,19 @@ def test_inkling2_checks_its_placeholder_count_without_indexing_by_the_mask():
                              "not a subset of src_bound")
 
 
+@pytest.mark.slow  # two exports of the zoo's tiny Inkling with an image; about 20 s
+def test_inkling_checks_its_placeholder_count_without_indexing_by_the_mask():
+    """The zoo gives Inkling one ``[temporal patch, patch, patch, C]`` block per image token (``[64, 2, 8, 8, 3]``,
+    channels last); its placeholder check is Inkling2's, copied: it fails torch's range refinement without the
+    patch."""
+    from hfexport_sweep.zoo import build_case, image_inputs
+
+    model, inputs, alt_inputs = build_case("inkling_mm_model/InklingModel")
+    assert image_inputs(model).tokens_per_image == 64 and tuple(inputs["pixel_values"].shape) == (64, 2, 8, 8, 3)
+    assert_exports_only_with(model, inputs, alt_inputs, "_patch_inkling2_placeholder_check",
+                             "not a subset of src_bound")
+
+
 def test_kimi_k25_merge_index_with_item_counts_equals_the_original():
     """The patched temporal-merge index (counts by ``.item()``, each patch's video by comparisons) is the original's
     for images and videos of several sizes."""

@@ -219,3 +219,13 @@ def test_a_unified_embedder_gets_one_patch_per_merged_model_patch():
     assert media.used and media.kind == "image_position_ids" and media.tokens_per_image == 4, media
     assert inputs["pixel_values"].shape == (1, 4, 1728)
     assert inputs["image_position_ids"].tolist() == [[[0, 0], [1, 0], [0, 1], [1, 1]]]
+
+
+def test_a_channels_last_patch_block_per_token():
+    """Inkling's vision tower folds each ``[temporal patch, patch, patch, C]`` block (channels last) into one image
+    token: the case gets the 64 blocks of its 64-pixel image and 64 placeholders (it was text only: its fold unpacked
+    a 4-D image into 5 dims)."""
+    model, inputs, _ = zoo.build_case("inkling_mm_model/InklingModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 64, media
+    assert inputs["pixel_values"].shape == (64, 2, 8, 8, 3)

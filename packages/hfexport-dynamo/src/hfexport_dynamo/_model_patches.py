@@ -561,7 +561,8 @@ def _patch_hy_v4_vl_position_interpolation(original: Any) -> Any:
 
 @register_patch("dynamo", "transformers.models.inkling2.modeling_inkling2.Inkling2Model.get_placeholder_mask",
                 # the same method, copied (checked: identical source in transformers 5.24)
-                "transformers.models.inkling2_loop.modeling_inkling2_loop.Inkling2LoopModel.get_placeholder_mask")
+                "transformers.models.inkling2_loop.modeling_inkling2_loop.Inkling2LoopModel.get_placeholder_mask",
+                "transformers.models.inkling.modeling_inkling.InklingModel.get_placeholder_mask")
 def _patch_inkling2_placeholder_check(original: Any) -> Any:
     """Inkling2's placeholder mask with its token-count check on the count of placeholders instead of the ``numel()``
     of a boolean-mask index.
@@ -572,8 +573,8 @@ def _patch_inkling2_placeholder_check(original: Any) -> Any:
     9223372036854775808] not a subset of src_bound=VR[128, 9223372036854775806]`` at ``modeling_inkling2.py:1653``).
     ``special_mask.sum() * hidden == features.numel()`` (the Qwen-VL form) is the same check without the index;
     the mask is the original's.
-    **Upstream**: model-side (transformers ``modeling_inkling2.py``, copied to ``modeling_inkling2_loop.py``); the
-    range refinement is torch's.
+    **Upstream**: model-side (transformers ``modeling_inkling2.py``, copied to ``modeling_inkling2_loop.py`` and
+    Inkling's ``modeling_inkling.py:1087``); the range refinement is torch's.
     **Remove when**: transformers checks Inkling2's placeholder count without indexing, or the test passes with
     ``disable=("_patch_inkling2_placeholder_check",)``.
     """

@@ -1372,6 +1372,8 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
     recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, 1, c, side, side)}))
     # Fuyu: the image as its flattened patches [1, patches, C * patch * patch], which a linear layer embeds
     recipes.append(("pixel_values", lambda: {"pixel_values": pixels(1, (side // p) ** 2, c * p * p)}))
+    if t > 1:  # Inkling: one [temporal patch, patch, patch, C] block per image token, channels last
+        recipes.append(("pixel_values", lambda: {"pixel_values": pixels((side // p) ** 2, t, p, p, c)}))
     dry[0] = True
     fitting = [(kind, make) for kind, make in recipes if set(make()) <= names]
     dry[0] = False
