@@ -147,3 +147,14 @@ def test_chameleon_gets_a_vocabulary_map_of_its_tiny_codebook():
     assert model.vocabulary_mapping.img2bpe == {i: 256 + i for i in range(64)}
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 16, media
+
+
+def test_ernie_4_5_vl_lists_its_temporal_rotary_section_last():
+    """ERNIE 4.5 VL's ``mrope_section`` is height, width, temporal (``[22, 22, 20]``; it stacks the height and width
+    sections, so they are equal): the tiny head's is ``[3, 3, 2]`` (Qwen-VL's order gave ``[2, 3, 3]`` and every
+    forward failed: stack expects each tensor to be equal size); the case builds and gets its image."""
+    rope = zoo.tiny_config("ernie4_5_vl_moe", with_vision=True).text_config.rope_parameters
+    assert rope["mrope_section"] == [3, 3, 2]
+    model, inputs, _ = zoo.build_case("ernie4_5_vl_moe/Ernie4_5_VLMoeModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "image_grid_thw" and media.tokens_per_image == 16, media

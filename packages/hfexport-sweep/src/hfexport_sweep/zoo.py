@@ -664,6 +664,7 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
         _raise_vanishing_init(d)
     _scale_pinpoints(d)
     _add_mrope_section(d)
+    _put_temporal_section_last(d)
     _fit_vision_feature_layers(d)
     _fit_patch_to_query(d)
     _remap_token_ids(d, TINY_VOCAB, {})
@@ -981,6 +982,24 @@ def _add_mrope_section(d: dict[str, Any]) -> None:
     side = max(1, half * 3 // 8)  # the 8:12:12 split of the real models
     if half > 2 * side:
         text["rope_parameters"] = {**rope, "mrope_section": [half - 2 * side, side, side]}
+
+
+_TEMPORAL_SECTION_LAST = ("ernie4_5_vl_moe_text",)
+"""Text model types whose ``mrope_section`` lists the height, width and then the temporal rotary section (ERNIE 4.5
+VL: ``[22, 22, 20]``, height and width interleaved, so as many of each), where Qwen-VL lists the temporal first."""
+
+
+def _put_temporal_section_last(d: dict[str, Any]) -> None:
+    """The ``mrope_section`` that :func:`_add_mrope_section` gives in Qwen-VL's order (temporal, height, width:
+    ``[2, 3, 3]``) in the order of a :data:`_TEMPORAL_SECTION_LAST` model (``[3, 3, 2]``), in place: ERNIE 4.5 VL
+    stacks its height and width sections (``stack expects each tensor to be equal size``, 2 vs 3: every forward
+    failed)."""
+    text = d.get("text_config")
+    rope = text.get("rope_parameters") if isinstance(text, dict) else None
+    section = rope.get("mrope_section") if isinstance(rope, dict) else None
+    if (isinstance(section, list) and text.get("model_type") in _TEMPORAL_SECTION_LAST and len(section) == 3
+            and section[0] != section[1] and section[1] == section[2]):
+        text["rope_parameters"] = {**rope, "mrope_section": [section[1], section[2], section[0]]}
 
 
 _MAX_REPAIRS = 6
