@@ -229,3 +229,19 @@ def test_a_channels_last_patch_block_per_token():
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "pixel_values" and media.tokens_per_image == 64, media
     assert inputs["pixel_values"].shape == (64, 2, 8, 8, 3)
+
+
+def test_flattened_patches_one_image_a_row():
+    """Kosmos-2.5's forward takes Pix2Struct's ``flattened_patches`` (each patch's row and column from 1, then its 16 x
+    16 x 3 pixels), not ``pixel_values``: each row gets the 16 patches of a 64-pixel image and its
+    ``image_embeds_position_mask``, ``latent_query_num`` (2048, shrunk to Kosmos-2's 64) ones before the text (it was
+    text only: forward takes no pixel_values)."""
+    model, inputs, alt_inputs = zoo.build_case("kosmos-2.5/Kosmos2_5Model")
+    assert zoo.image_inputs(model) == zoo.ImageInputs(True, tokens_per_image=64, kind="per_row")
+    for x in (inputs, alt_inputs):
+        batch = x["input_ids"].shape[0]
+        patches = x["flattened_patches"]
+        assert patches.shape == (batch, 16, 2 + 768)
+        assert patches[0, :, :2].tolist() == [[r, c] for r in range(1, 5) for c in range(1, 5)]
+        assert (x["image_embeds_position_mask"].sum(-1) == 64).all()
+        assert (x["image_embeds_position_mask"][:, :64] == 1).all()

@@ -399,6 +399,7 @@ _INT_CAPS: dict[str, int] = {
     "image_size": TINY_IMAGE,
     "patch_size": TINY_PATCH,
     "mm_tokens_per_image": 16,  # Gemma 3's pooled image tokens: a square of 4 x 4 from the 8 x 8 patches
+    "latent_query_num": 64,  # Kosmos-2.5's image tokens (2048); Kosmos-2 has 64
     "out_hidden_size": TINY_HIDDEN,
     "vision_output_dim": TINY_HIDDEN,  # Llama 4's vision tower and projector
     "projector_input_dim": TINY_HIDDEN,
@@ -1456,7 +1457,7 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
         return inputs, alt_inputs, ImageInputs(False, reason=" ".join(reason.split()))
 
     names = forward_parameters(model)[0]
-    if "pixel_values" not in names and "input_features" not in names:
+    if not any(n in names for n in ("pixel_values", "input_features", "flattened_patches")):
         return fallback("forward takes no pixel_values or input_features")
     gen = torch.Generator().manual_seed(SEED + 1)
 
@@ -1466,8 +1467,12 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
     image_token = _image_token_id(model.config)
     if image_token is None and "qformer_input_ids" in names:  # InstructBLIP-Video places its frames at a video token
         image_token = _token_id(model.config, _QFORMER_VIDEO_TOKEN_KEYS)
-    if image_token is None and "pixel_values" in names:
+    if image_token is None and ("pixel_values" in names or "flattened_patches" in names):
         def per_row() -> tuple[list[dict[str, Any]], int]:
+            if "pixel_values" not in names:  # Kosmos-2.5: each row's image as Pix2Struct's flattened patches
+                rows = [{**x, "flattened_patches": _flattened_patches(model, x["input_ids"].shape[0], draw)}
+                        for x in (inputs, alt_inputs)]
+                return _with_per_row_image_masks(model, rows, names, gen)
             rows = [{**x, "pixel_values": dummy_inputs(model, x["input_ids"].shape[0], SEQ_LEN, generator=gen,
                                                        modality="vision", default_image_size=TINY_IMAGE)["pixel_values"]}
                     for x in (inputs, alt_inputs)]
@@ -1512,6 +1517,20 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
                 return with_media[0], with_media[1], ImageInputs(True, tokens_per_image=tokens, kind=kind)
             first_reason = first_reason or reason
     return fallback(first_reason or "no media recipe fits the model's forward")
+
+
+def _flattened_patches(model: torch.nn.Module, batch: int, draw: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """One image a row as Pix2Struct's processor flattens it (Kosmos-2.5): ``[batch, patches, 2 +
+    patch_embed_hidden_size]``, each patch its row and column (from 1; 0 pads) and its ``16 x 16 x 3`` pixels (the
+    default ``patch_embed_hidden_size``, 768; a square of that many RGB pixels otherwise), the patches of a
+    :data:`TINY_IMAGE` image."""
+    vision = getattr(model.config, "vision_config", None) or model.config
+    width = getattr(vision, "patch_embed_hidden_size", None) or 768
+    patch = math.isqrt(width // 3)
+    side = max(1, TINY_IMAGE // patch)
+    rows, cols = torch.meshgrid(torch.arange(side) + 1, torch.arange(side) + 1, indexing="ij")
+    where = torch.stack([rows.reshape(-1), cols.reshape(-1)], dim=-1).float()
+    return torch.cat([where.expand(batch, -1, -1), draw(batch, side * side, width)], dim=-1)
 
 
 def _with_per_row_image_masks(model: torch.nn.Module, rows: list[dict[str, Any]], names: list[str],
@@ -1581,7 +1600,7 @@ def _with_mrope_positions(model: torch.nn.Module, inputs: dict[str, Any], token:
 def _reads_media(model: torch.nn.Module, with_media: list[dict[str, Any]]) -> str | None:
     """None when the eager forward runs at both shapes without NaNs and its first output changes with the media's
     float input (pixels or features); else why not (one line)."""
-    key = "pixel_values" if "pixel_values" in with_media[0] else "input_features"
+    key = next((k for k in ("pixel_values", "flattened_patches") if k in with_media[0]), "input_features")
     other = {**with_media[0], key: with_media[0][key] + 1.0}
     try:
         with torch.no_grad():
