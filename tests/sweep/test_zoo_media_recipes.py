@@ -158,3 +158,16 @@ def test_ernie_4_5_vl_lists_its_temporal_rotary_section_last():
     model, inputs, _ = zoo.build_case("ernie4_5_vl_moe/Ernie4_5_VLMoeModel")
     media = zoo.image_inputs(model)
     assert media.used and media.kind == "image_grid_thw" and media.tokens_per_image == 16, media
+
+
+def test_granite_4_vision_injects_each_projection_at_its_own_layer():
+    """Granite 4 Vision's ``deepstack_layer_map`` and ``downsample_rate`` are None by default (construction failed)
+    and its ``spatial_target_layers`` name layers 12-21: the tiny config injects the vision tower's middle layer at
+    LLM layer 0 and the four spatial groups at layers 1-4 of 5, with a 2/4 rate; the case gets its anyres image,
+    its placeholder count taken from the first injection's rows."""
+    config = zoo.tiny_config("granite4_vision", with_vision=True)
+    assert config.deepstack_layer_map == [(1, 0)] and config.spatial_target_layers == [1, 2, 3, 4]
+    assert config.text_config.num_hidden_layers == 5 and config.downsample_rate == "2/4"
+    model, inputs, _ = zoo.build_case("granite4_vision/Granite4VisionModel")
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "image_sizes" and media.tokens_per_image == 36, media

@@ -656,6 +656,7 @@ def tiny_config(model_type: str, task: str | None = None, *, keep_image_size: bo
     d = _shrink_dict(d)
     _fill_unset_sizes(d)
     _fit_sam_neck(d)
+    _fit_deepstack_layers(d)
     _fit_code_ranges(d)
     _fit_layout_embeddings(d)
     if keep_image_size:
@@ -851,6 +852,26 @@ def _fit_code_ranges(d: dict[str, Any]) -> None:
     vision["codebook_size"] = audio["codebook_size"] = _CODEBOOK
     d["image_token_offset"] = vocab // 2
     d["audio_token_offset"] = vocab // 2 + _CODEBOOK
+
+
+def _fit_deepstack_layers(d: dict[str, Any]) -> None:
+    """Granite 4 Vision injects window-Q-Former projections of vision layers into language-model layers: one a
+    ``deepstack_layer_map`` pair ``(vision layer, LLM layer)`` (None by default: construction failed, ``object of
+    type 'NoneType' has no len()``) and four spatial offset groups at ``spatial_target_layers`` (``[12, 15, 18,
+    21]``, beyond the tiny model's layers), downsampled by ``downsample_rate`` (None by default: ``"q/w"``, query and
+    window sides). The tiny config maps the vision tower's middle layer to LLM layer 0 and the spatial groups to
+    layers 1-4 (one layer each, as the real ones: a layer takes one injection), with 5 text layers, and a
+    ``"2/4"`` rate (2 x 2 queries a 4 x 4 window, the spatial groups' 2 x 2 sampling), in place."""
+    vision, text = d.get("vision_config"), d.get("text_config")
+    if not ("deepstack_layer_map" in d and d["deepstack_layer_map"] is None and isinstance(vision, dict)
+            and isinstance(text, dict) and isinstance(d.get("spatial_target_layers"), list)):
+        return
+    groups = len(d["spatial_target_layers"])
+    d["deepstack_layer_map"] = [[max(_layer_count(vision) // 2, 1), 0]]
+    d["spatial_target_layers"] = list(range(1, groups + 1))
+    text["num_hidden_layers"] = groups + 1
+    if d.get("downsample_rate") is None:
+        d["downsample_rate"] = "2/4"
 
 
 def _fit_sam_neck(d: dict[str, Any]) -> None:
@@ -1222,6 +1243,9 @@ def _feature_count(model: torch.nn.Module, media: Mapping[str, Any], method: str
         takes |= _params(getattr(getattr(owner, "model", None), method, None))
     with torch.no_grad():
         features = getattr(owner, method)(**{k: v for k, v in media.items() if k in takes})
+    deepstack = getattr(features, "deepstack_features", None)
+    if isinstance(deepstack, list) and deepstack and getattr(features, "pooler_output", None) is None:
+        features = deepstack[0][1]  # Granite 4 Vision: (LLM layer, per-image features) pairs, each as many rows
     if isinstance(features, Mapping) or hasattr(features, "pooler_output"):
         pooled = getattr(features, "pooler_output", None)  # transformers 5: the projected features
         # Fuyu's are its embedded patches, the last hidden state (it pools nothing)
