@@ -253,6 +253,24 @@ def test_complex_fix_rewrites_complex_rope_into_real_pairs():
     assert report.passed, report
 
 
+class SqueezeFirst(torch.nn.Module):
+    """``squeeze(0)`` of a batch that is not 1 (torch skips the dim) and of one that is."""
+
+    def forward(self, x, one):
+        return x.squeeze(0) * 2, one.squeeze(0) + 1
+
+
+def test_squeeze_fix_drops_the_dims_torch_keeps():
+    inputs = {"x": torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), "one": torch.ones(1, 3)}
+    with pytest.raises(ExportError, match=r"Op \(Squeeze\).*Dimension of input 0 must be 1 instead of 16"):
+        hfexport.export(SqueezeFirst(), inputs, backend="onnx", disable=("_fix_squeeze_dims_torch_keeps",),
+                        ort_fusions=None)
+    exported = hfexport.export(SqueezeFirst(), inputs, backend="onnx", ort_fusions=None)
+    assert exported.manifest["workarounds"]["fixes"][PREFIX + "_fix_squeeze_dims_torch_keeps"] == 1  # not `one`'s
+    report = exported.verify(inputs, atol=0, rtol=0)
+    assert report.passed and report.max_abs_diff == 0.0, report
+
+
 def test_complex_output_fails_with_a_clear_error():
     """ONNX Runtime runs (almost) no complex kernels: a program that returns a complex tensor is refused, saying
     what to return instead."""

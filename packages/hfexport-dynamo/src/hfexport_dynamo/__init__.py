@@ -35,7 +35,7 @@ _LAZY = {
     "register_cache_type": "_pytree", "register_transformers_pytrees": "_pytree",
     "read_pt2": "_pt2", "load_program": "_pt2",
     "ComplexRewriteError": "rewrites", "complex_to_real_pairs": "rewrites", "involves_complex": "rewrites",
-    "real_pairs_at_first_complex": "rewrites",
+    "real_pairs_at_first_complex": "rewrites", "squeeze_only_size_one_dims": "rewrites",
     "cache_attention": "_cache_attention",
 }
 

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["ComplexRewriteError", "complex_to_real_pairs", "involves_complex", "real_pairs_at_first_complex"]
+__all__ = ["ComplexRewriteError", "complex_to_real_pairs", "involves_complex", "real_pairs_at_first_complex",
+           "squeeze_only_size_one_dims"]
 
 aten = torch.ops.aten
 _REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
@@ -403,4 +404,29 @@ def real_pairs_at_first_complex(gm: torch.fx.GraphModule, node: torch.fx.Node, c
         return False
     program = getattr(ctx, "program", None)
     complex_to_real_pairs(gm, program if getattr(program, "graph_module", None) is gm else None, backend=backend)
+    return True
+
+
+def squeeze_only_size_one_dims(node: torch.fx.Node) -> bool:
+    """Drop from an ``aten.squeeze.dims`` (``aten.squeeze.dim``) node the dims that torch leaves in place: those
+    whose traced size is not the integer 1 (a dynamic dim, or a static one above 1); a squeeze left with no dim
+    becomes ``aten.alias``. The body of the ``_fix_squeeze_dims_torch_keeps`` FX node fixes (ONNX, OpenVINO), whose
+    squeeze ops remove every axis they are given (and fail on one that is not 1) where torch's squeeze skips it.
+
+    Returns:
+        Whether the node changed.
+    """
+    if node.op != "call_function" or node.target not in (aten.squeeze.dims, aten.squeeze.dim) \
+            or "val" not in node.args[0].meta:
+        return False
+    shape = node.args[0].meta["val"].shape
+    asked = [node.args[1]] if node.target is aten.squeeze.dim else node.args[1]
+    dims = [d % len(shape) for d in asked] if shape else []
+    kept = [d for d in dims if isinstance(shape[d], int) and shape[d] == 1]
+    if kept == dims:
+        return False
+    if kept:
+        node.target, node.args = aten.squeeze.dims, (node.args[0], kept)
+    else:
+        node.target, node.args = aten.alias.default, (node.args[0],)
     return True

@@ -51,7 +51,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims, trace
 
 from ._attention import lowerings
 from ._config import OnnxConfig
@@ -442,6 +442,24 @@ def _fix_bitwise_shift_spellings(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     from ._bitwise import shift_as_tensor_op
 
     return shift_as_tensor_op(gm, node)
+
+
+@register_fx_node_fix("onnx")
+def _fix_squeeze_dims_torch_keeps(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Drops from ``aten.squeeze.dims`` the dims that torch leaves in place, those whose traced size is not the
+    integer 1 (``hfexport_dynamo.squeeze_only_size_one_dims``, shared with OpenVINO's fix of the same name).
+
+    **Why**: torch's ``squeeze(dims)`` skips a dim whose size is not 1; torchlib translates it to ONNX ``Squeeze``
+    with every listed axis, which ONNX Runtime refuses when one is not 1. Mistral3 and Mistral-Large-4 with their
+    image (Pixtral's ``image_features.squeeze(0)`` of a ``[16, 64]`` feature map) failed to open: ``Node
+    (node_squeeze_1) Op (Squeeze) [ShapeInferenceError] Dimension of input 0 must be 1 instead of 16``; on a
+    dynamic dim the model fails at inference instead, whenever the size is not 1.
+    **Upstream**: microsoft/onnxscript#360 ("Squeeze may remove dims unintended", closed; torchlib's
+    ``aten_squeeze_dim`` still emits ``Squeeze(self, [dim])`` unconditionally in onnxscript 0.7.2).
+    **Remove when**: a module returning ``x.squeeze(0)`` of a ``[16, 4]`` tensor exports and runs with
+    ``disable=("_fix_squeeze_dims_torch_keeps",)``.
+    """
+    return squeeze_only_size_one_dims(node)
 
 
 @register_fx_node_fix("onnx")

@@ -40,7 +40,7 @@ from hfexport.plugin import (
     register_fx_node_fix,
     register_workaround,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims, trace
 
 from ._config import OpenVINOConfig
 from ._graph import call_with_meta, constants_inlined, make_stateful, model_io_names, scan_as_while_loop
@@ -357,21 +357,7 @@ def _fix_squeeze_dims_torch_keeps(gm: Any, node: Any) -> bool:
     **Remove when**: a tiny MBartForSequenceClassification exported with ``dynamic=True`` runs at another batch with
     ``disable=("_fix_squeeze_dims_torch_keeps",)``.
     """
-    import torch
-
-    aten = torch.ops.aten
-    if node.op != "call_function" or node.target is not aten.squeeze.dims or "val" not in node.args[0].meta:
-        return False
-    shape = node.args[0].meta["val"].shape
-    dims = [d % len(shape) for d in node.args[1]] if shape else []
-    kept = [d for d in dims if isinstance(shape[d], int) and shape[d] == 1]
-    if kept == dims:
-        return False
-    if kept:
-        node.args = (node.args[0], kept)
-    else:
-        node.target, node.args = aten.alias.default, (node.args[0],)
-    return True
+    return squeeze_only_size_one_dims(node)
 
 
 @register_fx_node_fix("openvino")
