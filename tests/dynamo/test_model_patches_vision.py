@@ -36,3 +36,41 @@ def test_apertus_1_5_tokenizes_its_image_at_the_baked_sizes():
     assert report.passed, str(report)
     with pytest.raises(ExportError, match="'list' object has no attribute 'tolist'"):
         hfexport.export(model, inputs, backend="dynamo", dynamic=True, disable=(patch,))
+
+
+@pytest.mark.slow  # two exports of the zoo's tiny ERNIE 4.5 VL with its image; about 60 s on a loaded 2-core machine
+def test_ernie_4_5_vl_pairs_its_frames_with_index_tensors():
+    from hfexport_sweep import zoo
+
+    model, inputs, alt_inputs = zoo.build_case("ernie4_5_vl_moe/Ernie4_5_VLMoeModel")
+    assert zoo.image_inputs(model).kind == "image_grid_thw"
+    # 4 and 5 rows: the M-RoPE position_ids [3, batch, seq] keep their 3 apart from the batch
+    inputs, alt_inputs = _first_rows(inputs, 4), _first_rows(alt_inputs, 5)
+    for x in (inputs, alt_inputs):
+        x["position_ids"] = x["position_ids"][:, :x["input_ids"].shape[0]]
+    patch = "_patch_ernie4_5_vl_temporal_slicing"
+    exported = hfexport.export(model, inputs, backend="dynamo", dynamic=True)
+    assert patch in str(exported.manifest["workarounds"]["patches"])
+    report = exported.verify(alt_inputs, atol=ATOL, rtol=RTOL)
+    assert report.passed, str(report)
+    with pytest.raises(ExportError, match="data-dependent expression"):
+        hfexport.export(model, inputs, backend="dynamo", dynamic=True, disable=(patch,))
+
+
+@pytest.mark.parametrize("grid", [[[1, 4, 4]], [[2, 4, 4]], [[1, 4, 4], [4, 2, 4], [3, 4, 2], [1, 2, 2]]])
+def test_ernie_4_5_vl_frame_pairs_are_the_loops(grid):
+    """The patch's rows equal the original loops' for an image, a video and a batch of images and videos of even
+    and odd frame counts (an odd video's last frame has no partner)."""
+    from transformers.models.ernie4_5_vl_moe import modeling_ernie4_5_vl_moe as ernie
+
+    from hfexport_dynamo._model_patches import _patch_ernie4_5_vl_temporal_slicing
+
+    original = ernie.Ernie4_5_VLMoeVariableResolutionResamplerModel._temporal_slicing
+    patched = _patch_ernie4_5_vl_temporal_slicing(original)
+
+    class Resampler:
+        spatial_merge_size = 2
+
+    grid_thw = torch.tensor(grid)
+    hidden_states = torch.randn(int((grid_thw.prod(-1) // 4).sum()), 5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(patched(Resampler(), hidden_states, grid_thw), original(Resampler(), hidden_states, grid_thw))

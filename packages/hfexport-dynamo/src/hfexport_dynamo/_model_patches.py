@@ -869,3 +869,40 @@ def _patch_apertus1p5_image_size_list(original: Any) -> Any:
         return image_tokens
 
     return get_image_tokens
+
+
+@register_patch("dynamo", "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe"
+                ".Ernie4_5_VLMoeVariableResolutionResamplerModel._temporal_slicing")
+def _patch_ernie4_5_vl_temporal_slicing(original: Any) -> Any:
+    """Pair ERNIE 4.5 VL's frames with index tensors computed from ``grid_thw`` instead of Python ranges over its values.
+
+    **Why**: the resampler's ``_temporal_slicing`` loops over the values of ``grid_thw`` (``zip(grid_t, ...)``,
+    ``range(0, temporal_size, 2)``) to build the indices of each video's even and odd frames (an image's one frame
+    twice); the values of the baked grid are data-dependent in the trace (``Could not extract specialized integer
+    from data-dependent expression u1`` at modeling_ernie4_5_vl_moe.py:1021). Here every row of ``hidden_states``
+    gets its item, frame and position from the grid by tensor ops; the rows that start a pair (an image's every
+    row; a video's even frames with an odd frame after them) are kept in the same order, each beside its partner
+    (itself for an image, the next frame's row for a video): the same rows as the loops.
+    **Upstream**: model-side (transformers ``modeling_ernie4_5_vl_moe.py``, ``_temporal_slicing``).
+    **Remove when**: the resampler computes its offsets with tensor ops: ``tests/dynamo/test_model_patches_vision.py``
+    exports ERNIE 4.5 VL with ``disable=("<this patch>",)``.
+    """
+
+    def _temporal_slicing(self: Any, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        device = hidden_states.device
+        grid = grid_thw.to(device)
+        frames = grid[:, 0]
+        spatial = grid[:, 1:].prod(-1) // (self.spatial_merge_size ** 2)  # rows a frame
+        rows = frames * spatial  # rows an item
+        ends = rows.cumsum(0)
+        row = torch.arange(hidden_states.shape[0], device=device)
+        item = torch.bucketize(row, ends, right=True)  # the image or video each row belongs to
+        local = row - (ends - rows)[item]
+        t, s = frames[item], spatial[item]
+        frame = local // s
+        starts = (t == 1) | ((frame % 2 == 0) & (frame + 1 < t))
+        first = row[starts]
+        second = first + torch.where(t[starts] > 1, s[starts], 0)
+        return torch.cat([hidden_states.index_select(0, first), hidden_states.index_select(0, second)], dim=-1)
+
+    return _temporal_slicing
