@@ -245,3 +245,21 @@ def test_flattened_patches_one_image_a_row():
         assert patches[0, :, :2].tolist() == [[r, c] for r in range(1, 5) for c in range(1, 5)]
         assert (x["image_embeds_position_mask"].sum(-1) == 64).all()
         assert (x["image_embeds_position_mask"][:, :64] == 1).all()
+
+
+def test_a_vision_language_action_model_gets_a_camera_image_a_row_and_its_actions():
+    """PI0's forward requires ``action_embeds`` (it failed eagerly without) and reads one camera image a row
+    (``[batch, 1, C, H, W]`` and ``pixel_attention_mask [batch, 1]``) at its PaliGemma's image tokens: every row
+    starts with the 64 placeholders; the PaliGemma's projection stays the text width (64; the caps gave 32)."""
+    model, inputs, alt_inputs = zoo.build_case("pi0/PI0Model")
+    vlm = model.config.vlm_config
+    assert vlm.vision_config.projection_dim == vlm.text_config.hidden_size == 64
+    media = zoo.image_inputs(model)
+    assert media == zoo.ImageInputs(True, tokens_per_image=64, kind="cameras"), media
+    assert media.describe() == "one camera image per row, 64 placeholder tokens each (cameras)"
+    for x in (inputs, alt_inputs):
+        batch = x["input_ids"].shape[0]
+        assert x["pixel_values"].shape == (batch, 1, 3, 64, 64) and x["pixel_attention_mask"].all()
+        assert x["action_embeds"].shape == (batch, 1 + model.config.chunk_size, model.config.dit_config.hidden_size)
+        assert (x["input_ids"][:, :64] == vlm.image_token_id).all()
+        assert int((x["input_ids"] == vlm.image_token_id).sum()) == 64 * batch

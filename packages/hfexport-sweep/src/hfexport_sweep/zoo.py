@@ -892,6 +892,13 @@ def _fit_vision_projection(d: dict[str, Any], original: dict[str, Any]) -> None:
     equal (Florence-2: the image features are text-embedding rows), and a top-level ``out_hidden_size`` equal to the
     vision width times the merge size squared where it was (MuseGlimmer's adapter input), in place;
     :data:`_INT_CAPS` shrinks them to other sizes."""
+    vlm, vlm0 = d.get("vlm_config"), original.get("vlm_config")
+    if isinstance(vlm, dict) and isinstance(vlm0, dict):  # PI0's PaliGemma: its projection_dim is the vision one's
+        text, text0 = vlm.get("text_config"), vlm0.get("text_config")
+        if (isinstance(text, dict) and isinstance(text0, dict) and _is_int(vlm.get("projection_dim"))
+                and vlm0.get("projection_dim") == text0.get("hidden_size")):
+            vlm["projection_dim"] = text["hidden_size"]
+        _fit_vision_projection(vlm, vlm0)
     vision, text = d.get("vision_config"), d.get("text_config")
     vision0, text0 = original.get("vision_config"), original.get("text_config")
     if not all(isinstance(x, dict) for x in (vision, text, vision0, text0)):
@@ -1149,7 +1156,7 @@ _AUDIO_TOKEN_KEYS = ("audio_token_id", "audio_token_index")
 _AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "feature_mask")
 """Names a multimodal forward gives the mask of ``input_features`` (``[clips, frames]``, ones where real)."""
 MEDIA_KINDS = ("pixel_values", "per_row", "image_grid_thw", "image_sizes", "pixel_attention_mask", "spatial_shapes",
-               "target_sizes", "image_position_ids", "qformer_input_ids", "audio")
+               "target_sizes", "image_position_ids", "qformer_input_ids", "audio", "cameras")
 """What a multimodal case's media inputs are (:attr:`ImageInputs.kind`): ``pixel_values [1, C, H, W]`` alone (one
 image, placeholder tokens: LLaVA, PaliGemma, ...), ``per_row`` (``[batch, C, H, W]``, no placeholders: GIT, ViLT),
 ``image_grid_thw`` (flattened patches ``[patches, C * temporal_patch * patch * patch]`` and their grid ``[[1, h,
@@ -1160,8 +1167,10 @@ SmolVLM), ``spatial_shapes`` (NaFlex patches ``[1, h * w, C * patch * patch]``, 
 w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]``: MiniCPM-V),
 ``image_position_ids`` (patches ``[1, n, 3 * patch * patch]`` and their ``(x, y)`` ``[1, n, 2]``, a grid of whole
 pooling kernels: Gemma 4), ``qformer_input_ids`` (``[1, C, H, W]``, or 4 frames ``[1, 4, C, H, W]``, and the
-Q-Former's prompt ``[1, 8]``, ``num_query_tokens`` placeholders a frame: InstructBLIP, InstructBLIP-Video) and ``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
-GLM-ASR, ...)."""
+Q-Former's prompt ``[1, 8]``, ``num_query_tokens`` placeholders a frame: InstructBLIP, InstructBLIP-Video), ``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
+GLM-ASR, ...) and ``cameras`` (one camera image a row, ``[batch, 1, C, H, W]`` with ``pixel_attention_mask [batch,
+1]``, its placeholders at the start of every row, beside the ``action_embeds`` a vision-language-action model's
+forward requires: PI0)."""
 
 
 @dataclass(frozen=True)
@@ -1190,6 +1199,8 @@ class ImageInputs:
             return f"text only: {self.reason}"
         if self.kind == "per_row":
             return "one image per row"
+        if self.kind == "cameras":
+            return f"one camera image per row, {self.tokens_per_image} placeholder tokens each (cameras)"
         what = "one audio clip" if self.kind == "audio" else "one image"
         return f"{what}, {self.tokens_per_image} placeholder tokens ({self.kind})"
 
@@ -1491,7 +1502,9 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
     image_token = _image_token_id(model.config)
     if image_token is None and "qformer_input_ids" in names:  # InstructBLIP-Video places its frames at a video token
         image_token = _token_id(model.config, _QFORMER_VIDEO_TOKEN_KEYS)
-    if image_token is None and ("pixel_values" in names or "flattened_patches" in names):
+    if "action_embeds" in names and "pixel_attention_mask" in names:  # PI0: a camera image a row, and the actions
+        attempts = [("cameras", functools.partial(_camera_rows, model, inputs, alt_inputs, draw))]
+    elif image_token is None and ("pixel_values" in names or "flattened_patches" in names):
         def per_row() -> tuple[list[dict[str, Any]], int]:
             if "pixel_values" not in names:  # Kosmos-2.5: each row's image as Pix2Struct's flattened patches
                 rows = [{**x, "flattened_patches": _flattened_patches(model, x["input_ids"].shape[0], draw)}
@@ -1541,6 +1554,29 @@ def _add_image_inputs(model: torch.nn.Module, inputs: dict[str, Any],
                 return with_media[0], with_media[1], ImageInputs(True, tokens_per_image=tokens, kind=kind)
             first_reason = first_reason or reason
     return fallback(first_reason or "no media recipe fits the model's forward")
+
+
+def _camera_rows(model: torch.nn.Module, inputs: dict[str, Any], alt_inputs: dict[str, Any],
+                 draw: Callable[..., torch.Tensor]) -> tuple[list[dict[str, Any]], int]:
+    """``(rows, tokens)``: PI0's text inputs with one camera image a row (``pixel_values [batch, 1, C, H, W]``,
+    ``pixel_attention_mask [batch, 1]`` of ones), its ``tokens`` placeholders (its PaliGemma's
+    ``vlm_config.image_token_id``) prefixed to every row, and the ``action_embeds [batch, 1 + chunk_size, dit
+    width]`` (the robot state's and the noisy actions' embeddings) its forward requires."""
+    config = model.config
+    vlm = config.vlm_config
+    facts = _vision_facts(vlm)
+    c, side = facts["channels"], facts["image"]
+    with torch.no_grad():
+        tokens = model.vlm.get_image_features(draw(1, c, side, side)).pooler_output.shape[1]
+    rows = []
+    for x in (inputs, alt_inputs):
+        batch = x["input_ids"].shape[0]
+        y = _with_media_tokens(x, {}, vlm.image_token_id, torch.full((batch - 1, tokens), vlm.image_token_id))
+        y.update(pixel_values=draw(batch, 1, c, side, side),
+                 pixel_attention_mask=torch.ones(batch, 1, dtype=torch.bool),
+                 action_embeds=draw(batch, 1 + config.chunk_size, config.dit_config.hidden_size))
+        rows.append(y)
+    return rows, tokens
 
 
 def _flattened_patches(model: torch.nn.Module, batch: int, draw: Callable[..., torch.Tensor]) -> torch.Tensor:
