@@ -26,7 +26,8 @@ def test_apertus_1_5_tokenizes_its_image_at_the_baked_sizes():
     from hfexport_sweep import zoo
 
     model, inputs, alt_inputs = zoo.build_case("apertus1p5/Apertus1p5Model")
-    assert zoo.image_inputs(model).kind == "image_sizes"
+    media = zoo.image_inputs(model)
+    assert media.kind == "image_sizes" and media.tokens_per_image == 16, media  # a 64-pixel image's 4 x 4 codes
     inputs, alt_inputs = _first_rows(inputs, 2), _first_rows(alt_inputs, 3)
     patch = "_patch_apertus1p5_image_size_list"
     exported = hfexport.export(model, inputs, backend="dynamo", dynamic=True)

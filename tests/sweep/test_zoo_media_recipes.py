@@ -126,14 +126,11 @@ def test_a_diffusion_model_gets_the_canvas_it_refines():
 def test_apertus_1_5_keeps_its_code_ranges_inside_the_tiny_vocabulary():
     """Apertus 1.5 embeds its image and audio codes as vocabulary ids, the audio range right after the image one and
     both inside the vocabulary (its validator: the audio range ended at 266440, beyond 512): 64 codes each, from
-    256 and 320, below the placeholder tokens; the case gets its image (16 codes of a 64-pixel image)."""
+    256 and 320, below the placeholder tokens (the case's image: tests/dynamo/test_model_patches_vision.py, slow)."""
     config = zoo.tiny_config("apertus1p5", with_vision=True)
     assert config.vision_config.codebook_size == config.audio_config.codebook_size == 64
     assert (config.image_token_offset, config.audio_token_offset) == (256, 320)
     assert config.audio_token_offset + 64 <= min(config.image_token_id, config.audio_token_id)
-    model, inputs, _ = zoo.build_case("apertus1p5/Apertus1p5Model")
-    media = zoo.image_inputs(model)
-    assert media.used and media.kind == "image_sizes" and media.tokens_per_image == 16, media
 
 
 def test_chameleon_gets_a_vocabulary_map_of_its_tiny_codebook():
