@@ -263,3 +263,20 @@ def test_a_vision_language_action_model_gets_a_camera_image_a_row_and_its_action
         assert x["action_embeds"].shape == (batch, 1 + model.config.chunk_size, model.config.dit_config.hidden_size)
         assert (x["input_ids"][:, :64] == vlm.image_token_id).all()
         assert int((x["input_ids"] == vlm.image_token_id).sum()) == 64 * batch
+
+
+def test_a_pooling_adapter_gets_one_crop_and_its_pooling_windows():
+    """Molmo2's tiny config follows its shrunk tower (64 position embeddings for 8 x 8 patches, the adapter's
+    ``text_hidden_size`` the text width, ``image_patch_id`` inside the tiny vocab and never drawn as text), and the
+    case gets one crop's patches, the 2 x 2 window each of its 16 image tokens pools and the pooled grid (it was not
+    instantiable, then text only: get_image_features wants image_token_pooling and image_grids)."""
+    model, inputs, alt_inputs = zoo.build_case("molmo2/Molmo2Model")
+    config = model.config
+    assert config.vision_config.num_position_embeddings == 64 and config.adapter_config.text_hidden_size == 64
+    assert config.image_token_id == config.image_patch_id < zoo.TINY_VOCAB
+    media = zoo.image_inputs(model)
+    assert media.used and media.kind == "image_token_pooling" and media.tokens_per_image == 16, media
+    assert inputs["pixel_values"].shape == (1, 64, 192) and inputs["image_grids"].tolist() == [[4, 4, 0, 0]]
+    assert inputs["image_token_pooling"][:2].tolist() == [[0, 1, 8, 9], [2, 3, 10, 11]]
+    for x in (inputs, alt_inputs):
+        assert int((x["input_ids"] == config.image_token_id).sum()) == 16

@@ -223,12 +223,14 @@ def _find(config: Any, *names: str, default: Any = None) -> Any:
 
 
 def _special_token_ids(tree: Any, out: set[int]) -> set[int]:
-    """Every ``*_token_id(s)`` / ``*_token_index`` / ``*_token`` integer of a config dict, nested ones included."""
+    """Every ``*_token_id(s)`` / ``*_token_index`` / ``*_token`` / ``*_patch_id`` (Molmo2's image placeholder,
+    ``image_patch_id``) integer of a config dict, nested ones included."""
     if isinstance(tree, dict):
         for key, value in tree.items():
             if isinstance(value, dict) and key not in ("id2label", "label2id"):
                 _special_token_ids(value, out)
-            elif isinstance(key, str) and key.endswith(("_token_id", "_token_ids", "_token_index", "_token")):
+            elif isinstance(key, str) and key.endswith(("_token_id", "_token_ids", "_token_index", "_token",
+                                                        "_patch_id")):
                 if _is_int(value):
                     out.add(value)
                 elif isinstance(value, list):

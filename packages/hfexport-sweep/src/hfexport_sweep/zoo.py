@@ -463,7 +463,7 @@ _KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_gro
 
 
 def _is_token_key(key: Any) -> bool:
-    return isinstance(key, str) and key.endswith(("_token_id", "_token_ids", "_token_index", "_token"))
+    return isinstance(key, str) and key.endswith(("_token_id", "_token_ids", "_token_index", "_token", "_patch_id"))
 
 
 def _is_int(value: Any) -> bool:
@@ -951,6 +951,22 @@ def _fit_vision_feature_layers(d: dict[str, Any]) -> None:
         d["vision_feature_layer"] = [min(max(v, low), high) for v in layers]
     _fit_adapter_feature_layers(d)
     _fit_high_res_global_layers(d)
+    _fit_pooling_adapter(d)
+
+
+def _fit_pooling_adapter(d: dict[str, Any]) -> None:
+    """Molmo2's vision tower adds one position embedding per patch (``num_position_embeddings``, 729 for its 27 x 27
+    patches: the tiny 64-pixel image in 8-pixel patches has 64) and its pooling adapter projects to
+    ``adapter_config.text_hidden_size`` (3584, the text width, shrunk to 64): both follow the shrunk config, in
+    place."""
+    adapter, vision, text = (d.get(k) for k in ("adapter_config", "vision_config", "text_config"))
+    if not (isinstance(adapter, dict) and isinstance(vision, dict) and isinstance(text, dict)):
+        return
+    if _is_int(adapter.get("text_hidden_size")) and _is_int(text.get("hidden_size")):
+        adapter["text_hidden_size"] = text["hidden_size"]
+    side, patch = _side(vision.get("image_size")), _side(vision.get("patch_size"))
+    if _is_int(vision.get("num_position_embeddings")) and side and patch:
+        vision["num_position_embeddings"] = (side // patch) ** 2
 
 
 def _fit_high_res_global_layers(d: dict[str, Any]) -> None:
@@ -1156,7 +1172,7 @@ _AUDIO_TOKEN_KEYS = ("audio_token_id", "audio_token_index")
 _AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "feature_mask")
 """Names a multimodal forward gives the mask of ``input_features`` (``[clips, frames]``, ones where real)."""
 MEDIA_KINDS = ("pixel_values", "per_row", "image_grid_thw", "image_sizes", "pixel_attention_mask", "spatial_shapes",
-               "target_sizes", "image_position_ids", "qformer_input_ids", "audio", "cameras")
+               "target_sizes", "image_position_ids", "qformer_input_ids", "audio", "cameras", "image_token_pooling")
 """What a multimodal case's media inputs are (:attr:`ImageInputs.kind`): ``pixel_values [1, C, H, W]`` alone (one
 image, placeholder tokens: LLaVA, PaliGemma, ...), ``per_row`` (``[batch, C, H, W]``, no placeholders: GIT, ViLT),
 ``image_grid_thw`` (flattened patches ``[patches, C * temporal_patch * patch * patch]`` and their grid ``[[1, h,
@@ -1168,9 +1184,10 @@ w]``: LFM2-VL), ``target_sizes`` (``[1, C, H, W]`` and its patch grid ``[[h, w]]
 ``image_position_ids`` (patches ``[1, n, 3 * patch * patch]`` and their ``(x, y)`` ``[1, n, 2]``, a grid of whole
 pooling kernels: Gemma 4), ``qformer_input_ids`` (``[1, C, H, W]``, or 4 frames ``[1, 4, C, H, W]``, and the
 Q-Former's prompt ``[1, 8]``, ``num_query_tokens`` placeholders a frame: InstructBLIP, InstructBLIP-Video), ``audio`` (``input_features [1, mel bins, frames]`` and its mask: Qwen2-Audio,
-GLM-ASR, ...) and ``cameras`` (one camera image a row, ``[batch, 1, C, H, W]`` with ``pixel_attention_mask [batch,
+GLM-ASR, ...), ``cameras`` (one camera image a row, ``[batch, 1, C, H, W]`` with ``pixel_attention_mask [batch,
 1]``, its placeholders at the start of every row, beside the ``action_embeds`` a vision-language-action model's
-forward requires: PI0)."""
+forward requires: PI0) and ``image_token_pooling`` (one crop's patches ``[1, patches, C * patch * patch]``, the patches
+each image token pools, a 2 x 2 window ``[tokens, 4]``, the pooled grid ``[[h, w, 0, 0]]`` and one crop: Molmo2)."""
 
 
 @dataclass(frozen=True)
@@ -1415,6 +1432,15 @@ def _image_recipes(model: torch.nn.Module, draw: Callable[..., torch.Tensor]) ->
         recipes += [("qformer_input_ids", lambda: {"pixel_values": pixels(1, c, side, side), "qformer_input_ids": prompt}),
                     ("qformer_input_ids", lambda: {"pixel_values": pixels(1, frames, c, side, side),
                                                    "qformer_input_ids": prompt})]
+    if "image_token_pooling" in takes:  # Molmo2: one crop's patches, each image token pooling a 2 x 2 window
+        grid = side // p
+        pooled = max(1, grid // 2)
+        windows = (torch.arange(pooled * 2 * pooled * 2).reshape(pooled, 2, pooled, 2).permute(0, 2, 1, 3)
+                   .reshape(pooled * pooled, 4))
+        windows = windows // (pooled * 2) * grid + windows % (pooled * 2)  # indices in the crop's grid x grid patches
+        recipes.append(("image_token_pooling", lambda: {
+            "pixel_values": pixels(1, grid * grid, c * p * p), "image_token_pooling": windows,
+            "image_grids": torch.tensor([[pooled, pooled, 0, 0]]), "image_num_crops": torch.tensor([1])}))
     if "target_sizes" in takes:  # MiniCPM-V: the patch grid of each image
         recipes.append(("target_sizes", lambda: {"pixel_values": pixels(1, c, side, side),
                                                  "target_sizes": torch.tensor([[side // p, side // p]])}))
