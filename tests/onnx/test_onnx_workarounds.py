@@ -406,3 +406,24 @@ def test_bfloat16_inputs_run_on_the_float32_graph(tmp_path):
             actual = artifact(x=given)
             assert actual.dtype == torch.float32  # computed in float32, returned unrounded
             torch.testing.assert_close(actual, expected.float(), atol=2e-2, rtol=2e-2)
+
+
+# ── _patch_identity_constants_match_exactly (MuseGlimmer's post-norm epsilon) ─────────────────────
+class TinyEpsilonNorm(torch.nn.Module):
+    """``x / sqrt(mean(x**2) + 1e-8)``: an epsilon at onnxscript's ``abs_tol``, on values whose mean square is
+    comparable to it."""
+
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
+
+
+def test_identity_rules_keep_an_epsilon_of_1e_8():
+    inputs = {"x": 1e-4 * torch.randn(2, 8, generator=torch.Generator().manual_seed(0))}
+    with torch.no_grad():
+        eager = TinyEpsilonNorm()(**inputs)
+    for disable, ok in (((), True), (("_patch_identity_constants_match_exactly",), False)):
+        exported = hfexport.export(TinyEpsilonNorm(), inputs, backend="onnx", disable=disable, verify=False,
+                                   ort_fusions=None)
+        assert exported.manifest["onnx"]["optimized"] is True
+        error = (exported(**inputs) - eager).abs().max().item()
+        assert (error <= 1e-6) == ok, (disable, error)  # 0.0 with the patch; 0.64 with the epsilon dropped

@@ -68,6 +68,7 @@ from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_op
 from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, drop_machine_metadata, node_count
 from ._naming import io_names, name_graph_io
 from ._optimizer_cost import _patch_multi_output_match_checks_its_anchor_first  # noqa: F401 - registers it
+from ._optimizer_rules import _patch_identity_constants_match_exactly  # noqa: F401 - registers it
 from ._quantize import quantization_section, quantize_model
 from ._runner import (
     DATA_FILE,
