@@ -433,3 +433,26 @@ def test_rerun_repeats_the_last_bound_run_on_inputs_updated_in_place(llama_decod
     torch.testing.assert_close(again, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="run once there first"):
         runner.rerun()
+
+
+def test_the_optimizers_recoverable_failures_are_quiet_unless_verbose(monkeypatch, caplog):
+    """onnxscript's constant folding and onnx_ir's shape inference log a warning for each node or model they leave
+    as it was ("Evaluation failed: Axis must be a rank-0 tensor", on Inkling2's image path, dozens of times): inside
+    the ONNX export's stage 5 they are dropped, errors still show, and ``--verbose`` shows everything."""
+    import logging
+
+    from hfexport_onnx._errors import quiet_onnx_passes
+
+    folding = logging.getLogger("onnxscript.optimizer._constant_folding")
+    shapes = logging.getLogger("onnx_ir.passes.common.shape_inference")
+    monkeypatch.delenv("HFEXPORT_VERBOSE", raising=False)
+    with caplog.at_level(logging.WARNING):
+        with quiet_onnx_passes():
+            folding.warning("Evaluation failed: %s", "Axis must be a rank-0 tensor")
+            shapes.warning("Shape inference failed: %s. Model is left unchanged", "x")
+            shapes.error("an error")
+        folding.warning("after the body")
+        monkeypatch.setenv("HFEXPORT_VERBOSE", "1")
+        with quiet_onnx_passes():
+            folding.warning("verbose")
+    assert [r.getMessage() for r in caplog.records] == ["an error", "after the body", "verbose"]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from ._model import TORCHLIB_OPSET, UnsupportedOpsetError
 
 __all__ = ["OnnxConversionError", "OnnxSessionError", "OptimizerFallbackWarning", "failure_text", "onnx_hints",
-           "quiet_torch_onnx"]
+           "quiet_onnx_passes", "quiet_torch_onnx"]
 
 
 class OnnxConversionError(RuntimeError):
@@ -65,6 +65,38 @@ def quiet_torch_onnx() -> Iterator[None]:
     finally:
         for lg in loggers:
             lg.removeFilter(noise)
+
+
+# The loggers of recoverable failures inside onnxscript's optimizer and fusions: a node constant folding cannot
+# evaluate ("Evaluation failed: Axis must be a rank-0 tensor", once per node and pass) and a model ONNX shape inference
+# cannot type ("Shape inference failed: ... Model is left unchanged", with its traceback); either pass goes on.
+_PASS_LOGGERS = ("onnxscript.optimizer._constant_folding", "onnx_ir.passes.common.shape_inference")
+
+
+class _DropWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING
+
+
+@contextlib.contextmanager
+def quiet_onnx_passes() -> Iterator[None]:
+    """Within the body, the warnings of :data:`_PASS_LOGGERS` are dropped (errors still show), unless
+    ``hfexport --verbose``: what the optimizer and the fusions could not do is recorded in the manifest, and a
+    wrong result would fail the export's verification."""
+    from hfexport.commands import verbose
+
+    if verbose():
+        yield
+        return
+    drop = _DropWarnings()
+    loggers = [logging.getLogger(name) for name in _PASS_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
 
 
 def onnx_hints(exc: BaseException) -> list[str]:

@@ -61,6 +61,7 @@ from ._errors import (
     OptimizerFallbackWarning,
     failure_text,
     onnx_hints,
+    quiet_onnx_passes,
     quiet_torch_onnx,
 )
 from ._export_cost import _patch_torchlib_registry_built_once  # noqa: F401 - registers it
@@ -153,6 +154,7 @@ class OnnxExporter(Exporter):
     # Stage 5: ONNX IR fixes
     def stage_onnx_ir_fixes(self, ctx: ExportContext) -> None:
         state, config = onnx_state(ctx), self.onnx_config
+        ctx.stack.enter_context(quiet_onnx_passes())  # the optimizer's and fusions' recoverable failures
         fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
         # The ONNX program's initializers are views of the torch weights: not kept; the runner's files are.
         program, state.program = state.program, None
