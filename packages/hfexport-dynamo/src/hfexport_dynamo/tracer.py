@@ -552,8 +552,10 @@ def _guards_refuse(program: torch.export.ExportedProgram, flat_inputs: list[Any]
         return False
     try:
         guards(*flat_inputs)
-    except AssertionError:
+    except AssertionError:  # torch._assert of a failed guard
         return True
+    except Exception:  # noqa: BLE001 - a guard these inputs cannot evaluate: no evidence of a refusal
+        return False
     return False
 
 
@@ -575,7 +577,8 @@ def _widen_narrowed_dims(ctx: ExportContext, module: Any, make_args: Any, strict
     (``ctx.stack``): a backend's retraces of the program evaluate those checks again."""
     state = trace_state(ctx)
     narrowed = narrowed_dims(program, ctx.inputs, state.dynamic_shapes, ctx.model)
-    larger_media = None if narrowed or not program._guards_code else _media_twice_as_large(program, make_args())
+    guarded = getattr(program, "_guards_code", None)  # its shape guards as code (torch 2.15); empty: none to check
+    larger_media = None if narrowed or not guarded else _media_twice_as_large(program, make_args())
     if not narrowed and not (larger_media is not None and _guards_refuse(program, larger_media)):
         return program
     from torch.fx.experimental import _config as fx_config
