@@ -522,21 +522,23 @@ def narrowed_dims(program: torch.export.ExportedProgram, inputs: Mapping[str, An
 
 def _media_twice_as_large(program: torch.export.ExportedProgram, args: tuple[Any, ...]) -> list[Any] | None:
     """The program's flat user inputs as meta tensors, with every dynamic dim past the batch and channels (dim 2 on)
-    of its floating-point inputs of 3 or more dims (images, video, audio features) doubled; None when no such dim
-    is dynamic. Other inputs keep their sizes: their dims may be shared with the media's batch."""
-    leaves = pytree.tree_leaves(args)
+    of its top-level floating-point inputs of 3 or more dims (images, video, audio features) doubled; None when no
+    such dim is dynamic. Other inputs keep their sizes: their dims may be shared with the media's batch, and a
+    cache's leaves are tied to positions and masks."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     values = [placeholders[s.arg.name].meta.get("val") for s in specs if hasattr(s.arg, "name")]
+    media = [isinstance(arg, torch.Tensor) and arg.is_floating_point() and arg.dim() >= 3 for arg in args]
+    leaves = [(leaf, is_media) for arg, is_media in zip(args, media, strict=True) for leaf in pytree.tree_leaves(arg)]
     if len(values) != len(leaves):
         return None
     out, doubled = [], False
-    for leaf, fake in zip(leaves, values, strict=True):
+    for (leaf, is_media), fake in zip(leaves, values, strict=True):
         if not isinstance(leaf, torch.Tensor):
             out.append(leaf)
             continue
         shape = list(leaf.shape)
-        if leaf.is_floating_point() and leaf.dim() >= 3 and isinstance(fake, torch.Tensor):
+        if is_media and isinstance(fake, torch.Tensor):
             for dim in range(2, leaf.dim()):
                 if _is_dynamic(fake.shape[dim]):
                     shape[dim], doubled = 2 * shape[dim], True
@@ -584,8 +586,11 @@ def _widen_narrowed_dims(ctx: ExportContext, module: Any, make_args: Any, strict
     from torch.fx.experimental import _config as fx_config
 
     try:
+        # on copies of the input tensors: a trace that fails leaves torch's dynamic-dim markers (``_dynamo_*``
+        # attributes) on its inputs, which the first program's example inputs share (and a saved .pt2 would carry)
+        copies = pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, make_args())
         with fx_config.patch(backed_size_oblivious=True):
-            retried = torch.export.export(module, make_args(), dynamic_shapes=state.dynamic_shapes, strict=strict)
+            retried = torch.export.export(module, copies, dynamic_shapes=state.dynamic_shapes, strict=strict)
     except Exception as exc:  # noqa: BLE001 - the first program stands
         logger.debug("the size-oblivious retrace failed: %s", exc)
         return program
