@@ -726,8 +726,13 @@ def _give_image_token_id(d: dict[str, Any]) -> None:
     an image's features (it checks ``image_token_id is not None``)."""
     for key in _FREE_TOKEN_KEYS:
         if key in d and d[key] is None:
-            used = _token_ids_in(d)
-            d[key] = next(v for v in range(TINY_VOCAB - 1, -1, -1) if v not in used)
+            d[key] = _highest_free_token_id(d, TINY_VOCAB)
+
+
+def _highest_free_token_id(d: dict[str, Any], vocab: int) -> int:
+    """The highest id below ``vocab`` that no token key of the config ``d`` (sub-configs included) uses."""
+    used = _token_ids_in(d)
+    return next(v for v in range(vocab - 1, -1, -1) if v not in used)
 
 
 _FREE_TOKEN_KEYS = ("image_token_id", "image_token_index", "video_token_index")
@@ -828,8 +833,7 @@ def _fill_vocabulary_map(d: dict[str, Any]) -> None:
     vq["num_embeddings"] = min(vq.get("num_embeddings") or _CODEBOOK, _CODEBOOK)
     image = d.get("image_token_id")
     if not _is_int(image):
-        used = _token_ids_in(d)
-        image = next(v for v in range(text_vocab - 1, -1, -1) if v not in used)
+        image = _highest_free_token_id(d, text_vocab)
     letters = str.maketrans("0123456789", "ABCDEFGHIJ")
     codes = {f"IMGIMG{str(i).translate(letters)}Z": text_vocab // 2 + i for i in range(vq["num_embeddings"])}
     d["vocabulary_map"] = {"<image>": image, **codes}
