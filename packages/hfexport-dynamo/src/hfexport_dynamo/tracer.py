@@ -307,11 +307,16 @@ def _dims(value: Any, program: torch.export.ExportedProgram) -> tuple[list[Any],
     return shape, dynamic
 
 
-def describe_inputs(program: torch.export.ExportedProgram, examples: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Name, dtype, shape (symbols for dynamic dims) and dynamic dims of every user input leaf."""
+def _user_input_values(program: torch.export.ExportedProgram) -> list[Any]:
+    """The traced values (``meta["val"]``: fake tensors, ints) of the program's user inputs, flat, in order."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    leaves = [placeholders[s.arg.name].meta.get("val") for s in specs if hasattr(s.arg, "name")]
+    return [placeholders[s.arg.name].meta.get("val") for s in specs if hasattr(s.arg, "name")]
+
+
+def describe_inputs(program: torch.export.ExportedProgram, examples: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Name, dtype, shape (symbols for dynamic dims) and dynamic dims of every user input leaf."""
+    leaves = _user_input_values(program)
     in_spec = program.call_spec.in_spec.children()[0]  # (args, kwargs) -> args
     out, offset = [], 0
     for name, child in zip(examples, in_spec.children(), strict=True):
@@ -525,9 +530,7 @@ def _media_twice_as_large(program: torch.export.ExportedProgram, args: tuple[Any
     of its top-level floating-point inputs of 3 or more dims (images, video, audio features) doubled; None when no
     such dim is dynamic. Other inputs keep their sizes: their dims may be shared with the media's batch, and a
     cache's leaves are tied to positions and masks."""
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    values = [placeholders[s.arg.name].meta.get("val") for s in specs if hasattr(s.arg, "name")]
+    values = _user_input_values(program)
     media = [isinstance(arg, torch.Tensor) and arg.is_floating_point() and arg.dim() >= 3 for arg in args]
     leaves = [(leaf, is_media) for arg, is_media in zip(args, media, strict=True) for leaf in pytree.tree_leaves(arg)]
     if len(values) != len(leaves):
