@@ -50,21 +50,26 @@ class _DropNoise(logging.Filter):
 
 
 @contextlib.contextmanager
-def quiet_torch_onnx() -> Iterator[None]:
-    """Drop torch.onnx's log lines and re-warnings about what the exporter already handled."""
-    noise = _DropNoise()
-    loggers = [logging.getLogger("torch.onnx._internal.exporter._registration")]
+def _filtered(names: tuple[str, ...], drop: logging.Filter) -> Iterator[None]:
+    """Within the body, ``drop`` filters the records of the loggers ``names``; removed after."""
+    loggers = [logging.getLogger(name) for name in names]
     for lg in loggers:
-        lg.addFilter(noise)
+        lg.addFilter(drop)
     try:
-        with warnings.catch_warnings():
-            # torch.onnx re-warns about things the exporter already handled (deprecated dynamic_axes, ...).
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            yield
+        yield
     finally:
         for lg in loggers:
-            lg.removeFilter(noise)
+            lg.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def quiet_torch_onnx() -> Iterator[None]:
+    """Drop torch.onnx's log lines and re-warnings about what the exporter already handled."""
+    with _filtered(("torch.onnx._internal.exporter._registration",), _DropNoise()), warnings.catch_warnings():
+        # torch.onnx re-warns about things the exporter already handled (deprecated dynamic_axes, ...).
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        yield
 
 
 # The loggers of recoverable failures inside onnxscript's optimizer and fusions: a node constant folding cannot
@@ -88,15 +93,8 @@ def quiet_onnx_passes() -> Iterator[None]:
     if verbose():
         yield
         return
-    drop = _DropWarnings()
-    loggers = [logging.getLogger(name) for name in _PASS_LOGGERS]
-    for lg in loggers:
-        lg.addFilter(drop)
-    try:
+    with _filtered(_PASS_LOGGERS, _DropWarnings()):
         yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(drop)
 
 
 def onnx_hints(exc: BaseException) -> list[str]:
