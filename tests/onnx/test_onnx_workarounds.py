@@ -427,3 +427,28 @@ def test_identity_rules_keep_an_epsilon_of_1e_8():
         assert exported.manifest["onnx"]["optimized"] is True
         error = (exported(**inputs) - eager).abs().max().item()
         assert (error <= 1e-6) == ok, (disable, error)  # 0.0 with the patch; 0.64 with the epsilon dropped
+
+
+# ── _patch_constant_outputs_left_out ──
+class ReturnsIndexedFeatures(torch.nn.Module):
+    """Returns ``(layer index, features)`` pairs beside its output, as Granite 4 Vision's deepstack features do."""
+
+    def forward(self, x):
+        return x * 2, [(0, x + 1), (1, x - 1)], True
+
+
+def test_constant_outputs_are_left_out_of_the_graph_and_put_back(tmp_path):
+    inputs = {"x": torch.randn(2, 3, generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(ExportError, match="'int' object has no attribute 'name'"):
+        hfexport.export(ReturnsIndexedFeatures(), inputs, backend="onnx",
+                        disable=("_patch_constant_outputs_left_out",))
+
+    exported = hfexport.export(ReturnsIndexedFeatures(), inputs, backend="onnx")
+    assert exported.manifest["onnx"]["output_constants"] == {"1": 0, "3": 1, "5": True}
+    exported.save(tmp_path / "art")
+    loaded = hfexport.load(tmp_path / "art")
+    doubled, pairs, flag = loaded(**inputs)
+    x = inputs["x"]
+    assert torch.equal(doubled, x * 2) and flag is True
+    assert [index for index, _ in pairs] == [0, 1]
+    assert torch.equal(pairs[0][1], x + 1) and torch.equal(pairs[1][1], x - 1)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -385,6 +386,37 @@ def _patch_decompose_with_registry(original: Any, ctx: ExportContext | None = No
         return program
 
     return decompose_with_registry
+
+
+@register_patch("onnx.decomposition", "torch.onnx._internal.exporter._core._handle_output_node")
+def _patch_constant_outputs_left_out(original: Any) -> Any:
+    """Leaves a program's constant outputs (a Python int, float, bool or str in the output node) out of the ONNX
+    graph, as torch.onnx already leaves out ``None`` (with a warning each); the manifest's ``output_constants`` puts them back.
+
+    **Why**: torch.onnx translates the output node by reading ``.name`` of every output but ``None``. A model that
+    returns ints beside its tensors fails: Granite 4 Vision's ``Granite4VisionModel`` returns its deepstack
+    features as ``(layer index, features)`` pairs, ``ConversionError: Error when translating node return (mul_160,
+    0, cat_3, 1, ...)`` ← ``AttributeError: 'int' object has no attribute 'name'``. hfexport names only the
+    tensor outputs (``io_names``) and the runner rebuilds the output pytree with the constants, so leaving them
+    out of the graph loses nothing.
+    **Upstream**: none found; the private function is ``torch/onnx/_internal/exporter/_core.py``'s
+    ``_handle_output_node`` (called by ``_translate_fx_graph``).
+    **Remove when**: torch.onnx skips (or emits) constant outputs; a module returning ``(x + 1, 3)`` then exports
+    with ``disable=("_patch_constant_outputs_left_out",)``.
+    """
+
+    def handle_output_node(node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+        outputs = node.args[0]
+        if isinstance(outputs, (tuple, list)) and any(_is_constant(o) for o in outputs):
+            # The original reads only the node's args and name; a stand-in keeps the graph's users untouched.
+            node = types.SimpleNamespace(name=node.name, args=([o for o in outputs if not _is_constant(o)],))
+        return original(node, *args, **kwargs)
+
+    return handle_output_node
+
+
+def _is_constant(output: Any) -> bool:
+    return isinstance(output, (int, float, bool, str))
 
 
 # ── Stage 3: FX node fixes ──
