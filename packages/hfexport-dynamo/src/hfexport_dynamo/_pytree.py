@@ -37,8 +37,17 @@ def _flatten(obj: Any) -> tuple[list[Any], Any]:
     fixed = _REGISTERED.get(type(obj))
     state = vars(obj)
     names = fixed if fixed is not None else tuple(k for k, v in state.items() if _is_child(v))
-    static = tuple((k, v) for k, v in state.items() if k not in names)
+    static = tuple((k, None if _is_symbolic(v) else v) for k, v in state.items() if k not in names)
     return [state.get(k) for k in names], (type(obj), names, static)
+
+
+def _is_symbolic(value: Any) -> bool:
+    """A size traced from a dynamic dim (``DynamicSlidingWindowLayer.cumulative_length``, past + new tokens): it has
+    no one value for a static context, which is copied and saved with the program's output spec. Kept, its SymInt
+    carried the trace's shape environment into the spec, and torch.onnx's ``run_decompositions`` failed to deep-copy
+    it (``Cannot access data pointer of Tensor (e.g. FakeTensor ...)``: DiffusionGemma). A rebuilt output cache has
+    ``None`` there; eager's has the int."""
+    return isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool)
 
 
 def _unflatten(children: Any, context: Any) -> Any:
