@@ -266,7 +266,10 @@ def _segment_attention(self: Any, module: Any, query: torch.Tensor, key: torch.T
 
     seq_length = query.shape[2]
     positions = torch.arange(seq_length, device=query.device)
-    segment = (positions[:, None] >= cu_seqlens[None, 1:].to(positions.dtype)).sum(-1)
+    # A patch's segment id: how many image starts it is at or past (cu_seqlens[0] == 0 counts for every patch). Not
+    # cu_seqlens[1:]: the slice's fake kernel in ExecuTorch's view_copy pass guards on its unbacked length
+    # (GuardOnDataDependentSymNode 'u33 < 1' in torch/_decomp slice_forward; EXAONE 4.5 with its image).
+    segment = (positions[:, None] >= cu_seqlens[None, :].to(positions.dtype)).sum(-1)
     mask = torch.zeros(seq_length, seq_length, dtype=query.dtype, device=query.device).masked_fill(
         segment[:, None] != segment[None, :], torch.finfo(query.dtype).min)
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, module.eager_attention_forward)
