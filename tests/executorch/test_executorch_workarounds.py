@@ -779,3 +779,35 @@ def test_lowering_notices_are_kept_out_unless_verbose(monkeypatch):
     assert shown() == ["something else"]
     monkeypatch.setenv("HFEXPORT_VERBOSE", "1")
     assert shown() == ["_check_is_size", "Mutation on a ", "something else"]
+
+
+# ── ET_DECOMPOSITIONS[unique_consecutive], _patch_unbacked_size_upper_bound ──
+class WindowBoundaries(torch.nn.Module):
+    """Qwen2.5-VL's vision windows: repeated cumulative boundaries dropped with ``unique_consecutive``, and the
+    inverse and counts beside them."""
+
+    def forward(self, boundaries):
+        kept, inverse, counts = torch.unique_consecutive(boundaries, return_inverse=True, return_counts=True)
+        return kept * 2, inverse, counts
+
+
+def test_unique_consecutive_decomposes_into_ops_with_portable_kernels():
+    inputs = {"boundaries": torch.tensor([0, 4, 4, 8, 8, 8, 12])}
+    exported = export(WindowBoundaries(), inputs, dynamic=True)
+    assert_matches(exported, WindowBoundaries(), inputs)
+    assert_matches(exported, WindowBoundaries(), {"boundaries": torch.tensor([0, 0, 3, 5, 5])})
+
+
+def test_patch_unbacked_size_upper_bound_plans_a_data_dependent_length():
+    """A size that lowering's retrace made anew (``u137 + 1``, ``[0, int_oo]``): ExecuTorch's own evaluation fails,
+    the patched one plans it at the default ``dim_upper_bound`` (64); a backed size is left to the original."""
+    from executorch.exir.sym_util import eval_upper_bound
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from hfexport_executorch.exporter_executorch import _patch_unbacked_size_upper_bound
+
+    size = ShapeEnv().create_unbacked_symint()
+    with pytest.raises(RuntimeError, match="finite upper bound"):
+        eval_upper_bound(size + 1)
+    patched = _patch_unbacked_size_upper_bound(eval_upper_bound)
+    assert patched(size + 1) == 65 and patched(size * 2) == 128 and patched(7) == 7

@@ -114,6 +114,36 @@ def _decompose_is_all_true(input: torch.Tensor) -> torch.Tensor:
     return torch.logical_not(torch.any(torch.logical_not(input)))
 
 
+def _decompose_unique_consecutive(input: torch.Tensor, return_inverse: bool = False, return_counts: bool = False,
+                                  dim: int | None = None) -> Any:
+    """``aten.unique_consecutive`` of a 1-D tensor (``dim`` None) from comparisons, a cumulative sum and a boolean
+    index: an element is kept where it differs from its predecessor. Same values, order and dtypes as eager's
+    ``(output, inverse, counts)``; an output not asked for is an empty int64 tensor, as eager's.
+
+    Not Core ATen and no portable kernel; Qwen2.5-VL-style vision windows (``transformers/vision_utils.py`` drops
+    repeated window boundaries with it) reach it: EXAONE 4.5 with its image. The predecessor is gathered at
+    ``max(i - 1, 0)`` rather than sliced, because the input's length is often unbacked (a slice's fake kernel
+    guards on it). ``counts`` compares each element's segment with every segment: O(n * segments) memory.
+    Another ``dim`` or rank: ``NotImplemented`` (the op stays, and the edge verifier names it).
+    """
+    if dim is not None or input.dim() != 1:
+        return NotImplemented
+    positions = torch.arange(input.shape[0], device=input.device)
+    previous = torch.index_select(input, 0, torch.clamp(positions - 1, min=0))
+    starts = (input != previous) | (positions == 0)
+    output = input[starts]
+    # The kept count's new unbacked symbol gets the input's (bounded) length as its upper bound: ExecuTorch plans
+    # memory at upper bounds and fails on an infinite one ("Cannot evaluate a finite upper bound").
+    torch._check(output.shape[0] <= input.shape[0])
+    empty = torch.zeros(0, dtype=torch.long, device=input.device)
+    inverse = torch.cumsum(starts.to(torch.long), 0) - 1
+    counts = empty
+    if return_counts:
+        segments = torch.arange(output.shape[0], device=input.device)
+        counts = (inverse[None, :] == segments[:, None]).sum(-1)
+    return output, inverse if return_inverse else empty, counts
+
+
 def _scalar_as_tensor(scalar: Any, like: torch.Tensor) -> torch.Tensor:
     """``scalar`` as a tensor of the dtype eager gives ``scalar <op> like`` (a Python int keeps ``like``'s dtype)."""
     dtype = torch.result_type(scalar, like)
@@ -160,6 +190,7 @@ ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.searchsorted.Tensor: _decompose_searchsorted,
     aten.searchsorted.Scalar: _decompose_searchsorted,
     aten._is_all_true.default: _decompose_is_all_true,  # not Core ATen, no portable kernel
+    aten.unique_consecutive.default: _decompose_unique_consecutive,  # not Core ATen, no portable kernel
 }
 
 

@@ -485,13 +485,17 @@ def _patch_view_larger_than_base(original: Any) -> Any:
     ``torch.export`` and ``to_executorch`` give a program that fails to load: ``offset_bytes (0) +
     size_bytes (32768) >= allocator size (16896)``, ``Failed to load method forward, error: 0x21``. The pass's own
     ``ensures`` check goes through the same predicate, so it agrees with the copies kept.
+    A ``view_copy`` whose shape is dynamic while its base's is static (or the reverse) stays a copy too: the pass
+    builds a ``_ViewSpec`` for it and that refuses it, ``_ViewSpec is incompatible with its base on creation. It has
+    shape_dynamism=1, but its base has shape_dynamism=0`` (EXAONE 4.5 with its image: a static tensor viewed with
+    an unbacked size equal to its own).
     **Why**: a view's planned bytes must fit in its base's; with unbacked sizes their bounds are not related.
     **Upstream**: none found; the pass is ``executorch/exir/passes/replace_view_copy_with_view_pass.py``.
     **Remove when**: the view pass (or memory planning) bounds a view by its base (the test module loads with
     ``disable=("_patch_view_larger_than_base",)``).
     """
     from executorch.exir.sym_util import eval_shape_upper_bound
-    from executorch.exir.tensor import num_bytes_from_shape_and_dtype
+    from executorch.exir.tensor import determine_tensor_dynanism, num_bytes_from_shape_and_dtype
 
     def planned_bytes(node: Any) -> int | None:
         fake = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
@@ -506,10 +510,63 @@ def _patch_view_larger_than_base(original: Any) -> Any:
     def _is_view_copy(node: torch.fx.Node) -> bool:
         if not original(node):
             return False
+        if _dynamism(node) != _dynamism(node.args[0]):
+            return False
         view, base = planned_bytes(node), planned_bytes(node.args[0])
         return view is None or base is None or view <= base
 
+    def _dynamism(node: Any) -> Any:
+        fake = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        return determine_tensor_dynanism(torch.Size(fake.shape)) if isinstance(fake, torch.Tensor) else None
+
     return _is_view_copy
+
+
+@register_patch("executorch.internals", "executorch.exir.sym_util.eval_upper_bound",
+                "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound")
+def _patch_unbacked_size_upper_bound(original: Any, ctx: ExportContext | None = None) -> Any:
+    """Plans a data-dependent size that lowering left unbounded at ``dim_upper_bound`` (default 64, as
+    ``_fix_unbounded_range_constraints`` bounds the program's own symbols), instead of failing.
+
+    **Why**: ``to_edge`` and ``to_executorch`` trace the program again, and each data-dependent op
+    (``repeat_interleave`` of image grid sizes, ``nonzero``) gets a new unbacked symbol there, ``[0, int_oo]``: the
+    bounds that stage 4 gave the program's symbols (and graph assertions on them, which ``to_edge`` drops) do not
+    reach it. Memory planning then fails: ``Cannot evaluate a finite upper bound for symbolic expression u137
+    (int_oo) and no trace hint is available`` (EXAONE 4.5 and Cosmos3-Edge with their image). A size above the
+    bound fails at run time with ExecuTorch's resize error, as for every bounded dim.
+    **Upstream**: pytorch/executorch#8766 (unbounded dynamic memory is not supported); the function is
+    ``executorch/exir/sym_util.py``'s ``eval_upper_bound``.
+    **Remove when**: ExecuTorch keeps the bounds of unbacked sizes through its retraces (a module whose
+    ``repeat_interleave`` size depends on its input lowers with ``disable=("_patch_unbacked_size_upper_bound",)``).
+    """
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    bound = DEFAULT_DIM_UPPER_BOUND
+    if ctx is not None and executorch_config(ctx).dim_upper_bound is not None:
+        bound = executorch_config(ctx).dim_upper_bound
+
+    @functools.wraps(original)
+    def eval_upper_bound(maybe_symint: Any) -> Any:
+        try:
+            return original(maybe_symint)
+        except RuntimeError as exc:
+            node = getattr(maybe_symint, "node", None)
+            if "finite upper bound" not in str(exc) or node is None or not free_unbacked_symbols(node.expr):
+                raise
+            ranges = dict(node.shape_env.var_to_range)
+            for symbol in free_unbacked_symbols(node.expr):  # u137 + 1: each unbounded unbacked symbol <= bound
+                known = ranges.get(symbol)
+                if known is None or known.upper in (int_oo, -int_oo):
+                    lower = 0 if known is None or known.lower in (int_oo, -int_oo) else max(int(known.lower), 0)
+                    ranges[symbol] = ValueRanges(min(lower, bound), bound)
+            upper = bound_sympy(node.expr, ranges).upper
+            if not upper.is_Integer:
+                raise
+            return int(upper)
+
+    return eval_upper_bound
 
 
 @register_patch("executorch.internals",
