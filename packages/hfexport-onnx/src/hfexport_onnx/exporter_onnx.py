@@ -399,8 +399,9 @@ def _patch_constant_outputs_left_out(original: Any) -> Any:
     0, cat_3, 1, ...)`` ← ``AttributeError: 'int' object has no attribute 'name'``. hfexport names only the
     tensor outputs (``io_names``) and the runner rebuilds the output pytree with the constants, so leaving them
     out of the graph loses nothing.
-    **Upstream**: none found; the private function is ``torch/onnx/_internal/exporter/_core.py``'s
-    ``_handle_output_node`` (called by ``_translate_fx_graph``).
+    **Upstream**: pytorch/pytorch#160150 (open: the output node's non-tensor outputs in the same function,
+    ``torch/onnx/_internal/exporter/_core.py``'s ``_handle_output_node``; ``None`` is skipped since, constants are
+    not).
     **Remove when**: torch.onnx skips (or emits) constant outputs; a module returning ``(x + 1, 3)`` then exports
     with ``disable=("_patch_constant_outputs_left_out",)``.
     """
