@@ -131,10 +131,7 @@ def _decompose_unique_consecutive(input: torch.Tensor, return_inverse: bool = Fa
     positions = torch.arange(input.shape[0], device=input.device)
     previous = torch.index_select(input, 0, torch.clamp(positions - 1, min=0))
     starts = (input != previous) | (positions == 0)
-    output = input[starts]
-    # The kept count's new unbacked symbol gets the input's (bounded) length as its upper bound: ExecuTorch plans
-    # memory at upper bounds and fails on an infinite one ("Cannot evaluate a finite upper bound").
-    torch._check(output.shape[0] <= input.shape[0])
+    output = input[starts]  # a new unbacked length, planned by _patch_unbacked_size_upper_bound
     empty = torch.zeros(0, dtype=torch.long, device=input.device)
     inverse = torch.cumsum(starts.to(torch.long), 0) - 1
     counts = empty

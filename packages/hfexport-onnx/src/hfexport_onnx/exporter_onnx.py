@@ -391,7 +391,8 @@ def _patch_decompose_with_registry(original: Any, ctx: ExportContext | None = No
 @register_patch("onnx.decomposition", "torch.onnx._internal.exporter._core._handle_output_node")
 def _patch_constant_outputs_left_out(original: Any) -> Any:
     """Leaves a program's constant outputs (a Python int, float, bool or str in the output node) out of the ONNX
-    graph, as torch.onnx already leaves out ``None`` (with a warning each); the manifest's ``output_constants`` puts them back.
+    graph, as torch.onnx already leaves out ``None`` (with a warning each); the manifest's ``output_constants`` puts
+    them back.
 
     **Why**: torch.onnx translates the output node by reading ``.name`` of every output but ``None``. A model that
     returns ints beside its tensors fails: Granite 4 Vision's ``Granite4VisionModel`` returns its deepstack
