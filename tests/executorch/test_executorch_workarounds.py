@@ -236,10 +236,13 @@ def last_eos_pooling():
 
 def test_fix_assertion_only_non_core_op(last_eos_pooling):
     """``unique_consecutive`` (not Core ATen, no portable kernel) feeds only assertions on its size: they go, as
-    ExecuTorch removes every graph assertion before emission, and the op goes with them."""
+    ExecuTorch removes every graph assertion before emission, and the op goes with them. Its decomposition
+    (``ET_DECOMPOSITIONS``, added through ``_patch_default_decomposition_table``) is left out too, to show the fix
+    alone: an op with no decomposition fails the same way."""
     inputs = LAST_EOS_INPUTS
     with pytest.raises(hfexport.ExportError, match=r"aten.unique_consecutive.default is not in Core ATen"):
-        export(LastEosPooling(), inputs, disable=("_fix_assertion_only_non_core_op",), dynamic=True)
+        export(LastEosPooling(), inputs, disable=("_fix_assertion_only_non_core_op",
+                                                  "_patch_default_decomposition_table"), dynamic=True)
     exported = last_eos_pooling
     assert "_fix_assertion_only_non_core_op" in fixes(exported)
     assert_matches(exported, LastEosPooling(), inputs)
@@ -535,7 +538,8 @@ def test_every_workaround_has_a_test_here():
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
-              "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear"}
+              "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
+              "_patch_unbacked_size_upper_bound"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
