@@ -57,7 +57,7 @@ from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
 from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds
 from ._attention import llm_cache_attention
 from ._bisect import bisect_delegates
-from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, bound_dynamic_dims
+from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, _other_bound, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
 from ._config import ExecutorchConfig, executorch_config
 from ._decompositions import (
@@ -516,7 +516,7 @@ def _patch_view_larger_than_base(original: Any) -> Any:
         return view is None or base is None or view <= base
 
     def _dynamism(node: Any) -> Any:
-        fake = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        fake = value(node)
         return determine_tensor_dynanism(torch.Size(fake.shape)) if isinstance(fake, torch.Tensor) else None
 
     return _is_view_copy
@@ -543,9 +543,8 @@ def _patch_unbacked_size_upper_bound(original: Any, ctx: ExportContext | None = 
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-    bound = DEFAULT_DIM_UPPER_BOUND
-    if ctx is not None and executorch_config(ctx).dim_upper_bound is not None:
-        bound = executorch_config(ctx).dim_upper_bound
+    # the bound stage 4 gives a program's dim with no role: the user's dim_upper_bound, else the default
+    bound = _other_bound(executorch_config(ctx), 0)[0] if ctx is not None else DEFAULT_DIM_UPPER_BOUND
 
     @functools.wraps(original)
     def eval_upper_bound(maybe_symint: Any) -> Any:
