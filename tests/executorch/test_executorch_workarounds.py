@@ -250,6 +250,28 @@ def test_fix_assertion_only_non_core_op(last_eos_pooling):
     assert_matches(exported, LastEosPooling(), other)  # another batch, sequence and <eos> count
 
 
+class RealImages(torch.nn.Module):
+    """Idefics3's selection of the real images: a boolean index, then ``torch._check`` that one is left, which
+    torch.export records as ``_assert_scalar(torch.sym_not(n == 0))``."""
+
+    def forward(self, pixels, real):
+        selected = pixels[real]
+        torch._check(torch.sym_not(selected.shape[0] == 0))
+        return selected * 2
+
+
+def test_patch_assertions_on_python_sym_functions():
+    """The edge verifier rejects ``torch.sym_not`` as a target with a bare AssertionError; the assertion it feeds
+    goes, as ExecuTorch removes it before emission, and the ``sym_not`` with it."""
+    inputs = {"pixels": torch.randn(5, 3), "real": torch.tensor([True, False, True, True, False])}
+    with pytest.raises(hfexport.ExportError, match=r"to_edge_transform_and_lower\) failed for RealImages: AssertionError"):
+        export(RealImages(), inputs, disable=("_patch_assertions_on_python_sym_functions",), dynamic=True)
+    exported = export(RealImages(), inputs, dynamic=True)
+    assert "_patch_assertions_on_python_sym_functions" in patches(exported)
+    assert_matches(exported, RealImages(), inputs)
+    assert_matches(exported, RealImages(), {"pixels": torch.randn(7, 3), "real": torch.tensor([1, 1, 0, 1, 1, 1, 0]).bool()})
+
+
 def test_patch_view_larger_than_base(last_eos_pooling):
     """``selected.view(batch, -1, h)`` of a boolean index ``[u, h]`` is bounded by ``8 x (u_max // 2) x h``, more
     than its base: as a view sharing the base's memory, the program does not load."""
@@ -539,7 +561,7 @@ def test_every_workaround_has_a_test_here():
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
-              "_patch_unbacked_size_upper_bound"}
+              "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),

@@ -860,6 +860,40 @@ def _patch_mutable_buffer_initial_state(original: Any, ctx: ExportContext | None
     return placeholder
 
 
+@register_patch("executorch.internals",
+                "executorch.exir.passes.remove_graph_asserts_pass.RemoveNonCoreAtenOpGraphAssertsPass.call")
+def _patch_assertions_on_python_sym_functions(original: Any) -> Any:
+    """The first pass of ``to_edge`` also removes the graph assertions whose condition a plain Python function
+    computes (``torch.sym_not``, ``torch.sym_ite``); the pass's dead-code elimination then removes the function.
+
+    torch.export records ``torch._check(n != 0)`` on an unbacked size as ``_assert_scalar(torch.sym_not(n == 0))``
+    (Idefics2/3, SmolVLM and Granite-Docling check that a boolean index left an image). Removing it in the FX node
+    fixes does not help: ``to_edge``'s ``run_decompositions`` inserts the shape environment's deferred runtime
+    assertions again. ExecuTorch deletes every graph assertion before emission anyway (``RemoveGraphAssertsPass``:
+    "remove all the assert ops until runtime decides to address it"), so the program loses no check the runtime
+    would have made.
+    **Why**: the edge verifier accepts only ``alloc`` among plain Python function targets: ``to_edge`` fails with a
+    bare ``AssertionError`` (``assert op.__name__ in ("alloc",)`` in ``exir/verification/verifier.py``).
+    **Upstream**: pytorch/executorch#11988 (the same gap for ``torch.sym_max``).
+    **Remove when**: the edge verifier accepts ``torch.sym_not`` (a module checking ``torch._check(torch.sym_not(
+    x[mask].shape[0] == 0))`` lowers with ``disable=("_patch_assertions_on_python_sym_functions",)``).
+    """
+    import types
+
+    @functools.wraps(original)
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        for module in graph_module.modules():
+            if not isinstance(module, torch.fx.GraphModule):
+                continue
+            for node in list(module.graph.nodes):
+                condition = node.args[0] if node.target in _GRAPH_ASSERTS and node.args else None
+                if isinstance(condition, torch.fx.Node) and isinstance(condition.target, types.FunctionType):
+                    module.graph.erase_node(node)
+        return original(self, graph_module)  # recompiles and eliminates the dead conditions
+
+    return call
+
+
 # ── Stage 4: FX program fixes ──
 @register_fx_program_fix("executorch")
 def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram,
