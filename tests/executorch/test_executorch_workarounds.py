@@ -272,6 +272,24 @@ def test_patch_assertions_on_python_sym_functions():
     assert_matches(exported, RealImages(), {"pixels": torch.randn(7, 3), "real": torch.tensor([1, 1, 0, 1, 1, 1, 0]).bool()})
 
 
+class LengthAndLiteralRanges(torch.nn.Module):
+    """``arange`` of a dynamic length beside ``arange`` of the literals 1..8: one literal equals the number
+    ``CSEPass`` gives the length's ``sym_size`` node."""
+
+    def forward(self, x):
+        return (x + torch.arange(x.shape[1]), *(torch.arange(k) + x.shape[0] for k in range(1, 9)))
+
+
+def test_patch_cse_keys_nodes_apart_from_ints():
+    """Without the patch one ``arange(k)`` is merged into ``arange(x.shape[1])``: verification finds it."""
+    inputs = {"x": torch.zeros(2, 5, dtype=torch.long)}
+    with pytest.raises(hfexport.VerificationError, match=r"1 of 9 outputs differ from eager"):
+        export(LengthAndLiteralRanges(), inputs, disable=("_patch_cse_keys_nodes_apart_from_ints",), dynamic=True)
+    exported = export(LengthAndLiteralRanges(), inputs, dynamic=True)
+    assert_matches(exported, LengthAndLiteralRanges(), inputs)
+    assert_matches(exported, LengthAndLiteralRanges(), {"x": torch.zeros(3, 7, dtype=torch.long)})
+
+
 def test_patch_view_larger_than_base(last_eos_pooling):
     """``selected.view(batch, -1, h)`` of a boolean index ``[u, h]`` is bounded by ``8 x (u_max // 2) x h``, more
     than its base: as a view sharing the base's memory, the program does not load."""
@@ -561,7 +579,8 @@ def test_every_workaround_has_a_test_here():
               "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
-              "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions"}
+              "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions",
+              "_patch_cse_keys_nodes_apart_from_ints"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),

@@ -894,6 +894,34 @@ def _patch_assertions_on_python_sym_functions(original: Any) -> Any:
     return call
 
 
+@register_patch("executorch.internals", "executorch.exir.passes.cse_pass.CSEPass._make_hashable")
+def _patch_cse_keys_nodes_apart_from_ints(original: Any) -> Any:
+    """Keys a node argument in ExecuTorch's ``CSEPass`` as ``("node", value number)``, apart from int literals.
+
+    The pass numbers nodes 0, 1, 2, ... and keys a node argument by its number, an int argument by its value, in
+    one flat tuple: ``arange(n)``, where ``n`` is the 40th node numbered, and ``arange(40)`` got the same key, and
+    the second was replaced by the first. A causal mask then had a dynamic length where the cache's 40 positions
+    belong, and the edge verifier's re-run failed with ``expand: attempting to expand a dimension of length s29 ->
+    40`` (a Voxtral decoder with ``max_cache_len=40``; 48 lowered). Any program whose static size equals a node's
+    number could be silently wrong where the verifier does not catch it.
+    **Why**: a wrong program, or a failed export, depending on node counts.
+    **Upstream**: pytorch/executorch#17752 (the pass); none found for the collision.
+    **Remove when**: ``CSEPass`` keeps node numbers apart from literals (the test's ``arange(40)`` lowers right with
+    ``disable=("_patch_cse_keys_nodes_apart_from_ints",)``).
+    """
+    @functools.wraps(original)
+    def _make_hashable(self: Any, obj: Any) -> Any:
+        if isinstance(obj, torch.fx.Node):
+            return ("node", original(self, obj))
+        if isinstance(obj, list | tuple):
+            return tuple(_make_hashable(self, x) for x in obj)
+        if isinstance(obj, dict):
+            return tuple(sorted((k, _make_hashable(self, v)) for k, v in obj.items()))
+        return original(self, obj)
+
+    return _make_hashable
+
+
 # ── Stage 4: FX program fixes ──
 @register_fx_program_fix("executorch")
 def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram,
