@@ -198,6 +198,31 @@ def test_default_bounds_that_plan_over_the_budget_are_halved_before_lowering(cap
     assert roles["audio"][0] == 1024 and roles["batch"][0] == 13
 
 
+class SelectedTokens(torch.nn.Module):
+    """The embeddings of the tokens the mask keeps: a size-like unbacked count with no upper bound
+    (``sys.maxsize - 1``), as a VLM's image tokens over a dynamic batch and sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 8)
+
+    def forward(self, input_ids, attention_mask):
+        return self.embed(input_ids)[attention_mask.bool()] * 2
+
+
+def test_a_size_without_upper_bound_is_not_planned_at_sys_maxsize():
+    """Counted at ``sys.maxsize - 1`` the estimate was 2**65 bytes, and every default bound was halved to the
+    example's size (Molmo2's batch to 9, below its second shape's 10); the defaults stay."""
+    inputs = {"input_ids": torch.randint(0, 32, (3, 7)), "attention_mask": torch.tensor([[1] * 7, [0] + [1] * 6,
+                                                                                            [1] * 5 + [0] * 2])}
+    traced = torch.export.export(SelectedTokens(), (), copy.deepcopy(inputs), strict=False,
+                                 dynamic_shapes={k: {0: Dim.AUTO, 1: Dim.AUTO} for k in inputs})
+    assert [int(r.upper) for s, r in traced.range_constraints.items() if str(s).startswith("u")] == [2**63 - 2]
+    roles, budget, _ = _fitted(traced, SelectedTokens(), inputs)
+    assert roles["batch"][0] >= 8 and budget is not None and budget["lowered"] == {}
+    assert budget["estimated_bytes"] < 2**30
+
+
 @pytest.mark.slow
 def test_a_plan_over_the_budget_halves_the_default_and_runs_or_refuses_the_users():
     """Slow (three to five lowerings: 230 s at load 12; the halving is covered without lowering above). On the runtime: tiny Wav2Vec2 traced on 1 s with a 24 MiB budget gets an audio bound below 30 s that still

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -142,13 +143,18 @@ def estimate_planned_bytes(program: torch.export.ExportedProgram, sizes: dict[An
 
 
 def _symbol_sizes(program: torch.export.ExportedProgram) -> tuple[dict[Any, int], dict[Any, int]]:
-    """``(upper bound, example size)`` of every symbol the program's ranges bound."""
+    """``(upper bound, example size)`` of every symbol the program's ranges bound. ``sys.maxsize - 1``, the "no
+    upper bound" of a size-like unbacked symbol (a boolean index over a dynamic batch and sequence), is no bound:
+    counted there, one such size was estimated at 2**65 bytes and every default bound was halved to its floor
+    (Molmo2's batch to 9, below the sweep's second shape)."""
     upper: dict[Any, int] = {}
     for symbol, rng in program.range_constraints.items():
         try:
             upper[symbol] = int(rng.upper)
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, AttributeError):  # int(int_oo) is an AttributeError
             continue
+        if upper[symbol] >= sys.maxsize - 1:
+            del upper[symbol]
     hints: dict[Any, int] = {}
     for env in shape_envs(program):
         values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
