@@ -843,6 +843,32 @@ def test_unique_consecutive_decomposes_into_ops_with_portable_kernels():
     assert_matches(exported, WindowBoundaries(), {"boundaries": torch.tensor([0, 0, 3, 5, 5])})
 
 
+class WeightedBags(torch.nn.Module):
+    """Kimi-K2.5's position resampling: each row a weighted sum of 4 table rows (``embedding_bag``, ``sum``), and
+    ``mean`` bags of a flat index list cut at ``offsets``."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(12, 5, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, rows, weights, flat, offsets):
+        summed = F.embedding_bag(rows, self.table, per_sample_weights=weights, mode="sum")
+        return summed, F.embedding_bag(flat, self.table, offsets, mode="mean")
+
+
+def test_embedding_bag_decomposes_into_ops_with_portable_kernels():
+    """Core ATen, no portable kernel: ``sum`` with per-sample weights and ``mean`` with offsets (an empty bag
+    among them gives zeros, as eager), at two shapes."""
+    def inputs(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        flat = torch.randint(0, 12, (n + 3,), generator=g)
+        return {"rows": torch.randint(0, 12, (n, 4), generator=g), "weights": torch.rand(n, 4, generator=g),
+                "flat": flat, "offsets": torch.tensor([0, 2, 2, n])}
+    exported = export(WeightedBags(), inputs(3, 0), dynamic=True)
+    assert_matches(exported, WeightedBags(), inputs(3, 0))
+    assert_matches(exported, WeightedBags(), inputs(6, 1))
+
+
 def test_patch_unbacked_size_upper_bound_plans_a_data_dependent_length():
     """A size that lowering's retrace made anew (``u137 + 1``, ``[0, int_oo]``): ExecuTorch's own evaluation fails,
     the patched one plans it at the default ``dim_upper_bound`` (64); a backed size is left to the original."""

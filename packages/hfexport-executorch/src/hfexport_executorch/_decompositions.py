@@ -141,6 +141,38 @@ def _decompose_unique_consecutive(input: torch.Tensor, return_inverse: bool = Fa
     return output, inverse if return_inverse else empty, counts
 
 
+def _decompose_embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                             scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                             per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
+                             padding_idx: int = -1) -> Any:
+    """``aten._embedding_bag`` in ``sum`` (0) and ``mean`` (1) modes as a row gather and a ``scatter_add`` into
+    the bags: each index's bag is the number of offsets at or before its position, minus one.
+
+    Core ATen, but no portable kernel in executorch 1.5.1. Kimi-K2.5's vision tower resamples its position grid
+    bicubically with ``F.embedding_bag(..., per_sample_weights=..., mode="sum")``. Memory is linear in the
+    indices. The other three outputs (used only by the backward) are the CPU kernel's: for ``sum`` an empty
+    ``offset2bag`` and zero ``bag_size``/``max_indices``, for ``mean`` the bag of each index and each bag's size
+    (twice). ``max`` mode or a ``padding_idx``: ``NotImplemented`` (the op stays, and the kernel check names it).
+    """
+    if mode not in (0, 1) or (padding_idx is not None and padding_idx >= 0) or indices.dim() != 1:
+        return NotImplemented
+    bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    positions = torch.arange(indices.shape[0], device=indices.device)
+    bag_of = count_below(offsets[:bags], positions, right=True) - 1  # [n]: the bag each index falls in
+    rows = torch.index_select(weight, 0, indices)  # [n, D]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(-1).to(rows.dtype)
+    total = torch.zeros(bags, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    total = torch.scatter_add(total, 0, bag_of.unsqueeze(-1).expand(rows.shape), rows)
+    if mode == 0:
+        zeros = torch.zeros(bags, dtype=torch.long, device=indices.device)
+        return total, torch.zeros(0, dtype=torch.long, device=indices.device), zeros, zeros.clone()
+    sizes = torch.scatter_add(torch.zeros(bags, dtype=torch.long, device=indices.device), 0, bag_of,
+                              torch.ones_like(bag_of))  # [bags]
+    mean = total / torch.clamp(sizes, min=1).unsqueeze(-1).to(total.dtype)
+    return mean, bag_of, sizes, sizes.clone()
+
+
 def _scalar_as_tensor(scalar: Any, like: torch.Tensor) -> torch.Tensor:
     """``scalar`` as a tensor of the dtype eager gives ``scalar <op> like`` (a Python int keeps ``like``'s dtype)."""
     dtype = torch.result_type(scalar, like)
@@ -188,6 +220,7 @@ ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.searchsorted.Scalar: _decompose_searchsorted,
     aten._is_all_true.default: _decompose_is_all_true,  # not Core ATen, no portable kernel
     aten.unique_consecutive.default: _decompose_unique_consecutive,  # not Core ATen, no portable kernel
+    aten._embedding_bag.default: _decompose_embedding_bag,  # Core ATen, but no portable kernel
 }
 
 
