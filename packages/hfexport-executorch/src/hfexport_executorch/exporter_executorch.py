@@ -906,8 +906,8 @@ def _patch_cse_keys_nodes_apart_from_ints(original: Any) -> Any:
     number could be silently wrong where the verifier does not catch it.
     **Why**: a wrong program, or a failed export, depending on node counts.
     **Upstream**: pytorch/executorch#17752 (the pass); none found for the collision.
-    **Remove when**: ``CSEPass`` keeps node numbers apart from literals (the test's ``arange(40)`` lowers right with
-    ``disable=("_patch_cse_keys_nodes_apart_from_ints",)``).
+    **Remove when**: ``CSEPass`` keeps node numbers apart from literals (the test's ``arange(k)`` beside
+    ``arange(x.shape[1])`` lowers right with ``disable=("_patch_cse_keys_nodes_apart_from_ints",)``).
     """
     @functools.wraps(original)
     def _make_hashable(self: Any, obj: Any) -> Any:
