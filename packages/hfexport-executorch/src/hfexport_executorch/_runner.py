@@ -129,6 +129,10 @@ class ExecutorchRunner(FileRunner):
                 self.method = self.program.load_method(self.method_name)
         except (RuntimeError, MemoryError) as exc:  # "Failed to load program, error: 0x23" names no file
             files = [p.name for p in self.files]
+            if not self.untrusted:  # the program this process just lowered: the lowering is at fault, not the file
+                raise RuntimeError(f"the ExecuTorch runtime cannot load the program it was just lowered to "
+                                   f"({exc}): a delegate or kernel refused it at load time; the runtime's log "
+                                   "lines above name which") from None
             raise IntegrityError(f"the ExecuTorch runtime cannot load {' with '.join(files)} ({exc}): the file is "
                                  "damaged or crafted, or was written by another ExecuTorch version", files) from None
         if self.method is None:
