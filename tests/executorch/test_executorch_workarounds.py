@@ -870,6 +870,26 @@ def test_embedding_bag_decomposes_into_ops_with_portable_kernels():
     assert_matches(exported, WeightedBags(), inputs(6, 1))
 
 
+class ResizedPositions(torch.nn.Module):
+    """Unlimited-OCR's position embeddings: a learned grid resized with antialiased bicubic interpolation, down and
+    up, and added to the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        down = F.interpolate(self.grid, size=(5, 7), mode="bicubic", antialias=True)
+        up = F.interpolate(self.grid[..., :4, :3], size=(5, 7), mode="bicubic", antialias=True, align_corners=True)
+        return x + down + up
+
+
+def test_upsample_bicubic2d_aa_decomposes_into_matrix_products():
+    exported = export(ResizedPositions(), {"x": torch.randn(2, 3, 5, 7)}, dynamic=True)
+    assert_matches(exported, ResizedPositions(), {"x": torch.randn(2, 3, 5, 7)})
+    assert_matches(exported, ResizedPositions(), {"x": torch.randn(4, 3, 5, 7)})
+
+
 def test_patch_unbacked_size_upper_bound_plans_a_data_dependent_length():
     """A size that lowering's retrace made anew (``u137 + 1``, ``[0, int_oo]``): ExecuTorch's own evaluation fails,
     the patched one plans it at the default ``dim_upper_bound`` (64); a backed size is left to the original."""

@@ -173,6 +173,51 @@ def _decompose_embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offset
     return mean, bag_of, sizes, sizes.clone()
 
 
+def _antialiased_cubic_weights(in_size: int, out_size: int, align_corners: bool, scale: float | None,
+                               dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """The ``[out_size, in_size]`` matrix of antialiased bicubic interpolation along one dim, as ATen's CPU kernel
+    computes it (``UpSampleKernel.cpp``'s ``_compute_weights_aa`` with its ``aa_filter``, Keys' cubic with
+    ``a = -0.5``, PIL's): output ``i`` centred at ``s * (i + 0.5)``, a support of ``2 * max(s, 1)`` input
+    pixels, the cubic stretched by ``max(s, 1)``, each row normalized to sum 1; ``s`` the input/output ratio (or
+    ``1 / scale`` when given, ``(in - 1) / (out - 1)`` with ``align_corners``). Built from ``arange`` and
+    elementwise ops (a tensor literal would not trace functionally inside a decomposition)."""
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    support, stretch = (2.0 * ratio, 1.0 / ratio) if ratio >= 1.0 else (2.0, 1.0)
+    center = (torch.arange(out_size, device=device, dtype=dtype) + 0.5).unsqueeze(-1) * ratio  # [out, 1]
+    inputs = torch.arange(in_size, device=device, dtype=dtype).unsqueeze(0)  # [1, in]
+    first = torch.clamp(torch.floor(center - support + 0.5), min=0)  # ATen truncates; equal once clamped at 0
+    end = torch.clamp(torch.floor(center + support + 0.5), max=in_size)
+    x = torch.abs((inputs - center + 0.5) * stretch)
+    a = -0.5
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    weights = torch.where(x < 1.0, near, torch.where(x < 2.0, far, torch.zeros_like(x)))
+    weights = torch.where((inputs >= first) & (inputs < end), weights, torch.zeros_like(weights))
+    total = weights.sum(-1, keepdim=True)
+    return weights / torch.where(total == 0, torch.ones_like(total), total)
+
+
+def _decompose_upsample_bicubic2d_aa(input: torch.Tensor, output_size: Any, align_corners: bool,
+                                     scales_h: float | None = None, scales_w: float | None = None) -> Any:
+    """``aten._upsample_bicubic2d_aa`` (``F.interpolate(mode="bicubic", antialias=True)``) of static sizes as two
+    matrix products with the interpolation matrices ``[out_h, in_h] @ x @ [in_w, out_w]``.
+
+    Not Core ATen, no decomposition in ``torch._decomp`` (only of ``.vec`` into it), no portable kernel;
+    Unlimited-OCR resizes its vision position embeddings so. Within 2.4e-6 of eager's float32 (the kernel sums
+    in another order). A dynamic size: ``NotImplemented`` (the op stays, and the edge verifier names it).
+    """
+    sizes = (*input.shape[-2:], *output_size)
+    if not all(isinstance(size, int) for size in sizes) or input.dim() != 4:
+        return NotImplemented
+    in_h, in_w, out_h, out_w = sizes
+    rows = _antialiased_cubic_weights(in_h, out_h, align_corners, scales_h, input.dtype, input.device)
+    columns = _antialiased_cubic_weights(in_w, out_w, align_corners, scales_w, input.dtype, input.device)
+    return torch.matmul(torch.matmul(rows, input), columns.t())
+
+
 def _scalar_as_tensor(scalar: Any, like: torch.Tensor) -> torch.Tensor:
     """``scalar`` as a tensor of the dtype eager gives ``scalar <op> like`` (a Python int keeps ``like``'s dtype)."""
     dtype = torch.result_type(scalar, like)
@@ -221,6 +266,7 @@ ET_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._is_all_true.default: _decompose_is_all_true,  # not Core ATen, no portable kernel
     aten.unique_consecutive.default: _decompose_unique_consecutive,  # not Core ATen, no portable kernel
     aten._embedding_bag.default: _decompose_embedding_bag,  # Core ATen, but no portable kernel
+    aten._upsample_bicubic2d_aa.default: _decompose_upsample_bicubic2d_aa,  # not Core ATen, no portable kernel
 }
 
 
