@@ -130,11 +130,10 @@ class ExportContext:
                                                              "timings": {}, "notes": []})
     trace: Any = None
     state: Any = None
-    steps: StepRecorder = field(default=None)  # type: ignore[assignment]
+    steps: StepRecorder = field(init=False)  # the toolchain steps' timer, reporting to ``progress``
 
     def __post_init__(self) -> None:
-        if self.steps is None:
-            self.steps = StepRecorder(self.progress)
+        self.steps = StepRecorder(self.progress)
 
     @property
     def model_class(self) -> str:
