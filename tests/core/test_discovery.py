@@ -122,6 +122,7 @@ def test_the_listing_says_a_cuda_backend_needs_a_gpu_where_none_is_visible(monke
     notes = {r["name"]: r["note"] for r in json.loads(out)}
     assert notes["executorch-cuda"] == "needs a GPU; none is visible"
     assert notes["executorch-xnnpack"] == notes["onnx"] == notes["dynamo"] == ""
+    assert notes["executorch"] == "another name of executorch-xnnpack"  # its entry point's second name
     table = subprocess.run([sys.executable, "-m", "hfexport.cli", "backends"], capture_output=True, text=True,
                            check=True, env=env).stdout
     assert "ok (needs a GPU; none is visible)" in next(line for line in table.splitlines()

@@ -147,6 +147,19 @@ def test_an_unknown_task_is_refused_before_the_model_or_the_toolchain_loads(tmp_
     assert "torch imported: False" in done.stdout and not (tmp_path / "o").exists()
 
 
+def test_a_misspelled_task_is_named_as_such_with_the_demo_too(tmp_path, capsys):
+    """The task's name is checked before what the task needs (a generative model, not --demo's encoder); a name
+    near no task gets no "did you mean", and the message says a plain export takes no --task."""
+    assert cli.main(["export", "--demo", "--task", "text-generaton", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown task 'text-generaton' (did you mean 'text-generation'?)" in err and "sentence" not in err
+    assert cli.main(["export", "--demo", "--task", "feature-extration", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown task 'feature-extration'; backend 'dynamo' exports the tasks" in err and "did you mean" not in err
+    assert "a single forward pass (feature extraction, classification, ...) without --task" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_export_task_refuses_a_model_without_a_generation_head(tmp_path, capsys):
     tiny_model("bert").save_pretrained(tmp_path / "bert")
     assert cli.main(["export", str(tmp_path / "bert"), "--task", "text-generation", "-o", str(tmp_path / "o")]) == 2

@@ -111,6 +111,8 @@ class BackendInfo:
         status: ``"ok"``, ``"error"`` (the plugin's module failed to import or is invalid: see ``error``),
             ``"missing"`` (a toolchain distribution is not installed: see ``error``) or ``"disabled"``.
         backend: the loaded :class:`Backend`, when status is ``"ok"`` or ``"missing"``.
+        alias_of: the name the backend declares itself, when the entry point gives it another one (``executorch``
+            for ``executorch-xnnpack``); else ``""``.
     """
 
     name: str
@@ -120,14 +122,17 @@ class BackendInfo:
     status: str
     error: str = ""
     backend: Backend | None = None
+    alias_of: str = ""
 
     @property
     def note(self) -> str:
-        """What the listing adds to an usable backend: ``"needs a GPU; none is visible"`` for a CUDA backend on a
-        machine that shows no NVIDIA device."""
+        """What the listing adds: ``"another name of executorch-xnnpack"`` for an entry point whose backend has
+        another name, ``"needs a GPU; none is visible"`` for a usable CUDA backend on a machine that shows no
+        NVIDIA device."""
+        notes = [f"another name of {self.alias_of}"] if self.alias_of else []
         if self.status == "ok" and self.backend is not None and self.backend.device == "cuda" and not cuda_visible():
-            return "needs a GPU; none is visible"
-        return ""
+            notes.append("needs a GPU; none is visible")
+        return "; ".join(notes)
 
 
 def cuda_visible() -> bool:
@@ -179,7 +184,9 @@ def _info(ep: metadata.EntryPoint, load: bool) -> BackendInfo:
         status, error, backend = _load_entry_point(ep, dist_name, version)
     else:
         status, error, backend = "unloaded", "", None
-    return BackendInfo(ep.name, ep.value, dist_name, version, status, error, backend)
+    declared = getattr(ep.load(), "name", ep.name) if backend is not None else ep.name  # imported already: cached
+    return BackendInfo(ep.name, ep.value, dist_name, version, status, error, backend,
+                       alias_of=declared if isinstance(declared, str) and declared != ep.name else "")
 
 
 def list_backends(load: bool = True) -> list[BackendInfo]:

@@ -277,9 +277,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.model} has no config.json: give a Transformers model directory (config.json + "
                          "weights), e.g. one written by model.save_pretrained(path)")
     task = getattr(args, "task", None)  # --task and its bounds come from a command plugin (hfexport-dynamo)
+    from ._discovery import UnknownBackendError, get_backend
+
+    try:
+        backend = get_backend(args.backend)
+    except UnknownBackendError as exc:
+        raise UsageError(str(exc)) from exc
+    if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
+        close = difflib.get_close_matches(task, backend.tasks, n=1, cutoff=0.8)
+        raise UsageError(f"unknown task {task!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f"; backend {args.backend!r} exports the tasks {', '.join(backend.tasks)}, and a "
+                         "single forward pass (feature extraction, classification, ...) without --task")
     if getattr(args, "check_task_options", None) is not None:
         args.check_task_options(args, task, demo)
-    from ._discovery import UnknownBackendError, get_backend
 
     quiet_third_party_logs()
     from ._artifact import MANIFEST_NAME
@@ -290,11 +300,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     _check_output(output, args.overwrite)  # before the toolchain loads
     _check_report(args.report)
     try:
-        backend = get_backend(args.backend)
-        if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
-            close = difflib.get_close_matches(task, backend.tasks, n=1)
-            raise UsageError(f"unknown task {task!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                             + f"; backend {args.backend!r} exports the tasks {', '.join(backend.tasks)}")
         exporter_class = backend.load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
@@ -381,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         version = "unknown"
     parser = argparse.ArgumentParser(
         prog="hfexport", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-        description="Export Hugging Face Transformers models through torch.export to .pt2, ONNX or ExecuTorch, "
+        description="Export Hugging Face Transformers models through torch.export to .pt2, ONNX, ExecuTorch or OpenVINO, "
                     "and verify every export on its runtime against eager PyTorch.")
     parser.add_argument("--version", action="version", version=f"hfexport {version}")
     parser.add_argument("--debug", action="store_true",

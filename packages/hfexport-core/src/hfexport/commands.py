@@ -93,7 +93,7 @@ class Progress:
                               f"{event.stage.title} | {mark} | {event.seconds:.2f} |")
         indent = "    " * event.depth
         label = f"{indent}[{event.backend} {event.stage.number}/{event.total}] {event.stage.title}"
-        if event.stage.runs:
+        if event.stage.runs and event.status == "start":  # at its end, the step's own line has just said it
             label += f" → {event.stage.runs}"
         if not self.enabled:
             self._log(label.strip() + (" ..." if event.status == "start"
