@@ -58,3 +58,27 @@ def test_external_data_the_manifest_does_not_list_is_refused(saved: dict[str, An
     (artifact / "export.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"model.onnx reads external data from \['unlisted.data'\]"):
         hfexport.load(artifact)
+
+
+class HalvedLength(torch.nn.Module):
+    """Returns an int computed from a dynamic dim beside a tensor, as MaskFormer-Swin returns its spatial sizes."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x * 2, x.shape[1] // 2
+
+
+def test_an_int_output_from_a_dynamic_dim_comes_back_as_an_int_in_a_new_process(tmp_path: Path) -> None:
+    """torch.onnx makes the SymInt an int64 graph output; the manifest's ``int_outputs`` names it, and the runner
+    gives it back as an int computed at the new shape (it came back as ``None`` when counted as a constant)."""
+    import subprocess
+    import sys
+
+    dims = {"x": {0: torch.export.Dim("batch"), 1: torch.export.Dim("length", min=2, max=64)}}
+    exported = hfexport.export(HalvedLength(), {"x": torch.randn(2, 8)}, backend="onnx", dynamic_shapes=dims)
+    assert exported.manifest["onnx"]["int_outputs"] == [1]
+    directory = exported.save_pretrained(tmp_path / "halved")
+    code = ("import sys, torch, hfexport; doubled, half = hfexport.load(sys.argv[1])(x=torch.ones(3, 13)); "
+            "print(type(half).__name__, half, torch.equal(doubled, torch.full((3, 13), 2.0)))")
+    done = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["int", "6", "True"]

@@ -32,10 +32,13 @@ def io_names(program: torch.export.ExportedProgram, inputs: Mapping[str, Any]) -
     """Readable graph input/output names for every flattened leaf (``None`` for leaves that are constants).
 
     Returns:
-        ``input_leaves`` and ``output_leaves`` (a name or ``None`` per leaf) and ``output_constants``
-        (``{leaf index: value}`` of the outputs that are constants), as the manifest's ``onnx`` section holds them.
+        ``input_leaves`` and ``output_leaves`` (a name or ``None`` per leaf), ``output_constants``
+        (``{leaf index: value}`` of the outputs that are constants) and ``int_outputs`` (the indices of the outputs
+        that are Python ints computed from dynamic dims, SymInts: torch.onnx makes each an int64 graph output, and
+        the runner gives it back as an int; MaskFormer-Swin's spatial sizes), as the manifest's ``onnx`` section
+        holds them.
     """
-    from torch.export.graph_signature import ConstantArgument, TensorArgument
+    from torch.export.graph_signature import ConstantArgument, SymIntArgument, TensorArgument
 
     sig = program.graph_signature
     user_inputs = [s for s in sig.input_specs if s.kind.name == "USER_INPUT"]
@@ -53,13 +56,17 @@ def io_names(program: torch.export.ExportedProgram, inputs: Mapping[str, Any]) -
     user_outputs = [s for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
     output_leaves: list[str | None] = []
     constants: dict[str, Any] = {}
+    int_outputs: list[int] = []
     for i, (name, spec) in enumerate(zip(output_names, user_outputs, strict=True)):
-        if isinstance(spec.arg, TensorArgument):
+        if isinstance(spec.arg, TensorArgument | SymIntArgument):
             output_leaves.append(_readable(name, taken, "output"))  # a bare tensor output is called "output"
+            if isinstance(spec.arg, SymIntArgument):
+                int_outputs.append(i)
         else:
             output_leaves.append(None)
             constants[str(i)] = spec.arg.value if isinstance(spec.arg, ConstantArgument) else None
-    return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants}
+    return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants,
+            "int_outputs": int_outputs}
 
 
 def name_graph_io(graph: ir.Graph, io: Mapping[str, Any]) -> None:

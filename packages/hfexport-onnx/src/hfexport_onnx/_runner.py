@@ -95,7 +95,8 @@ class OnnxRunner(FileRunner):
         providers: execution providers, in priority order (default CPU).
         io: ``input_leaves`` (the graph input name of each flattened input leaf, ``None`` for a leaf baked into
             the program) and ``output_leaves`` (the graph output name of each output leaf, ``None`` where
-            ``output_constants`` gives its value), as written in the manifest's ``onnx`` section; its ``fusions``
+            ``output_constants`` gives its value; ``int_outputs`` are given back as ints), as written in the
+            manifest's ``onnx`` section; its ``fusions``
             report's ``session_disabled_optimizers`` are left out of the session's graph optimizations; its
             ``in_place_outputs`` (``{output: input}``, :func:`in_place_outputs`) are written into their input's
             memory: such an input tensor is updated in place and returned as the output.
@@ -163,6 +164,7 @@ class OnnxRunner(FileRunner):
         self.input_leaves: list[str | None] = list(self.io.get("input_leaves") or graph_inputs)
         self.output_leaves: list[str | None] = list(self.io.get("output_leaves") or graph_outputs)
         self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
+        self.int_outputs: set[int] = {int(i) for i in self.io.get("int_outputs") or ()}  # SymInts: 0-d int64
         missing = sorted({n for n in self.input_leaves if n is not None} - set(graph_inputs))
         if missing:
             raise OnnxSessionError(f"{self.path} has no graph inputs {missing}; its inputs are {graph_inputs}")
@@ -268,8 +270,8 @@ class OnnxRunner(FileRunner):
         return values
 
     def _flat_outputs(self, values: Mapping[str, Any]) -> list[Any]:
-        return [self.output_constants.get(str(i)) if name is None else values[name]
-                for i, name in enumerate(self.output_leaves)]
+        return [self.output_constants.get(str(i)) if name is None else int(values[name]) if i in self.int_outputs
+                else values[name] for i, name in enumerate(self.output_leaves)]
 
 
 def _explain_session_failure(exc: BaseException, path: Path, providers: Sequence[str]) -> str:
