@@ -281,7 +281,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     try:
         backend = get_backend(args.backend)
-    except UnknownBackendError as exc:
+    except (UnknownBackendError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
         close = difflib.get_close_matches(task, backend.tasks, n=1, cutoff=0.8)
