@@ -633,6 +633,29 @@ def test_patch_gelu_tanh_not_delegated():
     assert section["delegates"] == 2, section  # the multiply before it, the exact GELU and the add after it
 
 
+class EightDimFold(torch.nn.Module):
+    """Inkling's fold of a temporal patch: an 8-dim reshape and permute between two Linears."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.proj = torch.nn.Linear(8, 64), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = self.embed(x).reshape(x.shape[0], 1, 2, 2, 2, 2, 2, 2).permute(0, 1, 3, 2, 5, 4, 7, 6)
+        return self.proj(y.reshape(x.shape[0], 4, 16))
+
+
+def test_patch_rank_above_xnnpack_limit_not_delegated():
+    """XNNPACK defines no tensor of more than 6 dims: delegated, the program does not load; the 8-dim nodes stay
+    on portable kernels and the Linears are delegated."""
+    model, inputs = EightDimFold(), {"x": torch.randn(2, 8, generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(hfexport.ExportError, match=r"cannot load the program it was just lowered to"):
+        export(model, inputs, disable=("_patch_rank_above_xnnpack_limit_not_delegated",), dynamic=True)
+    exported = export(model, inputs, dynamic=True)
+    assert exported.manifest["executorch"]["delegated_fraction"] > 0
+    assert_matches(exported, model, {"x": torch.randn(5, 8)})
+
+
 class PatchesIntoPixelShuffle(torch.nn.Module):
     """SigLIP's patch embedding (``flatten(2).transpose(1, 2)``: the patch dim has stride 1) into a LayerNorm, then
     Cohere2-Vision's pixel shuffle: two reshapes, the second merging dims that only a contiguous tensor can view."""

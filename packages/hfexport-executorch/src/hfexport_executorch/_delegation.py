@@ -216,6 +216,33 @@ def _narrowed(original: Any, accepts: Callable[[torch.fx.Node], bool]) -> Any:
 
 
 @register_patch("executorch.xnnpack.internals",
+                "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig."
+                "check_common_constraints")
+def _patch_rank_above_xnnpack_limit_not_delegated(original: Any) -> Any:
+    """Leave to portable kernels a node with a tensor input or output of more than ``XNN_MAX_TENSOR_DIMS`` (6)
+    dims.
+
+    **Why**: XNNPACK defines no tensor of more dims, but no partitioner config checks the rank
+    (``XNN_MAX_TENSOR_DIMS`` in ``backends/xnnpack/utils/xnnpack_constants.py`` is used nowhere), so a rank-8
+    ``view_copy``/``permute_copy`` was delegated and the program failed at load (``XNNCompiler.cpp: Failed to
+    define tensor 0 with code: xnn_status_unsupported_parameter``, ``Init failed for backend XnnpackBackend``):
+    Inkling folds each image token's temporal patch through 8-dim reshapes. The replacement refuses those nodes
+    for every config; the rest of the graph is delegated as before.
+    **Upstream**: pytorch/executorch, the partitioner's common constraints (no issue found).
+    **Remove when**: the partitioner checks ``XNN_MAX_TENSOR_DIMS`` (the test's module loads with
+    ``disable=("_patch_rank_above_xnnpack_limit_not_delegated",)``).
+    """
+    from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+
+    def within_rank(node: torch.fx.Node) -> bool:
+        values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+        return all(not isinstance(v, torch.Tensor) or v.dim() <= XNN_MAX_TENSOR_DIMS
+                   for value in values for v in (value if isinstance(value, list | tuple) else [value]))
+
+    return _narrowed(original, within_rank)
+
+
+@register_patch("executorch.xnnpack.internals",
                 "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints")
 def _patch_unsqueeze_one_dynamic_dim(original: Any) -> Any:
     """Leave to portable kernels an ``unsqueeze_copy`` whose output has more than one dynamic dim.
