@@ -910,14 +910,8 @@ def _patch_cse_keys_nodes_apart_from_ints(original: Any) -> Any:
     ``arange(x.shape[1])`` lowers right with ``disable=("_patch_cse_keys_nodes_apart_from_ints",)``).
     """
     @functools.wraps(original)
-    def _make_hashable(self: Any, obj: Any) -> Any:
-        if isinstance(obj, torch.fx.Node):
-            return ("node", original(self, obj))
-        if isinstance(obj, list | tuple):
-            return tuple(_make_hashable(self, x) for x in obj)
-        if isinstance(obj, dict):
-            return tuple(sorted((k, _make_hashable(self, v)) for k, v in obj.items()))
-        return original(self, obj)
+    def _make_hashable(self: Any, obj: Any) -> Any:  # lists and dicts: the original recurses through this method
+        return ("node", original(self, obj)) if isinstance(obj, torch.fx.Node) else original(self, obj)
 
     return _make_hashable
 
