@@ -157,23 +157,27 @@ def _allowed() -> set[str]:
     return {n.strip() for n in os.environ.get("HFEXPORT_PLUGINS", "").split(",") if n.strip()}
 
 
-def _load_entry_point(ep: metadata.EntryPoint, dist_name: str, version: str) -> tuple[str, str, Backend | None]:
+def _load_entry_point(ep: metadata.EntryPoint, dist_name: str,
+                      version: str) -> tuple[str, str, Backend | None, str]:
+    """``(status, error, backend, alias_of)``: the backend renamed to the entry point's name, and the name it
+    declares itself when that differs (else ``""``)."""
     if ep.name in _blocked():
-        return "disabled", "blocked by HFEXPORT_BLOCK_PLUGINS", None
+        return "disabled", "blocked by HFEXPORT_BLOCK_PLUGINS", None, ""
     if os.environ.get("HFEXPORT_DISABLE_PLUGIN_AUTOLOAD") and ep.name not in _allowed():
-        return "disabled", "HFEXPORT_DISABLE_PLUGIN_AUTOLOAD is set and HFEXPORT_PLUGINS does not name it", None
+        return "disabled", "HFEXPORT_DISABLE_PLUGIN_AUTOLOAD is set and HFEXPORT_PLUGINS does not name it", None, ""
     try:
         obj = ep.load()
     except Exception as exc:  # a broken plugin must not break the listing: report it
-        return "error", f"import of {ep.value} raised {type(exc).__name__}: {exc}", None
+        return "error", f"import of {ep.value} raised {type(exc).__name__}: {exc}", None, ""
     if not isinstance(obj, Backend):
-        return "error", f"{ep.value} is a {type(obj).__name__}, not an hfexport.plugin.Backend", None
+        return "error", f"{ep.value} is a {type(obj).__name__}, not an hfexport.plugin.Backend", None, ""
+    alias_of = obj.name if obj.name != ep.name else ""
     if obj.name != ep.name or not obj.distribution:
         obj = dataclasses.replace(obj, name=ep.name, distribution=obj.distribution or dist_name)
     missing = obj.missing_requirements()
     if missing:
-        return "missing", f"needs {', '.join(missing)} (pip install {' '.join(missing)})", obj
-    return "ok", "", obj
+        return "missing", f"needs {', '.join(missing)} (pip install {' '.join(missing)})", obj, alias_of
+    return "ok", "", obj, alias_of
 
 
 def _info(ep: metadata.EntryPoint, load: bool) -> BackendInfo:
@@ -181,12 +185,10 @@ def _info(ep: metadata.EntryPoint, load: bool) -> BackendInfo:
     dist_name = dist.metadata["Name"] if dist is not None else "?"
     version = dist.version if dist is not None else "?"
     if load:
-        status, error, backend = _load_entry_point(ep, dist_name, version)
+        status, error, backend, alias_of = _load_entry_point(ep, dist_name, version)
     else:
-        status, error, backend = "unloaded", "", None
-    declared = getattr(ep.load(), "name", ep.name) if backend is not None else ep.name  # imported already: cached
-    return BackendInfo(ep.name, ep.value, dist_name, version, status, error, backend,
-                       alias_of=declared if isinstance(declared, str) and declared != ep.name else "")
+        status, error, backend, alias_of = "unloaded", "", None, ""
+    return BackendInfo(ep.name, ep.value, dist_name, version, status, error, backend, alias_of)
 
 
 def list_backends(load: bool = True) -> list[BackendInfo]:
