@@ -271,6 +271,10 @@ UPSTREAM_REASONS: tuple[tuple[str, str, str], ...] = (
     ("^mamba2/", "Guard failed|INVALID_ARGUMENT|execute\\(\\) failed",
      "transformers' Mamba2 torch_forward pads the sequence to whole chunks (chunk_size 8) and branches on the "
      "chunk count: traced at 7 tokens (one chunk), the program keeps the one-chunk path (guard: padded length <= 8)"),
+    ("^minicpm(_ocr|v4_6|v4_7)/", "possible memo disaster", "torch's run_decompositions, which ExecuTorch's "
+     "to_edge retraces the program through, makes the unbacked size of the vision merger's per-image slice again "
+     "(`hidden_states[0, start:start + num_patches]`, bounds read from `target_sizes`) and asserts on the recreated "
+     "symbol (pytorch/pytorch#154647, open); torch.export and the dynamo and ONNX backends pass"),
     ("^llava/", "is static|static shape", "transformers' LLaVA get_image_features makes a list of one tensor per "
      "image (`list(image_features)`), which fixes the number of images, so the batch, at the traced 3"),
 )
