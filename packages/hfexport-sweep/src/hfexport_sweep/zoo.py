@@ -392,6 +392,10 @@ _INT_CAPS: dict[str, int] = {
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 16,
     "linear_value_head_dim": 16,
+    # Kimi Delta Attention (GLM-5-Next, Kimi Linear, Bailing hybrid): its reference chunked form holds a decay mask
+    # of batch x heads x 64 x 64 x head_dim floats: 1.2 GB at the default 64 heads of 128 for a batch of 9
+    "linear_num_heads": TINY_HEADS,
+    "linear_head_dim": 16,
     "state_size": 16,
     "ssm_state_size": 16,
     "time_step_rank": 8,
