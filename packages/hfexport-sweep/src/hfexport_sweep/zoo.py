@@ -346,6 +346,7 @@ _INT_CAPS: dict[str, int] = {
     "num_decoder_layers": TINY_LAYERS,
     "num_encoder_layers": TINY_LAYERS,
     "decoder_num_hidden_layers": TINY_LAYERS,
+    "num_layers_per_stack": TINY_LAYERS,  # HRM-text: layers per stack, each run H_cycles x (L_cycles + 1) times
     "num_attention_heads": TINY_HEADS,
     "num_heads": TINY_HEADS,
     "n_head": TINY_HEADS,
