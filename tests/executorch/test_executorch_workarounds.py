@@ -581,7 +581,7 @@ def test_every_workaround_has_a_test_here():
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
               "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions",
-              "_patch_cse_keys_nodes_apart_from_ints"}
+              "_patch_cse_keys_nodes_apart_from_ints", "_patch_exact_quotient_upper_bound"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
@@ -926,3 +926,30 @@ def test_patch_unbacked_size_upper_bound_plans_a_data_dependent_length():
         eval_upper_bound(size + 1)
     patched = _patch_unbacked_size_upper_bound(eval_upper_bound)
     assert patched(size + 1) == 65 and patched(size * 2) == 128 and patched(7) == 7
+
+
+def test_patch_exact_quotient_upper_bound_plans_a_view_at_the_largest_batch():
+    """SEW-D's ``view(-1, 4, T, T)`` of a ``[4*b, T, T]`` tensor, ``T`` an audio length after strided convolutions:
+    the inferred size is ``(4*b*T**2) // (T*(4*T' + 4))``, which torch does not cancel. ExecuTorch bounds it at
+    2,248,500 for ``b <= 16`` and 30 s of audio; patched, at 16."""
+    from executorch.exir import sym_util
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from hfexport.plugin import patch_context
+
+    env = ShapeEnv()
+    batch, samples = (env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+                      for hint, name in ((9, "batch"), (16_000, "samples")))
+    env.var_to_range[batch], env.var_to_range[samples] = ValueRanges(2, 16), ValueRanges(1360, 480_000)
+    frames = FloorDiv(FloorDiv(samples, 80) - 3, 2) + 1
+    inferred = env.create_symintnode(FloorDiv(4 * batch * frames**2, frames * (4 * frames)), hint=9)
+    loose = frames // 2  # no exact quotient: left as ExecuTorch bounds it
+    with patch_context(("executorch.internals",), disabled=("_patch_exact_quotient_upper_bound",)):
+        assert sym_util.eval_upper_bound(inferred) == 2_248_500
+    with patch_context(("executorch.internals",)):
+        assert sym_util.eval_upper_bound(inferred) == 16
+        assert sym_util.eval_upper_bound(env.create_symintnode(loose, hint=49)) == 1499  # (6000 - 3) // 2 + 1 = 2999 frames
+

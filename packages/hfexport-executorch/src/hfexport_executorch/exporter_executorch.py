@@ -568,6 +568,54 @@ def _patch_unbacked_size_upper_bound(original: Any, ctx: ExportContext | None = 
     return eval_upper_bound
 
 
+def _exact_quotients(expr: Any) -> Any:
+    """``expr`` with every ``FloorDiv(a, b)`` whose quotient ``a / b`` is a polynomial with integer coefficients
+    replaced by that polynomial: then ``a // b`` equals it exactly (``b`` divides ``a``; a zero ``b`` would have
+    failed the op that made the size)."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    def exact(node: Any) -> Any:
+        quotient = sympy.cancel(node.args[0] / node.args[1])
+        if sympy.fraction(quotient)[1] != 1:
+            return node
+        coefficients = sympy.Poly(quotient).coeffs() if quotient.free_symbols else [quotient]
+        return quotient if all(c.is_Integer for c in coefficients) else node
+
+    return expr.replace(lambda node: isinstance(node, FloorDiv), exact)
+
+
+@register_patch("executorch.internals", "executorch.exir.sym_util.bound_sympy")
+def _patch_exact_quotient_upper_bound(original: Any) -> Any:
+    """Bounds a size ``a // b`` by its exact quotient when ``b`` divides ``a`` as polynomials, so that the planned
+    memory is that of the largest inputs, not a product of unrelated extremes.
+
+    **Why**: a ``view(-1, heads, T, T)`` infers its first dim as ``numel // (heads * T * T)``. When ``T`` is a sum
+    (an audio length after strided convolutions, ``(L // 80 - 3) // 2 + 1``), sympy distributes ``heads * T`` and
+    torch's ``FloorDiv`` no longer cancels ``T * T``: SEW-D's disentangled attention gets ``(4*b*T**2) // (T*(4*T'
+    + 4))``. ExecuTorch's ``eval_upper_bound`` bounds it with ``bound_sympy``, the largest numerator over the
+    smallest denominator: 2,244,004 for a batch of at most 16, and a [2244004, 4, 749, 749] buffer, 18,759 GiB at
+    30 s of audio. The memory budget then halved every default bound to the example's size, and the next batch was
+    refused. With the patch SEW-D plans 735 MiB at a batch of 16 and 30 s.
+    **Upstream**: ``executorch/exir/sym_util.py``'s ``eval_upper_bound`` (the caller patched here, through its
+    module's ``bound_sympy``) and torch's ``FloorDiv.eval``, which cancels only a common factor that sympy's ``gcd``
+    finds; no upstream issue found.
+    **Remove when**: torch simplifies such a view's inferred size to ``b`` (a ``view(-1, 4, T, T)`` of a ``[4*b, T,
+    T]`` tensor with ``T = (L // 80 - 3) // 2 + 1`` has ``b`` as its first size), or ExecuTorch bounds it exactly.
+    """
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    @functools.wraps(original)
+    def bound_sympy(expr: Any, ranges: Any = None) -> Any:
+        bounds = original(expr, ranges)
+        if not isinstance(expr, sympy.Expr) or not expr.has(FloorDiv):
+            return bounds
+        return bounds & original(_exact_quotients(expr), ranges)  # both hold: their intersection
+
+    return bound_sympy
+
+
 @register_patch("executorch.internals",
                 "executorch.exir.tensor.dim_order_from_stride",
                 "executorch.exir.tensor_layout.dim_order_from_stride",
