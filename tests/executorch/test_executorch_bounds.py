@@ -198,6 +198,36 @@ def test_default_bounds_that_plan_over_the_budget_are_halved_before_lowering(cap
     assert roles["audio"][0] == 1024 and roles["batch"][0] == 13
 
 
+class TablePositions(torch.nn.Module):
+    """Self-attention over ``x + table[:seq]``: torch.export bounds the sequence at the table's 48 rows, below the
+    default, and the scores grow with its square (as ProphetNet's 510 positions and n-gram attention do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(48, 8))
+
+    def forward(self, inputs_embeds):
+        h = inputs_embeds + self.table[: inputs_embeds.shape[1]]
+        return torch.softmax(h @ h.transpose(1, 2), dim=-1) @ h
+
+
+def test_a_bound_torch_export_inferred_is_halved_like_a_default():
+    """Over the budget, the sequence bound torch.export inferred from the model (48) is halved, since the quadratic
+    scores make it the one whose halving lowers the plan most, and the default batch keeps its 8. Before, only the
+    batch could go down, to the example's (ProphetNet in the sample sweep: batch 9, and batch 10 refused)."""
+    model, inputs = TablePositions(), {"inputs_embeds": torch.randn(2, 6, 8)}
+    traced = torch.export.export(model, (), copy.deepcopy(inputs), strict=False,
+                                 dynamic_shapes={"inputs_embeds": {0: Dim.AUTO, 1: Dim.AUTO}})
+    roles, budget, _ = _fitted(traced, model, inputs, memory_budget_gib=None)
+    assert roles == {"batch": (8, "default max_batch"), "sequence": (48, "torch.export")}
+    _, floor, _ = _fitted(traced, model, inputs, memory_budget_gib=1e-12)  # everything down to the example
+    gib = 0.45 * floor["estimated_bytes"] / 2**30
+    roles, budget, _ = _fitted(traced, model, inputs, memory_budget_gib=gib)
+    assert set(budget["lowered"]) == {"sequence"} and budget["estimated_bytes_after"] <= gib * 2**30
+    assert roles["batch"] == (8, "default max_batch") and roles["sequence"][0] in (12, 24)
+    assert roles["sequence"][1].startswith("torch.export, halved to fit ")
+
+
 class SelectedTokens(torch.nn.Module):
     """The embeddings of the tokens the mask keeps: a size-like unbacked count with no upper bound
     (``sys.maxsize - 1``), as a VLM's image tokens over a dynamic batch and sequence."""

@@ -201,7 +201,7 @@ def fit_default_bounds(program: torch.export.ExportedProgram, bounds: Any, budge
     until ``measure`` (default: :func:`estimate_planned_bytes` of ``program``) fits ``budget``: each time the
     default whose halving lowers it most, never below the example inputs' size (or ``floors[role]`` when larger:
     a size the caller knows the program must take). Bounds the user set (``max_batch``, ``max_seq_len``,
-    ``dim_upper_bound``) and bounds torch.export inferred are kept.
+    ``dim_upper_bound``) are kept; a bound torch.export inferred from the model is a default here.
     """
     upper, hints = _symbol_sizes(program)
     if measure is None:
@@ -227,7 +227,9 @@ def fit_default_bounds(program: torch.export.ExportedProgram, bounds: Any, budge
     while estimate > budget:
         options = {}
         for role, info in bounds.roles.items():
-            if info["source"] in _USER_SOURCES or info["source"] == "torch.export" or not symbols[role]:
+            # a bound torch.export inferred (the model's own, e.g. ProphetNet's 510 positions) may go lower too:
+            # a program is valid on any part of its range, and keeping it would leave only the batch to halve
+            if info["source"] in _USER_SOURCES or not symbols[role]:
                 continue
             if max(info["max"] // 2, floor[role]) < info["max"]:
                 options[role] = trial(role)
