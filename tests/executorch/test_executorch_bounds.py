@@ -199,7 +199,7 @@ def test_default_bounds_that_plan_over_the_budget_are_halved_before_lowering(cap
 
 
 class TablePositions(torch.nn.Module):
-    """Self-attention over ``x + table[:seq]``: torch.export bounds the sequence at the table's 48 rows, below the
+    """Self-attention over ``inputs_embeds + table[:seq]``: torch.export bounds the sequence at the table's 48 rows, below the
     default, and the scores grow with its square (as ProphetNet's 510 positions and n-gram attention do)."""
 
     def __init__(self):

@@ -576,10 +576,13 @@ def _exact_quotients(expr: Any) -> Any:
     from torch.utils._sympy.functions import FloorDiv
 
     def exact(node: Any) -> Any:
-        quotient = sympy.cancel(node.args[0] / node.args[1])
-        if sympy.fraction(quotient)[1] != 1:
+        try:
+            quotient = sympy.cancel(node.args[0] / node.args[1])
+            if sympy.fraction(quotient)[1] != 1:
+                return node
+            coefficients = sympy.Poly(quotient).coeffs() if quotient.free_symbols else [quotient]
+        except sympy.PolynomialError:  # not a polynomial in its atoms: left as it is
             return node
-        coefficients = sympy.Poly(quotient).coeffs() if quotient.free_symbols else [quotient]
         return quotient if all(c.is_Integer for c in coefficients) else node
 
     return expr.replace(lambda node: isinstance(node, FloorDiv), exact)

@@ -275,12 +275,12 @@ UPSTREAM_REASONS: tuple[tuple[str, str, str], ...] = (
      "to_edge retraces the program through, makes the unbacked size of the vision merger's per-image slice again "
      "(`hidden_states[0, start:start + num_patches]`, bounds read from `target_sizes`) and asserts on the recreated "
      "symbol (pytorch/pytorch#154647, open); torch.export and the dynamo and ONNX backends pass"),
-    ("^bit/", "differ beyond", "the lowered program (XNNPACK's fp32 kernels for the convolutions, portable ones for the rest) rounds "
-     "differently from ATen: at 224x224 the error is "
-     "1e-4 to 3e-4 at every position of BiT's last hidden state (|eager| up to 5.2), and 13 of its 62,720 values "
-     "fall outside atol 1e-4 + rtol 1e-3 (ONNX Runtime: 2.8e-5). Spread evenly, not one wrong place; the same with the standardized "
-     "weights computed in eager, and no op without an XNNPACK kernel can be left out of the delegate to compare "
-     "(max_pool2d has no portable kernel)"),
+    ("^bit/", "differ beyond", "the lowered program (XNNPACK's fp32 kernels for the convolutions, portable ones "
+     "for the rest) rounds differently from ATen: at 224x224 the error is 1e-4 to 3e-4 at every position of BiT's "
+     "last hidden state (|eager| up to 5.2), and 13 of its 62,720 values fall outside atol 1e-4 + rtol 1e-3 (ONNX "
+     "Runtime: 2.8e-5). Spread evenly, not one wrong place; the same with the standardized weights computed in "
+     "eager, and no op without an XNNPACK kernel can be left out of the delegate to compare (max_pool2d has no "
+     "portable kernel)"),
     ("^llava/", "is static|static shape", "transformers' LLaVA get_image_features makes a list of one tensor per "
      "image (`list(image_features)`), which fixes the number of images, so the batch, at the traced 3"),
 )
