@@ -568,26 +568,6 @@ def _patch_unbacked_size_upper_bound(original: Any, ctx: ExportContext | None = 
     return eval_upper_bound
 
 
-def _exact_quotients(expr: Any) -> Any:
-    """``expr`` with every ``FloorDiv(a, b)`` whose quotient ``a / b`` is a polynomial with integer coefficients
-    replaced by that polynomial: then ``a // b`` equals it exactly (``b`` divides ``a``; a zero ``b`` would have
-    failed the op that made the size)."""
-    import sympy
-    from torch.utils._sympy.functions import FloorDiv
-
-    def exact(node: Any) -> Any:
-        try:
-            quotient = sympy.cancel(node.args[0] / node.args[1])
-            if sympy.fraction(quotient)[1] != 1:
-                return node
-            coefficients = sympy.Poly(quotient).coeffs() if quotient.free_symbols else [quotient]
-        except sympy.PolynomialError:  # not a polynomial in its atoms: left as it is
-            return node
-        return quotient if all(c.is_Integer for c in coefficients) else node
-
-    return expr.replace(lambda node: isinstance(node, FloorDiv), exact)
-
-
 @register_patch("executorch.internals", "executorch.exir.sym_util.bound_sympy")
 def _patch_exact_quotient_upper_bound(original: Any) -> Any:
     """Bounds a size ``a // b`` by its exact quotient when ``b`` divides ``a`` as polynomials, so that the planned
@@ -609,12 +589,25 @@ def _patch_exact_quotient_upper_bound(original: Any) -> Any:
     import sympy
     from torch.utils._sympy.functions import FloorDiv
 
+    def exact(node: Any) -> Any:
+        """``a // b`` as the polynomial ``a / b`` when that has integer coefficients: then they are equal (``b``
+        divides ``a``; a zero ``b`` would have failed the op that made the size); else as it is."""
+        try:
+            quotient = sympy.cancel(node.args[0] / node.args[1])
+            if sympy.fraction(quotient)[1] != 1:
+                return node
+            coefficients = sympy.Poly(quotient).coeffs() if quotient.free_symbols else [quotient]
+        except sympy.PolynomialError:  # not a polynomial in its atoms
+            return node
+        return quotient if all(c.is_Integer for c in coefficients) else node
+
     @functools.wraps(original)
     def bound_sympy(expr: Any, ranges: Any = None) -> Any:
         bounds = original(expr, ranges)
         if not isinstance(expr, sympy.Expr) or not expr.has(FloorDiv):
             return bounds
-        return bounds & original(_exact_quotients(expr), ranges)  # both hold: their intersection
+        exact_quotients = expr.replace(lambda node: isinstance(node, FloorDiv), exact)
+        return bounds & original(exact_quotients, ranges)  # both bounds hold: their intersection
 
     return bound_sympy
 
