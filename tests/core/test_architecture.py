@@ -156,7 +156,7 @@ USER_API = [
     "Quantization", "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "VerificationError",
     "VerificationReport", "export", "get_backend", "list_backends", "list_workarounds", "load", "register_patch",
 ]
-PLUGIN_API = [
+PLUGIN_API = ["RuntimeNeeds", "Step", 
     "Backend", "Component", "ComponentPlan", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError",
     "ExportedModel", "Exporter", "FileRunner", "FixReport", "IntegrityError", "InvalidInputError", "MANIFEST_NAME",
     "ManifestError", "OutputDiff", "PatchReport", "Quantization", "QuantizationRecipe", "QuantizedVerificationReport",
@@ -168,7 +168,7 @@ PLUGIN_API = [
     "import_type_modules", "importable_prefixes", "is_disabled", "iter_graph_modules", "list_workarounds",
     "load_treespec", "parse_json", "patch_context", "pickle_globals", "quantized_model_reason", "read_manifest",
     "register_fx_node_fix", "register_fx_program_fix", "register_patch", "register_workaround", "resolve_path",
-    "resolve_pattern", "resolve_quantization", "run_stages", "torch_dtype", "treespec_names", "unregistered",
+    "resolve_pattern", "resolve_quantization", "torch_dtype", "treespec_names", "unregistered",
     "unsafe_pickle_globals", "versions_of", "weight_bytes", "workarounds_for",
 ]
 

@@ -32,9 +32,16 @@ def test_backends_lists_name_distribution_version_status():
 
 
 def test_stages_lists_the_dynamo_reference():
-    out = _run("stages", "dynamo").stdout.splitlines()
-    assert [line.split(".", 1)[1].split("extension")[0].strip() for line in out] == [
+    out = _run("stages", "dynamo").stdout.splitlines()[1:]
+    assert [line.split(".", 1)[1].split("extension")[0].strip() for line in out if "→" not in line] == [
         "Forward signature patch", "Model patches", "Pytree registration", "Dynamic shapes", "State cleanup"]
+    assert out[-1].split() == ["→", "capture", "runs", "torch.export.export"]  # the step after the stages
+
+
+def test_stages_lists_the_steps_between_the_stages_in_running_order():
+    out = [line.split()[:2] for line in _run("stages", "onnx").stdout.splitlines()[1:]]
+    assert out == [["1.", "Torch"], ["2.", "ONNX"], ["→", "capture"], ["3.", "FX"], ["4.", "ONNX"], ["→", "convert"],
+                   ["5.", "ONNX"], ["→", "optimize"], ["→", "fuse"], ["→", "quantize"], ["→", "open"]]
 
 
 def test_export_refuses_non_empty_output_without_overwrite(tmp_path, capsys):

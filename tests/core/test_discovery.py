@@ -153,12 +153,20 @@ def test_an_exporter_without_name_stages_or_package_is_refused_when_it_loads(mon
 
     module = types.ModuleType("vendor_half_done")
 
+    from hfexport_dynamo import DYNAMO_TRACER
+
     class NoName(Exporter):
-        stages = (Stage(1, "Trace", "internal", "stage_trace"),)
+        stages = (Stage(1, "Trace", "internal"),)
+        tracer = DYNAMO_TRACER
 
     class NoPackage(Exporter):
         name = "half"
-        stages = (Stage(1, "Trace", "internal", "stage_trace"),)
+        stages = (Stage(1, "Trace", "internal"),)
+        tracer = DYNAMO_TRACER
+
+    class NoTracer(Exporter):
+        name = "half"
+        stages = ("Trace",)
 
     module.NoName, module.NoPackage = NoName, NoPackage
     monkeypatch.setitem(sys.modules, "vendor_half_done", module)
@@ -166,3 +174,9 @@ def test_an_exporter_without_name_stages_or_package_is_refused_when_it_loads(mon
         Backend("half", "vendor_half_done:NoName").load_exporter()
     with pytest.raises(TypeError, match="must implement package"):
         Backend("half", "vendor_half_done:NoPackage").load_exporter()
+    module.NoTracer = NoTracer
+    with pytest.raises(TypeError) as info:
+        Backend("half", "vendor_half_done:NoTracer", distribution="hfexport-half").load_exporter()
+    message = str(info.value)  # names the entry point, its distribution and each thing missing
+    assert "entry point vendor_half_done:NoTracer (distribution hfexport-half)" in message
+    assert "must hold hfexport.plugin.Stage objects" in message and "must set `tracer`" in message

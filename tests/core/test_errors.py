@@ -1,5 +1,5 @@
-"""ExportError carries where an export failed as data: the stage path through nested pipelines, the toolchain
-step, and whether it looks like a bug of hfexport rather than a problem with the model."""
+"""ExportError carries where an export failed as data: the stage (a capture stage under another backend), the
+toolchain step, and whether it looks like a bug of hfexport rather than a problem with the model."""
 
 import pytest
 import torch
@@ -13,26 +13,33 @@ class Exploding(torch.nn.Module):
         raise RuntimeError("exploded in forward")
 
 
-def test_a_failure_inside_the_nested_trace_names_both_stages_and_the_step():
+def test_a_failure_in_the_capture_step_names_the_step_and_the_backend():
     with pytest.raises(ExportError) as info:
         hfexport.export(Exploding(), {"x": torch.ones(2, 3)}, backend="testplugin")
     err = info.value
-    assert [(p.backend, p.number, p.total, p.title) for p in err.path] == [
-        ("testplugin", 1, 2, "Trace"), ("dynamo", 5, 5, "State cleanup")]
-    assert err.step == "torch.export.export" and not err.internal
-    assert (err.backend, err.stage_number, err.stage_title) == ("testplugin", 1, "Trace")
-    assert str(err).startswith("testplugin export: stage 1/2 (Trace → torch.export.export) -> dynamo stage 5/5 "
-                               "(State cleanup → torch.export.export) failed for Exploding: RuntimeError: exploded")
+    assert err.path == [] and err.step == "torch.export.export" and not err.internal
+    assert (err.backend, err.stage_number, err.stage_title) == ("testplugin", 0, "")
+    assert str(err).startswith("testplugin export: step torch.export.export failed for Exploding: RuntimeError: "
+                               "exploded")
     assert "exploded in forward" in str(err.__cause__)
 
 
-def test_a_bug_in_a_stage_is_told_apart_from_a_model_problem(monkeypatch):
-    from hfexport_dynamo import DynamoExporter
+def test_a_failure_in_a_capture_stage_names_the_dynamo_stage_under_the_backend():
+    with pytest.raises(ExportError) as info:
+        hfexport.export(torch.nn.Linear(3, 2), {"input": torch.ones(2, 3)}, backend="testplugin",
+                        dynamic_shapes={"x": {0: None}})
+    err = info.value
+    assert [(p.backend, p.number, p.total, p.title) for p in err.path] == [("dynamo", 4, 5, "Dynamic shapes")]
+    assert str(err).startswith("testplugin export: dynamo stage 4/5 (Dynamic shapes) failed for Linear: KeyError")
 
-    def broken_stage(self, ctx):
+
+def test_a_bug_in_a_stage_is_told_apart_from_a_model_problem(monkeypatch):
+    import hfexport_dynamo.capture as capture
+
+    def broken_stage(ctx):
         return ctx.no_such_attribute  # a bug of ours, not of the model
 
-    monkeypatch.setattr(DynamoExporter, "stage_dynamic_shapes", broken_stage)
+    monkeypatch.setattr(capture, "dynamic_shapes", broken_stage)
     with pytest.raises(ExportError) as info:
         hfexport.export(torch.nn.Linear(3, 2), {"input": torch.ones(2, 3)})
     err = info.value

@@ -149,10 +149,9 @@ def test_export_failure_restores_everything():
     with pytest.raises(ExportError) as info:
         hfexport.export(model, {"x": torch.ones(1, 2)})
     err = info.value
-    assert (err.backend, err.stage_number, err.stage_title, err.model_class) == (
-        "dynamo", 5, "State cleanup", "_DynamoPatchProbe")
+    assert (err.backend, err.step, err.model_class) == ("dynamo", "torch.export.export", "_DynamoPatchProbe")
     assert isinstance(err.__cause__, RuntimeError) and "exploded" in str(err.__cause__)
-    assert "stage 5/5 (State cleanup → torch.export.export) failed for _DynamoPatchProbe" in str(err)
+    assert "dynamo export: step torch.export.export failed for _DynamoPatchProbe" in str(err)
     assert "forward" not in vars(_DynamoPatchProbe) or vars(_DynamoPatchProbe)["forward"].__name__ == "forward"
     assert _DynamoPatchProbe.forward.__qualname__ == "_DynamoPatchProbe.forward"
     assert model.training  # training flag restored

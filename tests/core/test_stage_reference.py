@@ -1,4 +1,5 @@
-"""Each exporter file's `# ── Stage N: Title ──` banners match its stage data, in order."""
+"""Each exporter file's `# ── Stage N: Title ──` banners match its stage data, in order; no documented stage runs a
+toolchain call (the steps between the stages do, and each declared step is one the export runs)."""
 
 import importlib
 import inspect
@@ -17,12 +18,41 @@ def test_banners_match_stage_data(backend):
         exporter = get_backend(backend).load_exporter()
     except ImportError as exc:  # pragma: no cover - a member not built yet
         pytest.skip(str(exc))
-    source = inspect.getsource(importlib.import_module(exporter.__module__))
+    # the capture stages are marked where capture runs them (hfexport_dynamo.capture); a backend's in its exporter file
+    module = "hfexport_dynamo.capture" if exporter.stages is exporter.tracer.stages else exporter.__module__
+    source = inspect.getsource(importlib.import_module(module))
     banners = [(int(n), t) for n, t in BANNER.findall(source)]
     stages = [(s.number, s.title) for s in exporter.stages]
     assert banners == stages
-    for s in exporter.stages:
-        assert callable(getattr(exporter, s.method)), s
+
+
+STEP = re.compile(r"""ctx\.step\(\s*(f?)["']([^"']+)["']""")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "executorch-xnnpack", "openvino"])
+def test_no_stage_runs_a_toolchain_call_and_every_export_runs_its_steps(backend):
+    """Inside ``with ctx.stage(n):`` no ``ctx.step(...)`` (a stage applies its extension point, nothing else); the
+    progress events of a real export show the documented stages and the declared steps in the order
+    ``hfexport stages`` gives (the steps that only some options run left out)."""
+    import torch
+
+    import hfexport
+
+    exporter = get_backend(backend).load_exporter()
+    source = inspect.getsource(importlib.import_module(exporter.__module__))
+    for block in re.findall(r"with ctx\.stage\(\d\)[^\n]*:\n((?:\s{12,}[^\n]*\n)+)", source):
+        assert "ctx.step(" not in block, block
+    events = []
+    hfexport.export(torch.nn.Linear(3, 2), {"input": torch.ones(2, 3)}, backend=backend, dynamic=True,
+                    progress=lambda e: events.append(e) if e.status == "start" and e.depth == 0 else None)
+    ran = [e.step or e.stage.title for e in events]
+    declared = [(s.runs if hasattr(s, "runs") else s.title) for s in
+                __import__("hfexport._stages", fromlist=["running_order"]).running_order(exporter.stages, exporter.steps)]
+    optional = {"torchao.quantization.quantize_", "prepare_pt2e, calibration, convert_pt2e", "nncf.compress_weights",
+                "onnxruntime.quantization (with quantize=)"}
+    expected = [d.replace("the dynamo stages, torch.export.export", "torch.export.export") for d in declared
+                if d not in optional]
+    assert [r for r in ran if r in expected or r in {s.title for s in exporter.stages}] == expected
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "executorch-cuda", "openvino",

@@ -149,7 +149,7 @@ def test_cache_input_and_output_round_trip():
 
 
 def test_stateful_attributes_are_nulled_for_the_trace_and_restored():
-    from hfexport_dynamo.exporter_dynamo import _STATEFUL_CACHE_ATTRS
+    from hfexport_dynamo.capture import _STATEFUL_CACHE_ATTRS
 
     class Rotary(torch.nn.Module):
         def __init__(self):
@@ -189,7 +189,7 @@ def test_constant_inputs_are_baked_in_and_checked(bert):
 
 
 def test_version_drift_is_reported(monkeypatch):
-    from hfexport._exporter import warn_version_drift
+    from hfexport._context import warn_version_drift
     from hfexport_dynamo.exporter_dynamo import DynamoExporter
 
     assert warn_version_drift(DynamoExporter) == []  # the lock installs the tested versions

@@ -14,9 +14,9 @@ import torch
 
 import hfexport
 from hfexport import _saving, cli
-from hfexport._exporter import _model_lock
+from hfexport._context import _model_lock
 from hfexport._patching import patch_context
-from hfexport_dynamo.tracer import SpecializedDimWarning
+from hfexport_dynamo.capture import SpecializedDimWarning
 
 
 class _Dropper(torch.nn.Module):

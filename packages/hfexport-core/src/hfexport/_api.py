@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,23 +73,17 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
     exporter_class = get_backend(backend).load_exporter()
     if dynamic:
         options["dynamic"] = True
-    task_options = {}
-    if task is not None:
-        names = _keyword_names(getattr(exporter_class.tracer, "plan_task", None)) - {"stateful"}  # the backend's
-        task_options = {name: options.pop(name) for name in list(options) if name in names}
+    task_options = None
+    if task is not None:  # the task's options are a dataclass of the tracer's: its fields, by name
+        if exporter_class.tracer is None or not hasattr(exporter_class.tracer, "task_options"):
+            raise ValueError(f"backend {backend!r} exports single programs only (its tracer plans no tasks); "
+                             f"export without task={task!r}")
+        options_class = exporter_class.tracer.task_options(task)
+        names = {f.name for f in dataclasses.fields(options_class)}
+        task_options = options_class(**{name: options.pop(name) for name in list(options) if name in names})
     exporter = exporter_class(config, **options)
-    checks = {"verify": verify, "atol": atol, "rtol": rtol}
-    if task is None:
-        return exporter.export(model, inputs, progress=progress, **checks)
-    return exporter.export(model, inputs, progress=progress, task=task, **checks, **task_options)
-
-
-def _keyword_names(function: Any) -> set[str]:
-    import inspect
-
-    if function is None:
-        return set()
-    return {p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY}
+    return exporter.export(model, inputs, progress=progress, task=task, task_options=task_options, verify=verify,
+                           atol=atol, rtol=rtol)
 
 
 def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder: str | None = None,
@@ -149,11 +144,11 @@ def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bo
     :func:`~hfexport._trust.check_integrity` checked (what :func:`load` does after those two)."""
     exporter_class = get_backend(manifest["backend"]).load_exporter()
     if exporter_class.tracer is not None:
-        _call_trusting(exporter_class.tracer.prepare_load, trust_remote_code, manifest)
+        exporter_class.tracer.prepare_load(manifest, trust_remote_code=trust_remote_code)
     sections = manifest.get("components") or {DEFAULT_COMPONENT: manifest}
     components = []
     for name, section in sections.items():
-        runner = _call_trusting(exporter_class.load_runner, trust_remote_code, path, manifest, name)
+        runner = exporter_class.load_runner(path, manifest, name, trust_remote_code=trust_remote_code)
         components.append(Component(name, runner, _out_spec(name, section, trust_remote_code), manifest=section))
     files = [f for f in manifest.get("files", []) if f != "export.json"]
     # Saving a loaded artifact again copies its files (they are the artifact).
@@ -162,20 +157,6 @@ def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bo
     exported = ExportedModel(manifest["backend"], components, manifest, extra_files=copy, generator=generator)
     exported.directory = path  # verify_stored() reads its verification.safetensors
     return exported
-
-
-def _call_trusting(function: Any, trust_remote_code: bool, *args: Any) -> Any:
-    """``function(*args, trust_remote_code=...)`` where it takes the keyword (a backend's ``load_runner``, a
-    tracer's ``prepare_load``); without it otherwise (that backend reads nothing that could run code)."""
-    import inspect
-
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        parameters = {}
-    if "trust_remote_code" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        return function(*args, trust_remote_code=trust_remote_code)
-    return function(*args)
 
 
 def _out_spec(name: str, section: Mapping[str, Any], trust_remote_code: bool) -> Any:

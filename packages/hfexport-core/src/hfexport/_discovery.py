@@ -75,7 +75,8 @@ class Backend:
             ImportError: naming the missing distributions, or the import failure of the exporter module.
             TypeError: if the named object is not an :class:`hfexport.plugin.Exporter` subclass.
         """
-        from ._exporter import Exporter
+        from ._exporter import Exporter, RuntimeNeeds
+        from ._stages import Stage, Step
 
         missing = self.missing_requirements()
         if missing:
@@ -89,14 +90,25 @@ class Backend:
         problems = []
         if cls.name == Exporter.name:
             problems.append("must set `name` (the backend name written into every manifest)")
-        if not cls.stages:
-            problems.append("must declare `stages`")
+        if not cls.stages and not cls.steps:
+            problems.append("must declare `stages` (or `steps`)")
+        if not all(isinstance(s, Stage) for s in cls.stages) or not all(isinstance(s, Step) for s in cls.steps):
+            problems.append("`stages` must hold hfexport.plugin.Stage objects and `steps` Step objects")
+        if not isinstance(cls.needs, RuntimeNeeds):
+            problems.append("`needs` must be an hfexport.plugin.RuntimeNeeds")
+        missing_protocol = [m for m in ("capture", "program_manifest", "reference", "check_inputs", "prepare_inputs")
+                            if cls.tracer is not None and not callable(getattr(cls.tracer, m, None))]
+        if cls.tracer is None:
+            problems.append("must set `tracer` (hfexport_dynamo.DYNAMO_TRACER: it captures the model)")
+        elif missing_protocol:
+            problems.append(f"its tracer lacks {', '.join(missing_protocol)} (the hfexport.plugin.Tracer protocol)")
         if cls.package is Exporter.package:
             problems.append("must implement package()")
         if cls.load_runner.__func__ is Exporter.load_runner.__func__:  # type: ignore[attr-defined]
             problems.append("must implement load_runner()")
         if problems:
-            raise TypeError(f"backend {self.name!r}: {self.exporter} " + "; ".join(problems))
+            source = f" (distribution {self.distribution})" if getattr(self, "distribution", None) else ""
+            raise TypeError(f"backend {self.name!r}: entry point {self.exporter}{source} " + "; ".join(problems))
         return cls
 
 

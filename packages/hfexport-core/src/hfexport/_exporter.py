@@ -1,225 +1,64 @@
-"""The exporter base class: option validation, input checks, the staged run, model-state safety, and the
-export context through which stages install patches, apply fixes and record what they did."""
+"""The exporter base class (what a backend implements: ``prepare``, ``lower``, ``package``, ``load_runner``), the
+tracer protocol, option and input checks, and the verification of a packaged artifact against eager PyTorch."""
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import dataclasses
 import datetime
 import difflib
 import logging
-import threading
 import time
-import weakref
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ._artifact import DEFAULT_COMPONENT, SCHEMA_VERSION, Component, ExportedModel, versions_of
-from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes
-from ._patching import PatchReport, UnresolvedPatchWarning, is_user_registration, patch_context
-from ._registry import Registration, list_workarounds, workarounds_for
-from ._stages import ExportError, ProgressCallback, Stage, StepRecorder, run_stages
+from ._context import (
+    ExportConfig,
+    ExportContext,
+    InvalidInputError,
+    RuntimeNeeds,
+    _as_json,
+    _Config,
+    _config_as,
+    _restore_buffers,
+    _save_buffers,
+)
+from ._patching import UnresolvedPatchWarning, is_user_registration
+from ._registry import list_workarounds
+from ._stages import ExportError, ProgressCallback, Stage, Step, running_order
 
 logger = logging.getLogger("hfexport")
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-__all__ = ["ExportConfig", "ExportContext", "Exporter", "InvalidInputError", "Tracer"]
-
-
-class InvalidInputError(TypeError):
-    """The model or its inputs cannot be exported as given; the message says what to pass instead."""
-
-
-_State = TypeVar("_State")  # a backend's state class (ExportContext.state_as)
-_Config = TypeVar("_Config", bound="ExportConfig")  # a backend's config class (config_as)
-
-
-def _config_as(config: Any, kind: type[_Config], owner: str) -> _Config:
-    if not isinstance(config, kind):
-        raise TypeError(f"{owner} config is an instance of {type(config).__name__}, not of {kind.__name__}")
-    return config
-
-
-@dataclass
-class ExportConfig:
-    """Options every backend takes. Backends subclass it (``DynamoConfig``, ``OnnxConfig``, ...).
-
-    Attributes:
-        dynamic: mark every dimension of every tensor input ``Dim.AUTO`` (torch.export keeps the dims it
-            can and specializes the others).
-        dynamic_shapes: an explicit ``dynamic_shapes`` for ``torch.export.export``, keyed by input name;
-            overrides ``dynamic`` for the inputs it names.
-        disable: names of registered workarounds to leave out (``"_fix_ir_topk_sorted"``), to see what one
-            fixes or to drop one that misbehaves.
-    """
-
-    dynamic: bool = False
-    dynamic_shapes: Mapping[str, Any] | None = None
-    disable: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.dynamic, bool):
-            raise TypeError(f"dynamic must be True or False, got {self.dynamic!r} ({type(self.dynamic).__name__})")
-        if self.dynamic_shapes is not None and not isinstance(self.dynamic_shapes, Mapping):
-            raise TypeError(f"dynamic_shapes must map input names to per-dimension specs, e.g. "
-                            f"{{'input_ids': {{0: Dim('batch'), 1: Dim('seq')}}}}; got {type(self.dynamic_shapes).__name__}")
-        bad_keys = [k for k in self.dynamic_shapes or {} if not isinstance(k, str)]
-        if bad_keys:
-            raise TypeError(f"dynamic_shapes is keyed by input name (a str), got keys {bad_keys!r}")
-        if isinstance(self.disable, str):
-            self.disable = (self.disable,)
-        if self.disable is None or not isinstance(self.disable, Iterable):
-            raise TypeError(f"disable must be a tuple of workaround names, got {self.disable!r}")
-        self.disable = tuple(self.disable)
-        bad = [d for d in self.disable if not isinstance(d, str)]
-        if bad:
-            raise TypeError(f"disable holds workaround names (str), e.g. ('_fix_ir_topk_sorted',); got {bad!r}")
-
-    @classmethod
-    def option_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_options(cls, config: ExportConfig | None = None, **options: Any) -> ExportConfig:
-        """Build a config from ``config`` (or the defaults) updated with keyword ``options``.
-
-        Raises:
-            TypeError: an option this backend does not take; the message lists those it takes.
-        """
-        unknown = sorted(set(options) - set(cls.option_names()))
-        if unknown:
-            raise TypeError(f"{cls.__name__} does not take {', '.join(map(repr, unknown))}; "
-                            f"options it takes: {', '.join(cls.option_names())}")
-        if config is None:
-            return cls(**options)
-        if not isinstance(config, cls):
-            raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}")
-        return dataclasses.replace(config, **options) if options else config
-
-
-@dataclass
-class ExportContext:
-    """State passed through the stages of one export.
-
-    Attributes:
-        model: the model being exported (restored exactly when the export ends).
-        inputs: forward keyword arguments, in the order of the exported signature.
-        config: the backend's config.
-        stack: contexts entered by stages (patches, state cleanup); closed when the stages end.
-        program: the ``torch.export.ExportedProgram`` once traced.
-        report: what the export did: installed patches, fixes applied, timings, notes (into the manifest).
-        trace: the tracer's typed state for this export (``hfexport_dynamo.TraceState``: the dynamic shapes, the
-            forward constants baked in ...), set by the tracer's stages.
-        state: the backend's typed state for this export (a dataclass of what its stages hand on: an ONNX model,
-            a runner, a manifest section ...), made by :meth:`Exporter.new_state` before the first stage.
-        steps: times the toolchain calls of the stages (``with ctx.step("torch.onnx.export"): ...``).
-    """
-
-    exporter: Exporter
-    model: torch.nn.Module
-    inputs: dict[str, Any]
-    config: ExportConfig
-    stack: contextlib.ExitStack
-    progress: ProgressCallback | None = None
-    program: Any = None
-    report: dict[str, Any] = field(default_factory=lambda: {"patches": [], "skipped_patches": [], "fixes": {},
-                                                             "timings": {}, "notes": []})
-    trace: Any = None
-    state: Any = None
-    steps: StepRecorder = field(init=False)  # the toolchain steps' timer, reporting to ``progress``
-
-    def __post_init__(self) -> None:
-        self.steps = StepRecorder(self.progress)
-
-    @property
-    def model_class(self) -> str:
-        return type(self.model).__name__
-
-    def state_as(self, kind: type[_State]) -> _State:
-        """:attr:`state`, checked to be a ``kind`` (the backend's state class) and typed as one.
-
-        Raises:
-            TypeError: this export's state is not a ``kind`` (the context of another backend's export).
-        """
-        if not isinstance(self.state, kind):
-            raise TypeError(f"expected the context of an export whose state is a {kind.__name__}; got "
-                            f"{type(self.state).__name__} from {type(self.exporter).__name__}")
-        return self.state
-
-    def config_as(self, kind: type[_Config]) -> _Config:
-        """:attr:`config`, checked to be a ``kind`` (the backend's config class) and typed as one.
-
-        Raises:
-            TypeError: this export's config is not a ``kind`` (the context of another backend's export).
-        """
-        return _config_as(self.config, kind, "this export's")
-
-    def note(self, text: str) -> None:
-        """Record a fact about this export (a fallback taken, a dim specialized) in the manifest."""
-        self.report["notes"].append(text)
-
-    def step(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """Run a toolchain call (``"torch.export.export"``) as a named, timed step of the current stage;
-        a failure inside it names the step in the :class:`ExportError`."""
-        return self.steps(name)
-
-    def workarounds(self, kind: str, scopes: Iterable[str]) -> list[Registration]:
-        """The registrations of ``kind`` for ``scopes``, minus those this export's config disables."""
-        return workarounds_for(kind, scopes, self.config.disable)
-
-    def install_patches(self, scopes: Sequence[str]) -> PatchReport:
-        """Install the patches of ``scopes`` until the export ends (factories with a ``ctx`` parameter get this
-        context); record what was installed or skipped."""
-        report = self.stack.enter_context(patch_context(tuple(scopes), self.config.disable, ctx=self))
-        self.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
-        self.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why}
-                                              for r, p, why in report.skipped)
-        return report
-
-    def apply_fx_node_fixes(self, graph_module: Any, scopes: Iterable[str]) -> FixReport:
-        """Apply the FX node fixes of ``scopes`` (fixes with a ``ctx`` parameter get this context); record them."""
-        report = apply_fx_node_fixes(graph_module, self.workarounds("fx_node_fix", scopes), ctx=self)
-        self.record_fixes(report)
-        return report
-
-    def apply_fx_program_fixes(self, program: Any, scopes: Iterable[str]) -> FixReport:
-        """Apply the FX program fixes of ``scopes`` to ``program`` in place; record them."""
-        report = apply_fx_program_fixes(program, self.workarounds("fx_program_fix", scopes), ctx=self)
-        self.record_fixes(report)
-        return report
-
-    def record_fixes(self, report: FixReport) -> None:
-        for name, count in report.applied.items():
-            self.record_applied(name, count)
-
-    def record_applied(self, name: str, count: int = 1) -> None:
-        """Count a workaround that fired (a translation used, an IR fix that rewrote nodes) in the manifest."""
-        fixes = self.report["fixes"]
-        fixes[name] = fixes.get(name, 0) + count
-
-
-def _as_json(value: Any) -> Any:
-    """``value`` as JSON where it is plain data (bools, numbers, strings, lists, dicts); its repr otherwise."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [_as_json(v) for v in value]
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: _as_json(v) for k, v in value.items()}
-    return repr(value)
+__all__ = ["ExportConfig", "ExportContext", "Exporter", "InvalidInputError", "RuntimeNeeds", "Tracer"]
 
 
 class Tracer(Protocol):
-    """What a backend gets from the package that traces models (hfexport-dynamo's ``DYNAMO_TRACER``).
+    """What a backend gets from the package that captures models (hfexport-dynamo's ``DYNAMO_TRACER``): the
+    capture step of every export, and everything about the model that the kernel does not know.
 
-    The kernel names no tracer: an exporter sets ``tracer`` and the base class delegates to it. A tracer may
-    declare ``scopes``, the workaround scopes its trace installs (``("dynamo",)``): an exporter's
-    :meth:`Exporter.active_scopes` (what ``disable=`` is checked against) includes them.
+    The kernel names no tracer: an exporter sets ``tracer``, and the kernel's pipeline calls :meth:`capture`
+    between the exporter's :meth:`~Exporter.prepare` and :meth:`~Exporter.lower`. ``scopes`` are the workaround
+    scopes capture installs (``("dynamo",)``); ``stages`` its documented stages (``ctx.capture_stage(n)``).
     """
+
+    name: str
+    scopes: tuple[str, ...]
+    stages: tuple[Stage, ...]
+
+    def capture(self, ctx: ExportContext) -> Any:
+        """Run the capture stages and ``torch.export.export`` on ``ctx.model``; set and return ``ctx.program``."""
+
+    def task_options(self, task: str) -> type:
+        """The dataclass of ``task``'s options (``max_cache_len``, ...); ``ValueError`` for a task it cannot plan."""
+
+    def plan_task(self, model: Any, task: str, inputs: Mapping[str, Any] | None, options: Any,
+                  needs: RuntimeNeeds) -> Any:
+        """The :class:`~hfexport._tasks.TaskPlan` of ``task`` for a runtime with ``needs``."""
 
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
@@ -232,44 +71,18 @@ class Tracer(Protocol):
 
     def reference(self, ctx: ExportContext) -> Any: ...
 
+    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Inputs at a second shape for the export's verification (each dynamic size moved within its range)."""
+
     def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None: ...
 
-    # Optional: inputs at a second shape for the export's verification (each dynamic size moved by one within its
-    # range); None where there is none. The kernel calls it when the tracer has it.
-    # def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None: ...
+    def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any: ...
 
     def load_model(self, path: str | Path) -> Any: ...
 
     def prepare_load(self, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> None:
         """Before a saved artifact is opened: register the pytree types its output specs name that the
         tracer's allow-list admits (never an import by a name from the manifest, unless ``trust_remote_code``)."""
-
-
-_WARNED_DRIFT: set[str] = set()
-
-
-def warn_version_drift(exporter_class: type[Exporter]) -> list[str]:
-    """Warn once per distribution whose installed major.minor differs from ``exporter_class.tested_versions``.
-
-    Returns:
-        The drift messages (also for distributions warned about earlier).
-    """
-    import os
-    import warnings
-    from importlib import metadata
-
-    messages = []
-    for dist, tested in exporter_class.tested_versions.items():
-        try:
-            installed = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        if installed.split(".")[:2] != tested.split(".")[:2]:
-            messages.append(f"{dist} {installed} is installed; {exporter_class.name} was tested with {tested}")
-            if dist not in _WARNED_DRIFT and not os.environ.get("HFEXPORT_IGNORE_VERSION_DRIFT"):
-                _WARNED_DRIFT.add(dist)
-                warnings.warn(messages[-1] + " (set HFEXPORT_IGNORE_VERSION_DRIFT=1 to silence)", stacklevel=3)
-    return messages
 
 
 def _exporter_classes() -> list[type[Exporter]]:
@@ -362,85 +175,24 @@ def warn_unresolved_scopes() -> list[str]:
     return messages
 
 
-def _snapshot_modes(model: Any) -> list[tuple[Any, bool]]:
-    return [(m, m.training) for m in model.modules()]
-
-
-def _save_buffers(model: Any) -> list[tuple[Any, str, Any, Any]]:
-    """Every buffer of ``model`` with a copy of its value, for :func:`_restore_buffers` after an eager call (the
-    export's verification leaves the model as it was, also one whose forward mutates buffers)."""
-    return [(m, name, b, b.detach().clone()) for m in model.modules() for name, b in m._buffers.items()
-            if b is not None]
-
-
-def _restore_buffers(saved: list[tuple[Any, str, Any, Any]]) -> bool:
-    """Put back what :func:`_save_buffers` saved; whether any buffer had changed (or been replaced)."""
-    import torch
-
-    changed = False
-    with torch.no_grad():
-        for module, name, buffer, value in saved:
-            if module._buffers.get(name) is not buffer:
-                module._buffers[name] = buffer
-                changed = True
-            if not torch.equal(buffer, value):
-                buffer.copy_(value)
-                changed = True
-    return changed
-
-
-# One lock per model instance: an export switches the model to eval mode and restores its training flags at
-# the end, so a second export of the same instance in another thread would snapshot (and restore) the first
-# one's eval mode, or trace after the first restored train() and bake dropout in. Different instances export
-# concurrently (their traces still take turns on the patch context's lock).
-_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_BY_ID: dict[int, threading.RLock] = {}  # models that cannot be weak keys (unhashable)
-_MODEL_LOCKS_GUARD = threading.Lock()
-
-
-@contextlib.contextmanager
-def _model_lock(model: Any) -> Any:
-    """Hold ``model``'s export lock; wait while another thread exports the same instance.
-
-    Raises:
-        RuntimeError: the instance is being exported by another thread and this thread holds the patch
-            context that export waits for (waiting would deadlock).
-    """
-    from ._patching import _PATCH_LOCK
-
-    with _MODEL_LOCKS_GUARD:
-        try:
-            lock = _MODEL_LOCKS.get(model)
-            if lock is None:
-                lock = _MODEL_LOCKS[model] = threading.RLock()
-        except TypeError:
-            lock = _MODEL_LOCKS_BY_ID.setdefault(id(model), threading.RLock())
-    if not lock.acquire(blocking=False):
-        owns_patches = getattr(_PATCH_LOCK, "_is_owned", lambda: False)()
-        if owns_patches:
-            raise RuntimeError(f"this {type(model).__name__} instance is being exported by another thread, which "
-                               "waits for the patch context this thread holds: exporting it here would deadlock; "
-                               "export it outside the patch context, or after the other export")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 class Exporter:
-    """Base class of every backend's exporter.
+    """Base class of every backend's exporter: one export reads capture → lower → package.
 
-    A subclass declares ``name``, ``config_class``, ``stages`` (the :class:`Stage` list, whose ``method``
-    names its own methods), ``scopes`` (the workaround scopes it activates) and ``tracer`` (what turns a
-    model into a program and describes it: ``hfexport_dynamo.DYNAMO_TRACER``), and implements
-    :meth:`package` (build the artifact, usually with :meth:`artifact`) and :meth:`load_runner` (reopen a
-    saved component).
+    The kernel's pipeline (:func:`hfexport._pipeline.export_program`) calls, in this order, :meth:`prepare` (the
+    backend's stages that act before the trace: patches, device and dtype), the tracer's ``capture`` (the dynamo
+    stages, then ``torch.export.export``), :meth:`lower` (the backend's remaining stages and toolchain steps, top to
+    bottom) and :meth:`package` (the artifact); then it verifies the artifact against eager PyTorch.
+
+    A subclass declares ``name``, ``config_class``, ``stages`` (its documented :class:`Stage` s, run as
+    ``with ctx.stage(n):``), ``steps`` (the toolchain calls between them, for ``hfexport stages``), ``scopes`` (the
+    workaround scopes it activates), ``tracer`` and ``needs`` (what its runtime needs from capture, as data), and
+    implements :meth:`lower`, :meth:`package` and :meth:`load_runner`.
     """
 
     name: ClassVar[str] = "base"
     config_class: ClassVar[type[ExportConfig]] = ExportConfig
     stages: ClassVar[tuple[Stage, ...]] = ()
+    steps: ClassVar[tuple[Step, ...]] = ()
     scopes: ClassVar[tuple[str, ...]] = ()
     # Distributions whose versions go into the manifest.
     toolchain: ClassVar[tuple[str, ...]] = ("torch",)
@@ -454,16 +206,8 @@ class Exporter:
     # in another precision sets its own (executorch-cuda: bfloat16).
     verify_atol: ClassVar[float] = 1e-4
     verify_rtol: ClassVar[float] = 1e-3
-    # Whether the runtime keeps the buffers a program mutates from one call to the next, in place (ExecuTorch's
-    # mutable buffers). A task plan then keeps state (a KV cache) in the program's buffers; otherwise state crosses
-    # the program boundary as inputs and outputs (ONNX has no mutable state; a .pt2 would store the buffers).
-    stateful_programs: ClassVar[bool] = False
-    # The runtime's fused KV-cache attention, which reads only the positions filled so far instead of the cache's
-    # whole capacity. True: the backend lowers ``hfexport::cache_attention`` (hfexport_dynamo._cache_attention: a
-    # cache write and the attention, one functional op; ONNX Runtime's GroupQueryAttention). A stateful backend may
-    # give a kernel instead, ``hfexport_dynamo.generation.InPlaceCacheAttention`` (as a staticmethod), that writes
-    # the cache buffers in place (ExecuTorch's llama::update_cache + llama::custom_sdpa). False: none.
-    fused_cache_attention: ClassVar[Any] = False
+    # What the runtime needs from capture (the KV cache's layout, the attention op it lowers): see RuntimeNeeds.
+    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds()
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         """Raises:
@@ -473,6 +217,12 @@ class Exporter:
         _check_config_class(type(self), config)
         self.config = self.config_class.from_options(config, **options)
 
+    def with_config(self, config: ExportConfig) -> Exporter:
+        """This exporter with another config of its own class (a task's component: its planned dynamic shapes)."""
+        exporter = copy.copy(self)
+        exporter.config = config
+        return exporter
+
     def config_as(self, kind: type[_Config]) -> _Config:
         """:attr:`config`, checked to be a ``kind`` (the backend's config class) and typed as one.
 
@@ -481,27 +231,10 @@ class Exporter:
         """
         return _config_as(self.config, kind, f"this {type(self).__name__}'s")
 
-    def cache_attention(self) -> Any:
-        """The fused KV-cache attention this export lowers (:attr:`fused_cache_attention`, unless the config turns
-        it off: ONNX's ``ort_fusions=None`` writes plain ONNX ops)."""
-        return self.fused_cache_attention
-
     def new_state(self, ctx: ExportContext) -> Any:
         """The typed state the stages of one export hand on (a dataclass of the backend's own), kept in
         ``ctx.state``; None by default (a backend whose stages hand on nothing but ``ctx.program``)."""
         return None
-
-    @classmethod
-    def nested(cls, config: ExportConfig) -> Exporter:
-        """An exporter that runs this backend's stages inside another backend's export, with that export's
-        ``config`` (an instance of this backend's ``config_class`` or of a subclass, e.g. an ``OnnxConfig``
-        for the dynamo stages that ``hfexport_dynamo.trace`` runs)."""
-        if not isinstance(config, cls.config_class):
-            raise TypeError(f"{cls.__name__} runs nested with a {cls.config_class.__name__} (or a subclass), "
-                            f"got {type(config).__name__}")
-        exporter = cls.__new__(cls)
-        exporter.config = config
-        return exporter
 
     def active_scopes(self) -> tuple[str, ...]:
         """The workaround scopes an export of this backend may install: its own and its tracer's."""
@@ -513,6 +246,7 @@ class Exporter:
         Every kind counts (patches, fixes, translations, variants); a scope covers its sub-scopes
         (``"executorch"`` covers ``"executorch.cuda"``). The message lists close matches.
         """
+        warn_unresolved_scopes()
         if not self.config.disable:
             return
         scopes = self.active_scopes()
@@ -530,87 +264,35 @@ class Exporter:
                          f"{len(short)} workarounds are listed by `hfexport workarounds --scope SCOPE` for "
                          f"the scopes {', '.join(scopes)}")
 
+    # ── the pipeline's steps, for subclasses ─────────────────────────────────────────────────────────────
+    def prepare(self, ctx: ExportContext) -> None:
+        """The backend's stages that act before capture (patches the trace needs, the model's device and dtype);
+        none by default."""
+
+    def lower(self, ctx: ExportContext) -> None:
+        """The backend's stages and toolchain steps after capture, top to bottom (``ctx.program`` is the captured
+        ``ExportedProgram``); none by default (the ``.pt2`` is the captured program)."""
+
     # ── public ────────────────────────────────────────────────────────────────────────────────────────
     @classmethod
     def describe_stages(cls) -> list[dict[str, Any]]:
-        """The stages as data: number, title, extension point, and the toolchain call each makes."""
-        return [{"number": s.number, "title": s.title, "extension_point": s.extension_point, "runs": s.runs}
-                for s in cls.stages]
+        """The documented stages (number, title, extension point) and, in running order between them, the steps
+        (name, the toolchain call each runs)."""
+        return [{"number": s.number, "title": s.title, "extension_point": s.extension_point}
+                if isinstance(s, Stage) else {"step": s.name, "runs": s.runs}
+                for s in running_order(cls.stages, cls.steps)]
 
     def export(self, model: Any, inputs: Mapping[str, Any] | None = None, *,
-               progress: ProgressCallback | None = None, task: str | None = None, verify: bool = True,
-               atol: float | None = None, rtol: float | None = None, **task_options: Any) -> ExportedModel:
-        """Run the stages on ``model``, package the result and verify it (see :meth:`verify_export`).
+               progress: ProgressCallback | None = None, task: str | None = None, task_options: Any = None,
+               verify: bool = True, atol: float | None = None, rtol: float | None = None) -> ExportedModel:
+        """Capture, lower and package ``model``, and verify the artifact (see :func:`hfexport._pipeline.export`).
 
-        With a ``task``, the tracer plans the programs the task runs and each is exported (and verified against
-        the module it wraps) in turn (see :func:`hfexport._tasks.export_task`); ``task_options`` are the
-        tracer's (``max_cache_len``).
-
-        Args:
-            verify: raise :class:`VerificationError` when the artifact's outputs differ from eager PyTorch on the
-                traced inputs; ``False`` returns the artifact anyway (the verification still runs and its report,
-                ``passed`` true or false, is in the manifest).
-            atol: the verification's absolute tolerance (default :attr:`verify_atol`).
-            rtol: its relative tolerance (default :attr:`verify_rtol`).
-
-        Raises:
-            InvalidInputError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping of tensors
-                and caches (or holds one the model cannot take: see :meth:`check_inputs`).
-            TypeError: ``verify`` is not a bool, or ``atol``/``rtol`` not a non-negative number.
-            ValueError: ``disable`` names a workaround this backend does not have (close matches listed).
-            ExportError: a stage failed (the original exception is chained), or, with ``verify``, the artifact or
-                the eager model could not run on the traced inputs.
-            VerificationError: with ``verify``, the outputs differ beyond the tolerances.
+        ``task`` and ``task_options`` (the tracer's dataclass for the task) export the programs the task runs.
         """
-        import torch
+        from ._pipeline import export
 
-        atol, rtol = self._check_verify_options(verify, atol, rtol)
-        if not isinstance(model, torch.nn.Module):
-            raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
-                                    "load it first, e.g. AutoModel.from_pretrained(path)")
-        if task is not None:
-            from ._tasks import export_task
-
-            with _model_lock(model):
-                return export_task(self, model, task, inputs, progress=progress, verify=verify, atol=atol,
-                                   rtol=rtol, **task_options)
-        if task_options:
-            raise TypeError(f"{', '.join(sorted(task_options))} are options of a task export: pass task=...")
-        self.check_disable()
-        warn_unresolved_scopes()
-        model_class = type(model).__name__
-        try:
-            inputs = self.prepare_inputs(model, inputs)
-        except InvalidInputError:
-            raise
-        except Exception as exc:
-            raise ExportError(self.name, model_class, exc, where="building inputs from the config",
-                              hints=["pass inputs explicitly: a mapping of forward keyword arguments"]) from exc
-        self.check_inputs(inputs, model)
-        warn_version_drift(type(self))
-        with _model_lock(model):  # a second export of this instance in another thread waits for this one
-            modes = _snapshot_modes(model)
-            start = time.perf_counter()
-            try:
-                with contextlib.ExitStack() as stack:
-                    ctx = ExportContext(self, model, inputs, self.config, stack, progress)
-                    ctx.state = self.new_state(ctx)
-                    model.eval()
-                    ctx.report["timings"].update(run_stages(self.name, self.stages, self, ctx, model_class,
-                                                            progress))
-                ctx.report["timings"].update(ctx.steps.timings)
-                ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
-                try:
-                    exported = self.package(ctx)
-                except Exception as exc:
-                    raise ExportError(self.name, model_class, exc, where="packaging (after the last stage)",
-                                      internal=True) from exc
-                # In eval mode still, with every patch reverted and the model back on its device and dtype.
-                self.verify_export(exported, ctx, inputs, atol=atol, rtol=rtol, raise_on_mismatch=verify)
-                return exported
-            finally:
-                for module, training in modes:
-                    module.training = training
+        return export(self, model, inputs, progress=progress, task=task, task_options=task_options, verify=verify,
+                      atol=atol, rtol=rtol)
 
     def _check_verify_options(self, verify: Any, atol: Any, rtol: Any) -> tuple[float, float]:
         """The verification's tolerances (the backend's defaults where ``None``); refuses options of the wrong type."""

@@ -1,8 +1,8 @@
 """A backend's stages read from its exporter's source, without importing it (``hfexport stages`` answers in well under
 a second where importing an exporter imports torch and its toolchain: 2-4 s).
 
-An exporter declares its stages as data, ``stages = (Stage(1, "Title", "extension point", "method", runs="..."),
-...)`` in its class body (or in a base class of the same module). Only that form is read, with every argument a
+An exporter declares its stages and steps as data, ``stages = (Stage(1, "Title", "extension point"), ...)`` and
+``steps = (Step(1, "name", "toolchain call"), ...)`` in its class body (or in a base class of the same module). Only that form is read, with every argument a
 literal; anything else (a computed tuple, a base class from another module) returns None and the caller imports
 the exporter instead. ``tests/core/test_stage_reference.py`` checks that both ways give the same stages.
 """
@@ -16,12 +16,12 @@ from typing import Any
 
 __all__ = ["stages_from_source"]
 
-_FIELDS = ("number", "title", "extension_point", "method", "runs")
+_FIELDS = {"Stage": ("number", "title", "extension_point"), "Step": ("after", "name", "runs")}
 
 
 def stages_from_source(exporter: str) -> list[dict[str, Any]] | None:
     """The stages of the exporter class ``"module:Class"`` as :meth:`Exporter.describe_stages` gives them
-    (number, title, extension point, runs), read from its module's source; None when they cannot be read so."""
+    (the stages, and the steps in running order between them), read from its module's source; None when they cannot be read so."""
     module_name, _, class_name = exporter.partition(":")
     try:
         spec = importlib.util.find_spec(module_name)  # imports the parent package only (light by design)
@@ -38,6 +38,21 @@ def stages_from_source(exporter: str) -> list[dict[str, Any]] | None:
 
 
 def _class_stages(classes: dict[str, ast.ClassDef], name: str, seen: set[str]) -> list[dict[str, Any]] | None:
+    """The class's stages and steps in running order, as :meth:`Exporter.describe_stages` gives them."""
+    stages, steps = _class_literal(classes, name, "stages", "Stage", set()), \
+        _class_literal(classes, name, "steps", "Step", set())
+    if stages is None:
+        return None
+    steps = steps or []
+    out = [{"step": s["name"], "runs": s["runs"]} for s in steps if s["after"] == 0]
+    for stage in stages:
+        out.append(stage)
+        out.extend({"step": s["name"], "runs": s["runs"]} for s in steps if s["after"] == stage["number"])
+    return out
+
+
+def _class_literal(classes: dict[str, ast.ClassDef], name: str, attribute: str, call: str,
+                   seen: set[str]) -> list[dict[str, Any]] | None:
     node = classes.get(name)
     if node is None or name in seen:
         return None
@@ -45,30 +60,30 @@ def _class_stages(classes: dict[str, ast.ClassDef], name: str, seen: set[str]) -
     for statement in node.body:
         target = statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
             else statement.target if isinstance(statement, ast.AnnAssign) else None
-        if isinstance(target, ast.Name) and target.id == "stages":
-            return _literal_stages(statement.value)
+        if isinstance(target, ast.Name) and target.id == attribute:
+            return _literal_calls(statement.value, call)
     for base in node.bases:  # inherited: a base class of the same module
         if isinstance(base, ast.Name):
-            found = _class_stages(classes, base.id, seen)
+            found = _class_literal(classes, base.id, attribute, call, seen)
             if found is not None:
                 return found
     return None
 
 
-def _literal_stages(value: ast.expr | None) -> list[dict[str, Any]] | None:
+def _literal_calls(value: ast.expr | None, name: str) -> list[dict[str, Any]] | None:
     if not isinstance(value, ast.Tuple | ast.List):
         return None
-    stages = []
+    fields_of = _FIELDS[name]
+    out = []
     for call in value.elts:
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Stage"):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == name):
             return None
         try:
-            fields = dict(zip(_FIELDS, (ast.literal_eval(a) for a in call.args), strict=False))
-            fields.update({k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in _FIELDS})
+            fields = dict(zip(fields_of, (ast.literal_eval(a) for a in call.args), strict=False))
+            fields.update({k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in fields_of})
         except ValueError:  # not a literal
             return None
-        if not {"number", "title", "extension_point", "method"} <= set(fields):
+        if set(fields) != set(fields_of):
             return None
-        stages.append({"number": fields["number"], "title": fields["title"],
-                       "extension_point": fields["extension_point"], "runs": fields.get("runs", "")})
-    return stages
+        out.append(fields)
+    return out

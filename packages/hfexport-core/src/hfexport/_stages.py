@@ -8,45 +8,65 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ExportError", "Stage", "StageEvent", "StagePath", "StepRecorder", "run_stages"]
+__all__ = ["ExportError", "Stage", "StageEvent", "StagePath", "StageTracker", "Step", "running_order"]
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of an exporter's pipeline.
+    """One documented stage of an exporter: where a user extends the export (DESIGN.md's stage reference).
+
+    A stage applies its extension point and nothing else; the toolchain calls between stages are :class:`Step` s.
 
     Attributes:
         number: 1-based position; the exporter file marks it with ``# ── Stage N: Title ──``.
         title: short title, as in the docs (``"Model patches"``).
-        extension_point: how a user extends this stage (``'@register_patch("dynamo", ...)'``), or
-            ``"internal"``.
-        method: name of the exporter method that runs the stage, called as ``method(ctx)``.
-        runs: the toolchain call made inside this stage, if any (``"torch.export.export"``), so that an
-            error says which call failed.
+        extension_point: how a user extends this stage (``'@register_patch("dynamo", ...)'``), or ``"internal"``.
     """
 
     number: int
     title: str
     extension_point: str
-    method: str
-    runs: str = ""
 
     def label(self, total: int) -> str:
-        runs = f" → {self.runs}" if self.runs else ""
-        return f"stage {self.number}/{total} ({self.title}{runs})"
+        return f"stage {self.number}/{total} ({self.title})"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A named step of an exporter's pipeline between its documented stages: the toolchain call it runs.
+
+    Attributes:
+        after: the number of the stage it follows (0: before the first stage).
+        name: what the step does, in one word or two (``"convert"``, ``"capture"``).
+        runs: the toolchain call (``"torch.onnx.export"``); the same string the code times with ``ctx.step``.
+    """
+
+    after: int
+    name: str
+    runs: str
+
+
+def running_order(stages: Sequence[Stage], steps: Sequence[Step]) -> list[Stage | Step]:
+    """``stages`` with each of ``steps`` after the stage it follows, in the order an export runs them."""
+    out: list[Stage | Step] = [s for s in steps if s.after == 0]
+    for stage in stages:
+        out.append(stage)
+        out.extend(s for s in steps if s.after == stage.number)
+    return out
 
 
 @dataclass(frozen=True)
 class StageEvent:
-    """A progress event: a stage (or a toolchain step inside it) started, finished or failed.
+    """A progress event: a stage, or a step (a toolchain call), started, finished or failed.
 
-    ``depth`` is 0 for the backend's own stages and 1 for a nested pipeline (the dynamo trace inside an
-    ONNX or ExecuTorch export). ``seconds`` is set on ``done`` and ``failed``. ``step`` names the toolchain
-    call (``"torch.onnx.export"``) when the event is about a step rather than the stage itself.
+    ``backend`` is the pipeline the stage belongs to (``"dynamo"`` for the capture's stages inside an ONNX export);
+    ``depth`` is 0 for the exporter's own stages and steps, 1 for the capture's stages under another backend, and one
+    more for a step inside a stage. ``stage`` is None for a step between stages; ``step`` names the toolchain call
+    (``"torch.onnx.export"``) when the event is about a step. ``seconds`` is set on ``done`` and ``failed``.
     """
 
     backend: str
-    stage: Stage
+    stage: Stage | None
     total: int
     status: Literal["start", "done", "failed"]
     seconds: float = 0.0
@@ -65,11 +85,9 @@ class StagePath:
     number: int
     total: int
     title: str
-    runs: str = ""
 
     def label(self, step: str = "") -> str:
-        runs = f" → {step or self.runs}" if step or self.runs else ""
-        return f"stage {self.number}/{self.total} ({self.title}{runs})"
+        return f"stage {self.number}/{self.total} ({self.title}{f' → {step}' if step else ''})"
 
 
 # Exceptions that, raised by hfexport's own stage code (not inside a toolchain step), mean a bug of ours
@@ -78,18 +96,18 @@ _INTERNAL_ERRORS = (AssertionError, AttributeError, NameError, IndexError, ZeroD
 
 
 class ExportError(RuntimeError):
-    """An export failed: names the backend, the stage path and the model class; the cause is chained.
+    """An export failed: names the backend, where (a stage of its own, a capture stage, a step) and the model class.
 
-    A failure inside a nested pipeline names the whole path, outer to inner:
-    ``onnx export: stage 3/5 (FX node fixes) -> dynamo stage 5/5 (State cleanup) -> torch.export.export``.
+    ``onnx export: dynamo stage 4/5 (Dynamic shapes) failed for LlamaForCausalLM: KeyError: ...``;
+    ``onnx export: step torch.onnx.export failed for ...``. The cause is chained.
 
     Attributes:
         backend: the backend the user called (``"onnx"``).
-        stage_number: 1-based number of the outermost failing stage, or 0 before the first stage.
+        stage_number: 1-based number of the failing stage, or 0 outside any stage.
         stage_title: its title.
-        path: every level, outer to inner (:class:`StagePath`), empty before the first stage.
-        step: the toolchain call that raised (``"torch.export.export"``), or ``""`` when the stage's own
-            code raised.
+        path: the failing stage (:class:`StagePath`; its ``backend`` is ``"dynamo"`` for a capture stage), empty
+            for a failure outside any stage.
+        step: the toolchain call that raised (``"torch.export.export"``), or ``""`` when hfexport's own code raised.
         internal: ``True`` when the failure looks like a bug of hfexport (an ``AttributeError``-like error
             raised by a stage's own code, or a failure after every stage passed); ``False`` for a problem
             with the model, its inputs or the toolchain.
@@ -100,11 +118,11 @@ class ExportError(RuntimeError):
 
     def __init__(self, backend: str, model_class: str, cause: BaseException, stage: Stage | None = None,
                  total: int = 0, hints: Sequence[str] = (), where: str = "", step: str = "",
-                 internal: bool | None = None):
+                 internal: bool | None = None, owner: str | None = None):
         self.backend = backend
         self.model_class = model_class
         self.cause = cause
-        self.path = [StagePath(backend, stage.number, total, stage.title, stage.runs)] if stage else []
+        self.path = [StagePath(owner or backend, stage.number, total, stage.title)] if stage else []
         self.step = step
         self.where = where
         self.internal = (isinstance(cause, _INTERNAL_ERRORS) and not step) if internal is None else internal
@@ -124,10 +142,10 @@ class ExportError(RuntimeError):
 
     def _message(self) -> str:
         if self.path:
-            # The innermost stage names the toolchain step that raised, if one did.
-            labels = [p.label(self.step if i == len(self.path) - 1 else "") for i, p in enumerate(self.path)]
-            where = " -> ".join([labels[0], *(f"{p.backend} {label}" for p, label in zip(self.path[1:], labels[1:],
-                                                                                          strict=True))])
+            owner = self.path[0].backend
+            where = (f"{owner} " if owner != self.backend else "") + self.path[0].label(self.step)
+        elif self.step:
+            where = f"step {self.step}"
         else:
             where = self.where or "before the first stage"
         text = str(self.cause).strip()
@@ -138,15 +156,8 @@ class ExportError(RuntimeError):
             message += "\nNext steps:\n" + "\n".join(f"  - {h}" for h in self.hints)
         return message
 
-    def within(self, backend: str, stage: Stage, total: int) -> ExportError:
-        """Prefix the path with the outer stage this (nested) failure happened in; returns ``self``."""
-        self.path.insert(0, StagePath(backend, stage.number, total, stage.title, stage.runs))
-        self.backend = backend
-        self.args = (self._message(),)
-        return self
 
-
-def _default_hints(stage: Stage, cause: BaseException, step: str = "") -> list[str]:
+def _default_hints(stage: Stage | None, cause: BaseException, step: str = "") -> list[str]:
     text = f"{type(cause).__name__}: {cause}"
     hints = []
     if "data-dependent" in text.lower() or "guard" in text.lower():
@@ -159,93 +170,78 @@ def _default_hints(stage: Stage, cause: BaseException, step: str = "") -> list[s
         hints.append(f"the {type(cause).__name__} was raised inside {step}, while it ran the model: the innermost "
                      "frames of the chained traceback show whether the model's forward or the toolchain raised it")
     else:
-        hints.append(f"see the full traceback (the original {type(cause).__name__} is chained; CLI: --debug); "
-                     f"the stage's extension point is {stage.extension_point}")
+        where = f"; the stage's extension point is {stage.extension_point}" if stage else ""
+        hints.append(f"see the full traceback (the original {type(cause).__name__} is chained; CLI: --debug){where}")
     return hints
 
 
-class StepRecorder:
-    """Runs toolchain calls as named steps inside a stage: timed, reported, and named by a failure.
+class StageTracker:
+    """Runs one export's stages and steps as ``with`` blocks: reported to ``progress``, timed, and named by a failure.
 
-    ``ExportContext`` holds one; stages write ``with ctx.step("torch.onnx.export"): ...``.
+    :class:`~hfexport.plugin.ExportContext` holds one; a pipeline writes ``with ctx.stage(3): ...`` and
+    ``with ctx.step("torch.onnx.export"): ...`` in the order it runs them. A ``with`` block, not a callback: the
+    stage's code stays in the pipeline that reads top to bottom.
     """
 
-    def __init__(self, progress: ProgressCallback | None = None):
+    def __init__(self, backend: str, model_class: str, progress: ProgressCallback | None = None,
+                 hints: Callable[[Stage | None, BaseException], list[str]] | None = None):
+        self.backend = backend
+        self.model_class = model_class
         self.progress = progress
+        self.hints = hints or (lambda stage, exc: [])
         self.timings: dict[str, float] = {}
-        self.failed_step = ""
-        self._current: tuple[str, Stage, int, int] | None = None  # backend, stage, total, depth
+        self._stage: tuple[str, Stage, int, int] | None = None  # owner, stage, total, depth
+        self._failed_step = ""
+
+    def _event(self, owner: str, stage: Stage | None, total: int, status: Any, seconds: float = 0.0,
+               depth: int = 0, step: str = "") -> None:
+        if self.progress:
+            self.progress(StageEvent(owner, stage, total, status, seconds, depth, step))
 
     @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        current = self._current
-        event = (lambda status, seconds=0.0: self.progress(StageEvent(  # noqa: E731
-            current[0], current[1], current[2], status, seconds, current[3] + 1, name))) \
-            if self.progress and current else (lambda status, seconds=0.0: None)
-        event("start")
+    def stage(self, stage: Stage, total: int, owner: str | None = None, depth: int = 0) -> Iterator[None]:
+        """Run the ``with`` body as ``stage`` (of ``total``, of pipeline ``owner``: default this backend's)."""
+        owner = owner or self.backend
+        self._event(owner, stage, total, "start", depth=depth)
+        start, outer = time.perf_counter(), self._stage
+        self._stage, self._failed_step = (owner, stage, total, depth), ""
+        try:
+            yield
+        except ExportError:
+            self._event(owner, stage, total, "failed", time.perf_counter() - start, depth)
+            raise
+        except Exception as exc:
+            self._event(owner, stage, total, "failed", time.perf_counter() - start, depth)
+            step = self._failed_step
+            hints = list(self.hints(stage, exc)) or _default_hints(stage, exc, step)
+            raise ExportError(self.backend, self.model_class, exc, stage, total, hints, step=step,
+                              owner=owner) from exc
+        finally:
+            self._stage = outer
+        seconds = time.perf_counter() - start
+        self.timings[f"{owner}.{stage.number}"] = round(seconds, 4)
+        self._event(owner, stage, total, "done", seconds, depth)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Run the ``with`` body as the toolchain call ``name``; inside a stage, a step of that stage."""
+        current = self._stage
+        owner, stage, total, depth = current if current else (self.backend, None, 0, -1)
+        self._event(owner, stage, total, "start", depth=depth + 1, step=name)
         start = time.perf_counter()
         try:
             yield
-        except BaseException:
-            self.failed_step = self.failed_step or name
-            event("failed", time.perf_counter() - start)
+        except ExportError:
+            self._event(owner, stage, total, "failed", time.perf_counter() - start, depth + 1, name)
             raise
-        seconds = time.perf_counter() - start
-        key = f"{current[0]}.{current[1].number}.{name}" if current else name
-        self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 4)
-        event("done", seconds)
-
-
-def run_stages(backend: str, stages: Sequence[Stage], target: Any, ctx: Any, model_class: str,
-               progress: ProgressCallback | None = None, depth: int = 0) -> dict[str, float]:
-    """Run ``stages`` in order, calling ``getattr(target, stage.method)(ctx)`` for each.
-
-    Args:
-        backend: backend name, used in events and errors.
-        stages: the stages, numbered 1..N.
-        target: the object whose methods implement the stages (the exporter).
-        ctx: the state passed to every stage; when it has a ``steps`` :class:`StepRecorder`, the toolchain
-            step that fails is named in the error.
-        model_class: the model's class name, for errors.
-        progress: called with a :class:`StageEvent` at the start and end of each stage.
-        depth: nesting depth for progress display.
-
-    Returns:
-        Seconds per stage (``"<backend>.<number>"``), in order.
-
-    Raises:
-        ExportError: the first failing stage, with the original exception chained. An ExportError raised
-            by a nested pipeline gets this stage prefixed to its path.
-    """
-    total = len(stages)
-    timings: dict[str, float] = {}
-    steps: StepRecorder | None = getattr(ctx, "steps", None)
-    for stage in stages:
-        if progress:
-            progress(StageEvent(backend, stage, total, "start", depth=depth))
-        start = time.perf_counter()
-        outer = steps._current if steps else None
-        if steps:
-            steps._current, steps.failed_step = (backend, stage, total, depth), ""
-        try:
-            getattr(target, stage.method)(ctx)
-        except ExportError as exc:
-            if progress:
-                progress(StageEvent(backend, stage, total, "failed", time.perf_counter() - start, depth))
-            if exc.path and exc.path[0].backend == backend and exc.path[0].number == stage.number:
-                raise  # already names this stage
-            raise exc.within(backend, stage, total) from exc.__cause__
         except Exception as exc:
-            seconds = time.perf_counter() - start
-            if progress:
-                progress(StageEvent(backend, stage, total, "failed", seconds, depth))
-            step = steps.failed_step if steps else ""
-            hints = list(getattr(target, "hints_for", lambda s, e: [])(stage, exc)) or _default_hints(stage, exc, step)
-            raise ExportError(backend, model_class, exc, stage, total, hints, step=step) from exc
-        finally:
-            if steps:
-                steps._current = outer
-        timings[f"{backend}.{stage.number}"] = round(time.perf_counter() - start, 4)
-        if progress:
-            progress(StageEvent(backend, stage, total, "done", time.perf_counter() - start, depth))
-    return timings
+            self._failed_step = self._failed_step or name
+            self._event(owner, stage, total, "failed", time.perf_counter() - start, depth + 1, name)
+            if current:  # the stage names the step
+                raise
+            hints = list(self.hints(None, exc)) or _default_hints(None, exc, name)
+            raise ExportError(self.backend, self.model_class, exc, hints=hints, step=name) from exc
+        seconds = time.perf_counter() - start
+        key = f"{owner}.{stage.number}.{name}" if stage else f"{owner}.{name}"
+        self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 4)
+        self._event(owner, stage, total, "done", seconds, depth + 1, name)

@@ -3,25 +3,22 @@ encoder, first decoder step and decode step), run through the same backend one b
 of named components.
 
 The kernel knows no task: the exporter's tracer plans one (:meth:`Tracer.plan_task` returns a :class:`TaskPlan`
-of modules, example inputs and dynamic shapes) and runs it (:meth:`Tracer.generate`). The kernel exports each
-planned component with the backend's own stages and merges the results; each component's files go into a
-folder of its own name, so that backends keep their fixed file names.
+of modules, example inputs and dynamic shapes) and runs it (:meth:`Tracer.generate`). The pipeline
+(:func:`hfexport._pipeline.export`) exports each planned component and :func:`merge_components` makes one
+artifact of them; each component's files go into a folder of its own name, so that backends keep their fixed
+file names.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._artifact import Component, ExportedModel
-from ._stages import ProgressCallback
 
-__all__ = ["ComponentPlan", "TaskPlan", "export_task", "prefix_files"]
+__all__ = ["ComponentPlan", "TaskPlan", "merge_components", "prefix_files"]
 
 
 @dataclass
@@ -88,76 +85,42 @@ def _in_folder(component: Component, folder: str) -> Callable[[Path], list[str]]
     return write_in_folder
 
 
-def export_task(exporter: Any, model: Any, task: str, inputs: Mapping[str, Any] | None, *,
-                progress: ProgressCallback | None = None, verify: bool = True, atol: float | None = None,
-                rtol: float | None = None, **task_options: Any) -> ExportedModel:
-    """Export the components ``exporter.tracer`` plans for ``task`` and merge them into one artifact.
+def merge_components(exporter: Any, plan: TaskPlan, exported: list[tuple[ComponentPlan, ExportedModel]],
+                     model: Any, seconds: float) -> ExportedModel:
+    """One artifact of a task's exported components (:func:`hfexport._pipeline.export` exports them in turn).
 
-    ``exporter`` is the backend's :class:`~hfexport.plugin.Exporter` (typed ``Any``: this module is imported by
-    ``hfexport._exporter``, and does not import it back).
-
-    Each component runs through the backend's stages with the exporter's config, its ``dynamic_shapes``
-    replaced by the plan's, and is verified against the module it wraps on its example inputs (``verify``,
-    ``atol``, ``rtol`` as for ``Exporter.export``). The manifest gets ``task``, the plan's keys, one section per
-    component (its ``*_file`` names under the component's folder, its verification report) and the timings of
-    each.
-
-    Raises:
-        ValueError: the backend's tracer plans no tasks, or not this one, or the model cannot run it (the
-            tracer's message says why and what to load instead).
-        hfexport.ExportError: a component's export failed (names the component's stage).
-        hfexport.VerificationError: with ``verify``, a component's outputs differ from its module's in eager
-            PyTorch (names the component).
+    The manifest gets ``task``, the plan's keys, one section per component (its ``*_file`` names under the
+    component's folder, its verification report) and the timings of each; the first component's keys also at the
+    top level, as for one program. ``config.json`` is written once, by the first component's tracer files.
     """
-    from ._artifact import VerificationError
-
-    plan_task = getattr(exporter.tracer, "plan_task", None)
-    if plan_task is None:
-        raise ValueError(f"backend {exporter.name!r} exports single programs only (its tracer plans no tasks); "
-                         f"export without task={task!r}")
-    start = time.perf_counter()
-    if "stateful" in inspect.signature(plan_task).parameters:  # where the plan keeps state: the runtime's say
-        task_options["stateful"] = exporter.stateful_programs
-    if "fused_cache_attention" in inspect.signature(plan_task).parameters:  # the runtime's fused kernel, if any
-        task_options["fused_cache_attention"] = exporter.cache_attention()
-    plan: TaskPlan = plan_task(model, task, inputs, **task_options)
-    exported: list[tuple[str, ExportedModel]] = []
-    for part in plan.components:
-        config = dataclasses.replace(exporter.config, dynamic=False, dynamic_shapes=part.dynamic_shapes)
-        try:
-            exported.append((part.name, type(exporter)(config).export(part.module, part.inputs, progress=progress,
-                                                                       verify=verify, atol=atol, rtol=rtol)))
-        except VerificationError as exc:  # name the component, not the default one
-            raise VerificationError(exc.backend, exc.model_class, exc.report, exc.exported, part.name) from None
-
     components, sections, timings = [], {}, {}
-    for name, artifact in exported:
+    for part, artifact in exported:
         component = artifact.default_component
-        section = prefix_files(artifact.manifest["components"][component.name], name)
-        components.append(Component(name, component.runner, component.out_spec, _in_folder(component, name),
+        section = prefix_files(artifact.manifest["components"][component.name], part.name)
+        components.append(Component(part.name, component.runner, component.out_spec, _in_folder(component, part.name),
                                     section, component.program, component.verification))
-        sections[name] = section
-        timings[name] = artifact.manifest.get("timings_s", {})
-    first = exported[0][1].manifest
+        sections[part.name] = section
+        timings[part.name] = artifact.manifest.get("timings_s", {})
+    first_name, first = exported[0][0].name, exported[0][1]
     model = plan.model if plan.model is not None else model
-    workarounds = {"patches": [], "skipped_patches": [], "fixes": {}}
+    workarounds: dict[str, Any] = {"patches": [], "skipped_patches": [], "fixes": {}}
     for _, artifact in exported:
         for key in ("patches", "skipped_patches"):
             workarounds[key].extend(p for p in artifact.manifest["workarounds"][key] if p not in workarounds[key])
         for fix, count in artifact.manifest["workarounds"]["fixes"].items():
             workarounds["fixes"][fix] = workarounds["fixes"].get(fix, 0) + count
     manifest = {
-        **{k: v for k, v in first.items() if k not in ("components", "verification")},
+        **{k: v for k, v in first.manifest.items() if k not in ("components", "verification")},
         # the first component's keys at the top level, as for one program (each component's verification
         # stays in its own section)
-        **{k: v for k, v in sections[exported[0][0]].items() if k != "verification"},
+        **{k: v for k, v in sections[first_name].items() if k != "verification"},
         "model_class": type(model).__name__,
         "model_module": type(model).__module__,
-        "task": task,
+        "task": plan.task,
         "components": sections,
         "workarounds": workarounds,
-        "notes": [f"{name}: {note}" for name, artifact in exported for note in artifact.manifest.get("notes", [])],
-        "timings_s": {**timings, "total": round(time.perf_counter() - start, 4)},
+        "notes": [f"{part.name}: {note}" for part, artifact in exported for note in artifact.manifest.get("notes", [])],
+        "timings_s": {**timings, "total": round(seconds, 4)},
         **plan.manifest,
     }
     config = getattr(model, "config", None)

@@ -93,9 +93,13 @@ def _cmd_stages(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     # read from the exporter's source (no toolchain import); imported only when the source does not say
     stages = stages_from_source(backend.exporter) or backend.load_exporter().describe_stages()
-    for stage in stages:
-        runs = f"  (runs {stage['runs']})" if stage["runs"] else ""
-        print(f"{stage['number']}. {stage['title']:<26} extension point: {stage['extension_point']}{runs}")
+    print(f"{args.backend}: the documented stages (where you extend an export), and in running order between them the "
+          "steps (→, the toolchain call each runs)")
+    for item in stages:
+        if "step" in item:
+            print(f"   → {item['step']:<24} runs {item['runs']}")
+        else:
+            print(f"{item['number']}. {item['title']:<26} extension point: {item['extension_point']}")
     return 0
 
 

@@ -79,13 +79,17 @@ class Progress:
     def __call__(self, event: Any) -> None:
         from rich.markup import escape  # "[dynamo 1/5]" is not rich markup
 
-        if event.step:  # a toolchain call inside a stage: one indented line when it ends
-            if event.status != "start":
-                mark = "✅" if event.status == "done" else "❌"
-                if self.enabled:
-                    self.console.print(escape(f"{'    ' * event.depth}→ {event.step} {mark} {event.seconds:.2f}s"))
-                else:
-                    self._log(f"{'  ' * event.depth}→ {event.step} {event.status} in {event.seconds:.2f}s")
+        if event.step:  # a toolchain call, between stages or inside one: its own line when it ends
+            label = f"{'    ' * event.depth}→ {event.step}"
+            if event.status == "start":
+                if self.enabled and self._status is not None:
+                    self._status.update(escape(label))
+                return
+            mark = "✅" if event.status == "done" else "❌"
+            if self.enabled:
+                self.console.print(escape(f"{label} {mark} {event.seconds:.2f}s"))
+            else:
+                self._log(f"{'  ' * event.depth}→ {event.step} {event.status} in {event.seconds:.2f}s")
             return
         if event.status != "start":
             mark = "✅" if event.status == "done" else "❌"
@@ -93,8 +97,6 @@ class Progress:
                               f"{event.stage.title} | {mark} | {event.seconds:.2f} |")
         indent = "    " * event.depth
         label = f"{indent}[{event.backend} {event.stage.number}/{event.total}] {event.stage.title}"
-        if event.stage.runs and event.status == "start":  # at its end, the step's own line has just said it
-            label += f" → {event.stage.runs}"
         if not self.enabled:
             self._log(label.strip() + (" ..." if event.status == "start"
                                        else f" {event.status} in {event.seconds:.2f}s"))

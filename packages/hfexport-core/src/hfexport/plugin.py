@@ -38,7 +38,7 @@ from ._artifact import (
     versions_of,
 )
 from ._discovery import Backend, UnknownBackendError, get_backend
-from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError, Tracer
+from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError, RuntimeNeeds, Tracer
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
 from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path, resolve_pattern
 from ._quantization import (
@@ -62,7 +62,7 @@ from ._registry import (
     register_workaround,
     workarounds_for,
 )
-from ._stages import ExportError, Stage, StageEvent, StagePath, run_stages
+from ._stages import ExportError, Stage, StageEvent, StagePath, Step
 from ._tasks import ComponentPlan, TaskPlan
 from ._trust import (
     SAFE_PICKLE_GLOBALS,
@@ -92,7 +92,7 @@ __all__ = [
     "apply_fx_program_fixes", "compare_outputs", "component_manifest", "flatten_with_names", "get_backend", "is_disabled",
     "iter_graph_modules", "list_workarounds", "patch_context", "read_manifest", "register_fx_node_fix",
     "register_fx_program_fix", "register_patch", "register_workaround", "resolve_path", "resolve_pattern",
-    "run_stages", "versions_of", "workarounds_for",
+    "RuntimeNeeds", "Step", "versions_of", "workarounds_for",
     # loading untrusted artifacts (hfexport._trust)
     "IntegrityError", "ManifestError", "SAFE_PICKLE_GLOBALS", "UntrustedArtifactError", "allow_pytree_types",
     "allowed_pytree_type", "artifact_file", "check_treespec", "import_type_modules", "importable_prefixes",

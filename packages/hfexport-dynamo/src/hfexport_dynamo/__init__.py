@@ -1,8 +1,8 @@
 """hfexport-dynamo: the ``dynamo`` backend (``torch.export`` to ``.pt2``) and Transformers model support.
 
-The public tracing API other backends compose: :func:`trace` (the five dynamo stages, nested under the
-caller's stage), ``DYNAMO_TRACER`` (inputs from the config, pytrees, manifest descriptions, the eager
-reference), :class:`DynamoConfig` (backend configs extend it), :func:`dummy_inputs`,
+The public capture API other backends build on: ``DYNAMO_TRACER`` (an exporter's ``tracer``: the kernel's pipeline
+calls its ``capture``, the five dynamo stages and ``torch.export.export``, and ``plan_task`` for tasks) (also inputs from the config, pytrees, manifest descriptions, the eager
+reference), :class:`GenerationOptions` (the options of a generation task), :class:`DynamoConfig` (backend configs extend it), :func:`dummy_inputs`,
 :func:`register_cache_type` / :func:`register_transformers_pytrees`, :class:`TraceState` / :func:`trace_state` (what
 the dynamo stages decided for one export: its dynamic shapes, the forward constants baked in), ``EXPORT_SKIPS``, and graph rewrites that
 several backends apply (:func:`complex_to_real_pairs`).
@@ -28,7 +28,8 @@ DYNAMO_BACKEND = Backend(
 
 _LAZY = {
     "DynamoConfig": "_config", "TraceState": "_config", "trace_state": "_config", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
-    "trace": "exporter_dynamo", "PROGRAM_FILE": "exporter_dynamo",
+    "CAPTURE_STAGES": "capture", "PROGRAM_FILE": "exporter_dynamo",
+    "GenerationOptions": "_task_options", "MediaGenerationOptions": "_task_options",
     "DYNAMO_TRACER": "tracer", "DynamoTracer": "tracer",
     "EXPORT_SKIPS": "skips",
     "dummy_inputs": "inputs", "forward_parameters": "inputs",

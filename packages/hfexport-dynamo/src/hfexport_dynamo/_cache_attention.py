@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cache_attention"]
+__all__ = ["CACHE_ATTENTION", "LLAMA_CUSTOM_SDPA", "attention_for", "cache_attention", "llama_cache_attention"]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -86,3 +86,51 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: tor
     batch, heads, seq, _ = query.shape
     out = query.new_empty((batch, seq, heads, value.shape[-1]))
     return out, torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+# ── the attention ops a backend may declare (``RuntimeNeeds.attention``) ───────────────────────────────────────────
+CACHE_ATTENTION = "hfexport::cache_attention"
+LLAMA_CUSTOM_SDPA = "llama::custom_sdpa"
+
+
+def llama_cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, start: object, scale: float) -> torch.Tensor:
+    """Attention over a KV cache in a program's buffers, on ExecuTorch's LLM kernels ``llama::update_cache`` and
+    ``llama::custom_sdpa`` (``executorch.extension.llm.custom_ops``; the backend that declares them registers them):
+    writes ``key``/``value`` at ``start`` into the buffers in place and attends causally over the positions up to
+    each query row's own, reading only ``start + seq`` positions.
+
+    Args:
+        query: ``[batch, heads, seq, dim]``; key, value: ``[batch, kv_heads, seq, dim]`` (RoPE applied).
+        key_cache, value_cache: ``[batch, max_cache_len, kv_heads, dim]`` buffers, written at ``start``.
+        start: the positions already cached (a SymInt under export).
+        scale: the score scale.
+
+    Returns:
+        ``[batch, seq, heads, dim]``.
+    """
+    torch.ops.llama.update_cache(key.transpose(1, 2), key_cache, start)
+    torch.ops.llama.update_cache(value.transpose(1, 2), value_cache, start)
+    return torch.ops.llama.custom_sdpa(query.transpose(1, 2), key_cache, value_cache, start, None, 0.0, True, scale)
+
+
+def attention_for(attention: str | None, in_place: bool) -> object:
+    """What the generation planner traces a cached attention as, for a backend's declared ``attention`` op:
+    ``False`` (plain ops), ``True`` (``hfexport::cache_attention``) or, over cache buffers kept in place, the kernel
+    :func:`llama_cache_attention`.
+
+    Raises:
+        ValueError: an op hfexport cannot trace (names those it can), or ``llama::custom_sdpa`` without an in-place
+            cache.
+    """
+    if attention is None:
+        return False
+    if attention == CACHE_ATTENTION:
+        return True
+    if attention == LLAMA_CUSTOM_SDPA:
+        if not in_place:
+            raise ValueError(f"attention {LLAMA_CUSTOM_SDPA!r} writes the cache buffers in place: declare it with "
+                             "RuntimeNeeds(cache_layout='in_place')")
+        return llama_cache_attention
+    raise ValueError(f"RuntimeNeeds.attention {attention!r} is not an op hfexport traces; it traces None (plain ops), "
+                     f"{CACHE_ATTENTION!r} and {LLAMA_CUSTOM_SDPA!r}")

@@ -1,7 +1,7 @@
 """DynamoExporter: ``torch.export`` of Transformers models (and any ``nn.Module``) to a ``.pt2`` program.
 
-Its five stages prepare the model for ``torch.export.export``; the ONNX and ExecuTorch exporters run them
-through :func:`trace` (nested under one of their own stages) to get their ``ExportedProgram``:
+:func:`capture` is the capture step of every export (the kernel's pipeline calls it through ``DYNAMO_TRACER``,
+between a backend's ``prepare`` and ``lower``): five documented stages, then ``torch.export.export``:
 
 1. Forward signature patch — a flat, explicit signature from the sample inputs (internal); Python constants and
    a vision-language processor's integer layout inputs (``image_grid_thw``, ``image_sizes``: see
@@ -17,19 +17,14 @@ through :func:`trace` (nested under one of their own stages) to get their ``Expo
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import functools
 import inspect
 import logging
-import warnings
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import torch.utils._pytree as pytree
-from torch.export import Dim
 
 from hfexport.plugin import (
     DEFAULT_COMPONENT,
@@ -39,113 +34,28 @@ from hfexport.plugin import (
     ExportedModel,
     Exporter,
     Stage,
+    Step,
     artifact_file,
     component_manifest,
     register_patch,
-    run_stages,
 )
 
 from . import (
     _model_patches,  # noqa: F401  (registers the single-family model patches)
     _window_padding,  # noqa: F401  (registers the shifted-window padding patches)
 )
-from ._config import DynamoConfig, trace_state
+from ._config import DynamoConfig
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program
-from ._pytree import register_transformers_pytrees
 from ._recurrences import _patch_mamba_selective_scan  # noqa: F401 - registers the scan-op model patches
-from .inputs import IMAGE_LAYOUT_INPUTS, IMAGE_SIZE_LISTS, forward_parameters, shared_dims, static_image_dims
+from .capture import CAPTURE_STAGES
 from .skips import EXPORT_SKIPS
-from .tracer import (
-    DYNAMO_TRACER,
-    IGNORED_KWARGS,
-    SpecializedDimWarning,
-    export_with_shared_dims,
-    specialized_dims,
-    specialized_message,
-)
+from .tracer import DYNAMO_TRACER
 
-__all__ = ["DynamoConfig", "DynamoExporter", "DynamoRunner", "PROGRAM_FILE", "trace"]
+__all__ = ["DynamoConfig", "DynamoExporter", "DynamoRunner", "PROGRAM_FILE"]
 
 logger = logging.getLogger("hfexport")
 PROGRAM_FILE = "model.pt2"
-
-# Tensor attributes that some modules set inside forward (a rotary-embedding cache keyed on the last
-# sequence length). Left set from an eager call, the trace would bake the stale tensor in as a constant
-# and branch on a Python int; nulled, the module recomputes it inside the graph.
-_STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
-    "cached_sequence_length",              # wav2vec2_conformer / wav2vec2_bert / seamless_m4t / clvp rotary
-    "cached_rotary_positional_embedding",  # same modules: the cached cos/sin stack
-    "_cached_decode_position_ids",         # glm_image: decode position ids from the prompt
-)
-
-_CACHE_INPUT_NAMES = ("cache", "past_key_values", "cache_params")
-
-
-class _ExportSignature(torch.nn.Module):
-    """Calls ``model(**dict(zip(names, args)), **fixed_kwargs)``; forward gets an explicit signature.
-
-    The output goes once through ``tree_flatten``/``tree_unflatten`` before it is returned. transformers'
-    ``ModelOutput`` flattens its keys in insertion order and unflattens them in field order, so a field set after
-    construction (the LLaVA family's ``image_outputs.pooler_output``) made the two disagree: every re-trace of the
-    program (``run_decompositions``, ``to_edge``) listed the output leaves in field order under a spec that
-    says insertion order, and the artifact returned ``pooler_output`` in the slot of ``hidden_states[2]`` (Aya
-    Vision, InternVL). After one round trip the order is the field order both ways. No upstream issue found.
-    """
-
-    def __init__(self, model: torch.nn.Module, names: list[str], fixed_kwargs: dict[str, Any]):
-        super().__init__()
-        self.model = model
-        self.input_names = list(names)
-        self.fixed_kwargs = dict(fixed_kwargs)
-
-    def forward(self, *args: Any) -> Any:
-        # baked image sizes go in as Python lists, which the model iterates as it iterates the tensor: read from the
-        # tensor, each size would be a data-dependent symbol in the trace (LLaVA-NeXT's anyres grid, Pixtral's crops)
-        fixed = {k: v.tolist() if k in IMAGE_SIZE_LISTS and isinstance(v, torch.Tensor) else v
-                 for k, v in self.fixed_kwargs.items()}
-        output = self.model(**dict(zip(self.input_names, args, strict=True)), **fixed)
-        return pytree.tree_unflatten(*pytree.tree_flatten(output))
-
-
-def _with_signature(model: torch.nn.Module, names: list[str], fixed: dict[str, Any]) -> _ExportSignature:
-    """A wrapper whose ``forward(self, input_ids, attention_mask, ...)`` names the program's inputs."""
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
-
-    def forward(self: _ExportSignature, *args: Any) -> Any:
-        return _ExportSignature.forward(self, *args)
-
-    forward.__dict__["__signature__"] = inspect.Signature(params)  # what inspect.signature reads
-    cls = type(f"{type(model).__name__}Signature", (_ExportSignature,), {"forward": forward})
-    return cls(model, names, fixed)
-
-
-@contextlib.contextmanager
-def _nulled_state(model: torch.nn.Module, attrs: tuple[str, ...]) -> Iterator[list[str]]:
-    saved = []
-    for name, module in model.named_modules():
-        for attr in attrs:
-            if getattr(module, attr, None) is not None and attr in vars(module):
-                saved.append((module, attr, vars(module)[attr], f"{name}.{attr}" if name else attr))
-    try:
-        for module, attr, _, _ in saved:
-            setattr(module, attr, None)
-        yield [where for *_, where in saved]
-    finally:
-        for module, attr, value, _ in saved:
-            setattr(module, attr, value)
-
-
-def _auto_spec(value: Any) -> Any:
-    """``Dim.AUTO`` on every dim of every tensor leaf; ``None`` for non-tensor leaves."""
-    if isinstance(value, torch.Tensor):
-        return {i: Dim.AUTO for i in range(value.dim())} if value.dim() else None
-    leaves, spec = pytree.tree_flatten(value)
-    if spec.num_leaves == 1 and spec.is_leaf():
-        return None
-    return [_auto_spec(leaf) for leaf in leaves]
-
 
 class DynamoRunner:
     """Runs an ``ExportedProgram`` (in memory or loaded from ``model.pt2``) with eager PyTorch kernels."""
@@ -165,7 +75,8 @@ class DynamoRunner:
 
 
 class DynamoExporter(Exporter):
-    """Export to a ``torch.export`` program (``model.pt2``), runnable with ``torch.export.load``."""
+    """Export to a ``torch.export`` program (``model.pt2``), runnable with ``torch.export.load``: the captured
+    program as it is (no ``prepare``, no ``lower``)."""
 
     name: ClassVar[str] = "dynamo"
     config_class: ClassVar[type[ExportConfig]] = DynamoConfig
@@ -173,112 +84,8 @@ class DynamoExporter(Exporter):
     tracer = DYNAMO_TRACER
     toolchain: ClassVar[tuple[str, ...]] = DYNAMO_TRACER.toolchain
     tested_versions: ClassVar[dict[str, str]] = DYNAMO_TRACER.tested_versions
-    stages: ClassVar[tuple[Stage, ...]] = (
-        Stage(1, "Forward signature patch", "internal", "stage_forward_signature"),
-        Stage(2, "Model patches", '@register_patch("dynamo", ...)', "stage_model_patches"),
-        Stage(3, "Pytree registration", "hfexport_dynamo.register_cache_type", "stage_pytree_registration"),
-        Stage(4, "Dynamic shapes", "DynamoConfig.dynamic_shapes", "stage_dynamic_shapes"),
-        Stage(5, "State cleanup", "_STATEFUL_CACHE_ATTRS", "stage_state_cleanup", runs="torch.export.export"),
-    )
-
-# ── Stage 1: Forward signature patch ──
-    def stage_forward_signature(self, ctx: ExportContext) -> None:
-        names, takes_kwargs = forward_parameters(ctx.model)
-        unknown = [n for n in ctx.inputs if n not in names and not takes_kwargs]
-        if unknown:
-            raise TypeError(f"{ctx.model_class}.forward takes no {unknown}; it takes {names}")
-        ignored = [n for n in ctx.inputs if n in IGNORED_KWARGS and n not in names]
-        if ignored:  # reach forward only through **kwargs, where transformers ignores them
-            message = (f"{ctx.model_class}: dropped input {', '.join(map(repr, ignored))}: forward takes it only "
-                       f"through **kwargs and transformers {_transformers_version()} ignores it (head masks were "
-                       "removed in transformers 5); it is not a program input, and calls of the export drop it too")
-            warnings.warn(message, UserWarning, stacklevel=2)
-            ctx.note(message)
-            trace_state(ctx).ignored_inputs = ignored
-            ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in ignored}
-        # Python constants among the inputs (use_cache=False, return_dict=True) are not program inputs: they
-        # are baked in, and ExportedModel accepts them again only with the same value.
-        fixed = {n: v for n, v in ctx.inputs.items() if isinstance(v, bool | int | float | str | type(None)) or (
-            n in IMAGE_LAYOUT_INPUTS and isinstance(v, torch.Tensor) and not v.is_floating_point())}
-        ctx.inputs = {n: v for n, v in ctx.inputs.items() if n not in fixed}
-        # transformers 5 names the cache argument `cache` (`past_key_values` is its deprecated alias).
-        has_cache_input = any(n in ctx.inputs for n in _CACHE_INPUT_NAMES)
-        if "use_cache" in names and "use_cache" not in ctx.inputs:
-            fixed["use_cache"] = has_cache_input
-        state = trace_state(ctx)
-        fixed.update(state.config.fixed_kwargs or {})
-        state.fixed_kwargs = fixed
-        state.wrapper = _with_signature(ctx.model, list(ctx.inputs), fixed)
-
-# ── Stage 2: Model patches ──
-    def stage_model_patches(self, ctx: ExportContext) -> None:
-        ctx.install_patches(("dynamo",))
-
-# ── Stage 3: Pytree registration ──
-    def stage_pytree_registration(self, ctx: ExportContext) -> None:
-        new = register_transformers_pytrees()
-        if new:
-            logger.debug("registered pytree nodes: %s", ", ".join(new))
-        for name, value in ctx.inputs.items():
-            for leaf in pytree.tree_leaves(value):
-                if not isinstance(leaf, torch.Tensor | int | float | bool | type(None)):
-                    raise TypeError(f"input {name!r} holds a {type(leaf).__name__} that does not flatten to tensors: "
-                                    "register it with hfexport_dynamo.register_cache_type(cls, child_attrs=(...))")
-
-# ── Stage 4: Dynamic shapes ──
-    def stage_dynamic_shapes(self, ctx: ExportContext) -> None:
-        overrides = dict(ctx.config.dynamic_shapes or {})
-        unknown = sorted(set(overrides) - set(ctx.inputs))
-        if unknown:
-            raise KeyError(f"dynamic_shapes names {unknown}, which are not inputs; inputs: {list(ctx.inputs)}")
-        for name, spec in overrides.items():
-            value = ctx.inputs[name]
-            if not isinstance(value, torch.Tensor):
-                continue
-            dims = [k for k in spec if isinstance(k, int)] if isinstance(spec, Mapping) else None
-            if dims is not None and any(d >= value.dim() for d in dims):
-                raise ValueError(f"dynamic_shapes[{name!r}] names dims {sorted(dims)}, but input {name!r} has "
-                                 f"{value.dim()} dims (shape {list(value.shape)}): use indices 0 to {value.dim() - 1}")
-            if isinstance(spec, list | tuple) and len(spec) != value.dim():
-                raise ValueError(f"dynamic_shapes[{name!r}] gives {len(spec)} dim specs, but input {name!r} has "
-                                 f"{value.dim()} dims (shape {list(value.shape)}): give one per dim, or a "
-                                 "mapping {dim index: Dim}")
-        state = trace_state(ctx)
-        if not ctx.config.dynamic and not overrides:
-            state.dynamic_shapes = None
-            return
-        shapes = []
-        for name, value in ctx.inputs.items():
-            if name in overrides:
-                shapes.append(overrides[name])
-            elif ctx.config.dynamic:
-                shapes.append(_auto_spec(value))
-            else:
-                shapes.append(None)
-        for name, dims in (static_image_dims(ctx.inputs) if ctx.config.dynamic else {}).items():
-            if name not in overrides:  # a vision-language model's image size is its processor's: static
-                index = list(ctx.inputs).index(name)
-                shapes[index] = {**shapes[index], **dims}
-                ctx.note(f"{name}: dims {sorted(dims)} static (the image size of a vision-language model's "
-                         "processor); the first dim stays dynamic")
-        shared = shared_dims(ctx.model, ctx.inputs) if ctx.config.dynamic and not overrides else {}
-        if shared:  # one batch and one sequence symbol across the token inputs; Dim.AUTO kept for a retrace
-            state.auto_dynamic_shapes = tuple(shapes)
-            shapes = [{**spec, **shared[name]} if name in shared else spec for name, spec in zip(ctx.inputs, shapes, strict=True)]
-        state.dynamic_shapes = tuple(shapes)
-
-# ── Stage 5: State cleanup ──
-    def stage_state_cleanup(self, ctx: ExportContext) -> None:
-        with _nulled_state(ctx.model, _STATEFUL_CACHE_ATTRS) as nulled:
-            if nulled:
-                ctx.note(f"nulled for the trace and restored: {', '.join(nulled)}")
-            def args() -> tuple[Any, ...]:
-                return tuple(copy.deepcopy(v) if not isinstance(v, torch.Tensor) else v for v in ctx.inputs.values())
-
-            with ctx.step("torch.export.export"):
-                state = trace_state(ctx)
-                ctx.program = export_with_shared_dims(ctx, state.wrapper, args, strict=state.config.strict)
-        _warn_specialized(ctx)
+    stages: ClassVar[tuple[Stage, ...]] = CAPTURE_STAGES
+    steps: ClassVar[tuple[Step, ...]] = (Step(5, "capture", "torch.export.export"),)
 
     # ── packaging ─────────────────────────────────────────────────────────────────────────────────────
     def package(self, ctx: ExportContext) -> ExportedModel:
@@ -310,49 +117,6 @@ class DynamoExporter(Exporter):
         if "not a known type" in text or "register a pytree" in text.lower():
             return ["register the input/output type: hfexport_dynamo.register_cache_type(cls)"]
         return []
-
-
-def _transformers_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("transformers")
-    except PackageNotFoundError:  # pragma: no cover - a plain nn.Module without transformers installed
-        return "(not installed)"
-
-
-def _warn_specialized(ctx: ExportContext) -> None:
-    """Warn about each dim asked to be dynamic that the trace fixed; record them for the manifest (notes and
-    ``specialized_dims``). Never fails the export: the description is best effort."""
-    state = trace_state(ctx)
-    if not state.dynamic_shapes:
-        return
-    try:
-        fixed = specialized_dims(ctx.program, ctx.inputs, state.dynamic_shapes)
-    except Exception as exc:  # noqa: BLE001
-        logger.debug("could not compare the requested dynamic dims with the program's: %s", exc)
-        return
-    state.specialized_dims = fixed
-    for entry in fixed:
-        message = specialized_message(entry)
-        ctx.note(message)
-        warnings.warn(f"{ctx.model_class}: {message}", SpecializedDimWarning, stacklevel=2)
-
-
-# ── The public tracing step ─────────────────────────────────────────────────────────────────────────────
-def trace(ctx: ExportContext) -> torch.export.ExportedProgram:
-    """Run the dynamo stages on ``ctx`` (nested under the calling backend's current stage); set and return
-    ``ctx.program``. The public tracing step every backend built on ``torch.export`` calls.
-
-    Raises:
-        hfexport.ExportError: a dynamo stage failed; its path names the caller's stage too.
-    """
-    if ctx.program is None:
-        exporter = DynamoExporter.nested(ctx.config)  # the calling backend's config (an OnnxConfig, ...)
-        depth = 0 if type(ctx.exporter).stages is DynamoExporter.stages else 1  # nested under another backend
-        ctx.report["timings"].update(run_stages("dynamo", DynamoExporter.stages, exporter, ctx, ctx.model_class,
-                                                ctx.progress, depth=depth))
-    return ctx.program
 
 
 # ── Model patches (stage 2) ────────────────────────────────────────────────────────────────────────────

@@ -11,8 +11,8 @@ A decoder (``task="text-generation"``) is exported as one component, ``decoder``
 * output: ``logits`` ``float32 [batch, vocab]`` (the last position's).
 
 The cache holds ``max_cache_len`` positions per layer, ``[batch, kv_heads, max_cache_len, head_dim]`` keys and values.
-Where it lives depends on the runtime (:attr:`hfexport.plugin.Exporter.stateful_programs`), and how it is read on
-the runtime's fused kernel, if any (:attr:`hfexport.plugin.Exporter.fused_cache_attention`):
+Where it lives depends on the runtime (``RuntimeNeeds.cache_layout`` of its exporter), and how it is read on
+the runtime's fused kernel, if any (``RuntimeNeeds.attention``):
 
 * as program inputs and outputs (ONNX, ``.pt2``): an input ``cache`` and an output ``cache``, ``((keys, values),
   ...)`` per layer. Where the backend lowers ``hfexport::cache_attention`` (ONNX: ONNX Runtime's
@@ -319,8 +319,8 @@ def _recording_rotary(model: torch.nn.Module, tables: _RotaryTables) -> Any:
 
 
 class InPlaceCacheAttention(Protocol):
-    """A runtime's fused kernel over a KV cache in a program's buffers (``Exporter.fused_cache_attention`` of a
-    stateful backend): writes ``key``/``value`` at ``start`` into the buffers and attends causally over the
+    """A runtime's fused kernel over a KV cache in a program's buffers (``RuntimeNeeds.attention`` of a
+    backend whose cache is kept in place: :func:`hfexport_dynamo._cache_attention.llama_cache_attention`): writes ``key``/``value`` at ``start`` into the buffers and attends causally over the
     positions ``[0, start + i]`` for query row ``i``.
 
     Args: ``query [batch, heads, seq, dim]``, ``key``/``value [batch, kv_heads, seq, dim]`` (RoPE applied), the
@@ -364,7 +364,7 @@ class CausalLMStep(torch.nn.Module):
         in_buffers: keep the cache in this module's buffers (``cache_keys_<i>``, ``cache_values_<i>``, zeros,
             ``[batch * kv_heads, max_cache_len, head_dim]``), mutated in place, instead of taking it as the ``cache``
             input and returning it.
-        fused_attention: ``Exporter.fused_cache_attention``. Without ``in_buffers``, ``True`` makes each layer's
+        fused_attention: what ``RuntimeNeeds.attention`` traces as (``_cache_attention.attention_for``). Without ``in_buffers``, ``True`` makes each layer's
             cache write and attention one ``hfexport::cache_attention`` node; with ``in_buffers``, an
             :class:`InPlaceCacheAttention` kernel writes and reads the buffers (then ``[batch, max_cache_len,
             kv_heads, head_dim]``). A forward raises :class:`FusedAttentionUnused` when a layer attends another way.
@@ -567,8 +567,8 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
         max_images: an option of ``"image-text-to-text"`` only (refused here), whose programs
             :func:`hfexport_dynamo._image_text.plan_image_text` plans.
         stateful: the backend's runtime keeps a program's mutated buffers between calls
-            (``Exporter.stateful_programs``): the cache then lives in the program's buffers and the batch is static.
-        fused_cache_attention: ``Exporter.fused_cache_attention``: ``True``, the backend lowers
+            (``RuntimeNeeds(cache_layout="in_place")``): the cache then lives in the program's buffers and the batch is static.
+        fused_cache_attention: ``_cache_attention.attention_for(RuntimeNeeds.attention)``: ``True``, the backend lowers
             ``hfexport::cache_attention`` (each layer's cache write and attention are traced as that one op); with
             ``stateful``, an :class:`InPlaceCacheAttention`, the runtime's kernel over the cache buffers (used at
             ``max_batch=1``: it attends causally without a padding mask). Either applies where the model's attention

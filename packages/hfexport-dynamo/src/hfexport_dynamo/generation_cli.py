@@ -393,11 +393,16 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
                if value is not None}
     console.print(f"exporting {type(model).__name__} from {args.model} with backend {args.backend!r} for task "
                   f"{args.task!r}")
+    try:
+        task_options = exporter_class.tracer.task_options(args.task)(**options)
+    except (ValueError, TypeError) as exc:  # an unknown task, an option of another task or of the wrong type
+        raise UsageError(str(exc)) from exc
     progress = Progress(console)
     try:
         exported = configured_exporter(exporter_class, args).export(model, None, progress=progress, task=args.task,
-                                                          verify=not args.no_verify, atol=args.atol, rtol=args.rtol,
-                                                          **options)  # each program verified
+                                                                    task_options=task_options,
+                                                                    verify=not args.no_verify, atol=args.atol,
+                                                                    rtol=args.rtol)  # each program verified
     except (ValueError, InvalidInputError) as exc:  # an unknown task, bounds the model refuses, no head
         raise UsageError(str(exc)) from exc  # (a failed stage is an ExportError: exit 1)
     finally:

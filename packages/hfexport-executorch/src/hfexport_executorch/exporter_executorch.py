@@ -43,7 +43,9 @@ from hfexport.plugin import (
     ExportContext,
     ExportedModel,
     Exporter,
+    RuntimeNeeds,
     Stage,
+    Step,
     artifact_file,
     check_quantization_inputs,
     component_manifest,
@@ -52,10 +54,10 @@ from hfexport.plugin import (
     register_fx_program_fix,
     register_patch,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex
 
 from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds
-from ._attention import llm_cache_attention
+from ._attention import register_llm_kernels
 from ._bisect import bisect_delegates
 from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, _other_bound, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
@@ -113,7 +115,8 @@ class ExecutorchExporter(Exporter):
     variant: ClassVar[str | None] = None
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
-    stateful_programs: ClassVar[bool] = True  # mutable buffers live in planned memory across method calls
+    # mutable buffers live in planned memory across method calls: a generation program's KV cache stays in place
+    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place")
     # executorch.quantization: installed by quantize="int8" only (stage 4), listed so that `disable=` and
     # `hfexport workarounds --check` know it
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "executorch", "executorch.internals", "executorch.quantization")
@@ -121,11 +124,19 @@ class ExecutorchExporter(Exporter):
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "executorch": "1.5.1",
                                                  "torchao": "0.18.0"}
     stages: ClassVar[tuple[Stage, ...]] = (  # one stage a line, in the order of the banners below
-        Stage(1, "Backend preparation", '@register_backend_prepare("<variant>")', "stage_backend_preparation"),
-        Stage(2, "Torch patches", '@register_patch("executorch", ...)', "stage_torch_patches"),
-        Stage(3, "ExecuTorch patches", '@register_patch("executorch.internals", ...)', "stage_executorch_patches"),
-        Stage(4, "FX program fixes", '@register_fx_program_fix("executorch")', "stage_fx_program_fixes", runs="torch.export.export"),
-        Stage(5, "FX node fixes", '@register_fx_node_fix("executorch")', "stage_fx_node_fixes", runs="to_edge_transform_and_lower, to_executorch"),
+        Stage(1, "Backend preparation", '@register_backend_prepare("<variant>")'),
+        Stage(2, "Torch patches", '@register_patch("executorch", ...)'),
+        Stage(3, "ExecuTorch patches", '@register_patch("executorch.internals", ...)'),
+        Stage(4, "FX program fixes", '@register_fx_program_fix("executorch")'),
+        Stage(5, "FX node fixes", '@register_fx_node_fix("executorch")'),
+    )
+    steps: ClassVar[tuple[Step, ...]] = (
+        Step(1, "quantize weights", "torchao.quantization.quantize_"),  # quantize='8da4w' only
+        Step(3, "capture", "the dynamo stages, torch.export.export"),
+        Step(3, "quantize", "prepare_pt2e, calibration, convert_pt2e"),  # quantize='int8' only
+        Step(5, "lower", "to_edge_transform_and_lower"),
+        Step(5, "emit", "to_executorch"),
+        Step(5, "open", "executorch runtime: Program.load_method"),
     )
 
     def __init__(self, config: ExecutorchConfig | None = None, **options: Any):
@@ -152,50 +163,48 @@ class ExecutorchExporter(Exporter):
         """The scopes of torch patches, program fixes and node fixes for ``variant``."""
         return ("executorch", f"executorch.{variant}")
 
-    def stage_backend_preparation(self, ctx: ExportContext) -> None:
-        """Stage 1: the variant's ``prepare_for_<variant>`` (device, dtype, partitioners)."""
-        ctx.stack.enter_context(without_lowering_notices())  # until the stages end (_quiet.py says which)
+    def prepare(self, ctx: ExportContext) -> None:
+        """Stages 1-3: the variant's device, dtype and partitioners; the patches capture and lowering run under."""
+        ctx.stack.enter_context(without_lowering_notices())  # until the export ends (_quiet.py says which)
         state, config = executorch_state(ctx), executorch_config(ctx)
-        prepare = variant_registration(config.backend)
-        if is_disabled(prepare, config.disable):
-            # Consistent with the workarounds: a disabled preparation is left out entirely. The model is traced
-            # where and as it is, and no partitioner runs (every op on portable kernels).
-            ctx.note(f"{prepare.name} disabled: no device/dtype move and no partitioner (portable kernels only)")
-            state.preparation = BackendPreparation()
-        else:
-            state.preparation = BackendPreparation.of(prepare.func(ctx))
-        quantize_source(ctx)  # quantize='8da4w': the traced model is a quantized copy
+        scopes = self.variant_scopes(config.backend)
+        with ctx.stage(1):
+            prepare = variant_registration(config.backend)
+            if is_disabled(prepare, config.disable):
+                # Consistent with the workarounds: a disabled preparation is left out entirely. The model is traced
+                # where and as it is, and no partitioner runs (every op on portable kernels).
+                ctx.note(f"{prepare.name} disabled: no device/dtype move and no partitioner (portable kernels only)")
+                state.preparation = BackendPreparation()
+            else:
+                state.preparation = BackendPreparation.of(prepare.func(ctx))
+        quantize_source(ctx)  # step quantize weights (quantize='8da4w'): the traced model is a quantized copy
+        with ctx.stage(2):
+            ctx.install_patches(scopes)
+        with ctx.stage(3):
+            ctx.install_patches(("executorch.internals", f"executorch.{config.backend}.internals"))
 
-    def stage_torch_patches(self, ctx: ExportContext) -> None:
-        """Stage 2: the torch patches of ``executorch`` and ``executorch.<variant>``."""
-        ctx.install_patches(self.variant_scopes(executorch_config(ctx).backend))
-
-    def stage_executorch_patches(self, ctx: ExportContext) -> None:
-        """Stage 3: the patches of ExecuTorch internals (``executorch.internals``, ``executorch.<variant>.internals``)."""
-        ctx.install_patches(("executorch.internals", f"executorch.{executorch_config(ctx).backend}.internals"))
-
-    def stage_fx_program_fixes(self, ctx: ExportContext) -> None:
-        """Stage 4: dynamo's trace (nested stages, then ``torch.export.export``), then the FX program fixes."""
-        trace(ctx)
-        quantize_program(ctx)  # quantize='int8': PT2E on the traced program, traced again
-        ctx.apply_fx_program_fixes(ctx.program, self.variant_scopes(executorch_config(ctx).backend))
-        bounds = executorch_state(ctx).dim_bounds
+    def lower(self, ctx: ExportContext) -> None:
+        """Stages 4-5 and the steps between them, top to bottom: the captured program to a loaded ``.pte``."""
+        state, config = executorch_state(ctx), executorch_config(ctx)
+        scopes = self.variant_scopes(config.backend)
+        quantize_program(ctx)  # step quantize (quantize='int8'): PT2E on the captured program, captured again
+        with ctx.stage(4):
+            ctx.apply_fx_program_fixes(ctx.program, scopes)
+        bounds = state.dim_bounds
         if bounds is not None and bounds.bounded:
             ctx.note("dynamic dims given a finite upper bound: " + ", ".join(
                 f"{sym} in [{lo}, {hi}]" for sym, (lo, hi) in sorted(bounds.bounded.items())))
-
-    def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
-        """Stage 5: the FX node fixes, then the steps ``to_edge_transform_and_lower`` and ``to_executorch``."""
-        state, config = executorch_state(ctx), executorch_config(ctx)
-        ctx.apply_fx_node_fixes(ctx.program.graph_module, self.variant_scopes(config.backend))
+        with ctx.stage(5):
+            ctx.apply_fx_node_fixes(ctx.program.graph_module, scopes)
         preparation = state.preparation
         bounds = state.dim_bounds or DimBounds()
-        (edge, manager, planning, delegation), planned = lower_within_budget(
+        (edge, manager, planning, delegation), planned = lower_within_budget(  # steps lower, emit
             ctx, ctx.program, bounds, lambda: lower_program(ctx, preparation.partitioners, ctx.step),
             lambda lowered: planned_memory_bytes(lowered[1]))
         dtypes, write = input_dtypes(ctx.inputs), program_writer(manager)
         del edge, manager  # the lowered programs and their weights' bytes go before the runtime loads the file
-        runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
+        with ctx.step("executorch runtime: Program.load_method"):
+            runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
         state.manifest = {
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
@@ -228,7 +237,7 @@ class ExecutorchExporter(Exporter):
         state = executorch_state(ctx)
         runner = state.runner
         if runner is None:
-            raise RuntimeError("package() runs after stage 5, which opens the runner")
+            raise RuntimeError("package() runs after lower(), which opens the runner")
         return self.artifact(ctx, [Component(
             "model", runner, out_spec=ctx.program.call_spec.out_spec, write=runner.write_files,
             manifest={"program_file": PROGRAM_FILE, "executorch": state.manifest,
@@ -328,7 +337,11 @@ class XnnpackExporter(ExecutorchExporter):
     name: ClassVar[str] = "executorch-xnnpack"
     variant: ClassVar[str | None] = "xnnpack"
     # generation programs attend with ExecuTorch's LLM kernels over the filled cache positions (_attention.py)
-    fused_cache_attention = staticmethod(llm_cache_attention)
+    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place", attention="llama::custom_sdpa")
+
+    def __init__(self, config: ExecutorchConfig | None = None, **options: Any):
+        super().__init__(config, **options)
+        register_llm_kernels()  # the ops its needs name, for the planner's probe and the verification's eager run
 
 
 class CudaExporter(ExecutorchExporter):

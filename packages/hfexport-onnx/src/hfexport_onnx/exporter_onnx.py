@@ -1,20 +1,20 @@
 """OnnxExporter: the dynamo trace, then ``torch.onnx.export`` to ``model.onnx`` + ``model.onnx.data``, run on ORT.
 
-The file follows the five stages: the config, the exporter with its stages in order, then under each
-``# ── Stage N: Title ──`` banner the workarounds of that stage.
+The file follows the pipeline: the exporter, whose ``prepare`` and ``lower`` run the five documented stages and,
+between them, the toolchain steps; then under each ``# ── Stage N: Title ──`` banner the workarounds of that stage.
 
-1. Torch patches — ``@register_patch("onnx", ...)``, active while tracing and lowering.
-2. ONNX patches — ``@register_patch("onnx.decomposition", ...)``: re-run the FX node fixes right after
-   ``run_decompositions`` inside ``torch.onnx.export`` (same registry as stage 3).
-3. FX node fixes — the dynamo trace (``hfexport_dynamo.trace``: ``torch.export.export``), then
-   ``@register_fx_node_fix("onnx")`` rewrites.
-4. ONNX translations — ``_aten_*`` functions (``@register_workaround("onnx_translation", "onnx", target=...)``)
-   for the step ``torch.onnx.export``.
-5. ONNX IR fixes — ``_fix_ir_*`` functions (``@register_workaround("onnx_ir_fix", "onnx")``), then the steps
-   ``onnxscript optimizer`` (skipped with ``optimize=False`` or for a class in ``ONNX_DISABLE_OPTIMIZE``; a crash
-   keeps the unoptimized model, or fails with ``optimize_fallback=False``), ``onnxscript ort_fusions`` (ONNX
-   Runtime's fused ops, ``ort_fusions="cpu"`` by default: ``_fusions.py``) and ``onnxruntime.InferenceSession``
-   (with ``quantize=``, ONNX Runtime's quantization steps just before it: ``_quantize.py``).
+1. Torch patches — ``@register_patch("onnx", ...)``, active while capturing and lowering.
+2. ONNX patches — ``@register_patch("onnx.decomposition", ...)``: patches of torch.onnx's internals (one re-runs
+   the FX node fixes right after ``run_decompositions`` inside ``torch.onnx.export``).
+   → capture: the dynamo stages, then ``torch.export.export`` (the kernel's pipeline, ``DYNAMO_TRACER.capture``).
+3. FX node fixes — ``@register_fx_node_fix("onnx")`` rewrites of the captured program.
+4. ONNX translations — ``_aten_*`` functions (``@register_workaround("onnx_translation", "onnx", target=...)``).
+   → ``torch.onnx.export`` with that table.
+5. ONNX IR fixes — ``_fix_ir_*`` functions (``@register_workaround("onnx_ir_fix", "onnx")``).
+   → ``onnxscript optimizer`` (skipped with ``optimize=False`` or for a class in ``ONNX_DISABLE_OPTIMIZE``; a crash
+   keeps the unoptimized model, or fails with ``optimize_fallback=False``) → ``onnxscript ort_fusions`` (ONNX
+   Runtime's fused ops, ``ort_fusions="cpu"`` by default: ``_fusions.py``) → with ``quantize=``, ONNX Runtime's
+   quantization (``_quantize.py``) → ``onnxruntime.InferenceSession``.
 
 Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
 **Upstream** and **Remove when**. The runner, I/O names, opset check, metadata and failure texts are private
@@ -42,7 +42,9 @@ from hfexport.plugin import (
     Exporter,
     Quantization,
     Registration,
+    RuntimeNeeds,
     Stage,
+    Step,
     apply_fx_node_fixes,
     artifact_file,
     check_quantization_inputs,
@@ -52,7 +54,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims
 
 from ._attention import lowerings
 from ._config import OnnxConfig
@@ -109,17 +111,27 @@ class OnnxExporter(Exporter):
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
     # A generation program's attention as ONNX Runtime's GroupQueryAttention (_attention.py), except for plain
     # ONNX ops (ort_fusions=None)
-    fused_cache_attention: ClassVar[Any] = True  # unless ort_fusions=None: see cache_attention()
+    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="io", attention="hfexport::cache_attention")
     stages: ClassVar[tuple[Stage, ...]] = (
-        Stage(1, "Torch patches", '@register_patch("onnx", ...)', "stage_torch_patches"),
-        Stage(2, "ONNX patches", '@register_patch("onnx.decomposition", ...)', "stage_onnx_patches"),
-        Stage(3, "FX node fixes", '@register_fx_node_fix("onnx")', "stage_fx_node_fixes",
-              runs="torch.export.export"),
-        Stage(4, "ONNX translations", "_ONNX_TRANSLATION_TABLE", "stage_onnx_translations",
-              runs="torch.onnx.export"),
-        Stage(5, "ONNX IR fixes", "_IR_FIXES", "stage_onnx_ir_fixes",
-              runs="onnxscript optimizer, onnxscript ort_fusions, onnxruntime.InferenceSession"),
+        Stage(1, "Torch patches", '@register_patch("onnx", ...)'),
+        Stage(2, "ONNX patches", '@register_patch("onnx.decomposition", ...)'),
+        Stage(3, "FX node fixes", '@register_fx_node_fix("onnx")'),
+        Stage(4, "ONNX translations", "_ONNX_TRANSLATION_TABLE"),
+        Stage(5, "ONNX IR fixes", "_IR_FIXES"),
     )
+    steps: ClassVar[tuple[Step, ...]] = (
+        Step(2, "capture", "the dynamo stages, torch.export.export"),
+        Step(4, "convert", "torch.onnx.export"),
+        Step(5, "optimize", "onnxscript optimizer"),
+        Step(5, "fuse", "onnxscript ort_fusions"),
+        Step(5, "quantize", "onnxruntime.quantization (with quantize=)"),
+        Step(5, "open", "onnxruntime.InferenceSession"),
+    )
+
+    def __init__(self, config: OnnxConfig | None = None, **options: Any):
+        super().__init__(config, **options)
+        if self.onnx_config.ort_fusions is None:  # plain ONNX ops: no fused attention to lower
+            self.needs = RuntimeNeeds(cache_layout="io", attention=None)
 
     @property
     def onnx_config(self) -> OnnxConfig:
@@ -129,47 +141,36 @@ class OnnxExporter(Exporter):
     def new_state(self, ctx: ExportContext) -> OnnxState:
         return OnnxState()
 
-    def cache_attention(self) -> Any:
-        return self.onnx_config.ort_fusions is not None
+    def prepare(self, ctx: ExportContext) -> None:
+        """Stages 1 and 2: the patches the capture and ``torch.onnx.export`` run under."""
+        with ctx.stage(1):
+            ctx.install_patches(("onnx",))
+        with ctx.stage(2):
+            ctx.install_patches(("onnx.decomposition",))
 
-    # Stage 1: Torch patches (the patches are under the stage's banner below, as for every stage)
-    def stage_torch_patches(self, ctx: ExportContext) -> None:
-        ctx.install_patches(("onnx",))
-
-    # Stage 2: ONNX patches
-    def stage_onnx_patches(self, ctx: ExportContext) -> None:
-        ctx.install_patches(("onnx.decomposition",))
-
-    # Stage 3: FX node fixes
-    def stage_fx_node_fixes(self, ctx: ExportContext) -> None:
-        program = trace(ctx)  # the dynamo stages, nested; torch.export.export is their last step
-        ctx.apply_fx_node_fixes(program.graph_module, ("onnx",))
-
-    # Stage 4: ONNX translations
-    def stage_onnx_translations(self, ctx: ExportContext) -> None:
+    def lower(self, ctx: ExportContext) -> None:
+        """Stages 3-5 and the steps between them, top to bottom: the captured program to an ONNX Runtime session."""
         state, config = onnx_state(ctx), self.onnx_config
-        table = translation_table(config.disable, config.opset_version)
-        state.translations = sorted({fn.__name__ for fn in table.values()})
-        state.program = self._convert(ctx, table)
-
-    # Stage 5: ONNX IR fixes
-    def stage_onnx_ir_fixes(self, ctx: ExportContext) -> None:
-        state, config = onnx_state(ctx), self.onnx_config
+        with ctx.stage(3):
+            ctx.apply_fx_node_fixes(ctx.program.graph_module, ("onnx",))
+        with ctx.stage(4):
+            table = translation_table(config.disable, config.opset_version)
+            state.translations = sorted({fn.__name__ for fn in table.values()})
+        program = self._convert(ctx, table)  # step torch.onnx.export
         ctx.stack.enter_context(quiet_onnx_passes())  # the optimizer's and fusions' recoverable failures
-        fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
-        # The ONNX program's initializers are views of the torch weights: not kept; the runner's files are.
-        program, state.program = state.program, None
-        applied = apply_ir_fixes(program.model, fixes)
+        with ctx.stage(5):
+            fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
+            applied = apply_ir_fixes(program.model, fixes)
+            for fix in fixes:
+                if fix.name in applied:
+                    ctx.record_applied(fix.qualified_name, applied[fix.name])
         # What an optimizer crash and a failed fusion fall back to (both rewrite the graph in place): a copy of the
         # graph, its weights shared. Converting the program again cost a second torch.onnx.export, and failed
         # where the decomposition had made unbacked symbols (PendingUnbackedSymbolNotFound: Inkling2's image).
         unoptimized = program.model.clone()
-        not_optimized_because, seconds, crashed = self._optimize(ctx, program)
+        not_optimized_because, seconds, crashed = self._optimize(ctx, program)  # step onnxscript optimizer
         if crashed:
             program.model = unoptimized.clone()
-        for fix in fixes:
-            if fix.name in applied:
-                ctx.record_applied(fix.qualified_name, applied[fix.name])
 
         def unfused() -> ir.Model:  # what a fusion that fails falls back to: the converted graph, optimized, unfused
             program.model = unoptimized.clone()
@@ -205,7 +206,7 @@ class OnnxExporter(Exporter):
             "in_place_outputs": state.runner.io["in_place_outputs"],
         }
 
-    # ── the toolchain steps of stages 4 and 5 ─────────────────────────────────────────────────────────
+    # ── the toolchain steps ─────────────────────────────────────────────────────────
     def _convert(self, ctx: ExportContext, table: Mapping[Any, Callable[..., Any]]) -> Any:
         """``torch.onnx.export`` of ``ctx.program`` (unoptimized), with readable input and output names."""
         state, config = onnx_state(ctx), self.onnx_config
@@ -261,7 +262,7 @@ class OnnxExporter(Exporter):
         state = onnx_state(ctx)
         runner = state.runner
         if runner is None:
-            raise RuntimeError("package() runs after stage 5, which opens the runner")
+            raise RuntimeError("package() runs after lower(), which opens the runner")
         section = {"program_file": MODEL_FILE, "onnx": state.manifest, **quantization_section(state.quantization)}
         return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, runner.write_files,
                                              section, ctx.program)])

@@ -1,20 +1,19 @@
 """OpenVINOExporter: the dynamo trace, OpenVINO's decompositions, ``openvino.convert_model``, then OpenVINO IR
 (``openvino_model.xml`` + ``openvino_model.bin``) compiled on OpenVINO's CPU plugin.
 
-The file follows the five stages: the exporter with its stages in order, then under each
-``# ── Stage N: Title ──`` banner the workarounds of that stage.
+The file follows the pipeline: the exporter, whose ``prepare`` and ``lower`` run the three stages and, between them,
+the toolchain steps; then under each ``# ── Stage N: Title ──`` banner the workarounds of that stage.
 
-1. OpenVINO torch patches — ``@register_patch("openvino", ...)``, active while tracing and converting.
-2. Dynamo trace — ``hfexport_dynamo.trace`` (the dynamo stages, nested): ``torch.export.export``.
-3. Graph preparation — OpenVINO's decompositions (the table ``openvino.convert_model`` applies to an
-   ``ExportedProgram``: ``ExportedProgram.run_decompositions``), then ``@register_fx_node_fix("openvino")``
-   rewrites of the decomposed graph.
-4. OpenVINO conversion — the step ``openvino.convert_model`` on the prepared graph (its FX decoder).
-5. Stateful transformation and compilation check — for a generation program, the KV-cache inputs and outputs
-   become OpenVINO variables (``ReadValue``/``Assign``, as ``openvino.passes.MakeStateful`` makes them, with a
-   zeros initializer: ``_graph.make_stateful``); then the steps
-   ``openvino.save_model`` and ``Core.compile_model`` on the CPU plugin, which open the runner the export is
-   verified on.
+1. OpenVINO torch patches — ``@register_patch("openvino", ...)``, active while capturing and converting.
+   → capture: the dynamo stages, then ``torch.export.export`` (the kernel's pipeline, ``DYNAMO_TRACER.capture``).
+   → ``ExportedProgram.run_decompositions`` with OpenVINO's table (the one ``openvino.convert_model`` applies).
+2. Graph preparation — ``@register_fx_node_fix("openvino")`` rewrites of the decomposed graph.
+   → ``openvino.convert_model`` on the prepared graph (its FX decoder).
+3. Stateful transformation — for a generation program, the KV-cache inputs and outputs become OpenVINO variables
+   (``ReadValue``/``Assign``, as ``openvino.passes.MakeStateful`` makes them, with a zeros initializer:
+   ``_graph.make_stateful``).
+   → ``nncf.compress_weights`` (with ``quantize=``) → ``openvino.save_model`` and ``Core.compile_model`` on the CPU
+   plugin, which open the runner the export is verified on.
 
 Every workaround can be left out by name with ``disable=("<function name>",)``; its docstring says **Why**,
 **Upstream** and **Remove when**. The runner, I/O names and the reading of untrusted IR are private modules of the
@@ -33,14 +32,16 @@ from hfexport.plugin import (
     ExportedModel,
     Exporter,
     Quantization,
+    RuntimeNeeds,
     Stage,
+    Step,
     artifact_file,
     check_quantization_inputs,
     component_manifest,
     register_fx_node_fix,
     register_workaround,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims, trace
+from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims
 
 from ._config import OpenVINOConfig
 from ._graph import call_with_meta, constants_inlined, make_stateful, model_io_names, scan_as_while_loop
@@ -62,18 +63,20 @@ class OpenVINOExporter(Exporter):
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "openvino")
     # The CPU plugin keeps OpenVINO variables (ReadValue/Assign) between the calls of one infer request: a program's
     # mutable buffers (a generation task's KV cache) become variables, updated on the runtime (stage 5).
-    stateful_programs: ClassVar[bool] = True
+    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place")
     toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "openvino", "hfexport-openvino")
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "openvino": "2026.4.1"}
     stages: ClassVar[tuple[Stage, ...]] = (
-        Stage(1, "OpenVINO torch patches", '@register_patch("openvino", ...)', "stage_torch_patches"),
-        Stage(2, "Dynamo trace", "the dynamo stages (hfexport_dynamo.trace)", "stage_trace",
-              runs="torch.export.export"),
-        Stage(3, "Graph preparation (OpenVINO decompositions)", '@register_fx_node_fix("openvino")',
-              "stage_graph_preparation", runs="ExportedProgram.run_decompositions"),
-        Stage(4, "OpenVINO conversion", "internal", "stage_convert", runs="openvino.convert_model"),
-        Stage(5, "Stateful transformation and compilation check", "internal", "stage_stateful_and_compile",
-              runs="make_stateful (ReadValue/Assign), nncf.compress_weights, openvino.save_model, Core.compile_model"),
+        Stage(1, "OpenVINO torch patches", '@register_patch("openvino", ...)'),
+        Stage(2, "Graph preparation (OpenVINO decompositions)", '@register_fx_node_fix("openvino")'),
+        Stage(3, "Stateful transformation", "internal"),
+    )
+    steps: ClassVar[tuple[Step, ...]] = (
+        Step(1, "capture", "the dynamo stages, torch.export.export"),
+        Step(1, "decompose", "ExportedProgram.run_decompositions"),
+        Step(2, "convert", "openvino.convert_model"),
+        Step(3, "compress", "nncf.compress_weights"),  # quantize= only
+        Step(3, "compile", "openvino.save_model, Core.compile_model"),
     )
 
     @property
@@ -84,48 +87,34 @@ class OpenVINOExporter(Exporter):
     def new_state(self, ctx: ExportContext) -> OpenVINOState:
         return OpenVINOState()
 
-    # Stage 1: OpenVINO torch patches (the patches are under the stage's banner below, as for every stage)
-    def stage_torch_patches(self, ctx: ExportContext) -> None:
-        ctx.install_patches(("openvino",))
+    def prepare(self, ctx: ExportContext) -> None:
+        """Stage 1: the patches capture and conversion run under."""
+        with ctx.stage(1):
+            ctx.install_patches(("openvino",))
 
-    # Stage 2: Dynamo trace
-    def stage_trace(self, ctx: ExportContext) -> None:
-        trace(ctx)  # the dynamo stages, nested; torch.export.export is their last step
-
-    # Stage 3: Graph preparation
-    def stage_graph_preparation(self, ctx: ExportContext) -> None:
-        state = openvino_state(ctx)
-        with ctx.step("ExportedProgram.run_decompositions"):
-            prepared = ctx.program.run_decompositions(_openvino_decompositions())
-        ctx.apply_fx_node_fixes(prepared.graph_module, ("openvino",))
-        state.io = io_names(ctx.program, ctx.inputs)
-        state.graph, state.program_states = constants_inlined(prepared)  # mutable buffers stay inputs/outputs
-        state.prepared = prepared
-
-    # Stage 4: OpenVINO conversion
-    def stage_convert(self, ctx: ExportContext) -> None:
+    def lower(self, ctx: ExportContext) -> None:
+        """Stages 2-3 and the steps between them, top to bottom: the captured program to a compiled OpenVINO model."""
         import openvino
         import torch
         from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
-        state = openvino_state(ctx)
-        graph, state.graph = state.graph, None
+        state, config = openvino_state(ctx), self.openvino_config
+        with ctx.step("ExportedProgram.run_decompositions"):
+            prepared = ctx.program.run_decompositions(_openvino_decompositions())
+        with ctx.stage(2):
+            ctx.apply_fx_node_fixes(prepared.graph_module, ("openvino",))
+        state.io = io_names(ctx.program, ctx.inputs)
+        graph, program_states = constants_inlined(prepared)  # mutable buffers stay inputs/outputs
         with ctx.step("openvino.convert_model"), torch.no_grad(), _root_logger_kept():
             # convert_model(ExportedProgram) decodes program.module(), where a mutated buffer is lost (_graph.py)
-            state.model = openvino.convert_model(TorchFXPythonDecoder(graph, dynamic_shapes=True))
-        inputs, outputs = model_io_names(state.prepared, state.program_states, state.io)
-        state.prepared = None
-        name_model_io(state.model, inputs, outputs)
-
-    # Stage 5: Stateful transformation and compilation check
-    def stage_stateful_and_compile(self, ctx: ExportContext) -> None:
-        import openvino
-
-        state, config = openvino_state(ctx), self.openvino_config
-        model, state.model = state.model, None
-        if state.program_states:
-            with ctx.step("make_stateful (ReadValue/Assign)"):
-                state.states = make_stateful(model, state.program_states)
+            model = openvino.convert_model(TorchFXPythonDecoder(graph, dynamic_shapes=True))
+        del graph
+        inputs, outputs = model_io_names(prepared, program_states, state.io)
+        del prepared
+        name_model_io(model, inputs, outputs)
+        with ctx.stage(3):
+            if program_states:
+                state.states = make_stateful(model, program_states)
         if isinstance(config.quantize, Quantization):
             with ctx.step("nncf.compress_weights"):
                 model, state.quantization = compress_weights(model, config.quantize, config.int4_ratio)
@@ -150,7 +139,7 @@ class OpenVINOExporter(Exporter):
     def package(self, ctx: ExportContext) -> ExportedModel:
         state = openvino_state(ctx)
         if state.runner is None:
-            raise RuntimeError("package() runs after stage 5, which compiles the model")
+            raise RuntimeError("package() runs after lower(), which compiles the model")
         section = {"program_file": MODEL_FILE, "openvino": state.manifest,
                    **({"quantization": state.quantization} if state.quantization else {})}
         return self.artifact(ctx, [Component("model", state.runner, ctx.program.call_spec.out_spec,
@@ -218,12 +207,9 @@ def _openvino_decompositions() -> Any:
 
 
 # ── Stage 1: OpenVINO torch patches ──
-# ``@register_patch("openvino", "dotted.path")`` factories, active while tracing and converting (none needed yet).
+# ``@register_patch("openvino", "dotted.path")`` factories, active while capturing and converting (none needed yet).
 
-# ── Stage 2: Dynamo trace ──
-# The dynamo stages' own workarounds (``hfexport workarounds --scope dynamo``).
-
-# ── Stage 3: Graph preparation (OpenVINO decompositions) ──
+# ── Stage 2: Graph preparation (OpenVINO decompositions) ──
 # ``@register_fx_node_fix("openvino")`` rewrites of the decomposed graph, before the conversion.
 @register_fx_node_fix("openvino")
 def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
@@ -509,11 +495,9 @@ def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], li
     return call_with_meta(graph, op, args, kwargs, getattr(like.meta.get("val"), "fake_mode", None))
 
 
-# ── Stage 4: OpenVINO conversion ──
-# ``openvino.convert_model`` of the prepared graph (no workaround of its own yet).
-
-# ── Stage 5: Stateful transformation and compilation check ──
-# ``_graph.make_stateful`` and ``_quantize.compress_weights``; the CPU plugin's properties that work around its bugs,
+# ── Stage 3: Stateful transformation ──
+# ``_graph.make_stateful`` (internal). Then, in the step ``Core.compile_model``, the CPU plugin's properties that work
+# around its bugs,
 # registered as the "openvino_cpu_property" kind: each returns properties for ``Core.compile_model``, recorded in
 # the manifest (``openvino.cpu_properties``) so that a loaded artifact compiles as its verified export did.
 _CPU_PROPERTIES = "openvino_cpu_property"  # the registry kind (its extension point)

@@ -1,7 +1,7 @@
-"""CoreAtenExporter: the dynamo trace plus a Core ATen decomposition, as a vendor backend would add.
+"""CoreAtenExporter: the dynamo capture plus a Core ATen decomposition, as a vendor backend would add.
 
-Built on the public plugin API only (``hfexport.plugin``, ``hfexport_dynamo``): it composes the dynamo trace,
-it does not subclass the dynamo exporter.
+Built on the public plugin API only (``hfexport.plugin``, ``hfexport_dynamo``): the kernel captures the model with
+its tracer, then calls ``lower``; it does not subclass the dynamo exporter.
 """
 
 from __future__ import annotations
@@ -11,24 +11,20 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.plugin import Component, ExportContext, ExportedModel, Exporter, Stage, component_manifest
-from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoRunner, load_program, trace
+from hfexport.plugin import Component, ExportContext, ExportedModel, Exporter, Stage, Step, component_manifest
+from hfexport_dynamo import DYNAMO_TRACER, DynamoConfig, DynamoRunner, load_program
 
 
 class CoreAtenExporter(Exporter):
     name: ClassVar[str] = "testplugin"
     config_class = DynamoConfig
     tracer = DYNAMO_TRACER
-    stages: ClassVar[tuple[Stage, ...]] = (
-        Stage(1, "Trace", "the dynamo pipeline", "stage_trace", runs="torch.export.export"),
-        Stage(2, "Core ATen decomposition", "internal", "stage_decompose", runs="run_decompositions"),
-    )
+    stages: ClassVar[tuple[Stage, ...]] = (Stage(1, "Core ATen decomposition", "internal"),)
+    steps: ClassVar[tuple[Step, ...]] = (Step(0, "capture", "the dynamo stages, torch.export.export"),
+                                         Step(1, "decompose", "run_decompositions"))
 
-    def stage_trace(self, ctx: ExportContext) -> None:
-        trace(ctx)
-
-    def stage_decompose(self, ctx: ExportContext) -> None:
-        with ctx.step("run_decompositions"):
+    def lower(self, ctx: ExportContext) -> None:
+        with ctx.stage(1), ctx.step("run_decompositions"):
             ctx.program = ctx.program.run_decompositions()
 
     def package(self, ctx: ExportContext) -> ExportedModel:
