@@ -114,27 +114,6 @@ def test_the_kernel_and_dynamo_name_no_backend_outside_prose():
     assert not offences, "\n".join(offences)
 
 
-WORKAROUND_PREFIXES = ("_patch_", "_fix_", "_aten_", "prepare_for_")
-
-
-def _lines_outside_workarounds(file: Path) -> int:
-    """Non-blank lines of ``file`` outside its top-level workaround functions (and their decorators)."""
-    tree = ast.parse(file.read_text())
-    inside: set[int] = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith(WORKAROUND_PREFIXES):
-            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            inside.update(range(start, node.end_lineno + 1))
-    lines = file.read_text().splitlines()
-    return sum(1 for i, line in enumerate(lines, 1) if line.strip() and i not in inside)
-
-
-@pytest.mark.parametrize("file", sorted((ROOT / "packages").glob("*/src/*/exporter_*.py")), ids=lambda p: p.name)
-def test_exporter_files_hold_stages_and_workarounds_only(file):
-    # Runners, manifest building, naming and graph-signature walks live in the kernel or modules of their own.
-    assert _lines_outside_workarounds(file) <= 350
-
-
 def test_the_vendor_test_plugin_is_small():
     file = ROOT / "tests/plugins/hfexport-testplugin/src/hfexport_testplugin/exporter_testplugin.py"
     assert len(file.read_text().splitlines()) <= 60
