@@ -44,3 +44,32 @@ def install_on_temporary_path(target: Path) -> list[str]:
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(target), *filter(None, [os.environ.get("PYTHONPATH")])])
     return names
+
+
+def write_workaround_indexes() -> list[Path]:
+    """Regenerate the ``workaround_index.json`` of each test plugin whose backends load (as a vendor ships one, so
+    that ``hfexport workarounds`` lists it without importing torch): ``uv run python tests/plugin_path.py``."""
+    import tempfile
+
+    from hfexport.workaround_index import INDEX_NAME, build_index, index_text
+
+    written = []
+    with tempfile.TemporaryDirectory(prefix="hfexport-test-plugins-") as target:
+        sources = {write_distribution(source, Path(target)): source for source in sorted(PLUGINS.iterdir())
+                   if (source / "pyproject.toml").is_file()}
+        sys.path.insert(0, target)
+        for name, source in sources.items():
+            try:
+                index = build_index(name)
+            except RuntimeError as exc:  # hfexport-brokenplugin: nothing to index
+                print(f"skipped {name}: {exc}")
+                continue
+            [package] = [p for p in (source / "src").iterdir() if p.is_dir()]
+            (package / INDEX_NAME).write_text(index_text(index), encoding="utf-8")
+            written.append(package / INDEX_NAME)
+    return written
+
+
+if __name__ == "__main__":
+    for path in write_workaround_indexes():
+        print(f"wrote {path}")

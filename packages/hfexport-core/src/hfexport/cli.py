@@ -134,20 +134,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_workarounds(args: argparse.Namespace) -> int:
-    from ._discovery import list_backends
-    from ._workaround_source import workarounds_from_source
+    if args.imports or args.check:  # the user's modules, or resolving targets: the live registry
+        return _workarounds_imported(args)
+    from .workaround_index import indexed_workarounds
 
-    if not args.imports and not args.check:  # read from the backends' sources: no toolchain import
-        exporters = [i.backend.exporter for i in list_backends() if i.status == "ok" and i.backend is not None]
-        listed = workarounds_from_source(exporters)
-        # a --scope with no registration (executorch.cuda, or a typo) needs the exporters' own scopes: imported
-        if listed is not None and (args.scope is None or args.scope in {r.scope for r in listed}):
-            _check_known("--kind", args.kind, {r.kind for r in listed})
-            for r in listed:
-                if (args.scope is None or r.scope == args.scope) and (args.kind is None or r.kind == args.kind):
-                    _print_workaround(r)
-            return EXIT_OK
-    return _workarounds_imported(args)
+    # each backend distribution's workaround_index.json, no torch or toolchain import (one without: imported)
+    listed, scopes, errors = indexed_workarounds()
+    for error in errors:
+        print(f"# {error}", file=sys.stderr)
+    _check_known("--scope", args.scope, scopes | {r.scope for r in listed})
+    _check_known("--kind", args.kind, {r.kind for r in listed})
+    for r in listed:
+        if (args.scope is None or r.scope == args.scope) and (args.kind is None or r.kind == args.kind):
+            _print_workaround(r)
+    return EXIT_OK
 
 
 def _check_known(flag: str, value: str | None, known: set[str]) -> None:
@@ -165,8 +165,8 @@ def _print_workaround(r: Any) -> None:
 
 
 def _workarounds_imported(args: argparse.Namespace) -> int:
-    """``hfexport workarounds`` from the live registry: every backend's exporter imported (with ``--import``,
-    ``--check``, or a ``--scope`` that only an exporter's declared scopes know)."""
+    """``hfexport workarounds`` from the live registry: every backend's exporter imported (with ``--import`` or
+    ``--check``)."""
     import importlib
 
     from ._discovery import list_backends
