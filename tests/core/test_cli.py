@@ -78,8 +78,9 @@ def test_demo_export_end_to_end(tmp_path):
     assert not (earlier / "stale.bin").exists()
     # stderr is no terminal here (a log): a plain line per stage start and end and per toolchain step, with the
     # seconds since the export began; transformers' per-weight loading bar is off inside hfexport's own loading
-    assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] State cleanup → torch\.export\.export \.\.\.$", err, re.M), err
-    assert re.search(r"^\[hfexport \d+\.\ds\]   → torch\.export\.export done in \d+\.\d\ds$", err, re.M), err
+    assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] State cleanup done in \d+\.\d\ds$", err, re.M), err
+    assert re.search(r"^\[hfexport \d+\.\ds\] → torch\.export\.export \.\.\.$", err, re.M), err
+    assert re.search(r"^\[hfexport \d+\.\ds\] → torch\.export\.export done in \d+\.\d\ds$", err, re.M), err
     assert re.search(r"^\[hfexport \d+\.\ds\] \[dynamo 5/5\] State cleanup done in \d+\.\d\ds$", err, re.M), err
     assert "Loading weights" not in err
     assert "last_hidden_state" in out and "PASSED" in out

@@ -214,7 +214,7 @@ class _LayerNormMLP(torch.nn.Module):
 def test_opset_lower_than_the_graph_needs_is_a_clear_error_and_other_opsets_work():
     model, x = _LayerNormMLP().eval(), torch.randn(2, 8)
     before = _patched_targets()
-    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*opset_version=12 is lower than this graph "
+    with pytest.raises(ExportError, match=r"step torch.onnx.export failed.*opset_version=12 is lower than this graph "
                                           r"needs: it uses LayerNormalization \(from opset 17\)") as info:
         hfexport.export(model, {"x": x}, backend="onnx", opset_version=12)
     assert "opset_version=18" in str(info.value)  # the hint
@@ -275,7 +275,7 @@ def test_known_failures_and_recheck_options_run_the_optimizer_for_a_listed_class
     assert options == {"optimize": True, "optimize_fallback": False}
     with warnings.catch_warnings():
         warnings.simplefilter("error", E.OptimizerFallbackWarning)  # no fallback: the crash is the error
-        with pytest.raises(ExportError, match=r"stage 5/5 \(ONNX IR fixes.*failed for SplitHeads: PassError") as info:
+        with pytest.raises(ExportError, match=r"step onnxscript optimizer failed for SplitHeads: PassError") as info:
             _split_heads_export(**options)
     assert info.value.step == "onnxscript optimizer" and info.value.internal is False
     assert E.ONNX_DISABLE_OPTIMIZE == {"SplitHeads": reason}  # the table is read, never changed
@@ -300,7 +300,7 @@ def test_a_session_ort_refuses_names_the_node_and_op_and_leaves_nothing_behind(m
     monkeypatch.setattr(registry, "_REGISTRY", list(registry._REGISTRY))  # the test-only fix goes with the test
     register_workaround("onnx_ir_fix", "onnx")(_fix_ir_break_relu)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the runner's directory would go
-    with pytest.raises(ExportError, match=r"stage 5/5 \(ONNX IR fixes.*OnnxSessionError: ONNX Runtime "
+    with pytest.raises(ExportError, match=r"step onnxruntime.InferenceSession failed.*OnnxSessionError: ONNX Runtime "
                                           r"\(CPUExecutionProvider\) cannot create a session for model.onnx: "
                                           r"node 'node_relu' \(op NotAnOnnxOp") as info:
         hfexport.export(_LayerNormMLP(), {"x": torch.randn(2, 8)}, backend="onnx")

@@ -45,7 +45,7 @@ ALL_RSUB = ("_patch_tensor_rsub", "_patch_torch_rsub", "_fix_sub_scalar_int_tens
 @pytest.mark.parametrize("module,patch", [(InvertMask, "_patch_tensor_rsub"), (TorchRsub, "_patch_torch_rsub")])
 def test_rsub_patch_alone_fixes_float_minus_int_tensor(module, patch):
     inputs = _mask_inputs()
-    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*" + TYPE_PROMOTION_FAILURE):
+    with pytest.raises(ExportError, match=r"step torch.onnx.export failed.*" + TYPE_PROMOTION_FAILURE):
         hfexport.export(module(), inputs, backend="onnx", disable=ALL_RSUB)
 
     # Only the trace-time patch: the program has the cast, so no fix fires after decomposition.
@@ -89,7 +89,7 @@ SCORES = torch.tensor([[0.3, 0.9, 0.1, 0.5, 0.9], [0.2, 0.2, 0.8, 0.4, 0.2], [0.
 @pytest.mark.parametrize("module", [StableSort, StableArgsort])  # argsort(stable=True) decomposes to sort.stable
 def test_stable_sort_translation(module):
     inputs = {"scores": SCORES}
-    with pytest.raises(ExportError, match=r"stage 4/5 .*DispatchError: No ONNX function found for "
+    with pytest.raises(ExportError, match=r"step torch.onnx.export failed.*DispatchError: No ONNX function found for "
                                           r"<OpOverload\(op='aten.sort', overload='stable'\)>") as info:
         hfexport.export(module(), inputs, backend="onnx", dynamic=True, disable=("_aten_sort_stable",))
     assert "_ONNX_TRANSLATION_TABLE" in str(info.value)  # the hint
@@ -244,7 +244,7 @@ class ComplexOutput(torch.nn.Module):
 def test_complex_fix_rewrites_complex_rope_into_real_pairs():
     inputs = {"x": torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0)),
               "positions": torch.arange(5.0).repeat(2, 1)}
-    with pytest.raises(ExportError, match=r"stage 4/5 \(ONNX translations.*No ONNX function found for "
+    with pytest.raises(ExportError, match=r"step torch.onnx.export failed.*No ONNX function found for "
                                           r"<OpOverload\(op='aten.unsqueeze'.*complex-valued input"):
         hfexport.export(ComplexRope(), inputs, backend="onnx", disable=("_fix_complex_to_real_pairs",))
     exported = hfexport.export(ComplexRope(), inputs, backend="onnx")

@@ -584,6 +584,9 @@ def test_stage_label_reads_the_error_fields():
     none = _Error("x")
     none.backend, none.stage_number, none.stage_title = "dynamo", 0, ""
     assert stage_label(none, "dynamo") == "before the first stage"
+    between = _Error("x")
+    between.path, between.step, between.where = [], "torch.onnx.export", "the onnx pipeline"
+    assert stage_label(between, "onnx") == "step torch.onnx.export"
 
 
 def test_results_of_the_sweep_in_hfexport_dynamo_still_resume(tmp_path):

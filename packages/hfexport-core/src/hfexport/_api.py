@@ -79,7 +79,13 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
             raise ValueError(f"backend {backend!r} exports single programs only (its tracer plans no tasks); "
                              f"export without task={task!r}")
         options_class = exporter_class.tracer.task_options(task)
-        names = {f.name for f in dataclasses.fields(options_class)}
+        names = [f.name for f in dataclasses.fields(options_class)]
+        config_names = exporter_class.config_class.option_names()
+        unknown = [name for name in options if name not in names and name not in config_names]
+        if unknown:
+            raise TypeError(f"{', '.join(map(repr, unknown))}: not an option of backend {backend!r} "
+                            f"({exporter_class.config_class.__name__}: {', '.join(config_names)}) nor of task "
+                            f"{task!r} ({options_class.__name__}: {', '.join(names)})")
         task_options = options_class(**{name: options.pop(name) for name in list(options) if name in names})
     exporter = exporter_class(config, **options)
     return exporter.export(model, inputs, progress=progress, task=task, task_options=task_options, verify=verify,

@@ -109,9 +109,8 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
                 exporter.lower(ctx)
             except ExportError:
                 raise
-            except Exception as exc:  # raised between the stages and steps, which name themselves
-                raise ExportError(exporter.name, model_class, exc, where="the pipeline, between its stages",
-                                  hints=exporter.hints_for(None, exc)) from exc
+            except Exception as exc:  # raised by a step (named) or by the pipeline's code between the stages
+                raise ctx.tracker.error(exc, where=f"{exporter.name} pipeline, between its stages") from exc
         ctx.report["timings"].update(ctx.tracker.timings)
         ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,14 @@ def stages_from_source(exporter: str) -> list[dict[str, Any]] | None:
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-    return _class_stages(classes, class_name, seen=set())
+    return _class_stages(classes, class_name, lambda name: _module_value(tree, Path(spec.origin), name))
 
 
-def _class_stages(classes: dict[str, ast.ClassDef], name: str, seen: set[str]) -> list[dict[str, Any]] | None:
+def _class_stages(classes: dict[str, ast.ClassDef], name: str,
+                  resolve: Callable[[str], ast.expr | None]) -> list[dict[str, Any]] | None:
     """The class's stages and steps in running order, as :meth:`Exporter.describe_stages` gives them."""
-    stages, steps = _class_literal(classes, name, "stages", "Stage", set()), \
-        _class_literal(classes, name, "steps", "Step", set())
+    stages, steps = _class_literal(classes, name, "stages", "Stage", resolve, set()), \
+        _class_literal(classes, name, "steps", "Step", resolve, set())
     if stages is None:
         return None
     steps = steps or []
@@ -52,7 +54,7 @@ def _class_stages(classes: dict[str, ast.ClassDef], name: str, seen: set[str]) -
 
 
 def _class_literal(classes: dict[str, ast.ClassDef], name: str, attribute: str, call: str,
-                   seen: set[str]) -> list[dict[str, Any]] | None:
+                   resolve: Callable[[str], ast.expr | None], seen: set[str]) -> list[dict[str, Any]] | None:
     node = classes.get(name)
     if node is None or name in seen:
         return None
@@ -61,10 +63,13 @@ def _class_literal(classes: dict[str, ast.ClassDef], name: str, attribute: str, 
         target = statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
             else statement.target if isinstance(statement, ast.AnnAssign) else None
         if isinstance(target, ast.Name) and target.id == attribute:
-            return _literal_calls(statement.value, call)
+            value = statement.value
+            if isinstance(value, ast.Name):  # a module-level name (dynamo: stages = CAPTURE_STAGES, imported)
+                value = resolve(value.id)
+            return _literal_calls(value, call)
     for base in node.bases:  # inherited: a base class of the same module
         if isinstance(base, ast.Name):
-            found = _class_literal(classes, base.id, attribute, call, seen)
+            found = _class_literal(classes, base.id, attribute, call, resolve, seen)
             if found is not None:
                 return found
     return None
@@ -87,3 +92,22 @@ def _literal_calls(value: ast.expr | None, name: str) -> list[dict[str, Any]] | 
             return None
         out.append(fields)
     return out
+
+
+def _module_value(tree: ast.Module, path: Path, name: str) -> ast.expr | None:
+    """The value assigned to ``name`` at module level: in the exporter's module, or in the sibling module it imports
+    the name from (``from .capture import CAPTURE_STAGES``)."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and \
+                any(a.name == name for a in node.names):
+            try:
+                tree = ast.parse((path.parent / f"{node.module}.py").read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError):
+                return None
+            break
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+            else node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id == name:
+            return node.value
+    return None

@@ -181,6 +181,10 @@ class StageTracker:
     :class:`~hfexport.plugin.ExportContext` holds one; a pipeline writes ``with ctx.stage(3): ...`` and
     ``with ctx.step("torch.onnx.export"): ...`` in the order it runs them. A ``with`` block, not a callback: the
     stage's code stays in the pipeline that reads top to bottom.
+
+    A stage turns what its body raises into an :class:`ExportError` that names it. A step re-raises what its body
+    raised as it is (so that the code around it may fall back) and remembers which exception left which step:
+    :meth:`error` then names the step.
     """
 
     def __init__(self, backend: str, model_class: str, progress: ProgressCallback | None = None,
@@ -191,12 +195,24 @@ class StageTracker:
         self.hints = hints or (lambda stage, exc: [])
         self.timings: dict[str, float] = {}
         self._stage: tuple[str, Stage, int, int] | None = None  # owner, stage, total, depth
-        self._failed_step = ""
+        self._failed: tuple[str, BaseException] | None = None  # the last step that raised, and what it raised
 
     def _event(self, owner: str, stage: Stage | None, total: int, status: Any, seconds: float = 0.0,
                depth: int = 0, step: str = "") -> None:
         if self.progress:
             self.progress(StageEvent(owner, stage, total, status, seconds, depth, step))
+
+    def failed_step(self, exc: BaseException) -> str:
+        """The step ``exc`` left (``"torch.onnx.export"``), or ``""`` when no step raised it."""
+        return self._failed[0] if self._failed is not None and self._failed[1] is exc else ""
+
+    def error(self, exc: Exception, stage: Stage | None = None, total: int = 0, owner: str | None = None,
+              where: str = "") -> ExportError:
+        """The :class:`ExportError` for ``exc`` raised in ``stage`` (or between stages): names the step it left."""
+        step = self.failed_step(exc)
+        hints = list(self.hints(stage, exc)) or _default_hints(stage, exc, step)
+        return ExportError(self.backend, self.model_class, exc, stage, total, hints, where=where, step=step,
+                           owner=owner)
 
     @contextlib.contextmanager
     def stage(self, stage: Stage, total: int, owner: str | None = None, depth: int = 0) -> Iterator[None]:
@@ -204,7 +220,7 @@ class StageTracker:
         owner = owner or self.backend
         self._event(owner, stage, total, "start", depth=depth)
         start, outer = time.perf_counter(), self._stage
-        self._stage, self._failed_step = (owner, stage, total, depth), ""
+        self._stage = (owner, stage, total, depth)
         try:
             yield
         except ExportError:
@@ -212,10 +228,7 @@ class StageTracker:
             raise
         except Exception as exc:
             self._event(owner, stage, total, "failed", time.perf_counter() - start, depth)
-            step = self._failed_step
-            hints = list(self.hints(stage, exc)) or _default_hints(stage, exc, step)
-            raise ExportError(self.backend, self.model_class, exc, stage, total, hints, step=step,
-                              owner=owner) from exc
+            raise self.error(exc, stage, total, owner) from exc
         finally:
             self._stage = outer
         seconds = time.perf_counter() - start
@@ -225,22 +238,16 @@ class StageTracker:
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
         """Run the ``with`` body as the toolchain call ``name``; inside a stage, a step of that stage."""
-        current = self._stage
-        owner, stage, total, depth = current if current else (self.backend, None, 0, -1)
+        owner, stage, total, depth = self._stage if self._stage else (self.backend, None, 0, -1)
         self._event(owner, stage, total, "start", depth=depth + 1, step=name)
         start = time.perf_counter()
         try:
             yield
-        except ExportError:
+        except BaseException as exc:
+            if self._failed is None or self._failed[1] is not exc:  # the innermost step that raised it
+                self._failed = (name, exc)
             self._event(owner, stage, total, "failed", time.perf_counter() - start, depth + 1, name)
             raise
-        except Exception as exc:
-            self._failed_step = self._failed_step or name
-            self._event(owner, stage, total, "failed", time.perf_counter() - start, depth + 1, name)
-            if current:  # the stage names the step
-                raise
-            hints = list(self.hints(None, exc)) or _default_hints(None, exc, name)
-            raise ExportError(self.backend, self.model_class, exc, hints=hints, step=name) from exc
         seconds = time.perf_counter() - start
         key = f"{owner}.{stage.number}.{name}" if stage else f"{owner}.{name}"
         self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 4)

@@ -81,8 +81,10 @@ class Progress:
 
         if event.step:  # a toolchain call, between stages or inside one: its own line when it ends
             label = f"{'    ' * event.depth}→ {event.step}"
-            if event.status == "start":
-                if self.enabled and self._status is not None:
+            if event.status == "start":  # a long call (the trace, a conversion) says it began
+                if not self.enabled:
+                    self._log(f"{'  ' * event.depth}→ {event.step} ...")
+                elif self._status is not None:
                     self._status.update(escape(label))
                 return
             mark = "✅" if event.status == "done" else "❌"

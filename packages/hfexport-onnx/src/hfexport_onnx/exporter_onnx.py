@@ -227,7 +227,7 @@ class OnnxExporter(Exporter):
                 # torch.onnx wraps the real failure (a missing op, a decomposition error) in a generic
                 # ConversionError: lead with the innermost one, which names the op or node.
                 raise OnnxConversionError(f"torch.onnx.export failed: {failure_text(exc)}") from exc
-        check_opset(program.model, config.opset_version)
+            check_opset(program.model, config.opset_version)  # what the conversion wrote: the opset asked for?
         name_graph_io(program.model.graph, io)
         return program
 

@@ -475,7 +475,8 @@ def stage_label(exc: Any, backend: str) -> str:
     Returns:
         ``"3/5 FX node fixes -> dynamo 5/5 State cleanup -> torch.export.export"``: the stage path outer to
         inner (a level of another backend is prefixed with its name), then the toolchain step that raised;
-        ``"before the first stage"`` (or the error's ``where``) when no stage ran.
+        ``"step torch.onnx.export"`` for a step between the stages; ``"before the first stage"`` (or the error's
+        ``where``) when neither ran.
     """
     path = getattr(exc, "path", None)
     if path is not None:
@@ -487,8 +488,10 @@ def stage_label(exc: Any, backend: str) -> str:
         levels = []
     parts = [f"{'' if i == 0 and name == backend else name + ' '}{number}/{total or '?'} {title}".rstrip()
              for i, (name, number, total, title) in enumerate(levels)]
-    label = " -> ".join(parts) if parts else (getattr(exc, "where", "") or "before the first stage")
     step = getattr(exc, "step", "")
+    if not parts and step:  # a toolchain step between the stages (capture's torch.export.export, a conversion)
+        return f"step {step}"
+    label = " -> ".join(parts) if parts else (getattr(exc, "where", "") or "before the first stage")
     return f"{label} -> {step}" if step else label
 
 
