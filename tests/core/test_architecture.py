@@ -159,7 +159,8 @@ USER_API = [
 PLUGIN_API = [
     "Backend", "Component", "ComponentPlan", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError",
     "ExportedModel", "Exporter", "FileRunner", "FixReport", "IntegrityError", "InvalidInputError", "MANIFEST_NAME",
-    "ManifestError", "OutputDiff", "PatchReport", "Quantization", "QuantizationRecipe", "QuantizedVerificationReport",
+    "ManifestError", "NamedIORunner", "OutputDiff", "PatchReport", "Quantization", "QuantizationRecipe",
+    "QuantizedVerificationReport",
     "Registration", "Runner", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION", "Stage", "StageEvent", "StagePath", "TaskPlan",
     "Tracer", "UnknownBackendError", "UnresolvedTarget", "UntrustedArtifactError", "VerificationError",
     "VerificationReport", "allow_pytree_types", "allowed_pytree_type", "apply_fx_node_fixes",
