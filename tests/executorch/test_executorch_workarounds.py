@@ -577,7 +577,7 @@ def test_every_workaround_has_a_test_here():
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
               "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
-              "_fix_complex_to_real_pairs", "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
+              "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
               "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions",

@@ -248,7 +248,7 @@ def test_complex_fix_rewrites_complex_rope_into_real_pairs():
                                           r"<OpOverload\(op='aten.unsqueeze'.*complex-valued input"):
         hfexport.export(ComplexRope(), inputs, backend="onnx", disable=("_fix_complex_to_real_pairs",))
     exported = hfexport.export(ComplexRope(), inputs, backend="onnx")
-    assert PREFIX + "_fix_complex_to_real_pairs" in exported.manifest["workarounds"]["fixes"]
+    assert "hfexport_dynamo.rewrites._fix_complex_to_real_pairs" in exported.manifest["workarounds"]["fixes"]
     report = exported.verify(inputs, atol=ATOL)
     assert report.passed, report
 

@@ -4,7 +4,8 @@ A backend declares a :class:`Backend` in the ``hfexport.backends`` entry point g
 :class:`Exporter` with its stages, gets traced programs from a tracer (``hfexport_dynamo.DYNAMO_TRACER`` and
 ``hfexport_dynamo.trace``), registers workarounds of the kernel's kinds or of its own
 (:func:`register_workaround`), and packages :class:`Component` s into an :class:`ExportedModel`. Runtimes that
-read a program file subclass :class:`FileRunner`. Nothing outside this module and :mod:`hfexport` is public.
+read a program file subclass :class:`FileRunner`, or :class:`NamedIORunner` where they take and return tensors by
+name. Nothing outside this module and :mod:`hfexport` is public.
 
 Example (a vendor backend that decomposes to Core ATen)::
 
@@ -40,6 +41,7 @@ from ._artifact import (
 from ._discovery import Backend, UnknownBackendError, get_backend
 from ._exporter import ExportConfig, ExportContext, Exporter, InvalidInputError, RuntimeNeeds, Tracer
 from ._fx import FixReport, apply_fx_node_fixes, apply_fx_program_fixes, iter_graph_modules
+from ._named_io import NamedIORunner
 from ._patching import PatchReport, UnresolvedTarget, patch_context, resolve_path, resolve_pattern
 from ._quantization import (
     Quantization,
@@ -86,7 +88,8 @@ from ._trust import (
 
 __all__ = [
     "Backend", "Component", "ComponentPlan", "DEFAULT_COMPONENT", "ExportConfig", "ExportContext", "ExportError", "ExportedModel",
-    "Exporter", "FileRunner", "FixReport", "InvalidInputError", "MANIFEST_NAME", "OutputDiff", "PatchReport",
+    "Exporter", "FileRunner", "FixReport", "InvalidInputError", "MANIFEST_NAME", "NamedIORunner", "OutputDiff",
+    "PatchReport",
     "Registration", "Runner", "SCHEMA_VERSION", "Stage", "StageEvent", "StagePath", "TaskPlan", "Tracer",
     "UnknownBackendError", "UnresolvedTarget", "VerificationError", "VerificationReport", "apply_fx_node_fixes",
     "apply_fx_program_fixes", "compare_outputs", "component_manifest", "flatten_with_names", "get_backend", "is_disabled",

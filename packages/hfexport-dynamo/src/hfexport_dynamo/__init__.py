@@ -5,7 +5,7 @@ calls its ``capture``, the five dynamo stages and ``torch.export.export``, and `
 reference), :class:`GenerationOptions` (the options of a generation task), :class:`DynamoConfig` (backend configs extend it), :func:`dummy_inputs`,
 :func:`register_cache_type` / :func:`register_transformers_pytrees`, :class:`TraceState` / :func:`trace_state` (what
 the dynamo stages decided for one export: its dynamic shapes, the forward constants baked in), ``EXPORT_SKIPS``, and graph rewrites that
-several backends apply (:func:`complex_to_real_pairs`).
+several backends apply (:func:`complex_to_real_pairs`, registered once as their ``_fix_complex_to_real_pairs``).
 
 Importing this package is light: it declares the backend for discovery; torch is imported when one of the
 names above is used.
@@ -36,7 +36,7 @@ _LAZY = {
     "register_cache_type": "_pytree", "register_transformers_pytrees": "_pytree",
     "read_pt2": "_pt2", "load_program": "_pt2",
     "ComplexRewriteError": "rewrites", "complex_to_real_pairs": "rewrites", "involves_complex": "rewrites",
-    "real_pairs_at_first_complex": "rewrites", "squeeze_only_size_one_dims": "rewrites",
+    "squeeze_only_size_one_dims": "rewrites",
     "cache_attention": "_cache_attention",
 }
 

@@ -43,6 +43,7 @@ from hfexport.plugin import (
 from . import (
     _model_patches,  # noqa: F401  (registers the single-family model patches)
     _window_padding,  # noqa: F401  (registers the shifted-window padding patches)
+    rewrites,  # noqa: F401  (registers _fix_complex_to_real_pairs for the backends without complex tensors)
 )
 from ._config import DynamoConfig
 from ._moe import dense_experts_forward, experts_wrapper_code, fits_dense_experts

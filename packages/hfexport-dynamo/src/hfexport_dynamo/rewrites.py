@@ -1,8 +1,9 @@
-"""Graph rewrites of traced programs that more than one backend applies (each registers its own fix around them).
+"""Graph rewrites of traced programs that more than one backend applies.
 
 :func:`complex_to_real_pairs` rewrites complex arithmetic (``view_as_complex``, ``polar``, complex ``mul``,
-``view_as_real`` ...) into real arithmetic on ``[..., 2]`` (real, imaginary) pairs: ONNX and ExecuTorch have
-no usable complex dtype, every real op it emits is Core ATen or decomposes to it.
+``view_as_real`` ...) into real arithmetic on ``[..., 2]`` (real, imaginary) pairs: ONNX, ExecuTorch and OpenVINO
+have no usable complex dtype, every real op it emits is Core ATen or decomposes to it. It is registered here, once,
+as the FX node fix ``_fix_complex_to_real_pairs`` of those backends' scopes (``_COMPLEX_FREE_SCOPES``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["ComplexRewriteError", "complex_to_real_pairs", "involves_complex", "real_pairs_at_first_complex",
-           "squeeze_only_size_one_dims"]
+from hfexport.plugin import register_fx_node_fix
+
+__all__ = ["ComplexRewriteError", "complex_to_real_pairs", "involves_complex", "squeeze_only_size_one_dims"]
+
+# The workaround scopes of the backends without complex tensors: _fix_complex_to_real_pairs is registered for each
+# (as FNet's Fourier mixing patch is, _model_patches.py); the dynamo backend keeps complex tensors in its .pt2.
+_COMPLEX_FREE_SCOPES = ("onnx", "executorch", "openvino")
 
 aten = torch.ops.aten
 _REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
@@ -390,12 +396,38 @@ def complex_to_real_pairs(gm: torch.fx.GraphModule, program: Any = None, backend
     return len(rewritten)
 
 
-def real_pairs_at_first_complex(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: Any, backend: str) -> bool:
-    """The body of a backend's ``_fix_complex_to_real_pairs`` FX node fix (ONNX, ExecuTorch, OpenVINO): at the graph's
-    first node that :func:`involves_complex`, rewrite the whole graph with :func:`complex_to_real_pairs`, whose
-    complex buffers and constants are those of ``ctx.program`` when that program owns ``gm`` (else none).
+@register_fx_node_fix("onnx")
+@register_fx_node_fix("executorch")
+@register_fx_node_fix("openvino")
+def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: Any = None) -> bool:
+    """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
+    complex node (:func:`complex_to_real_pairs`), for the backends without complex tensors (ONNX, ExecuTorch,
+    OpenVINO: ``_COMPLEX_FREE_SCOPES``).
 
+    ``view_as_complex(x)`` becomes ``x``, ``view_as_real(z)`` becomes ``z``'s pair, ``polar(r, t)`` becomes
+    ``stack([r*cos(t), r*sin(t)], -1)`` and a complex product ``a*c - b*d, a*d + b*c``; a complex buffer or lifted
+    constant (a precomputed ``freqs_cis``) of ``ctx.program``, when that program owns ``gm``, is stored as
+    ``view_as_real`` of it. Complex graph inputs and outputs, and complex ops without a real-pair form, fail with
+    an error that names them and the backend (the runtimes have no complex kernels, so they cannot work there).
     Returns whether it rewrote (False for a node without complex tensors).
+    **Why**: complex rotary embeddings (Llama4's ``apply_rotary_emb``, DeepSeek-V2, Meta's reference Llama:
+    ``view_as_real(view_as_complex(q) * freqs_cis)``; d14) fail on each of them. torch.onnx: ``DispatchError: No
+    ONNX function found for <OpOverload(op='aten.unsqueeze', overload='default')>. Failure message: No
+    decompositions registered for the complex-valued input`` (torchlib lowers a few complex ops itself as real
+    pairs, ``view_as_complex``, ``mul``, a complex buffer, not the layout ops around them; rewriting the whole graph
+    leaves nothing to that partial support). ExecuTorch's ``to_edge``: ``SpecViolationError: aten.polar.default is
+    not in Core ATen, has no decomposition ... and no kernel``, with a precomputed buffer ``SpecViolationError:
+    These operators are taking Tensor inputs with mismatched dtypes`` (complex ``mul``); the portable library and
+    XNNPACK have no complex kernels either. OpenVINO's PyTorch frontend converts complex tensors only around a few
+    ops: ``No conversion rule found for operations: aten.polar.default``, and ``view_as_real`` of a complex product
+    ``aten::view_as_real is only supported for complex tensors`` (``complex.cpp``). The real pairs are plain float
+    arithmetic (the same values within float rounding) that XNNPACK delegates.
+    **Upstream**: pytorch/pytorch#126972 (ONNX exporter fails on complex tensors); pytorch/executorch#11404
+    (Portable Library: Complex Support); none found for ``aten.polar`` in OpenVINO's FX decoder.
+    **Remove when**: for a backend, ``tests/helpers.ComplexRope`` exports and runs on it with
+    ``disable=("_fix_complex_to_real_pairs",)`` (torchlib translates complex ``unsqueeze``/``mul``/``view_as_real``
+    and ONNX Runtime runs them; ExecuTorch lowers and runs them; OpenVINO converts ``aten.polar``); then drop its
+    scope from ``_COMPLEX_FREE_SCOPES``.
 
     Raises:
         ComplexRewriteError: as :func:`complex_to_real_pairs`.
@@ -403,6 +435,8 @@ def real_pairs_at_first_complex(gm: torch.fx.GraphModule, node: torch.fx.Node, c
     if not involves_complex(node):
         return False
     program = getattr(ctx, "program", None)
+    scopes = getattr(getattr(ctx, "exporter", None), "scopes", ())
+    backend = next((scope for scope in scopes if scope in _COMPLEX_FREE_SCOPES), "this")  # "executorch" for a variant
     complex_to_real_pairs(gm, program if getattr(program, "graph_module", None) is gm else None, backend=backend)
     return True
 

@@ -54,7 +54,7 @@ from hfexport.plugin import (
     register_fx_program_fix,
     register_patch,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex
+from hfexport_dynamo import DYNAMO_TRACER
 
 from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds
 from ._attention import register_llm_kernels
@@ -1385,30 +1385,6 @@ def _fix_sym_sum(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return False
     replace_with_chain(gm, node, operator.add, operands)
     return True
-
-
-@register_fx_node_fix("executorch")
-def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: ExportContext | None = None) -> bool:
-    """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
-    complex node (``hfexport_dynamo.complex_to_real_pairs``, shared with the ONNX fix of the same name).
-
-    ``view_as_complex(x)`` becomes ``x``, ``view_as_real(z)`` becomes ``z``'s pair, ``polar(r, t)`` becomes
-    ``stack([r*cos(t), r*sin(t)], -1)`` and a complex product ``a*c - b*d, a*d + b*c``; a complex buffer or lifted
-    constant (a precomputed ``freqs_cis``) is stored as ``view_as_real`` of it. Complex graph inputs and outputs,
-    and complex ops without a real-pair form, fail with an error that names them (the runtime has no complex
-    kernels, so they cannot work there).
-    **Why**: complex rotary embeddings (Llama4's ``apply_rotary_emb``, DeepSeek-V2, Meta's reference Llama:
-    ``view_as_real(view_as_complex(q) * freqs_cis)``) are rejected by ``to_edge``: ``SpecViolationError:
-    aten.polar.default is not in Core ATen, has no decomposition ... and no kernel`` (d14), with a precomputed buffer
-    ``SpecViolationError: These operators are taking Tensor inputs with mismatched dtypes`` (complex ``mul``);
-    the portable library and XNNPACK have no complex kernels either. The real pairs are plain float arithmetic
-    that XNNPACK delegates (same values within float rounding).
-    **Upstream**: pytorch/executorch#11404 (Portable Library: Complex Support); pytorch/pytorch#126972 (the same
-    model class on ONNX).
-    **Remove when**: ExecuTorch lowers and runs complex ``view_as_complex``/``mul``/``view_as_real`` (d14 exports
-    with ``disable=("_fix_complex_to_real_pairs",)``).
-    """
-    return real_pairs_at_first_complex(gm, node, ctx, backend="executorch")
 
 
 @register_fx_node_fix("executorch")

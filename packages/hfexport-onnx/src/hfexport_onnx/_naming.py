@@ -1,5 +1,6 @@
 """Readable ONNX graph input and output names: one per flattened pytree leaf (``input_ids``,
-``cache.layers.0.keys``, ``logits``), written into the graph and into the manifest's ``onnx`` section."""
+``cache.layers.0.keys``, ``logits``), written into the graph and into the manifest's ``onnx`` section.
+The names are the kernel's (``NamedIORunner.io_names``), as OpenVINO's."""
 
 from __future__ import annotations
 
@@ -8,65 +9,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import onnx_ir as ir
-import torch
-import torch.utils._pytree as pytree
 
-from hfexport.plugin import flatten_with_names
+from hfexport.plugin import NamedIORunner
 
 __all__ = ["io_names", "name_graph_io"]
 
 logger = logging.getLogger("hfexport")
 
-
-def _readable(name: str, taken: set[str], default: str) -> str:
-    if not name or name.replace(".", "").isdigit():
-        name = f"{default}_{name.replace('.', '_')}" if name else default
-    base, i = name, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
-def io_names(program: torch.export.ExportedProgram, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Readable graph input/output names for every flattened leaf (``None`` for leaves that are constants).
-
-    Returns:
-        ``input_leaves`` and ``output_leaves`` (a name or ``None`` per leaf), ``output_constants``
-        (``{leaf index: value}`` of the outputs that are constants) and ``int_outputs`` (the indices of the outputs
-        that are Python ints computed from dynamic dims, SymInts: torch.onnx makes each an int64 graph output, and
-        the runner gives it back as an int; MaskFormer-Swin's spatial sizes), as the manifest's ``onnx`` section
-        holds them.
-    """
-    from torch.export.graph_signature import ConstantArgument, SymIntArgument, TensorArgument
-
-    sig = program.graph_signature
-    user_inputs = [s for s in sig.input_specs if s.kind.name == "USER_INPUT"]
-    input_names, _, _ = flatten_with_names(dict(inputs))
-    taken: set[str] = set()
-    input_leaves: list[str | None] = []
-    if len(input_names) != len(user_inputs):  # cannot happen for a traced signature; keep torch's names then
-        input_names = [getattr(s.arg, "name", "") for s in user_inputs]
-    for name, spec in zip(input_names, user_inputs, strict=True):
-        input_leaves.append(_readable(name, taken, "input") if isinstance(spec.arg, TensorArgument) else None)
-    out_spec = program.call_spec.out_spec
-    # Tensor placeholders, not ints: cache types flatten by walking their tensor-valued attributes.
-    placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
-    output_names, _, _ = flatten_with_names(pytree.tree_unflatten(placeholders, out_spec))
-    user_outputs = [s for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
-    output_leaves: list[str | None] = []
-    constants: dict[str, Any] = {}
-    int_outputs: list[int] = []
-    for i, (name, spec) in enumerate(zip(output_names, user_outputs, strict=True)):
-        if isinstance(spec.arg, TensorArgument | SymIntArgument):
-            output_leaves.append(_readable(name, taken, "output"))  # a bare tensor output is called "output"
-            if isinstance(spec.arg, SymIntArgument):
-                int_outputs.append(i)
-        else:
-            output_leaves.append(None)
-            constants[str(i)] = spec.arg.value if isinstance(spec.arg, ConstantArgument) else None
-    return {"input_leaves": input_leaves, "output_leaves": output_leaves, "output_constants": constants,
-            "int_outputs": int_outputs}
+io_names = NamedIORunner.io_names  # {input_leaves, output_leaves, output_constants, int_outputs}: the onnx section's
 
 
 def name_graph_io(graph: ir.Graph, io: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import onnx_ir as ir
 import torch
 
-from hfexport.plugin import FileRunner
+from hfexport.plugin import NamedIORunner
 
 from ._errors import OnnxSessionError
 from ._untrusted import check_external_data, external_data_files  # re-exported: the checks moved there
@@ -87,7 +87,7 @@ def in_place_outputs(model: ir.Model) -> dict[str, str]:
     return aliases
 
 
-class OnnxRunner(FileRunner):
+class OnnxRunner(NamedIORunner):
     """Runs ``model.onnx`` on ONNX Runtime: flat input leaves in, flat output tensors out.
 
     Args:
@@ -112,18 +112,18 @@ class OnnxRunner(FileRunner):
     """
 
     program_file: ClassVar[str] = MODEL_FILE
+    io_error: ClassVar[type[Exception]] = OnnxSessionError
 
     def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
                  io: Mapping[str, Any] | None = None, session_options: Any = None, *,
                  data_path: str | Path | None = None, untrusted: bool = False):
         self.providers = list(providers)
         self.untrusted = untrusted
-        self.io = dict(io or {})
         self.session_options = session_options
         if data_path is None:
             beside = Path(path).with_name(Path(path).name + ".data")
             data_path = beside if beside.exists() else None
-        super().__init__(path, data_path)
+        super().__init__(path, data_path, io=io)
 
     @classmethod
     def from_model(cls, model: ir.Model, providers: Sequence[str], io: Mapping[str, Any]) -> OnnxRunner:
@@ -159,15 +159,7 @@ class OnnxRunner(FileRunner):
                                                         disabled_optimizers=disabled or None)
         except Exception as exc:
             raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc
-        graph_inputs = [i.name for i in self.session.get_inputs()]
-        graph_outputs = [o.name for o in self.session.get_outputs()]
-        self.input_leaves: list[str | None] = list(self.io.get("input_leaves") or graph_inputs)
-        self.output_leaves: list[str | None] = list(self.io.get("output_leaves") or graph_outputs)
-        self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
-        self.int_outputs: set[int] = {int(i) for i in self.io.get("int_outputs") or ()}  # SymInts: 0-d int64
-        missing = sorted({n for n in self.input_leaves if n is not None} - set(graph_inputs))
-        if missing:
-            raise OnnxSessionError(f"{self.path} has no graph inputs {missing}; its inputs are {graph_inputs}")
+        self.bind_io([i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()])
         # The floating dtype of each graph input: a floating input leaf is cast to it. A bfloat16 model computes in
         # float32 on ONNX Runtime's CPU (_fix_ir_bfloat16_as_float32): its bfloat16 inputs (as the model takes
         # them, and as the manifest says) are fed as float32 (numpy has no bfloat16: the feed raised "Got
@@ -182,11 +174,7 @@ class OnnxRunner(FileRunner):
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
-        leaves = self.flat_inputs(args, self.input_dtypes)  # a floating leaf cast to the graph's dtype
-        if len(leaves) != len(self.input_leaves):
-            raise TypeError(f"expected {len(self.input_leaves)} input tensors after flattening, got {len(leaves)}")
-        tensors = {name: torch.as_tensor(leaf) for name, leaf in zip(self.input_leaves, leaves, strict=True)
-                   if name is not None}
+        tensors = self.named_inputs(args, self.input_dtypes)  # a floating leaf cast to the graph's dtype
         feed = {name: tensor.numpy() for name, tensor in tensors.items()}
         names = [n for n in self.output_leaves if n is not None]
         aliases = {out: source for out, source in (self.io.get("in_place_outputs") or {}).items()
@@ -195,7 +183,7 @@ class OnnxRunner(FileRunner):
             values = self._run_in_place(names, feed, tensors, aliases)
         else:
             values = {name: torch.from_numpy(v) for name, v in zip(names, self.session.run(names, feed), strict=True)}
-        return self._flat_outputs(values)
+        return self.flat_outputs(values)
 
     @contextlib.contextmanager
     def reusing_bindings(self) -> Iterator[None]:
@@ -234,7 +222,7 @@ class OnnxRunner(FileRunner):
                     binding.bind_ortvalue_output(name, onnxruntime.OrtValue.ortvalue_from_numpy(values[name].numpy()))
             self._last_run, self._rerun_bound = (names, aliases, tensors, values), True
         self.session.run_with_iobinding(binding)
-        return self._flat_outputs(values)
+        return self.flat_outputs(values)
 
     def _run_in_place(self, names: list[str], feed: dict[str, Any], tensors: dict[str, torch.Tensor],
                       aliases: dict[str, str]) -> dict[str, torch.Tensor]:
@@ -268,10 +256,6 @@ class OnnxRunner(FileRunner):
         if kept is not None:
             self._last_run, self._rerun_bound = (names, aliases, tensors, values), False
         return values
-
-    def _flat_outputs(self, values: Mapping[str, Any]) -> list[Any]:
-        return [self.output_constants.get(str(i)) if name is None else int(values[name]) if i in self.int_outputs
-                else values[name] for i, name in enumerate(self.output_leaves)]
 
 
 def _explain_session_failure(exc: BaseException, path: Path, providers: Sequence[str]) -> str:

@@ -54,7 +54,7 @@ from hfexport.plugin import (
     register_workaround,
     workarounds_for,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims
+from hfexport_dynamo import DYNAMO_TRACER, squeeze_only_size_one_dims
 
 from ._attention import lowerings
 from ._config import OnnxConfig
@@ -498,31 +498,6 @@ def _fix_squeeze_dims_torch_keeps(gm: torch.fx.GraphModule, node: torch.fx.Node)
     ``disable=("_fix_squeeze_dims_torch_keeps",)``.
     """
     return squeeze_only_size_one_dims(node)
-
-
-@register_fx_node_fix("onnx")
-def _fix_complex_to_real_pairs(gm: torch.fx.GraphModule, node: torch.fx.Node, ctx: ExportContext | None = None) -> bool:
-    """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
-    complex node (``hfexport_dynamo.complex_to_real_pairs``, shared with ExecuTorch's fix of the same name).
-
-    ``view_as_complex(x)`` becomes ``x``, ``view_as_real(z)`` becomes ``z``'s pair, ``polar(r, t)`` becomes
-    ``stack([r*cos(t), r*sin(t)], -1)`` and a complex product ``a*c - b*d, a*d + b*c``; a complex buffer or lifted
-    constant (a precomputed ``freqs_cis``) is stored as ``view_as_real`` of it. Complex graph inputs and outputs,
-    and complex ops without a real-pair form, fail with an error that names them.
-    **Why**: complex rotary embeddings (Llama4's ``apply_rotary_emb``, DeepSeek-V2, Meta's reference Llama:
-    ``view_as_real(view_as_complex(q) * freqs_cis)``) fail in torch.onnx: ``DispatchError: No ONNX function
-    found for <OpOverload(op='aten.unsqueeze', overload='default')>. Failure message: No decompositions
-    registered for the complex-valued input`` (d14). torchlib lowers a few complex ops itself (as real pairs:
-    ``view_as_complex``, ``mul``, a complex buffer), not the layout ops around them; rewriting the whole graph
-    here leaves nothing to that partial support, and it is the same rewrite ExecuTorch needs. The real pairs
-    are plain float arithmetic (same values within float rounding).
-    **Upstream**: pytorch/pytorch#126972 (ONNX exporter fails on complex tensors); pytorch/executorch#11404 (the
-    same model class on ExecuTorch).
-    **Remove when**: torchlib translates complex ``unsqueeze``/``mul``/``view_as_real`` and ONNX Runtime runs
-    them (d14 exports with ``disable=("_fix_complex_to_real_pairs",)``).
-    """
-    return real_pairs_at_first_complex(gm, node, ctx, backend="onnx")
-
 
 
 # ── Stage 4: ONNX translations ──

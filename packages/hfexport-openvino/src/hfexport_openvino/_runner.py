@@ -6,9 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-
-from hfexport.plugin import FileRunner
+from hfexport.plugin import NamedIORunner
 
 __all__ = ["ALLOWED_CPU_PROPERTIES", "DATA_FILE", "MODEL_FILE", "OpenVINORunner", "compile_options"]
 
@@ -41,7 +39,7 @@ def compile_options(num_threads: int | None, cpu_properties: Mapping[str, Any] |
     return options
 
 
-class OpenVINORunner(FileRunner):
+class OpenVINORunner(NamedIORunner):
     """Runs ``openvino_model.xml`` on OpenVINO's CPU plugin: flat input leaves in, flat output tensors out.
 
     The IR is read once (``openvino.Core().read_model(xml, bin)``) and that parsed model is compiled
@@ -66,15 +64,15 @@ class OpenVINORunner(FileRunner):
 
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *, io: Mapping[str, Any] | None = None,
                  num_threads: int | None = None, untrusted: bool = False):
-        self.io = dict(io or {})
-        self.num_threads = num_threads if num_threads is not None else self.io.get("num_threads")
-        self.cpu_properties = dict(self.io.get("cpu_properties") or {})
+        io = dict(io or {})
+        self.num_threads = num_threads if num_threads is not None else io.get("num_threads")
+        self.cpu_properties = dict(io.get("cpu_properties") or {})
         compile_options(None, self.cpu_properties)  # a property outside the allowlist is refused before any read
         self.untrusted = untrusted
         if data_path is None:
             beside = Path(path).with_name(DATA_FILE)
             data_path = beside if beside.exists() else None
-        super().__init__(path, data_path)
+        super().__init__(path, data_path, io=io)
 
     def open(self) -> None:
         import openvino
@@ -86,18 +84,11 @@ class OpenVINORunner(FileRunner):
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RuntimeError(f"OpenVINO ({DEVICE}) cannot read or compile {self.path.name}: {first}") from exc
-        names = [port.get_any_name() for port in self.compiled.inputs]
-        self.input_leaves: list[str | None] = list(self.io.get("input_leaves") or names)
-        self.output_leaves: list[str | None] = list(self.io.get("output_leaves")
-                                                    or [port.get_any_name() for port in self.compiled.outputs])
-        self.output_constants: dict[str, Any] = dict(self.io.get("output_constants") or {})
-        self.int_outputs: set[int] = {int(i) for i in self.io.get("int_outputs") or ()}  # SymInts, as 0-d tensors
         # a compiled port may hold several tensor names (the CPU plugin keeps a fused node's), get_any_name()
         # one of them: a leaf is found by any (Gemma 3's scaled token embedding answered '3' for inputs_embeds)
-        missing = sorted({n for n in self.input_leaves if n is not None}
-                         - {n for port in self.compiled.inputs for n in port.get_names()})
-        if missing:
-            raise RuntimeError(f"{self.path.name} has no inputs {missing}; its inputs are {names}")
+        self.bind_io([port.get_any_name() for port in self.compiled.inputs],
+                     [port.get_any_name() for port in self.compiled.outputs],
+                     accepted={n for port in self.compiled.inputs for n in port.get_names()})
         self.request = self.compiled.create_infer_request()
 
     def reset(self) -> None:
@@ -106,12 +97,6 @@ class OpenVINORunner(FileRunner):
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
-        leaves = self.flat_inputs(args)
-        if len(leaves) != len(self.input_leaves):
-            raise TypeError(f"expected {len(self.input_leaves)} input tensors after flattening, got {len(leaves)}")
-        feed = {name: torch.as_tensor(leaf).numpy() for name, leaf in zip(self.input_leaves, leaves, strict=True)
-                if name is not None}
+        feed = {name: tensor.numpy() for name, tensor in self.named_inputs(args).items()}
         results = self.request.infer(feed, share_inputs=True, share_outputs=False)
-        values = {name: value for port, value in results.items() for name in port.get_names()}
-        return [self.output_constants.get(str(i)) if name is None else int(values[name]) if i in self.int_outputs
-                else torch.from_numpy(values[name]) for i, name in enumerate(self.output_leaves)]
+        return self.flat_outputs({name: value for port, value in results.items() for name in port.get_names()})

@@ -41,7 +41,7 @@ from hfexport.plugin import (
     register_fx_node_fix,
     register_workaround,
 )
-from hfexport_dynamo import DYNAMO_TRACER, real_pairs_at_first_complex, squeeze_only_size_one_dims
+from hfexport_dynamo import DYNAMO_TRACER, squeeze_only_size_one_dims
 
 from ._config import OpenVINOConfig
 from ._graph import call_with_meta, constants_inlined, make_stateful, model_io_names, scan_as_while_loop
@@ -381,22 +381,6 @@ def _fix_symint_min_max_mod_as_tensors(gm: Any, node: Any) -> bool:
     node.replace_all_uses_with(scalar)
     graph.erase_node(node)
     return True
-
-
-@register_fx_node_fix("openvino")
-def _fix_complex_to_real_pairs(gm: Any, node: Any, ctx: ExportContext | None = None) -> bool:
-    """Rewrites the program's complex arithmetic into real ``[..., 2]`` (real, imaginary) pairs, once, at its first
-    complex node (``hfexport_dynamo.complex_to_real_pairs``, as ONNX's and ExecuTorch's fixes of the same name do).
-
-    **Why**: OpenVINO's PyTorch frontend converts complex tensors only around a few ops: DeepSeek-V2's complex
-    RoPE failed in ``openvino.convert_model`` with ``No conversion rule found for operations: aten.polar.default``,
-    and ``view_as_real`` of a complex product with ``aten::view_as_real is only supported for complex tensors``
-    (``complex.cpp``). The real pairs are plain float arithmetic (the same values within float rounding).
-    **Upstream**: none found for ``aten.polar`` in OpenVINO's FX decoder; the same gap on ONNX is
-    pytorch/pytorch#126972, on ExecuTorch pytorch/executorch#11404.
-    **Remove when**: ``tests/helpers.ComplexRope`` exports on openvino with ``disable=("_fix_complex_to_real_pairs",)``.
-    """
-    return real_pairs_at_first_complex(gm, node, ctx, backend="openvino")
 
 
 @register_fx_node_fix("openvino")
