@@ -103,7 +103,7 @@ def _peer_compare(model: Any, exported: Any, alt_inputs: dict[str, Any], backend
     """Run the peer's program and eager PyTorch at ``alt_inputs`` and compare them (a sweep record's outcome)."""
     import torch
 
-    from hfexport.plugin import compare_outputs, flatten_with_names
+    from hfexport.artifact import compare_outputs, flatten_with_names
     from hfexport_sweep.sweep import failure_record
 
     start = time.perf_counter()

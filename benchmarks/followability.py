@@ -162,7 +162,8 @@ def declared_now() -> Declared:
     """The extension points declared in this process: call it after the export (plugins register on import)."""
     import inspect
 
-    from hfexport.plugin import Exporter, list_workarounds
+    from hfexport import list_workarounds
+    from hfexport.plugin import Exporter
 
     declared = Declared()
     for registration in list_workarounds():

@@ -5,8 +5,9 @@ import torch
 
 import hfexport
 import hfexport.plugin
+import hfexport.workarounds
 from hfexport import ExportError, register_patch
-from hfexport.plugin import patch_context
+from hfexport.workarounds import patch_context
 
 
 class Widget:
@@ -111,10 +112,10 @@ def test_disabled_patch_is_not_installed():
 
 
 def test_resolve_path_errors_name_the_missing_part():
-    with pytest.raises(hfexport.plugin.UnresolvedTarget, match="has no attribute 'nope'"):
-        hfexport.plugin.resolve_path("torch.Tensor.nope")
-    with pytest.raises(hfexport.plugin.UnresolvedTarget, match="cannot be imported|no module"):
-        hfexport.plugin.resolve_path("not_a_package_xyz.thing")
+    with pytest.raises(hfexport.workarounds.UnresolvedTarget, match="has no attribute 'nope'"):
+        hfexport.workarounds.resolve_path("torch.Tensor.nope")
+    with pytest.raises(hfexport.workarounds.UnresolvedTarget, match="cannot be imported|no module"):
+        hfexport.workarounds.resolve_path("not_a_package_xyz.thing")
 
 
 class _DynamoPatchProbe(torch.nn.Module):
@@ -187,4 +188,4 @@ def test_wildcard_path_matches_loaded_classes_and_factory_may_decline():
         assert GadgetGamma().run() == "patched alpha"
     assert GadgetAlpha().run() == "alpha" and "run" in vars(GadgetAlpha)
     assert [p for _, p in report.installed] == [f"{__name__}.GadgetAlpha.run"]
-    assert hfexport.plugin.resolve_pattern("no_such_module_xyz.*.Thing.run") == []  # imports nothing
+    assert hfexport.workarounds.resolve_pattern("no_such_module_xyz.*.Thing.run") == []  # imports nothing

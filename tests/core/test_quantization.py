@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hfexport
-from hfexport.plugin import QuantizationRecipe, compare_quantized, resolve_quantization
+from hfexport.quantization import QuantizationRecipe, compare_quantized, resolve_quantization
 
 RECIPES = {"int8": QuantizationRecipe("int8", "static int8", min_cosine=0.9, options=("calibration",)),
            "4w": QuantizationRecipe("4w", "int4 weights", min_cosine=0.8, options=("group_size",),

@@ -4,6 +4,7 @@ import pytest
 
 import hfexport
 import hfexport.plugin
+import hfexport.workarounds
 from hfexport import register_patch
 from hfexport._registry import list_fx_node_fixes, list_fx_program_fixes, list_patches
 from hfexport.plugin import register_fx_node_fix, register_fx_program_fix
@@ -58,7 +59,7 @@ def test_disabled_workaround_is_left_out():
         """B."""
         return False
 
-    names = [r.name for r in hfexport.plugin.workarounds_for("fx_node_fix", ["test.disable"], disabled=["_fix_a"])]
+    names = [r.name for r in hfexport.workarounds.workarounds_for("fx_node_fix", ["test.disable"], disabled=["_fix_a"])]
     assert [n.rsplit(".", 1)[-1] for n in names] == ["_fix_b"]
 
 

@@ -13,6 +13,7 @@ from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
 import hfexport
 import hfexport.plugin
+import hfexport.workarounds
 from hfexport import ExportError
 from hfexport_dynamo.exporter_dynamo import _patch_moe_experts_dense
 
@@ -83,7 +84,7 @@ def test_dense_dispatch_is_the_value_of_every_builtin_implementation(cls, config
     index, weights = _routing(7, 5, 2, seed=2)
     with torch.no_grad():
         expected = experts(hidden, index, weights)
-        with hfexport.plugin.patch_context(("dynamo",)) as report:
+        with hfexport.workarounds.patch_context(("dynamo",)) as report:
             assert any(p.endswith(f"{cls.__name__}.forward") for _, p in report.installed)
             actual = experts(hidden, index, weights)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
@@ -99,7 +100,7 @@ def test_dense_dispatch_skips_unknown_experts_like_eager():
     weights = torch.full((4, 2), 0.5)
     with torch.no_grad():
         expected = experts(hidden, index, weights)
-        with hfexport.plugin.patch_context(("dynamo",)):
+        with hfexport.workarounds.patch_context(("dynamo",)):
             actual = experts(hidden, index, weights)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(actual[3], torch.zeros(16))
@@ -120,7 +121,7 @@ def test_declines_what_it_does_not_fit():
         experts = _experts(MixtralExperts, config)
         hidden = torch.randn(3, 16)
         index, weights = _routing(3, 5, 2, seed=3)
-        with hfexport.plugin.patch_context(("dynamo",)):
+        with hfexport.workarounds.patch_context(("dynamo",)):
             assert experts(hidden, index, weights) is hidden
         assert calls == [1]
     finally:

@@ -12,6 +12,7 @@ import torch
 
 import hfexport
 import hfexport.plugin
+import hfexport.workarounds
 from hfexport_dynamo._recurrences import (
     _mamba_selective_scan,
     _patched_rnn_scan,
@@ -216,7 +217,7 @@ def test_canine_block_attention_is_the_value_of_the_chunk_loop(seq, padded):
         mask[0, :, seq - padded:] = 0.0  # the last chunks of row 0 see no real key at all
     with torch.no_grad():
         expected = attention(hidden, mask)[0]
-        with hfexport.plugin.patch_context(("dynamo",)) as report:
+        with hfexport.workarounds.patch_context(("dynamo",)) as report:
             assert any(path.endswith("CanineAttention.forward") for _, path in report.installed)
             actual = attention(hidden, mask)[0]
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)

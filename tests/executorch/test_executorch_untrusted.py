@@ -120,8 +120,8 @@ def test_a_non_xnnpack_delegate_is_read_only_when_trusted(saved: dict[str, Any],
 def test_a_dtype_is_looked_up_among_torch_dtypes_never_by_getattr(saved: dict[str, Any], tmp_path: Path) -> None:
     """``getattr(torch, name)`` with the manifest's text returned ``torch.onnx`` for ``"onnx"`` (torch's module
     ``__getattr__`` imports ``_dynamo``, ``_inductor``, ``_export`` and ``onnx`` by name), and the call failed later
-    with a TypeError. Every dtype an artifact names is looked up with ``hfexport.plugin.torch_dtype``."""
-    from hfexport.plugin import torch_dtype
+    with a TypeError. Every dtype an artifact names is looked up with ``hfexport.trust.torch_dtype``."""
+    from hfexport.trust import torch_dtype
 
     assert torch_dtype("float32") is torch.float32 and torch_dtype("torch.bfloat16") is torch.bfloat16
     assert torch_dtype("onnx") is None and torch_dtype("_inductor") is None and torch_dtype(["float32"]) is None

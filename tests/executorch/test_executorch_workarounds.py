@@ -938,7 +938,7 @@ def test_patch_exact_quotient_upper_bound_plans_a_view_at_the_largest_batch():
     from torch.utils._sympy.functions import FloorDiv
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    from hfexport.plugin import patch_context
+    from hfexport.workarounds import patch_context
     from hfexport_executorch import exporter_executorch  # noqa: F401 - registers the patch
 
     env = ShapeEnv()

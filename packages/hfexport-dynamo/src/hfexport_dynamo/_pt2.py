@@ -15,13 +15,13 @@ matches names case-insensitively and takes any member under ``models/`` as a pro
   pickled weight or constant, a TorchScript or opaque object is refused;
 - unpickles the sample inputs with :class:`RestrictedUnpickler` (an allow-list ``find_class``, torch's storages
   read from the same archive, no ``BUILD``/``INST``/``OBJ``/``NEWOBJ``/extension opcodes), never ``torch.load``;
-- reads the program JSON with bounds (:func:`hfexport.plugin.parse_json`), parses every shape expression with its
+- reads the program JSON with bounds (:func:`hfexport.trust.parse_json`), parses every shape expression with its
   own small grammar into sympy objects (:func:`parse_sym_expr`: size symbols, integers below 2**64,
   ``+ - * / // %``, comparisons, ``Min``/``Max`` and torch's size functions, a bounded ``Pow``; torch's
   ``sympify`` then returns them as they are: nothing is parsed or evaluated from text), drops ``guards_code``
   (hfexport checks inputs against the manifest itself) and every node's metadata (stack traces reach the code
   torch.fx generates), refuses a name with characters a name has not, a node target that is not an operator
-  (:func:`safe_target`) and a pytree spec outside the allow-list (:func:`hfexport.plugin.load_treespec`);
+  (:func:`safe_target`) and a pytree spec outside the allow-list (:func:`hfexport.trust.load_treespec`);
 - and hands those objects to torch's ``ExportedProgramDeserializer``.
 
 ``trust_remote_code=True`` hands the file to ``torch.export.load`` instead (what it runs is then the caller's
@@ -47,14 +47,8 @@ from typing import Any
 
 import torch
 
-from hfexport.plugin import (
-    IntegrityError,
-    UntrustedArtifactError,
-    import_type_modules,
-    load_treespec,
-    parse_json,
-    unregistered,
-)
+from hfexport import IntegrityError, UntrustedArtifactError
+from hfexport.trust import import_type_modules, load_treespec, parse_json, unregistered
 
 from ._pytree import register_transformers_pytrees
 

@@ -82,7 +82,7 @@ def _decode(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if "dtype" in value:
-        from hfexport.plugin import torch_dtype
+        from hfexport.trust import torch_dtype
 
         dtype = torch_dtype(value["dtype"])
         if not isinstance(dtype, torch.dtype):
@@ -102,7 +102,7 @@ def _decode_type(name: str) -> type:
     """A class a saved cache context names (``module:qualname``): a registered cache type, or a class defined in a
     transformers or torch module that is already imported, found in the module's own namespace (no module
     ``__getattr__``, which would import lazily). Nothing is imported by a name an artifact gives."""
-    from hfexport.plugin import UntrustedArtifactError
+    from hfexport import UntrustedArtifactError
 
     for cls in _REGISTERED:
         if f"{cls.__module__}:{cls.__qualname__}" == name:
@@ -185,7 +185,7 @@ def registered_types() -> list[type]:
 
 
 def _admitted(cls: type) -> bool:
-    """The pytree types an artifact's specs may name (``hfexport.plugin.allow_pytree_types``): the cache types
+    """The pytree types an artifact's specs may name (``hfexport.trust.allow_pytree_types``): the cache types
     registered here, and transformers' ``ModelOutput`` subclasses (transformers registers them on definition)."""
     if cls in _REGISTERED:
         return True
@@ -195,7 +195,7 @@ def _admitted(cls: type) -> bool:
 
 
 def _allow() -> None:
-    from hfexport.plugin import allow_pytree_types
+    from hfexport.trust import allow_pytree_types
 
     allow_pytree_types(_admitted)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import flatten_with_names
+from hfexport.artifact import flatten_with_names
 
 logger = logging.getLogger("hfexport")
 

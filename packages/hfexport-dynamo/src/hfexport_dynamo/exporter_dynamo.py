@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 import torch
 import torch.utils._pytree as pytree
 
+from hfexport.artifact import DEFAULT_COMPONENT
 from hfexport.plugin import (
-    DEFAULT_COMPONENT,
     Component,
     ExportConfig,
     ExportContext,

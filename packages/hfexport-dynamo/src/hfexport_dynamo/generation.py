@@ -50,7 +50,8 @@ from typing import Any, Protocol
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import InvalidInputError, torch_dtype
+from hfexport.plugin import InvalidInputError
+from hfexport.trust import torch_dtype
 
 from . import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 from ._decoding import (

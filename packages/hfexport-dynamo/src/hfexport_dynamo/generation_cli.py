@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfexport.artifact import MANIFEST_NAME
 from hfexport.commands import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -29,7 +30,6 @@ from hfexport.commands import (
     resolve_artifact,
     write_report,
 )
-from hfexport.plugin import MANIFEST_NAME
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -152,7 +152,7 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
     after loading the runtime: an export for one forward pass, a batch beyond ``max_batch``, and token ids plus
     ``--max-new-tokens`` beyond a decoder's ``max_cache_len``. A manifest that does not read is left to ``load``,
     whose error says why."""
-    from hfexport.plugin import read_manifest
+    from hfexport.artifact import read_manifest
 
     try:
         manifest = read_manifest(directory)

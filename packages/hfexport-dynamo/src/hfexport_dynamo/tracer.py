@@ -95,7 +95,7 @@ class DynamoTracer:
         """Register the pytree types the manifest's output specs name, as far as the allow-list admits them
         (transformers' caches and ``ModelOutput`` types; any module with ``trust_remote_code``). Nothing is
         imported by the names in ``output_modules``; the kernel refuses a spec whose types stay unregistered."""
-        from hfexport.plugin import treespec_names
+        from hfexport.trust import treespec_names
 
         from ._pt2 import admit_types
 

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-from hfexport.plugin import ExportContext, ExportedModel, compare_outputs, patch_context
+from hfexport.artifact import compare_outputs
+from hfexport.plugin import ExportContext, ExportedModel
+from hfexport.workarounds import patch_context
 
 __all__ = ["bisect_delegates"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfexport.plugin import ExportContext, Quantization
+from hfexport import Quantization
+from hfexport.plugin import ExportContext
 from hfexport_dynamo import DynamoConfig
 
 from ._quantize import resolve_executorch_quantization

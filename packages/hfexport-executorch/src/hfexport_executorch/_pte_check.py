@@ -41,7 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hfexport.plugin import IntegrityError
+from hfexport import IntegrityError
 
 __all__ = ["check_pte"]
 

@@ -45,14 +45,9 @@ from typing import Any
 
 import torch
 
-from hfexport.plugin import (
-    ExportContext,
-    Quantization,
-    QuantizationRecipe,
-    file_bytes,
-    resolve_quantization,
-    weight_bytes,
-)
+from hfexport import Quantization
+from hfexport.plugin import ExportContext
+from hfexport.quantization import QuantizationRecipe, file_bytes, resolve_quantization, weight_bytes
 from hfexport_dynamo import trace_state
 
 from ._state import executorch_state
@@ -94,7 +89,7 @@ def recipes_for(variant: str) -> dict[str, QuantizationRecipe]:
 
 
 def resolve_executorch_quantization(value: Any, variant: str) -> Quantization | None:
-    """``ExecutorchConfig.quantize`` resolved for ``variant`` (:func:`hfexport.plugin.resolve_quantization`).
+    """``ExecutorchConfig.quantize`` resolved for ``variant`` (:func:`hfexport.quantization.resolve_quantization`).
 
     Raises:
         ValueError: a recipe the variant does not support (naming those it does), an option the recipe does not

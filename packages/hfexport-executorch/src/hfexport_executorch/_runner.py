@@ -12,7 +12,9 @@ from typing import Any, ClassVar
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.plugin import FileRunner, IntegrityError, ManifestError, torch_dtype
+from hfexport import IntegrityError, ManifestError
+from hfexport.plugin import FileRunner
+from hfexport.trust import torch_dtype
 
 from ._attention import register_llm_kernels
 from ._pte_check import check_pte

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport import list_backends
-from hfexport.plugin import ExportContext, Registration, list_workarounds, register_workaround
+from hfexport import list_backends, list_workarounds
+from hfexport.plugin import ExportContext, Registration, register_workaround
 
 __all__ = ["BackendPreparation", "backend_variants", "place_model_and_inputs", "register_backend_prepare",
            "require_executorch", "variant_registration"]

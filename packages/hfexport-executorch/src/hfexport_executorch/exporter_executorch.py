@@ -47,13 +47,13 @@ from hfexport.plugin import (
     Stage,
     Step,
     artifact_file,
-    check_quantization_inputs,
     component_manifest,
-    is_disabled,
     register_fx_node_fix,
     register_fx_program_fix,
     register_patch,
 )
+from hfexport.quantization import check_quantization_inputs
+from hfexport.workarounds import is_disabled
 from hfexport_dynamo import DYNAMO_TRACER
 
 from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from hfexport.plugin import Quantization
+from hfexport import Quantization
 from hfexport_dynamo import DynamoConfig
 
 from ._fusions import check_ort_fusions

@@ -81,14 +81,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from hfexport.plugin import (
-    ExportContext,
-    Quantization,
-    QuantizationRecipe,
-    file_bytes,
-    resolve_quantization,
-    weight_bytes,
-)
+from hfexport import Quantization
+from hfexport.plugin import ExportContext
+from hfexport.quantization import QuantizationRecipe, file_bytes, resolve_quantization, weight_bytes
 
 __all__ = ["ONNX_QUANTIZATION_RECIPES", "quantization_section", "quantize_model", "resolve_onnx_quantization"]
 
@@ -120,7 +115,7 @@ _NBITS_BITS = {"int8-dynamic": 8, "int4": 4}  # the MatMulNBits recipes and thei
 
 
 def resolve_onnx_quantization(value: Any) -> Quantization | None:
-    """``OnnxConfig.quantize`` resolved (:func:`hfexport.plugin.resolve_quantization`).
+    """``OnnxConfig.quantize`` resolved (:func:`hfexport.quantization.resolve_quantization`).
 
     Raises:
         ValueError: a recipe the backend does not support (naming those it does), an option the recipe does not

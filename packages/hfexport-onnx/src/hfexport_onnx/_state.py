@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.plugin import ExportContext, FixReport
+from hfexport.plugin import ExportContext
+from hfexport.workarounds import FixReport
 
 from ._runner import OnnxRunner
 

@@ -34,26 +34,25 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from hfexport import Quantization
 from hfexport.plugin import (
     Component,
     ExportConfig,
     ExportContext,
     ExportedModel,
     Exporter,
-    Quantization,
     Registration,
     RuntimeNeeds,
     Stage,
     Step,
-    apply_fx_node_fixes,
     artifact_file,
-    check_quantization_inputs,
     component_manifest,
     register_fx_node_fix,
     register_patch,
     register_workaround,
-    workarounds_for,
 )
+from hfexport.quantization import check_quantization_inputs
+from hfexport.workarounds import apply_fx_node_fixes, workarounds_for
 from hfexport_dynamo import DYNAMO_TRACER, squeeze_only_size_one_dims
 
 from ._attention import lowerings

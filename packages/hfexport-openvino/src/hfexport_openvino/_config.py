@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfexport.plugin import Quantization
+from hfexport import Quantization
 from hfexport_dynamo import DynamoConfig
 
 from ._quantize import resolve_openvino_quantization

@@ -3,7 +3,7 @@ before the IR is saved (``OpenVINOConfig.quantize``).
 
 Weights only: each ``MatMul``'s (and each embedding table's) constant weight is stored in int8 or int4 with its
 scales and zero points, and OpenVINO's CPU plugin computes with the weights decompressed on the fly; activations
-stay float32. The artifact is verified against float eager by cosine similarity (``hfexport.plugin.compare_quantized``:
+stay float32. The artifact is verified against float eager by cosine similarity (``hfexport.quantization.compare_quantized``:
 the manifest's ``quantization`` section).
 """
 
@@ -15,7 +15,8 @@ import logging
 from collections import Counter
 from typing import Any
 
-from hfexport.plugin import Quantization, QuantizationRecipe, resolve_quantization
+from hfexport import Quantization
+from hfexport.quantization import QuantizationRecipe, resolve_quantization
 
 __all__ = ["OPENVINO_QUANTIZATION_RECIPES", "compress_weights", "resolve_openvino_quantization"]
 
@@ -34,7 +35,7 @@ _MODES = {"int8-weights": "INT8_ASYM", "int4-weights": "INT4_ASYM"}
 
 
 def resolve_openvino_quantization(value: Any) -> Quantization | None:
-    """``OpenVINOConfig.quantize`` resolved (:func:`hfexport.plugin.resolve_quantization`).
+    """``OpenVINOConfig.quantize`` resolved (:func:`hfexport.quantization.resolve_quantization`).
 
     Raises:
         ValueError: a recipe the backend does not support (naming those it does), or an option it does not take.

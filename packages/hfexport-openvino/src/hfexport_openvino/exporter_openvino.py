@@ -25,22 +25,22 @@ import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hfexport import Quantization
 from hfexport.plugin import (
     Component,
     ExportConfig,
     ExportContext,
     ExportedModel,
     Exporter,
-    Quantization,
     RuntimeNeeds,
     Stage,
     Step,
     artifact_file,
-    check_quantization_inputs,
     component_manifest,
     register_fx_node_fix,
     register_workaround,
 )
+from hfexport.quantization import check_quantization_inputs
 from hfexport_dynamo import DYNAMO_TRACER, squeeze_only_size_one_dims
 
 from ._config import OpenVINOConfig
