@@ -108,7 +108,7 @@ def test_disable_names_are_checked_against_every_kind_of_the_backends_scopes():
         hfexport.export(_linear(), LINEAR_INPUTS, backend="onnx", disable=("_fix_ir_topk_sortd", "zzz"))
     # Names of every kind, short or qualified, are accepted (a translation, the dynamo scope's patch).
     exported = hfexport.export(_linear(), LINEAR_INPUTS, backend="onnx", optimize=False, disable=(
-        "_aten_gelu", "hfexport_dynamo.exporter_dynamo._patch_dynamic_rope_update"))
+        "_aten_gelu", "hfexport_dynamo._common_patches._patch_dynamic_rope_update"))
     assert exported.verify(LINEAR_INPUTS, atol=1e-5).passed
 
 

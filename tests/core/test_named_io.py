@@ -31,7 +31,8 @@ class _FakeRuntime(NamedIORunner):
 
     io_error = LookupError
 
-    def open(self):
+    def __init__(self, path, data_path=None, *, io=None):
+        super().__init__(path, data_path, io=io)
         self.bind_io(["a", "b"], ["out"], accepted={"a", "b", "b_alias"})
 
     def run(self, args):

@@ -15,7 +15,7 @@ import hfexport
 import hfexport.plugin
 import hfexport.workarounds
 from hfexport import ExportError
-from hfexport_dynamo.exporter_dynamo import _patch_moe_experts_dense
+from hfexport_dynamo._common_patches import _patch_moe_experts_dense
 
 PATCH = "_patch_moe_experts_dense"
 INPUTS = {"input_ids": torch.tensor([[1, 5, 9, 3, 7]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}

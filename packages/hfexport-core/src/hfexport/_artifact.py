@@ -7,6 +7,7 @@ finds the backend through discovery.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -14,7 +15,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -86,11 +87,16 @@ def _link_or_copy(source: Path, target: Path, *, link: bool) -> None:
 
 
 class FileRunner:
-    """Base of runners whose runtime reads a program file (ONNX Runtime, ExecuTorch).
+    """Base of runners whose runtime reads a program file (ONNX Runtime, ExecuTorch, OpenVINO).
 
     An in-memory export is written once into a temporary directory owned by the runner (removed when the
     runner is garbage-collected), so the runtime reads the file exactly as it would read a saved artifact;
-    saving copies the files. Subclasses set ``program_file`` and implement :meth:`open` and :meth:`run`.
+    saving copies the files. Subclasses set ``program_file``, open the runtime in their own ``__init__`` (after
+    this one: the base never calls back into a subclass) and implement :meth:`run`::
+
+        with FileRunner.temporary_directory("onnx") as directory:   # removed if writing or opening fails
+            write_the_program(directory)
+            runner = MyRunner(directory / MyRunner.program_file).owning(directory)
 
     Args:
         path: the program file.
@@ -103,31 +109,26 @@ class FileRunner:
         self.path = Path(path)
         self.data_path = Path(data_path) if data_path else None
         self._cleanup: Any = None
-        self.open()
-
-    def open(self) -> None:
-        """Open ``self.path`` on the runtime."""
-        raise NotImplementedError(f"{type(self).__name__} must implement open()")
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
         raise NotImplementedError(f"{type(self).__name__} must implement run()")
 
-    @classmethod
-    def from_writer(cls, write: Callable[[Path], Path | None], **kwargs: Any) -> Any:
-        """Call ``write(directory)`` on a fresh temporary directory owned by the runner, then open the file.
-
-        ``write`` writes ``directory / cls.program_file`` (and any data file) and returns the data file's
-        path, or ``None``. Keyword arguments go to the constructor.
-        """
-        directory = tempfile.mkdtemp(prefix=f"hfexport-{cls.__name__.lower()}-")
+    @staticmethod
+    @contextlib.contextmanager
+    def temporary_directory(name: str) -> Iterator[Path]:
+        """A fresh temporary directory for an in-memory export's files, removed when the ``with`` body raises;
+        otherwise the runner made in the body takes it over (:meth:`owning`)."""
+        directory = Path(tempfile.mkdtemp(prefix=f"hfexport-{name}-"))
         try:
-            data_path = write(Path(directory))
-            runner = cls(Path(directory) / cls.program_file, data_path=data_path, **kwargs)
+            yield directory
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        runner._cleanup = weakref.finalize(runner, shutil.rmtree, directory, ignore_errors=True)
-        return runner
+
+    def owning(self, directory: Path) -> Any:
+        """This runner, which now owns ``directory`` (removed when the runner is garbage-collected); returns self."""
+        self._cleanup = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+        return self
 
     @property
     def files(self) -> list[Path]:

@@ -35,6 +35,13 @@ from torch.export import Dim
 
 from hfexport.plugin import ExportContext, Stage
 
+from . import (  # the workarounds of stage 2 (Model patches) and of the backends' FX node fixes, registered on import
+    _common_patches,  # noqa: F401  torch ops and transformers' shared code
+    _model_patches,  # noqa: F401  single model families
+    _recurrences,  # noqa: F401  scan ops of recurrent models
+    _window_padding,  # noqa: F401  shifted-window padding
+    rewrites,  # noqa: F401  _fix_complex_to_real_pairs, for the backends without complex tensors
+)
 from ._config import trace_state
 from ._guard_ranges import narrow_to_guards
 from ._pytree import register_transformers_pytrees
@@ -59,7 +66,7 @@ IGNORED_KWARGS: tuple[str, ...] = ("head_mask", "decoder_head_mask", "cross_attn
 
 
 # The documented capture stages (DESIGN.md's stage reference), run by ``exporter_dynamo.capture`` for every backend;
-# each is marked in exporter_dynamo.py by its ``# ── Stage N: Title ──`` banner.
+# each is marked below by its ``# ── Stage N: Title ──`` banner.
 CAPTURE_STAGES: tuple[Stage, ...] = (
     Stage(1, "Forward signature patch", "internal"),
     Stage(2, "Model patches", '@register_patch("dynamo", ...)'),
@@ -212,8 +219,8 @@ def forward_signature(ctx: ExportContext) -> None:
 
 
 # ── Stage 2: Model patches ──
-# ``ctx.install_patches(("dynamo",))`` in :func:`capture`; the patches are under the last banner of this file and in
-# ``_model_patches.py``, ``_window_padding.py``, ``_recurrences.py``.
+# ``ctx.install_patches(("dynamo",))`` in :func:`capture`; the patches are in ``_common_patches.py``,
+# ``_model_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
 
 
 # ── Stage 3: Pytree registration ──

@@ -113,6 +113,7 @@ class ExecutorchRunner(FileRunner):
         self.method_name = method
         self.untrusted = untrusted
         super().__init__(path, data_path)
+        self.open()
 
     def open(self) -> None:
         from executorch.runtime import Runtime
@@ -151,9 +152,17 @@ class ExecutorchRunner(FileRunner):
         self.open()
 
     @classmethod
+    def from_writer(cls, write: Callable[[Path], Path | None], **kwargs: Any) -> ExecutorchRunner:
+        """``write(directory)`` (:func:`program_writer`) into a temporary directory owned by the runner, then the
+        program opened from there (the runtime reads the file as a saved artifact would be read)."""
+        with cls.temporary_directory("executorch") as directory:
+            data_path = write(directory)
+            return cls(directory / cls.program_file, data_path=data_path, **kwargs).owning(directory)
+
+    @classmethod
     def from_program_manager(cls, manager: Any, **kwargs: Any) -> ExecutorchRunner:
         """Write an ``ExecutorchProgramManager``'s ``.pte`` (and ``.ptd``) into a temporary directory owned by the
-        runner, and open it from there (the runtime reads the file as a saved artifact would be read)."""
+        runner, and open it from there."""
         return cls.from_writer(program_writer(manager), **kwargs)
 
     def run(self, args: tuple[Any, ...]) -> list[Any]:
@@ -168,7 +177,7 @@ class ExecutorchRunner(FileRunner):
 
 
 def program_writer(manager: Any) -> Callable[[Path], Path | None]:
-    """``write(directory)`` for :meth:`FileRunner.from_writer`: writes ``manager``'s ``.pte`` (and ``.ptd``), then
+    """``write(directory)`` for :meth:`ExecutorchRunner.from_writer`: writes ``manager``'s ``.pte`` (and ``.ptd``), then
     lets go of the manager and, for a program of ``COLLECT_FROM_BYTES`` or more, collects it, so that the runtime does not load the program while the lowered
     programs and the bytes of their weights (the size of the model) are still held. The caller drops its own
     references first."""

@@ -124,6 +124,7 @@ class OnnxRunner(NamedIORunner):
             beside = Path(path).with_name(Path(path).name + ".data")
             data_path = beside if beside.exists() else None
         super().__init__(path, data_path, io=io)
+        self.open()
 
     @classmethod
     def from_model(cls, model: ir.Model, providers: Sequence[str], io: Mapping[str, Any]) -> OnnxRunner:
@@ -135,13 +136,12 @@ class OnnxRunner(NamedIORunner):
         afterwards.
         """
 
-        def write(directory: Path) -> Path | None:
+        with cls.temporary_directory("onnx") as directory:
             ir.external_data.unload_from_model(model, directory, DATA_FILE, size_threshold_bytes=256, max_workers=2)
             ir.save(model, directory / MODEL_FILE)  # the graph: its initializers are in the data file already
             data = directory / DATA_FILE
-            return data if data.exists() else None
-
-        return cls.from_writer(write, providers=providers, io=io)
+            return cls(directory / MODEL_FILE, providers, io, data_path=data if data.exists() else None) \
+                .owning(directory)
 
     def open(self) -> None:
         import onnxruntime

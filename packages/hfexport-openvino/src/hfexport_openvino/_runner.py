@@ -73,6 +73,7 @@ class OpenVINORunner(NamedIORunner):
             beside = Path(path).with_name(DATA_FILE)
             data_path = beside if beside.exists() else None
         super().__init__(path, data_path, io=io)
+        self.open()
 
     def open(self) -> None:
         import openvino

@@ -119,17 +119,15 @@ class OpenVINOExporter(Exporter):
             with ctx.step("nncf.compress_weights"):
                 model, state.quantization = compress_weights(model, config.quantize, config.int4_ratio)
 
-        def write(directory: Path) -> Path:
-            openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
-            return directory / DATA_FILE
-
         properties: dict[str, str] = {}
         for registration in ctx.workarounds(_CPU_PROPERTIES, ("openvino",)):
             properties.update(registration.func())
             ctx.record_applied(registration.qualified_name)
-        with ctx.step("openvino.save_model, Core.compile_model"):
-            io = {**state.io, "num_threads": config.num_threads, "cpu_properties": properties}
-            state.runner = OpenVINORunner.from_writer(write, io=io)
+        io = {**state.io, "num_threads": config.num_threads, "cpu_properties": properties}
+        with ctx.step("openvino.save_model, Core.compile_model"), \
+                OpenVINORunner.temporary_directory("openvino") as directory:
+            openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
+            state.runner = OpenVINORunner(directory / MODEL_FILE, directory / DATA_FILE, io=io).owning(directory)
         state.manifest = {"model_file": MODEL_FILE, "data_file": DATA_FILE, "device": "CPU",
                           "num_threads": config.num_threads, "cpu_properties": properties,
                           "compress_to_fp16": config.compress_to_fp16,
