@@ -21,9 +21,11 @@ hfexport_* package 2, and a call is *upward* when it goes from a lower layer num
 Declared extension points (issue 42): registered workarounds (every function of
 ``hfexport.plugin.list_workarounds()`` and the functions defined inside them, such as the replacements a patch
 factory returns); stage and step methods (``stage_*``, ``step_*``, on any class); every method defined on a
-subclass of ``hfexport.plugin.Exporter`` (the typed Exporter protocol); ``run``, ``reset``, ``write_files`` and
-``close`` on a class whose name ends with ``Runner`` (the Runner protocol); every method of an exporter's tracer
-class (``type(exporter_class.tracer)``: the Tracer protocol).
+subclass of ``hfexport.plugin.Exporter`` or on its ``config_class`` (the typed Exporter protocol and its typed
+options); ``run``, ``reset``, ``write_files`` and ``close`` on a class whose name ends with ``Runner`` (the Runner
+protocol); every method of an exporter's tracer class (``type(exporter_class.tracer)``: the Tracer protocol) and of
+the options classes its ``task_options`` gives; and the functions defined inside any of those methods (the callable
+``Tracer.reference`` returns, a ``Component``'s writer made in ``package``).
 
 Prints one table, a row per backend and kind, the six figures with ``*`` on each one over its acceptance limit
 (bounce <= 3, upward <= 3, interfaces <= 20, files <= 15, lines <= 1,800, depth <= 6), and a last column that
@@ -120,6 +122,7 @@ class Declared:
     workarounds: dict[tuple[str, int], str] = field(default_factory=dict)
     workaround_qualnames: dict[tuple[str, str], str] = field(default_factory=dict)
     classes: dict[tuple[str, str], str] = field(default_factory=dict)
+    functions: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 def workaround_kind(key: str, declared: Declared) -> str | None:
@@ -146,10 +149,15 @@ def declared_interface(key: str, declared: Declared) -> str | None:
     kind = workaround_kind(key, declared)
     if kind:
         return f"workaround:{kind}"
-    filename, _, qualname = split_key(key)
+    filename, line, qualname = split_key(key)
+    if (filename, line) in declared.functions:
+        return f"class:{declared.functions[filename, line]}"
+    if ".<locals>." in qualname:  # a function made inside a declared method (the callable it returns) is declared
+        outer = qualname.split(".<locals>.")[0]
+        return declared_interface(frame_key(filename, 0, outer), declared) if "." in outer else None
     owner, dot, method = qualname.rpartition(".")
-    if not dot or owner.endswith("<locals>"):
-        return None  # a module-level function, or one nested in a function
+    if not dot:
+        return None  # a module-level function
     where = f"class:{short(filename)}:{owner}"
     if method.startswith(DECLARED_PREFIXES) or (filename, owner) in declared.classes:
         return where
@@ -180,7 +188,12 @@ def declared_now() -> Declared:
             code = getattr(inspect.unwrap(func) if callable(func) else func, "__code__", None)
             if code is not None:  # where the methods are, by the file their code lies in
                 declared.classes.setdefault((code.co_filename, cls.__qualname__), protocol)
+                # a function bound as a protocol method (``capture = staticmethod(capture)``) is declared as itself
+                declared.functions[code.co_filename, code.co_firstlineno] = f"{short(code.co_filename)}:{cls.__qualname__}"
 
+    from hfexport import list_backends
+
+    tasks = {t for info in list_backends() if info.backend is not None for t in (info.backend.tasks or ())}
     seen, todo = set(), [Exporter]
     while todo:
         cls = todo.pop()
@@ -189,9 +202,21 @@ def declared_now() -> Declared:
         seen.add(cls)
         todo.extend(cls.__subclasses__())
         add_class(cls, "Exporter")
+        config_class = getattr(cls, "config_class", None)
+        for base in getattr(config_class, "__mro__", ()):  # the exporter's typed options (Exporter.config_class)
+            if base is not object:
+                add_class(base, "Exporter")
         tracer = getattr(cls, "tracer", None)
         if tracer is not None:
             add_class(type(tracer), "Tracer")
+            for task in tasks:  # the tracer's typed task options (Tracer.task_options)
+                try:
+                    options_class = tracer.task_options(task)
+                except Exception:  # noqa: BLE001 - a task this tracer does not plan
+                    continue
+                for base in options_class.__mro__:
+                    if base is not object:
+                        add_class(base, "Tracer")
     return declared
 
 

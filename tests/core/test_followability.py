@@ -75,11 +75,15 @@ def test_declared_extension_points(bench):
     assert interface(120, "OnnxExporter._private_helper") == interface(130, "OnnxExporter.package")  # Exporter's
     assert interface(10, "DynamoTracer.reference", DYNAMO) == "class:hfexport_dynamo/tracer.py:DynamoTracer"
     assert interface(20, "OnnxRunner.run") is not None and interface(25, "FileRunner.write_files") is not None
-    # hidden: a plain function, a non-protocol method of a runner, a function nested in a declared method
+    # a function made inside a declared method (the callable Tracer.reference returns, a component's writer) is
+    # that method's interface
+    assert interface(220, "OnnxExporter.stage_trace.<locals>.callback") == interface(130, "OnnxExporter.package")
+    assert interface(15, "DynamoTracer.reference.<locals>.<lambda>", DYNAMO) == \
+        "class:hfexport_dynamo/tracer.py:DynamoTracer"
+    # hidden: a plain function, a non-protocol method of a runner, a function nested in a plain function
     assert interface(200, "_helper") is None
     assert interface(210, "OnnxRunner._session") is None
-    assert interface(220, "OnnxExporter.stage_trace.<locals>.callback") is None
-    assert interface(15, "DynamoTracer.reference.<locals>.<lambda>", DYNAMO) is None
+    assert interface(240, "_helper.<locals>.callback") is None
     assert interface(230, "stage_lonely") is None  # a module-level function is no stage method
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._pipeline import export as export_with
 from ._artifact import DEFAULT_COMPONENT, Component, ExportedModel, read_manifest
 from ._discovery import get_backend
 from ._exporter import ExportConfig
@@ -87,9 +88,8 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
                             f"({exporter_class.config_class.__name__}: {', '.join(config_names)}) nor of task "
                             f"{task!r} ({options_class.__name__}: {', '.join(names)})")
         task_options = options_class(**{name: options.pop(name) for name in list(options) if name in names})
-    exporter = exporter_class(config, **options)
-    return exporter.export(model, inputs, progress=progress, task=task, task_options=task_options, verify=verify,
-                           atol=atol, rtol=rtol)
+    return export_with(exporter_class(config, **options), model, inputs, progress=progress, task=task,
+                           task_options=task_options, verify=verify, atol=atol, rtol=rtol)
 
 
 def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder: str | None = None,

@@ -112,6 +112,8 @@ class ExportContext:
             forward constants baked in ...), set by the tracer's stages.
         state: the backend's typed state for this export (a dataclass of what its stages hand on: an ONNX model,
             a runner, a manifest section ...), made by :meth:`Exporter.new_state` before the first stage.
+        description: the tracer's description of the lowered program for the manifest (inputs, outputs, output
+            spec), made by the pipeline after ``lower``.
         tracker: runs the stages and steps (``with ctx.stage(3): ...``, ``with ctx.step("torch.onnx.export"): ...``):
             progress, timings, and the stage or step a failure names.
     """
@@ -127,6 +129,7 @@ class ExportContext:
                                                              "timings": {}, "notes": []})
     trace: Any = None
     state: Any = None
+    description: dict[str, Any] | None = None
     tracker: StageTracker = field(init=False)
 
     def __post_init__(self) -> None:

@@ -94,7 +94,7 @@ class Backend:
             problems.append("must declare `stages` (or `steps`)")
         if not all(isinstance(s, Stage) for s in cls.stages) or not all(isinstance(s, Step) for s in cls.steps):
             problems.append("`stages` must hold hfexport.plugin.Stage objects and `steps` Step objects")
-        if not isinstance(cls.needs, RuntimeNeeds):
+        if not isinstance(cls.needs, RuntimeNeeds | property):  # a property: needs that depend on the config
             problems.append("`needs` must be an hfexport.plugin.RuntimeNeeds")
         missing_protocol = [m for m in ("capture", "program_manifest", "reference", "check_inputs", "prepare_inputs")
                             if cls.tracer is not None and not callable(getattr(cls.tracer, m, None))]

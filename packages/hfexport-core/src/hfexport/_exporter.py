@@ -526,7 +526,10 @@ class Exporter:
         sections = {}
         for component in components:
             program = component.program if component.program is not None else ctx.program
-            described = self.tracer.program_manifest(ctx, program) if self.tracer and program is not None else {}
+            if program is ctx.program and ctx.description is not None:  # what the pipeline had the tracer describe
+                described = ctx.description
+            else:
+                described = self.tracer.program_manifest(ctx, program) if self.tracer and program is not None else {}
             component.manifest = {**described, **component.manifest}
             sections[component.name] = component.manifest
         default = sections.get(DEFAULT_COMPONENT) or next(iter(sections.values()))

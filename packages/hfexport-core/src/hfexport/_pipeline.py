@@ -107,6 +107,7 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
                 exporter.prepare(ctx)
                 exporter.tracer.capture(ctx)  # sets ctx.program
                 exporter.lower(ctx)
+                ctx.description = exporter.tracer.program_manifest(ctx, ctx.program)  # for the manifest
             except ExportError:
                 raise
             except Exception as exc:  # raised by a step (named) or by the pipeline's code between the stages

@@ -21,7 +21,7 @@ from hfexport.plugin import ExportContext, InvalidInputError, RuntimeNeeds, Stag
 from ._config import trace_state
 from ._pytree import register_transformers_pytrees
 from ._quiet import no_loading_bar
-from .capture import CAPTURE_STAGES, IGNORED_KWARGS, KWARG_ALIASES
+from .capture import CAPTURE_STAGES, IGNORED_KWARGS, KWARG_ALIASES, capture
 from .describe import _spec_modules, describe_inputs, describe_outputs, second_shape_inputs
 from .inputs import dummy_inputs, forward_parameters
 
@@ -138,12 +138,9 @@ class DynamoTracer:
             return {}
         return {"config.json": lambda d: config.to_json_file(d / "config.json")}
 
-    def capture(self, ctx: ExportContext) -> torch.export.ExportedProgram:
-        """The capture step of every export: the five dynamo stages, then ``torch.export.export``
-        (:func:`hfexport_dynamo.exporter_dynamo.capture`); sets and returns ``ctx.program``."""
-        from .capture import capture
-
-        return capture(ctx)
+    # The capture step of every export: the five dynamo stages, then torch.export.export (capture.py); sets and
+    # returns ctx.program.
+    capture = staticmethod(capture)
 
     def task_options(self, task: str) -> type:
         """The options dataclass of ``task`` (:class:`hfexport_dynamo.GenerationOptions` or

@@ -110,7 +110,7 @@ class OnnxExporter(Exporter):
                                                  "onnxscript": "0.7.2", "onnx-ir": "1.1.0", "onnxruntime": "1.32.0"}
     # A generation program's attention as ONNX Runtime's GroupQueryAttention (_attention.py), except for plain
     # ONNX ops (ort_fusions=None)
-    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="io", attention="hfexport::cache_attention")
+    NEEDS: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="io", attention="hfexport::cache_attention")
     stages: ClassVar[tuple[Stage, ...]] = (
         Stage(1, "Torch patches", '@register_patch("onnx", ...)'),
         Stage(2, "ONNX patches", '@register_patch("onnx.decomposition", ...)'),
@@ -127,10 +127,10 @@ class OnnxExporter(Exporter):
         Step(5, "open", "onnxruntime.InferenceSession"),
     )
 
-    def __init__(self, config: OnnxConfig | None = None, **options: Any):
-        super().__init__(config, **options)
-        if self.onnx_config.ort_fusions is None:  # plain ONNX ops: no fused attention to lower
-            self.needs = RuntimeNeeds(cache_layout="io", attention=None)
+    @property
+    def needs(self) -> RuntimeNeeds:  # type: ignore[override]
+        """:attr:`NEEDS`, but plain attention ops where the config asks for plain ONNX ops (``ort_fusions=None``)."""
+        return self.NEEDS if self.onnx_config.ort_fusions is not None else RuntimeNeeds(cache_layout="io")
 
     @property
     def onnx_config(self) -> OnnxConfig:
@@ -156,37 +156,37 @@ class OnnxExporter(Exporter):
             table = translation_table(config.disable, config.opset_version)
             state.translations = sorted({fn.__name__ for fn in table.values()})
         program = self._convert(ctx, table)  # step torch.onnx.export
-        ctx.stack.enter_context(quiet_onnx_passes())  # the optimizer's and fusions' recoverable failures
         with ctx.stage(5):
             fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
             applied = apply_ir_fixes(program.model, fixes)
             for fix in fixes:
                 if fix.name in applied:
                     ctx.record_applied(fix.qualified_name, applied[fix.name])
-        # What an optimizer crash and a failed fusion fall back to (both rewrite the graph in place): a copy of the
-        # graph, its weights shared. Converting the program again cost a second torch.onnx.export, and failed
-        # where the decomposition had made unbacked symbols (PendingUnbackedSymbolNotFound: Inkling2's image).
-        unoptimized = program.model.clone()
-        not_optimized_because, seconds, crashed = self._optimize(ctx, program)  # step onnxscript optimizer
-        if crashed:
-            program.model = unoptimized.clone()
+        with quiet_onnx_passes():  # the optimizer's and fusions' recoverable failures: in the manifest
+            # What an optimizer crash and a failed fusion fall back to (both rewrite the graph in place): a copy of the
+            # graph, its weights shared. Converting the program again cost a second torch.onnx.export, and failed
+            # where the decomposition had made unbacked symbols (PendingUnbackedSymbolNotFound: Inkling2's image).
+            unoptimized = program.model.clone()
+            not_optimized_because, seconds, crashed = self._optimize(ctx, program)  # step onnxscript optimizer
+            if crashed:
+                program.model = unoptimized.clone()
 
-        def unfused() -> ir.Model:  # what a fusion that fails falls back to: the converted graph, optimized, unfused
-            program.model = unoptimized.clone()
-            program.optimize()
-            return program.model
+            def unfused() -> ir.Model:  # what a fusion that fails falls back to: the converted graph, optimized, unfused
+                program.model = unoptimized.clone()
+                program.optimize()
+                return program.model
 
-        def open_runner(model: ir.Model, fusions: dict[str, Any]) -> OnnxRunner:
-            final = model
-            if isinstance(config.quantize, Quantization):  # quantized last, if asked
-                final, state.quantization = quantize_model(ctx, model, config.quantize, state.io["input_leaves"])
-            drop_machine_metadata(final)  # the exporting machine's paths stay on it
-            return OnnxRunner.from_model(final, config.providers, {**state.io, "fusions": fusions,
-                                                                   "in_place_outputs": in_place_outputs(final)})
+            def open_runner(model: ir.Model, fusions: dict[str, Any]) -> OnnxRunner:
+                final = model
+                if isinstance(config.quantize, Quantization):  # quantized last, if asked
+                    final, state.quantization = quantize_model(ctx, model, config.quantize, state.io["input_leaves"])
+                drop_machine_metadata(final)  # the exporting machine's paths stay on it
+                return OnnxRunner.from_model(final, config.providers, {**state.io, "fusions": fusions,
+                                                                       "in_place_outputs": in_place_outputs(final)})
 
-        model, state.runner, fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
-            ctx, program.model, unfused, open_runner, target=config.ort_fusions,
-            not_optimized_because=not_optimized_because, strict=not config.optimize_fallback)
+            model, state.runner, fusions = fuse_and_open(  # steps onnxscript ort_fusions, InferenceSession
+                ctx, program.model, unfused, open_runner, target=config.ort_fusions,
+                not_optimized_because=not_optimized_because, strict=not config.optimize_fallback)
         state.manifest = {
             "model_file": MODEL_FILE,
             "data_file": DATA_FILE,
