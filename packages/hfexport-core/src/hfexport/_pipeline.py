@@ -111,7 +111,7 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
             except ExportError:
                 raise
             except Exception as exc:  # raised by a step (named) or by the pipeline's code between the stages
-                raise ctx.tracker.error(exc, where=f"{exporter.name} pipeline, between its stages") from exc
+                raise ctx.tracker.error(exc, where="the code between its stages (prepare, capture, lower)") from exc
         ctx.report["timings"].update(ctx.tracker.timings)
         ctx.report["timings"]["total"] = round(time.perf_counter() - start, 4)
         try:
