@@ -15,7 +15,7 @@ from typing import Any
 
 from hfexport.plugin import Backend
 
-from ._task_names import TASKS
+from .tasks.names import TASKS
 
 DYNAMO_BACKEND = Backend(
     name="dynamo",
@@ -29,7 +29,7 @@ DYNAMO_BACKEND = Backend(
 _LAZY = {
     "DynamoConfig": "_config", "TraceState": "_config", "trace_state": "_config", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
     "CAPTURE_STAGES": "capture", "PROGRAM_FILE": "exporter_dynamo",
-    "GenerationOptions": "_task_options", "MediaGenerationOptions": "_task_options",
+    "GenerationOptions": "tasks.options", "MediaGenerationOptions": "tasks.options",
     "DYNAMO_TRACER": "tracer", "DynamoTracer": "tracer",
     "EXPORT_SKIPS": "skips",
     "dummy_inputs": "inputs", "forward_parameters": "inputs",

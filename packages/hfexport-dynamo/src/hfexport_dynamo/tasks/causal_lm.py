@@ -53,8 +53,8 @@ import torch.utils._pytree as pytree
 from hfexport.plugin import InvalidInputError
 from hfexport.trust import torch_dtype
 
-from . import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
-from ._decoding import (
+from .. import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
+from .decoding import (
     IMAGE_TEXT_TO_TEXT,
     MEDIA_TASKS,
     TASKS,
@@ -584,13 +584,13 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
     if task in MEDIA_TASKS:  # its own module plans it (it builds on this one's decoder)
-        raise ValueError(f"task {task!r} is planned by hfexport_dynamo._image_text.plan_image_text (the tracer's "
+        raise ValueError(f"task {task!r} is planned by hfexport_dynamo.tasks.image_text.plan_image_text (the tracer's "
                          "plan_task calls it)")
     if max_images is not None:
         raise TypeError(f"max_images is an option of task {IMAGE_TEXT_TO_TEXT!r}, not of {task!r}")
     _check_generative(model, task)
     if task != TEXT_GENERATION:
-        from ._seq2seq import plan_seq2seq
+        from .seq2seq import plan_seq2seq
 
         return plan_seq2seq(model, task, inputs,
                             *_bounds(model, max_cache_len, max_batch, default_cap=SEQ2SEQ_DEFAULT_MAX_CACHE_LEN))
@@ -759,7 +759,7 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
         media = {name: options.pop(name) for name in list(options) if name in inputs}
     config = merged_generation_config(section, options)
     if task not in (TEXT_GENERATION, *MEDIA_TASKS):
-        from ._seq2seq import generate_seq2seq
+        from .seq2seq import generate_seq2seq
 
         return generate_seq2seq(exported, input_ids, attention_mask, config, section)
     input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, section)
@@ -767,7 +767,7 @@ def generate(exported: Any, input_ids: Any, attention_mask: Any = None, *, max_n
     per_position: dict[str, torch.Tensor] = {}
     encode_s = 0.0
     if task in MEDIA_TASKS:  # images or audio checked before any program runs, encoded, merged into the prompt
-        from ._image_prompt import audio_prompt, image_prompt
+        from .image_prompt import audio_prompt, image_prompt
 
         start = time.perf_counter()
         prompt_embeds, embed_tokens, per_position = (audio_prompt if "audio" in section else image_prompt)(

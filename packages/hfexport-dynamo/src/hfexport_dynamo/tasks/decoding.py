@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._task_names import (
+from .names import (
     AUDIO_TEXT_TO_TEXT,
     IMAGE_TEXT_TO_TEXT,
     MEDIA_TASKS,

@@ -45,9 +45,9 @@ import torch
 
 from hfexport.plugin import InvalidInputError
 
-from ._decoding import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, generation_manifest
-from ._image_prompt import AUDIO, EMBED, VISION
-from .generation import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
+from .causal_lm import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
+from .decoding import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, generation_manifest
+from .image_prompt import AUDIO, EMBED, VISION
 
 __all__ = ["FAMILIES", "EmbedsLMStep", "Family", "LanguageModelHead", "TokenEmbedStep", "ImageBlocksLMStep", "VisionStep",
            "plan_image_text"]

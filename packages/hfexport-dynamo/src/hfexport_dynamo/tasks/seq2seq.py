@@ -61,7 +61,7 @@ import torch
 
 from hfexport.plugin import InvalidInputError
 
-from ._decoding import (
+from .decoding import (
     SPEECH_RECOGNITION,
     GenerationStats,
     check_bounds,
