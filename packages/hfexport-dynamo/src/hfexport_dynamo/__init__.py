@@ -7,6 +7,9 @@ reference), :class:`GenerationOptions` (the options of a generation task), :clas
 the dynamo stages decided for one export: its dynamic shapes, the forward constants baked in), ``EXPORT_SKIPS``, and graph rewrites that
 several backends apply (:func:`complex_to_real_pairs`, registered once as their ``_fix_complex_to_real_pairs``).
 
+The generation layer, what a generative task exports and the one greedy loop over its programs, is
+:mod:`hfexport_dynamo.tasks`.
+
 Importing this package is light: it declares the backend for discovery; torch is imported when one of the
 names above is used.
 """

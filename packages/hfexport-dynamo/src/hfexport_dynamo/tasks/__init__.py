@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .names import MEDIA_TASKS, TASKS
+from .names import IMAGE_TEXT_TO_TEXT, MEDIA_TASKS, TASKS, TEXT_GENERATION
 from .options import GenerationOptions, MediaGenerationOptions, options_for_task
 
 __all__ = ["TASKS", "GenerationOptions", "MediaGenerationOptions", "generate", "options_for_task", "plan_task"]
@@ -29,28 +29,48 @@ __all__ = ["TASKS", "GenerationOptions", "MediaGenerationOptions", "generate", "
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
               max_batch: int | None = None, prefill_chunk: int | None = None, max_images: int | None = None,
               stateful: bool = False, fused_cache_attention: Any = False) -> Any:
-    """The components (a ``TaskPlan``) to export for ``task``, bounded as asked: ``"text-generation"``:
-    :func:`.causal_lm.plan_task` (the arguments are documented there); ``"image-text-to-text"``,
-    ``"audio-text-to-text"``: :func:`.image_text.plan_image_text`.
+    """The components (a ``TaskPlan``) to export for ``task``, bounded as asked (the arguments are documented by
+    each task's planner): ``"text-generation"``: :func:`.causal_lm.plan_causal_lm`; ``"text2text-generation"``,
+    ``"automatic-speech-recognition"``: :func:`.seq2seq.plan_seq2seq` (``max_cache_len`` and ``max_batch`` only);
+    ``"image-text-to-text"``, ``"audio-text-to-text"``: :func:`.image_text.plan_image_text`.
 
     Raises:
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
+        TypeError: ``max_images`` for a task without images.
         hfexport.InvalidInputError: the model cannot generate for ``task`` (says why and what to do instead).
     """
-    bounds = {"max_cache_len": max_cache_len, "max_batch": max_batch, "prefill_chunk": prefill_chunk,
-              "stateful": stateful, "fused_cache_attention": fused_cache_attention}
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+    bounds = {"max_cache_len": max_cache_len, "max_batch": max_batch}
+    decoder = {**bounds, "prefill_chunk": prefill_chunk, "stateful": stateful,
+               "fused_cache_attention": fused_cache_attention}
     if task in MEDIA_TASKS:
         from .image_text import plan_image_text
 
-        return plan_image_text(model, inputs, task=task, max_images=max_images, **bounds)
-    from .causal_lm import plan_task as plan
+        return plan_image_text(model, inputs, task=task, max_images=max_images, **decoder)
+    if max_images is not None:
+        raise TypeError(f"max_images is an option of task {IMAGE_TEXT_TO_TEXT!r}, not of {task!r}")
+    if task == TEXT_GENERATION:
+        from .causal_lm import plan_causal_lm
 
-    return plan(model, task, inputs, max_images=max_images, **bounds)
+        return plan_causal_lm(model, inputs, **decoder)
+    from .seq2seq import plan_seq2seq
+
+    return plan_seq2seq(model, task, inputs, **bounds)
 
 
 def generate(exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
-    """Greedy decoding over a task artifact's programs on its backend's runtime (:func:`.causal_lm.generate`
-    documents the options)."""
-    from .causal_lm import generate as decode
+    """Greedy decoding over a task artifact's programs on its backend's runtime: the one loop,
+    :func:`.decoding.generate` (which documents the options and what it returns), with the task's part:
+    ``"text-generation"``: :func:`.causal_lm.prepare_decoder`; the encoder-decoders: :func:`.seq2seq.
+    prepare_seq2seq`; the image- and audio-text tasks: :func:`.image_prompt.prepare_media`."""
+    from .decoding import generate as greedy_generate
 
-    return decode(exported, input_ids, attention_mask, **options)
+    task = exported.manifest.get("task")
+    if task == TEXT_GENERATION:
+        from .causal_lm import prepare_decoder as prepare
+    elif task in MEDIA_TASKS:
+        from .image_prompt import prepare_media as prepare
+    else:
+        from .seq2seq import prepare_seq2seq as prepare
+    return greedy_generate(exported, prepare, input_ids, attention_mask, **options)

@@ -1,57 +1,195 @@
-"""What the greedy loops of every generative task share (decoders in :mod:`hfexport_dynamo.generation`,
-encoder-decoders in ``_seq2seq``): the task names, the manifest's ``generation`` section, the generation config
-merged with a call's options, transformers' logits processors and stopping criteria, and the checks of a
-prompt against the export's bounds."""
+"""The one greedy decoding loop of every generative task (decoders, encoder-decoders, image- and audio-text
+models), over an artifact's exported programs on its backend's runtime, and what it shares with transformers'
+greedy ``generate``: the generation config merged with a call's options, transformers' own logits processors and
+stopping criteria, the argmax, the padding of the rows that finished, and the checks of a prompt against the
+export's bounds.
+
+:func:`generate` merges the options into the stored generation config, asks the task's ``prepare`` (the task's
+module: :func:`hfexport_dynamo.tasks.causal_lm.prepare_decoder`, :func:`~hfexport_dynamo.tasks.seq2seq.
+prepare_seq2seq`, :func:`~hfexport_dynamo.tasks.image_prompt.prepare_media`) for a :class:`GreedyRun`, and runs
+:func:`greedy` on it. What differs between tasks is data there: the ids the loop starts from, the programs that take
+the tokens and carry the cache (:class:`TaskPrograms`: how the prompt is prefilled, one call or chunks, and what a
+decode step feeds), the tokens the task forces after the prefill (Whisper's language and task), its own logits
+processors, what it measured before the loop (encoding) and how the result is shaped from the loop's sequences.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
 import types
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
-from .names import (
-    AUDIO_TEXT_TO_TEXT,
-    IMAGE_TEXT_TO_TEXT,
-    MEDIA_TASKS,
-    SPEECH_RECOGNITION,
-    TASKS,
-    TEXT2TEXT_GENERATION,
-    TEXT_GENERATION,
-)
+__all__ = ["GenerationStats", "GreedyRun", "TaskPrograms", "check_bounds", "check_prompt", "generate", "greedy",
+           "input_names", "logits_processors", "merged_generation_config", "next_greedy", "stopping_criteria",
+           "token_id_list"]
 
-__all__ = ["AUDIO_TEXT_TO_TEXT", "IMAGE_TEXT_TO_TEXT", "MEDIA_TASKS", "SPEECH_RECOGNITION", "TASKS", "TEXT2TEXT_GENERATION", "TEXT_GENERATION", "GenerationStats", "check_bounds",
-           "check_prompt", "generation_manifest", "input_names", "logits_processors", "merged_generation_config",
-           "stopping_criteria", "token_id_list"]
-
-
-
+_STORED: Any = type("_Stored", (), {"__repr__": lambda self: "<the generation config's>"})()  # eos_token_id left out
 _SPEECH_OPTIONS = {"language", "task", "is_multilingual", "return_timestamps"}
-
-
-def generation_manifest(model: Any, max_cache_len: int, max_batch: int, cache_layers: int) -> dict[str, Any]:
-    """The manifest's ``generation`` section: bounds, the cache layout, the generation config and the model
-    facts transformers' logits processors read (so that a loaded artifact generates without the model)."""
-    config = model.config
-    text = config.get_text_config(decoder=True)
-    return {
-        "max_cache_len": max_cache_len,
-        "max_batch": max_batch,
-        "cache_layers": cache_layers,
-        "vocab_size": text.vocab_size,
-        "is_encoder_decoder": bool(getattr(config, "is_encoder_decoder", False)),
-        "max_position_embeddings": getattr(text, "max_position_embeddings", None),
-        "generation_config": model.generation_config.to_diff_dict() if getattr(model, "generation_config", None)
-        else {},
-    }
 
 
 class GenerationStats(dict):
     """Timings of the last :func:`generate` call: ``prefill_s``, ``decode_s``, ``new_tokens`` (per row),
-    ``decode_steps``, ``decode_tokens_per_s`` (new tokens of the whole batch per second of decode) and, for decoders,
-    ``decode_step_s`` (the seconds of each decode step, in order: step ``k`` writes cache position ``prompt + k``)."""
+    ``decode_steps``, ``decode_tokens_per_s`` (new tokens of the whole batch per second of decode),
+    ``decode_step_s`` (the seconds of each decode step, in order: a decoder's step ``k`` writes cache position
+    ``prompt + k``), and the task's own: ``encoder_s`` (encoder-decoders), ``encode_s`` (image- and audio-text),
+    ``language_ids`` (Whisper, a detected language)."""
+
+
+class TaskPrograms(Protocol):
+    """How a task's programs take the tokens and carry the cache between the calls of :func:`greedy`.
+
+    Attributes:
+        prefill_spans: the prefill calls, each over these positions of the prompt (a decoder's chunks of
+            ``prefill_chunk``; an encoder-decoder's one call over its start tokens).
+    """
+
+    prefill_spans: Sequence[slice]
+
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        """The context of the prefill and decode calls (a runner that binds its inputs binds them once)."""
+        ...
+
+    def prefill(self, span: slice) -> torch.Tensor:
+        """Run the prefill over the prompt's positions ``span``; the last position's logits ``[rows, vocab]``."""
+        ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run one decode step on ``tokens`` ``int64 [rows]`` (the next position of each row); its logits."""
+        ...
+
+
+@dataclass
+class GreedyRun:
+    """One :func:`generate` call's task-specific part, for :func:`greedy`.
+
+    Attributes:
+        programs: the task's programs (:class:`TaskPrograms`).
+        sequences: ``int64 [rows, start]``, the ids the loop extends: a decoder's prompt, an encoder-decoder's
+            decoder start token.
+        config: the ``GenerationConfig`` (greedy, ``max_new_tokens`` set).
+        encoder_ids: the encoder's ``input_ids`` (``encoder_repetition_penalty`` reads them), or None.
+        attention_mask: a decoder's prompt mask ``[rows, start]`` (the repetition penalty skips its left padding).
+        processors: the task's logits processors, after the config's (Whisper's suppressions).
+        forced: per decode step after the prefill, the tokens the task forces from the last logits, before the
+            greedy ones (Whisper's language, detected from the logits or given, and its task tokens); they are
+            neither processed nor counted in ``new_tokens``.
+        stats: what the task measured before the loop (``encode_s``, ``encoder_s``).
+        finish: ``(sequences, stats) -> result``: the result from the loop's sequences (default: them).
+    """
+
+    programs: TaskPrograms
+    sequences: torch.Tensor
+    config: Any
+    encoder_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    processors: Sequence[Any] = ()
+    forced: Sequence[Callable[[torch.Tensor], torch.Tensor]] = ()
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    finish: Callable[[torch.Tensor, GenerationStats], torch.Tensor] | None = None
+
+
+Prepare = Callable[[Any, Mapping[str, Any], Any, Any, Any, dict[str, Any]], GreedyRun]
+
+
+def generate(exported: Any, prepare: Prepare, input_ids: Any, attention_mask: Any = None, *,
+             max_new_tokens: int | None = None, eos_token_id: Any = _STORED, pad_token_id: int | None = None,
+             **generation_options: Any) -> torch.Tensor:
+    """Greedy decoding over an artifact's exported programs, on its backend's runtime.
+
+    Matches ``model.generate(input_ids, attention_mask=..., do_sample=False, max_new_tokens=...)`` token for
+    token: the stored generation config with these arguments applied, transformers' logits processors, a row
+    that produced EOS continues with ``pad_token_id`` and generation stops when every row has.
+
+    Args:
+        exported: an :class:`~hfexport.ExportedModel` exported with a generative task.
+        prepare: the task's part, ``prepare(exported, section, config, input_ids, attention_mask, media)`` ->
+            :class:`GreedyRun` (it checks the prompt before any program runs).
+        input_ids: ``int64 [batch, prompt]``, left-padded (decoders); the encoder's input for an encoder-decoder
+            (``input_features`` ``float [batch, mels, frames]`` for speech).
+        attention_mask: ``int64 [batch, prompt]``, 0 at padding (default: ones).
+        max_new_tokens: the number of tokens to generate (required).
+        eos_token_id: the id(s) that end a row (default: the generation config's; ``None`` never stops early).
+        pad_token_id: the id written after a row's EOS (default: the generation config's, else the first EOS).
+        **generation_options: other ``GenerationConfig`` fields (``min_new_tokens``, ``repetition_penalty``); the
+            media inputs the manifest names (``pixel_values``, ``input_features`` of an audio-text export, ...).
+
+    Returns:
+        ``int64 [batch, prompt + new]`` (decoders) or ``[batch, 1 + new]`` decoder ids (encoder-decoders; Whisper's
+        as its ``generate``: :mod:`hfexport_dynamo.tasks.seq2seq`). The timings are in
+        ``exported.generation_stats`` (:class:`GenerationStats`).
+
+    Raises:
+        ValueError: no ``max_new_tokens``, sampling or beams asked for, prompt plus new tokens beyond
+            ``max_cache_len``, a batch beyond ``max_batch``, or an EOS or pad id outside the vocabulary (each
+            names the bound), before any program runs.
+        TypeError: ``input_ids`` is not an integer tensor of rank 2, or an option is no ``GenerationConfig`` field.
+    """
+    section = exported.manifest["generation"]
+    options = dict(generation_options)  # an option passed as None sets it to None, as in model.generate
+    if max_new_tokens is not None:
+        options["max_new_tokens"] = max_new_tokens
+    if pad_token_id is not None:
+        options["pad_token_id"] = pad_token_id
+    if eos_token_id is not _STORED:
+        options["eos_token_id"] = eos_token_id
+    media_inputs = next((section[kind]["inputs"] for kind in ("audio", "vision") if kind in section), ())
+    media = {name: options.pop(name) for name in list(options) if name in media_inputs}  # not config fields
+    config = merged_generation_config(section, options)
+    run = prepare(exported, section, config, input_ids, attention_mask, media)
+    sequences, stats = greedy(run, section)
+    exported.generation_stats = stats
+    return run.finish(sequences, stats) if run.finish is not None else sequences
+
+
+def greedy(run: GreedyRun, section: Mapping[str, Any]) -> tuple[torch.Tensor, GenerationStats]:
+    """The greedy loop (transformers' ``GenerationMixin._sample`` with ``do_sample=False``) over ``run.programs``:
+    the prefill, in one call or several; the tokens the task forces; then per step the logits processors, the
+    argmax, ``pad`` for the rows that finished, the stopping criteria (``max_new_tokens``, or every row at EOS) and
+    a decode step on the new tokens.
+
+    Returns:
+        ``(sequences int64 [rows, start + forced + new], stats)``.
+    """
+    config, programs, sequences = run.config, run.programs, run.sequences
+    rows, start_len = sequences.shape[0], sequences.shape[1] + len(run.forced)
+    eos = token_id_list(config.eos_token_id)
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
+    processors = logits_processors(config, section, start_len, run.encoder_ids, run.attention_mask)
+    processors.extend(run.processors)
+    criteria = stopping_criteria(start_len + config.max_new_tokens, eos)
+    with programs.running():
+        start = time.perf_counter()
+        for span in programs.prefill_spans:
+            logits = programs.prefill(span)
+        prefill_s = time.perf_counter() - start
+        unfinished, steps = torch.ones(rows, dtype=torch.bool), 0
+        start = time.perf_counter()
+        step_ends = [start]
+        for force in run.forced:
+            tokens = force(logits)
+            sequences = torch.cat([sequences, tokens[:, None]], -1)
+            logits = programs.step(tokens)
+            steps += 1
+            step_ends.append(time.perf_counter())
+        while True:  # stopping_criteria ends it: max length, or every row at EOS
+            sequences, tokens = next_greedy(sequences, logits, processors, criteria, unfinished, pad)
+            if not bool(unfinished.any()):
+                break
+            logits = programs.step(tokens)
+            steps += 1
+            step_ends.append(time.perf_counter())
+        decode_s = time.perf_counter() - start
+    return sequences, GenerationStats(
+        **run.stats, prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps,
+        new_tokens=sequences.shape[1] - start_len,
+        decode_tokens_per_s=steps * rows / decode_s if decode_s > 0 and steps else float("nan"),
+        decode_step_s=[b - a for a, b in zip(step_ends, step_ends[1:], strict=False)])
 
 
 def merged_generation_config(section: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
