@@ -285,7 +285,7 @@ def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agre
     """``export --task ... --quantize int4`` must not fail its check because its greedy ids part from float eager's
     (a fresh user's int4 and 8da4w task exports exited 3 at position 5 while every program passed its cosine): the
     check passes on the programs' recorded verification and reports the share of new positions that agree."""
-    from hfexport_dynamo.generation_cli import _generation_check
+    from hfexport_dynamo.tasks.cli import _generation_check
 
     torch.manual_seed(0)
     model = tiny_model("llama", vocab_size=256)

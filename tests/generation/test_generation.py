@@ -182,7 +182,7 @@ def test_a_prompt_longer_than_prefill_chunk_is_prefilled_in_chunks():
     ({"max_position_embeddings": 32768, "sliding_window": 1024}, 1024),  # Mistral: at most the window
 ])
 def test_max_cache_len_defaults_to_the_models_positions_capped_at_4096(overrides, expected):
-    from hfexport_dynamo.generation import plan_task
+    from hfexport_dynamo.tasks import plan_task
 
     model = tiny_model("mistral" if "sliding_window" in overrides else "llama", layers=1, **overrides)
     plan = plan_task(model, "text-generation")
@@ -206,7 +206,7 @@ def test_generate_on_a_single_program_export_names_the_task_to_export_with():
     exported = hfexport.export(model, backend="dynamo")
     with pytest.raises(ValueError, match="task='text-generation'") as refused:
         exported.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3)
-    from hfexport_dynamo._task_names import TASKS
+    from hfexport_dynamo.tasks import TASKS
 
     assert all(f"'{task}'" in str(refused.value) for task in TASKS)  # every generation task the tracer plans
 
@@ -276,7 +276,7 @@ def test_max_batch_1_exports_a_static_batch_that_generates_eagers_ids():
 def test_onnx_runtime_writes_the_new_positions_into_the_cache_in_place(onnx_llama):
     """The ``decoder`` program's cache outputs are bound to its cache inputs' memory (IO binding over ScatterND):
     a decode step returns the memory it was given, with only the new position written."""
-    from hfexport_dynamo.generation import new_cache
+    from hfexport_dynamo.tasks.causal_lm import new_cache
 
     model, exported = onnx_llama
     section = exported.manifest["components"]["decoder"]["onnx"]
@@ -308,7 +308,7 @@ def test_onnx_attention_reads_only_the_filled_positions_of_the_cache():
     cache past them changes no logit (attention over the whole capacity would turn the logits NaN: 0 x NaN)."""
     import onnx
 
-    from hfexport_dynamo.generation import new_cache
+    from hfexport_dynamo.tasks.causal_lm import new_cache
 
     model = tiny_model("qwen2")  # grouped query heads
     exported = hfexport.export(model, backend="onnx", task="text-generation", max_cache_len=32)

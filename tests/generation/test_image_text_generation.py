@@ -326,7 +326,7 @@ def qwen2vl_dynamo(new_process_exports, tmp_path_factory):
 
 @pytest.mark.parametrize("layout", ["two images, left padding", "ends with an image", "no image"])
 def test_qwen2vl_rope_positions_are_the_models_get_rope_index(layout):
-    from hfexport_dynamo._image_prompt import rope_positions
+    from hfexport_dynamo.tasks.image_prompt import rope_positions
 
     model = tiny_model("qwen2vl")
     ids, mask, media = qwen2vl_batch()
@@ -378,7 +378,7 @@ def test_qwen2vl_images_of_another_grid_or_without_it_are_refused_by_name(qwen2v
 def test_qwen2vl_export_check_of_the_cli_generates_with_packed_patches(qwen2vl_dynamo):
     """``hfexport export --task image-text-to-text``'s generation check: one seeded image per row, as the processor
     gives them (packed patches, ``image_grid_thw``, ``mm_token_type_ids``), against eager."""
-    from hfexport_dynamo.generation_cli import _generation_check
+    from hfexport_dynamo.tasks.cli import _generation_check
 
     model, exported = qwen2vl_dynamo
     check = _generation_check(model, exported)
@@ -389,7 +389,7 @@ def test_qwen2vl_export_check_of_the_cli_generates_with_packed_patches(qwen2vl_d
 
 def test_qwen2vl_two_images_in_one_run_of_tokens_are_refused():
     """Without a token between them, the model's own get_rope_index takes two images' tokens for one image."""
-    from hfexport_dynamo._image_prompt import rope_positions
+    from hfexport_dynamo.tasks.image_prompt import rope_positions
 
     ids, mask, _ = qwen2vl_batch()
     ids[0, 6:8] = IMAGE_TOKEN  # the two images' runs of tokens now touch: one run of 10

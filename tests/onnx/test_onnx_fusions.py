@@ -375,7 +375,7 @@ def test_siglip_vision_tower_fused_for_onnx_runtime_runs_at_another_batch():
 def test_reused_bindings_see_inputs_updated_in_place(llama_decoder):
     """``OnnxRunner.reusing_bindings`` (the decode loop's) binds an unchanged tensor once: a token written into the
     same ``input_ids`` tensor between runs is what the next run reads, as a run with fresh bindings does."""
-    from hfexport_dynamo.generation import new_cache
+    from hfexport_dynamo.tasks.causal_lm import new_cache
 
     _, exported = llama_decoder
     section = exported.manifest["generation"]
@@ -405,7 +405,7 @@ def test_reused_bindings_see_inputs_updated_in_place(llama_decoder):
 def test_rerun_repeats_the_last_bound_run_on_inputs_updated_in_place(llama_decoder):
     """``OnnxRunner.rerun`` (the decode loop's steps after the first): the last run within ``reusing_bindings``
     again, on its bound tensors as they are now; outside that context, or before a run there, it raises."""
-    from hfexport_dynamo.generation import new_cache
+    from hfexport_dynamo.tasks.causal_lm import new_cache
 
     _, exported = llama_decoder
     runner = exported.components["decoder"].runner

@@ -725,7 +725,7 @@ class ExportedModel:
 
         Needs an artifact exported with a generative task (``hfexport.export(model, task="text-generation")``;
         ``"text2text-generation"``, ``"automatic-speech-recognition"``). The loop is the tracer's
-        (``hfexport_dynamo.generation.generate``, which documents the options: ``max_new_tokens``,
+        (``hfexport_dynamo.tasks.decoding.generate``, which documents the options: ``max_new_tokens``,
         ``eos_token_id``, ``pad_token_id``, ...).
 
         Args:

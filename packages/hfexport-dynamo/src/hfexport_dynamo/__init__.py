@@ -7,6 +7,9 @@ reference), :class:`GenerationOptions` (the options of a generation task), :clas
 the dynamo stages decided for one export: its dynamic shapes, the forward constants baked in), ``EXPORT_SKIPS``, and graph rewrites that
 several backends apply (:func:`complex_to_real_pairs`, registered once as their ``_fix_complex_to_real_pairs``).
 
+The generation layer, what a generative task exports and the one greedy loop over its programs, is
+:mod:`hfexport_dynamo.tasks`.
+
 Importing this package is light: it declares the backend for discovery; torch is imported when one of the
 names above is used.
 """
@@ -15,7 +18,7 @@ from typing import Any
 
 from hfexport.plugin import Backend
 
-from ._task_names import TASKS
+from .tasks.names import TASKS
 
 DYNAMO_BACKEND = Backend(
     name="dynamo",
@@ -29,7 +32,7 @@ DYNAMO_BACKEND = Backend(
 _LAZY = {
     "DynamoConfig": "_config", "TraceState": "_config", "trace_state": "_config", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
     "CAPTURE_STAGES": "capture", "PROGRAM_FILE": "exporter_dynamo",
-    "GenerationOptions": "_task_options", "MediaGenerationOptions": "_task_options",
+    "GenerationOptions": "tasks.options", "MediaGenerationOptions": "tasks.options",
     "DYNAMO_TRACER": "tracer", "DynamoTracer": "tracer",
     "EXPORT_SKIPS": "skips",
     "dummy_inputs": "inputs", "forward_parameters": "inputs",

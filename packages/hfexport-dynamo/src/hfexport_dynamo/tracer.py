@@ -145,32 +145,25 @@ class DynamoTracer:
     def task_options(self, task: str) -> type:
         """The options dataclass of ``task`` (:class:`hfexport_dynamo.GenerationOptions` or
         :class:`~hfexport_dynamo.MediaGenerationOptions`). Raises ``ValueError`` for an unknown task."""
-        from ._task_options import options_for_task
+        from .tasks import options_for_task
 
         return options_for_task(task)
 
     def plan_task(self, model: Any, task: str, inputs: Mapping[str, Any] | None, options: Any,
                   needs: RuntimeNeeds) -> Any:
         """The components a generative ``task`` exports for a runtime with ``needs`` (its cache layout and attention
-        op: see :func:`hfexport_dynamo.generation.plan_task`; ``"image-text-to-text"``, ``"audio-text-to-text"``:
-        :func:`hfexport_dynamo._image_text.plan_image_text`)."""
+        op): :func:`hfexport_dynamo.tasks.plan_task`."""
         from ._cache_attention import attention_for
-        from ._task_names import MEDIA_TASKS
-        from .generation import plan_task
+        from .tasks import plan_task
 
         stateful = needs.cache_layout == "in_place"
-        bounds = {"max_cache_len": options.max_cache_len, "max_batch": options.max_batch,
-                  "prefill_chunk": options.prefill_chunk, "stateful": stateful,
-                  "fused_cache_attention": attention_for(needs.attention, stateful)}
-        if task in MEDIA_TASKS:
-            from ._image_text import plan_image_text
-
-            return plan_image_text(model, inputs, task=task, max_images=options.max_images, **bounds)
-        return plan_task(model, task, inputs, **bounds)
+        return plan_task(model, task, inputs, max_cache_len=options.max_cache_len, max_batch=options.max_batch,
+                         prefill_chunk=options.prefill_chunk, max_images=getattr(options, "max_images", None),
+                         stateful=stateful, fused_cache_attention=attention_for(needs.attention, stateful))
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
-        """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.generation.generate`)."""
-        from .generation import generate
+        """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.tasks.generate`)."""
+        from .tasks import generate
 
         return generate(exported, input_ids, attention_mask, **options)
 

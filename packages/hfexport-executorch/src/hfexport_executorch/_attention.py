@@ -27,7 +27,7 @@ def register_llm_kernels() -> None:
 
 def llm_cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, start: Any, scale: float) -> torch.Tensor:
-    """``hfexport_dynamo.generation.InPlaceCacheAttention`` on ExecuTorch's kernels.
+    """``hfexport_dynamo.tasks.kv_cache.InPlaceCacheAttention`` on ExecuTorch's kernels.
 
     Args:
         query: ``[batch, heads, seq, dim]``; key, value: ``[batch, kv_heads, seq, dim]``.

@@ -55,8 +55,8 @@ def in_place_outputs(model: ir.Model) -> dict[str, str]:
     """The graph outputs that ONNX Runtime can write into the memory of a graph input: ``{output: input}``.
 
     An output qualifies when a ``ScatterND`` writes it from a graph input of the same type and shape that nothing
-    else reads (a KV cache of fixed capacity with its new positions written: ``hfexport_dynamo.generation``), or
-    when it is a ``GroupQueryAttention``'s present key or value and its past one is such a graph input (the kernel
+    else reads (a KV cache of fixed capacity with its new positions written: ``hfexport_dynamo.tasks.kv_cache``),
+    or when it is a ``GroupQueryAttention``'s present key or value and its past one is such a graph input (the kernel
     writes the new positions only when the two are one buffer: ``_attention.py``).
     ONNX Runtime's ScatterND copies its data input to its output only when their buffers differ, so with the two
     bound to one buffer it writes just the updates (measured on onnxruntime 1.32: 4 us against 560 us for a

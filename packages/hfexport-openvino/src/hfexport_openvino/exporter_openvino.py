@@ -216,7 +216,7 @@ def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
 
     **Why**: transformers' ``DynamicLayer`` starts a layer's keys and values as ``torch.tensor([])`` and appends with
     ``torch.cat([keys, new], dim=-2)``; a seq2seq decoder step that builds its cache in the program (T5's
-    ``text2text-generation`` decode, ``hfexport_dynamo._seq2seq``) traces that ``cat`` with the empty constant.
+    ``text2text-generation`` decode, ``hfexport_dynamo.tasks.seq2seq``) traces that ``cat`` with the empty constant.
     OpenVINO's frontend makes a ``Concat`` of ``f32[0]`` and ``f32[?,?,?,8]`` and fails: ``Axis -2 out of the tensor
     rank range [-1, 0]`` (``Conversion is failed for: SequenceMark, aten.cat.default``).
     **Upstream**: none found for the legacy empty-tensor rule in OpenVINO's ``aten.cat`` translation
@@ -290,12 +290,12 @@ def _fix_index_put_leading_slices(gm: Any, node: Any) -> bool:
 
     **Why**: OpenVINO's frontend lowers an ``index_put`` with a leading ``None`` as a ``Transpose`` of the whole
     tensor (indexed dims first), a ``ScatterNDUpdate`` and a ``Transpose`` back. The KV-cache write of a stateful
-    generation program (``cache[:, positions] = new``, ``hfexport_dynamo.generation``: the form ExecuTorch's in-place
-    kernel needs) then copies the whole cache twice per layer and per decode step: 15.0 of 44.0 ms of a toy Llama's
-    step (512 hidden, 8 layers, cache of 1,024 positions, one thread) went to those transposes.
+    generation program (``cache[:, positions] = new``, ``hfexport_dynamo.tasks.kv_cache``: the form ExecuTorch's
+    in-place kernel needs) then copies the whole cache twice per layer and per decode step: 15.0 of 44.0 ms of a toy
+    Llama's step (512 hidden, 8 layers, cache of 1,024 positions, one thread) went to those transposes.
     **Upstream**: none found (OpenVINO's ``aten.index_put`` translation,
     ``src/frontends/pytorch/src/op/index_put_.cpp``); model-side, the cache write of
-    ``hfexport_dynamo.generation._capacity_layer``.
+    ``hfexport_dynamo.tasks.kv_cache.capacity_layer``.
     **Remove when**: a toy ``task="text-generation"`` export's decode step has no ``Transpose`` from ``index_put``
     in the CPU plugin's performance counters with ``disable=("_fix_index_put_leading_slices",)``.
     """

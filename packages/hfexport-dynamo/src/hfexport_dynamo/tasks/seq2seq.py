@@ -1,5 +1,5 @@
 """Generation for encoder-decoders (``task="text2text-generation"``: T5, BART; ``"automatic-speech-recognition"``:
-Whisper): the three programs greedy decoding runs, and the loop over them.
+Whisper): the three programs greedy decoding runs, and how the one greedy loop runs them.
 
 Components (all from one model; the KV caches cross the program boundary as tuples of tensors and are a
 transformers ``EncoderDecoderCache`` of two ``DynamicCache`` s inside):
@@ -28,7 +28,7 @@ training length); ``past`` in ``[1, max_cache_len - 1]`` where ``max_cache_len``
 (start token(s) and new tokens; for Whisper at most ``max_target_positions``). ExecuTorch plans memory for
 these bounds.
 
-:func:`generate_seq2seq` matches eager ``model.generate(..., do_sample=False)``:
+:func:`prepare_seq2seq` (under the one greedy loop, :mod:`hfexport_dynamo.tasks.decoding`) matches eager ``model.generate(..., do_sample=False)``:
 
 * T5, BART: ``GenerationMixin.generate``: the decoder starts from ``decoder_start_token_id`` (else
   ``bos_token_id``); the result is ``[batch, 1 + new]`` decoder ids, the start token first, a finished row
@@ -52,29 +52,22 @@ these bounds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from hfexport.plugin import InvalidInputError
 
-from ._decoding import (
-    SPEECH_RECOGNITION,
-    GenerationStats,
-    check_bounds,
-    check_prompt,
-    generation_manifest,
-    input_names,
-    logits_processors,
-    next_greedy,
-    stopping_criteria,
-    token_id_list,
-)
+from .decoding import GenerationStats, GreedyRun, check_bounds, check_prompt, input_names, token_id_list
+from .names import DECODE, ENCODER, PREFILL, SPEECH_RECOGNITION, TEXT2TEXT_GENERATION
+from .planning import SEQ2SEQ_DEFAULT_MAX_CACHE_LEN, check_generative, checked_bounds, generation_manifest
 
-__all__ = ["Seq2SeqDecoderStep", "Seq2SeqEncoderStep", "SpeechEncoderStep", "generate_seq2seq", "plan_seq2seq"]
+__all__ = ["EncoderDecoderPrograms", "Seq2SeqDecoderStep", "Seq2SeqEncoderStep", "SpeechEncoderStep", "plan_seq2seq",
+           "prepare_seq2seq"]
 
 DEFAULT_MAX_SOURCE_LEN = 512
 _TRACE_SOURCE, _TRACE_PAST = 6, 3  # not 0 or 1: torch.export specializes those sizes
@@ -210,8 +203,8 @@ def _source(model: Any, task: str, inputs: Mapping[str, Any] | None, max_batch: 
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def plan_seq2seq(model: Any, task: str, inputs: Mapping[str, Any] | None, max_cache_len: int,
-                 max_batch: int) -> Any:
+def plan_seq2seq(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
+                 max_batch: int | None = None) -> Any:
     """The ``encoder``, ``prefill`` and ``decode`` components of an encoder-decoder (see the module docstring).
 
     Args:
@@ -220,19 +213,25 @@ def plan_seq2seq(model: Any, task: str, inputs: Mapping[str, Any] | None, max_ca
         task: ``"text2text-generation"`` or ``"automatic-speech-recognition"``.
         inputs: the encoder's example inputs (``input_ids`` and ``attention_mask``, or ``input_features``);
             default: seeded ones of batch 2.
-        max_cache_len, max_batch: the bounds, already checked against the model by ``generation._bounds``.
+        max_cache_len: the most positions the decoder sequence may hold, start token(s) and new tokens (default:
+            the model's positions, capped at 256).
+        max_batch: the largest batch (default 1).
 
     Raises:
-        hfexport.InvalidInputError: the task does not fit the model's input (speech vs text), no decoder start
-            token, or example inputs of the wrong kind.
+        ValueError: bounds the model cannot take (says which).
+        hfexport.InvalidInputError: the model is no encoder-decoder, the task does not fit the model's input
+            (speech vs text), no decoder start token, or example inputs of the wrong kind.
     """
     from torch.export import Dim
 
     from hfexport.plugin import ComponentPlan, TaskPlan
 
+    check_generative(model, task)
+    max_cache_len, max_batch = checked_bounds(model, max_cache_len, max_batch,
+                                              default_cap=SEQ2SEQ_DEFAULT_MAX_CACHE_LEN)
     speech = _is_speech(model)
     if speech != (task == SPEECH_RECOGNITION):
-        want = SPEECH_RECOGNITION if speech else "text2text-generation"
+        want = SPEECH_RECOGNITION if speech else TEXT2TEXT_GENERATION
         raise InvalidInputError(f"{type(model).__name__} cannot be exported for task {task!r}: its encoder takes "
                                 f"{'input_features (speech)' if speech else 'input_ids (text)'}; export it with "
                                 f"task={want!r}")
@@ -279,9 +278,9 @@ def plan_seq2seq(model: Any, task: str, inputs: Mapping[str, Any] | None, max_ca
     if speech:
         section["input_features_shape"] = list(_feature_shape(model))
         section["max_target_positions"] = model.config.max_target_positions
-    return TaskPlan(task, [ComponentPlan("encoder", encoder, source_inputs, encoder_shapes),
-                           ComponentPlan("prefill", step, prefill_inputs, prefill_shapes),
-                           ComponentPlan("decode", step, decode_inputs, decode_shapes)],
+    return TaskPlan(task, [ComponentPlan(ENCODER, encoder, source_inputs, encoder_shapes),
+                           ComponentPlan(PREFILL, step, prefill_inputs, prefill_shapes),
+                           ComponentPlan(DECODE, step, decode_inputs, decode_shapes)],
                     manifest={"generation": section}, model=model)
 
 
@@ -386,23 +385,26 @@ def _whisper_result(sequences: torch.Tensor, start: int, config: Any) -> torch.T
     return torch.stack([torch.nn.functional.pad(r, (0, longest - len(r)), value=pad) for r in rows])
 
 
-def generate_seq2seq(exported: Any, input_ids: Any, attention_mask: Any, config: Any,
-                     section: Mapping[str, Any]) -> torch.Tensor:
-    """Greedy decoding over an encoder-decoder's ``encoder``, ``prefill`` and ``decode`` programs.
+def prepare_seq2seq(exported: Any, section: Mapping[str, Any], config: Any, input_ids: Any, attention_mask: Any,
+                    media: Mapping[str, Any]) -> GreedyRun:
+    """The encoder-decoders' part of :func:`hfexport_dynamo.tasks.decoding.generate`: the encoder's input checked
+    and encoded (the ``encoder`` program, once), then the ``prefill`` and ``decode`` programs under the greedy loop.
 
     Args:
         exported: the artifact (``task`` ``"text2text-generation"`` or ``"automatic-speech-recognition"``).
+        section: the manifest's ``generation`` section.
+        config: the ``GenerationConfig`` (stored, with the caller's options applied; greedy, ``max_new_tokens``).
         input_ids: the encoder's ``int64 [batch, source]`` (right- or left-padded), or Whisper's
             ``input_features`` ``float [batch, mels, frames]``.
         attention_mask: ``int64 [batch, source]``, 0 at padding (default: ones); ignored for speech, as
             Whisper's generate ignores it for short-form audio.
-        config: the ``GenerationConfig`` (stored, with the caller's options applied; greedy, ``max_new_tokens``).
-        section: the manifest's ``generation`` section.
+        media: none (an encoder-decoder's manifest names no media inputs).
 
     Returns:
-        T5, BART: ``int64 [batch, 1 + new]`` decoder ids as ``model.generate`` returns them; Whisper: the
-        generated ids as ``WhisperForConditionalGeneration.generate`` returns them (see the module docstring).
-        Timings in ``exported.generation_stats``.
+        The :class:`~hfexport_dynamo.tasks.decoding.GreedyRun` from the decoder start token; Whisper's init tokens
+        after it are forced (the language detected from the prefill's logits where none is given), and its result
+        is shaped as ``WhisperForConditionalGeneration.generate``'s (see the module docstring). T5, BART: ``int64
+        [batch, 1 + new]`` decoder ids as ``model.generate`` returns them.
 
     Raises:
         TypeError: ids that are not an integer ``[batch, source]`` tensor, features that are not a float
@@ -430,57 +432,62 @@ def generate_seq2seq(exported: Any, input_ids: Any, attention_mask: Any, config:
         feed = {"input_ids": input_ids, "attention_mask": mask}
         batch, encoder_ids = input_ids.shape[0], input_ids
     eos = token_id_list(config.eos_token_id)
-    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
-    config.pad_token_id = pad
-    start_len = len(init)
+    config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
     whisper = []
     if speech:
-        whisper = _whisper_processors(config, start_len)
+        whisper = _whisper_processors(config, len(init))
         config.suppress_tokens = config.begin_suppress_tokens = None  # Whisper's generate applies them itself
-    processors = logits_processors(config, section, start_len, encoder_ids)
-    processors.extend(whisper)
-    criteria = stopping_criteria(start_len + config.max_new_tokens, eos)
 
     start = time.perf_counter()
-    hidden = exported.run("encoder", **feed)["encoder_hidden_states"]
+    hidden = exported.run(ENCODER, **feed)["encoder_hidden_states"]
     encoder_s = time.perf_counter() - start
-    shared = {"encoder_hidden_states": hidden, "attention_mask": mask}
-    prefill_names, decode_names = input_names(exported, "prefill"), input_names(exported, "decode")
     sequences = torch.full((batch, 1), init[0], dtype=torch.long)
-    start = time.perf_counter()
-    out = exported.run("prefill", **{k: v for k, v in {"decoder_input_ids": sequences, **shared}.items()
-                                      if k in prefill_names})
-    prefill_s = time.perf_counter() - start
-    cross = out["cross_cache"]
+    programs = EncoderDecoderPrograms(exported, sequences, {"encoder_hidden_states": hidden, "attention_mask": mask})
 
-    def step(tokens: torch.Tensor) -> Any:
-        feed = {"decoder_input_ids": tokens[:, None], **shared, "cache": out["cache"], "cross_cache": cross}
-        return exported.run("decode", **{k: v for k, v in feed.items() if k in decode_names})
+    def finish(sequences: torch.Tensor, stats: GenerationStats) -> torch.Tensor:
+        if detect:
+            stats["language_ids"] = sequences[:, 1].tolist()
+        return _whisper_result(sequences, len(init), config) if speech else sequences
 
-    start, steps = time.perf_counter(), 0
-    for token in init[1:]:  # Whisper's forced init tokens (language, task, ...)
-        if token is None:  # detect the language from the start token's logits, as detect_language does
-            lang_ids = torch.tensor(sorted(set(config.lang_to_id.values())))
-            logits = out["logits"].float()
-            column = logits[:, lang_ids].argmax(-1)
-            tokens = lang_ids[column]
-        else:
-            tokens = torch.full((batch,), token, dtype=torch.long)
-        sequences = torch.cat([sequences, tokens[:, None]], -1)
-        out = step(tokens)
-        steps += 1
-    unfinished = torch.ones(batch, dtype=torch.bool)
-    while True:
-        sequences, next_tokens = next_greedy(sequences, out["logits"], processors, criteria, unfinished, pad)
-        if not bool(unfinished.any()):
-            break
-        out = step(next_tokens)
-        steps += 1
-    decode_s = time.perf_counter() - start
-    exported.generation_stats = GenerationStats(
-        encoder_s=encoder_s, prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps,
-        new_tokens=sequences.shape[1] - start_len,
-        decode_tokens_per_s=steps * batch / decode_s if decode_s > 0 and steps else float("nan"))
-    if detect:
-        exported.generation_stats["language_ids"] = sequences[:, 1].tolist()
-    return _whisper_result(sequences, start_len, config) if speech else sequences
+    return GreedyRun(programs, sequences, config, encoder_ids=encoder_ids, processors=whisper,
+                     forced=[_forced(token, batch, config) for token in init[1:]], stats={"encoder_s": encoder_s},
+                     finish=finish)
+
+
+def _forced(token: int | None, batch: int, config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One of Whisper's forced init tokens (language, task, ...) for every row; ``None``: the language, detected
+    from the logits over ``lang_to_id``, as ``detect_language`` does."""
+    if token is None:
+        lang_ids = torch.tensor(sorted(set(config.lang_to_id.values())))
+        return lambda logits: lang_ids[logits.float()[:, lang_ids].argmax(-1)]
+    return lambda logits: torch.full((batch,), token, dtype=torch.long)
+
+
+class EncoderDecoderPrograms:
+    """The ``prefill`` and ``decode`` programs under the greedy loop
+    (:class:`~hfexport_dynamo.tasks.decoding.TaskPrograms`): one prefill call on the decoder start token, which
+    computes the cross-attention cache from ``encoder_hidden_states``; then decode steps, each taking the self
+    cache the last call returned and the cross cache."""
+
+    def __init__(self, exported: Any, start_ids: torch.Tensor, shared: Mapping[str, Any]):
+        self.exported, self.start_ids, self.shared = exported, start_ids, dict(shared)
+        self.prefill_names, self.decode_names = input_names(exported, PREFILL), input_names(exported, DECODE)
+        self.prefill_spans = [slice(0, start_ids.shape[1])]
+        self.cache: Any = None
+        self.cross_cache: Any = None
+
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def prefill(self, span: slice) -> torch.Tensor:
+        feed = {"decoder_input_ids": self.start_ids[:, span], **self.shared}
+        out = self.exported.run(PREFILL, **{k: v for k, v in feed.items() if k in self.prefill_names})
+        self.cache, self.cross_cache = out["cache"], out["cross_cache"]
+        return out["logits"]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        feed = {"decoder_input_ids": tokens[:, None], **self.shared, "cache": self.cache,
+                "cross_cache": self.cross_cache}
+        out = self.exported.run(DECODE, **{k: v for k, v in feed.items() if k in self.decode_names})
+        self.cache = out["cache"]
+        return out["logits"]

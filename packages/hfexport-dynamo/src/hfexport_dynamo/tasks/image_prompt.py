@@ -1,18 +1,37 @@
-"""The merge of images into an image-text-to-text prompt on a loaded artifact (what the model's ``forward`` does
-before its language model), for :func:`hfexport_dynamo.generation.generate`; the programs are planned by
-:mod:`hfexport_dynamo._image_text`."""
+"""The merge of images (``"image-text-to-text"``) or audio (``"audio-text-to-text"``) into the prompt on a loaded
+artifact (what the model's ``forward`` does before its language model), and the task's part of the one greedy loop
+(:func:`prepare_media`: the ``decoder`` program then runs on the merged embeddings); the programs are planned by
+:mod:`hfexport_dynamo.tasks.image_text`."""
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["AUDIO", "EMBED", "VISION", "audio_prompt", "image_prompt", "rope_positions"]
+from .causal_lm import decoder_run
+from .decoding import GreedyRun, check_prompt
+from .names import AUDIO, EMBED, VISION
 
-VISION, AUDIO, EMBED = "vision", "audio", "embed"  # the component names (the decoder's is generation.DECODER)
+__all__ = ["audio_prompt", "image_prompt", "prepare_media", "rope_positions"]
+
+
+def prepare_media(exported: Any, section: Mapping[str, Any], config: Any, input_ids: Any, attention_mask: Any,
+                  media: Mapping[str, Any]) -> GreedyRun:
+    """The image- and audio-text tasks' part of :func:`hfexport_dynamo.tasks.decoding.generate`: the prompt checked,
+    the media checked and encoded and merged into its embeddings (:func:`image_prompt`, :func:`audio_prompt`; the
+    seconds in ``encode_s``), before any decoder call; then the ``decoder`` program on them
+    (:func:`hfexport_dynamo.tasks.causal_lm.decoder_run`), each new token embedded by the ``embed`` program."""
+    input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, section)
+    start = time.perf_counter()
+    prompt_embeds, embed_tokens, per_position = (audio_prompt if "audio" in section else image_prompt)(
+        exported, section, input_ids, attention_mask, media)
+    encode_s = time.perf_counter() - start
+    return decoder_run(exported, section, config, input_ids, attention_mask, prompt_embeds, embed_tokens,
+                       per_position, stats={"encode_s": encode_s})
 
 
 def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -24,7 +43,7 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
     Args:
         exported: an artifact of task ``"image-text-to-text"``.
         section: its manifest's ``generation`` section.
-        input_ids: ``int64 [batch, prompt]``, checked (:func:`hfexport_dynamo._decoding.check_prompt`); each image
+        input_ids: ``int64 [batch, prompt]``, checked (:func:`hfexport_dynamo.tasks.decoding.check_prompt`); each image
             is ``tokens_per_image`` positions of ``image_token_id``, in the order of the images.
         attention_mask: ``int64 [batch, prompt]``, 0 at left padding.
         media: ``{"pixel_values": float [images, channels, height, width]}``; where the manifest says ``per_row``

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ._task_names import MEDIA_TASKS, TASKS
+from .names import MEDIA_TASKS, TASKS
 
 __all__ = ["GenerationOptions", "MediaGenerationOptions", "options_for_task"]
 

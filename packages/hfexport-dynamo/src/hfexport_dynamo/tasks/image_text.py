@@ -9,16 +9,17 @@ Components (one model; each program holds only the weights it reads):
   model's image processor resizes to); the number of images is a dynamic dim in ``[1, max_images]``.
 * ``embed``: ``input_ids`` ``int64 [batch, seq]`` -> ``inputs_embeds`` ``float [batch, seq, hidden]``: the text
   model's token embedding.
-* ``decoder``: the text-generation decoder (:class:`hfexport_dynamo.generation.CausalLMStep`: one program for the
+* ``decoder``: the text-generation decoder (:class:`hfexport_dynamo.tasks.causal_lm.CausalLMStep`: one program for the
   prefill and every decode step, a KV cache of ``max_cache_len`` positions that the runtime updates in place, the
   same bounds, dims and manifest ``cache`` section), over the language model and its head, taking
   ``inputs_embeds`` ``float [batch, seq, hidden]`` instead of ``input_ids``.
 
-:func:`hfexport_dynamo._image_prompt.image_prompt` does what the model's ``forward`` does before its language model: it embeds the prompt's ids,
-encodes the images and scatters their embeddings, in order, over the positions that hold ``image_token_id``
-(``inputs_embeds.masked_scatter``). The decode steps embed each new token with the ``embed`` program. Greedy
-decoding is then the text decoder's (:func:`hfexport_dynamo.generation.generate`), token for token eager
-``model.generate(input_ids, attention_mask=..., pixel_values=..., do_sample=False)``.
+:func:`hfexport_dynamo.tasks.image_prompt.image_prompt` does what the model's ``forward`` does before its language
+model: it embeds the prompt's ids, encodes the images and scatters their embeddings, in order, over the positions
+that hold ``image_token_id`` (``inputs_embeds.masked_scatter``). The decode steps embed each new token with the
+``embed`` program. Greedy decoding is then the text decoder's (:class:`hfexport_dynamo.tasks.causal_lm.
+DecoderPrograms` under the one greedy loop), token for token eager ``model.generate(input_ids,
+attention_mask=..., pixel_values=..., do_sample=False)``.
 
 Families (:data:`FAMILIES`): those whose language model takes ``inputs_embeds`` with 1-D position ids and whose
 images are merged at the image token's positions: LLaVA (``get_image_features`` on ``[images, C, H, W]``),
@@ -45,9 +46,9 @@ import torch
 
 from hfexport.plugin import InvalidInputError
 
-from ._decoding import AUDIO_TEXT_TO_TEXT, IMAGE_TEXT_TO_TEXT, generation_manifest
-from ._image_prompt import AUDIO, EMBED, VISION
-from .generation import CausalLMStep, _bounds, _prompt, check_prefill_chunk, plan_decoder
+from .causal_lm import CausalLMStep, plan_decoder
+from .names import AUDIO, AUDIO_TEXT_TO_TEXT, EMBED, IMAGE_TEXT_TO_TEXT, VISION
+from .planning import check_prefill_chunk, checked_bounds, example_prompt, generation_manifest
 
 __all__ = ["FAMILIES", "EmbedsLMStep", "Family", "LanguageModelHead", "TokenEmbedStep", "ImageBlocksLMStep", "VisionStep",
            "plan_image_text"]
@@ -344,7 +345,7 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         inputs: an example ``{"input_ids", "attention_mask", "pixel_values"}`` (``"input_features"`` for audio;
             each optional); default: seeded.
         max_cache_len, max_batch, prefill_chunk, stateful, fused_cache_attention: as for ``"text-generation"``
-            (:func:`hfexport_dynamo.generation.plan_task`).
+            (:func:`hfexport_dynamo.tasks.causal_lm.plan_causal_lm`).
         max_images: the most images one call of ``generate`` takes, the whole batch's (default ``max_batch``: one
             image per prompt).
 
@@ -358,7 +359,7 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
 
     family = _family(model, task)
     inner = getattr(model, family.inner)
-    max_cache_len, max_batch = _bounds(model, max_cache_len, max_batch)
+    max_cache_len, max_batch = checked_bounds(model, max_cache_len, max_batch)
     prefill_chunk = check_prefill_chunk(prefill_chunk, max_cache_len)
     if max_images is not None and family.media == "audio":
         raise TypeError(f"max_images is an option of task {IMAGE_TEXT_TO_TEXT!r}, not of {task!r}")
@@ -373,7 +374,7 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         inputs.pop(name, None)
     if family.per_row and isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 5:
         pixel_values = pixel_values.flatten(0, 1)
-    ids, mask = _prompt(model, inputs or None)
+    ids, mask = example_prompt(model, inputs or None)
     if inputs and ids.shape[0] > max_batch:
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
     grid = None
