@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._pipeline import export as export_with
 from ._artifact import DEFAULT_COMPONENT, Component, ExportedModel, read_manifest
 from ._discovery import get_backend
 from ._exporter import ExportConfig
+from ._pipeline import export as export_with
 from ._stages import ProgressCallback
 from ._trust import check_integrity, import_type_modules, load_treespec, treespec_names, unregistered
 
