@@ -16,7 +16,7 @@ import hfexport
 from hfexport import _saving, cli
 from hfexport._context import _model_lock
 from hfexport._patching import patch_context
-from hfexport_dynamo.capture import SpecializedDimWarning
+from hfexport_dynamo.export_step import SpecializedDimWarning
 
 
 class _Dropper(torch.nn.Module):

@@ -18,7 +18,7 @@ from hfexport_dynamo._recurrences import (
     _patched_rnn_scan,
     _rwkv_linear_attention_cpu,
 )
-from hfexport_dynamo.capture import SpecializedDimWarning
+from hfexport_dynamo.export_step import SpecializedDimWarning
 
 TRACED, OTHER = 8, (5, 13)  # the traced sequence length and two others
 ATOL = 1e-4
