@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._artifact import (
+from ._comparison import (
     COMPARISONS,
     DEFAULT_COMPONENT,
     OutputDiff,
@@ -39,7 +39,7 @@ from ._artifact import (
     _json_float,
     flatten_with_names,
 )
-from ._exporter import InvalidInputError
+from ._context import InvalidInputError
 
 __all__ = ["Quantization", "QuantizationRecipe", "QuantizedOutputDiff", "QuantizedVerificationReport",
            "check_quantization_inputs", "compare_quantized", "file_bytes", "quantized_model_reason",

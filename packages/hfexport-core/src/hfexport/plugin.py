@@ -28,7 +28,7 @@ Example (a vendor backend that decomposes to Core ATen)::
         def package(self, ctx): return self.artifact(ctx, [Component("model", MyRunner(ctx.program), ...)])
 """
 
-from ._artifact import Component, ExportedModel, FileRunner, Runner, component_manifest
+from ._artifact import Component, ExportedModel, component_manifest
 from ._context import ExportConfig, ExportContext, InvalidInputError, RuntimeNeeds
 from ._discovery import Backend
 from ._exporter import Exporter, Tracer
@@ -40,6 +40,7 @@ from ._registry import (
     register_patch,
     register_workaround,
 )
+from ._runners import FileRunner, Runner
 from ._stages import ExportError, Stage, StageEvent, Step
 from ._tasks import ComponentPlan, TaskPlan
 from ._trust import artifact_file
