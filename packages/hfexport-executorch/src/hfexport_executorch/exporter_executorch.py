@@ -11,9 +11,11 @@ Five stages around ExecuTorch's lowering:
 3. ExecuTorch patches — ``@register_patch("executorch.internals", ...)``: ExecuTorch internals that crash on
    valid dynamic-shape graphs (same registry, another scope, so stage 2 does not install them).
 4. FX program fixes — dynamo's trace (``hfexport_dynamo.trace``: its five stages nested, then
-   ``torch.export.export``), then ``@register_fx_program_fix("executorch")`` (finite bounds for unbounded
-   dynamic dims). With ``quantize="int8"``/``"int8-dynamic"``, between the two: the steps ``prepare_pt2e,
-   calibration, convert_pt2e`` and ``torch.export.export (quantized)`` (``_quantize.py``).
+   ``torch.export.export``), then ``@register_fx_program_fix("executorch")``. With ``quantize="int8"``/
+   ``"int8-dynamic"``, between the two: the steps ``prepare_pt2e, calibration, convert_pt2e`` and
+   ``torch.export.export (quantized)`` (``_quantize.py``). Then the step ``bound dynamic dims (memory budget)``:
+   a finite upper bound for every dynamic dim (``_bounds.py``), default bounds halved while the estimated plan
+   exceeds ``memory_budget_gib`` (``_memory_plan.py``).
 5. FX node fixes — ``@register_fx_node_fix("executorch")`` (Python sym ops ExecuTorch cannot emit, ``pow`` as a
    ``mul`` chain, ...), then the steps ``to_edge_transform_and_lower`` and ``to_executorch``.
 
@@ -49,7 +51,6 @@ from hfexport.plugin import (
     artifact_file,
     component_manifest,
     register_fx_node_fix,
-    register_fx_program_fix,
     register_patch,
 )
 from hfexport.quantization import check_quantization_inputs
@@ -59,7 +60,7 @@ from hfexport_dynamo import DYNAMO_TRACER
 from . import _export_cost, _xnnpack_partitions  # noqa: F401 - register their workarounds
 from ._attention import register_llm_kernels
 from ._bisect import bisect_delegates
-from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, DimBounds, _other_bound, bound_dynamic_dims
+from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, _other_bound, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable, mutated_buffer_initial_value
 from ._config import ExecutorchConfig, executorch_config
 from ._decompositions import (
@@ -134,6 +135,7 @@ class ExecutorchExporter(Exporter):
         Step(1, "quantize weights", "torchao.quantization.quantize_"),  # quantize='8da4w' only
         Step(3, "capture", "the dynamo stages, torch.export.export"),
         Step(3, "quantize", "prepare_pt2e, calibration, convert_pt2e"),  # quantize='int8' only
+        Step(4, "bound dims", "bound dynamic dims (memory budget)"),  # hfexport's own: _bounds.py, _memory_plan.py
         Step(5, "lower", "to_edge_transform_and_lower"),
         Step(5, "emit", "to_executorch"),
         Step(5, "open", "executorch runtime: Program.load_method"),
@@ -190,14 +192,18 @@ class ExecutorchExporter(Exporter):
         quantize_program(ctx)  # step quantize (quantize='int8'): PT2E on the captured program, captured again
         with ctx.stage(4):
             ctx.apply_fx_program_fixes(ctx.program, scopes)
-        bounds = state.dim_bounds
-        if bounds is not None and bounds.bounded:
+        # ExecuTorch plans memory at each dynamic dim's upper bound (an unbounded one at its trace size: a larger
+        # input then fails at run time), so every dim gets a finite bound from its role (_bounds.py), and default
+        # bounds are halved while the estimated plan exceeds memory_budget_gib (_memory_plan.py)
+        with ctx.step("bound dynamic dims (memory budget)"):
+            bounds = state.dim_bounds = bound_dynamic_dims(ctx.program, ctx)
+            fit_memory_budget(ctx.program, ctx, bounds)
+        if bounds.bounded:
             ctx.note("dynamic dims given a finite upper bound: " + ", ".join(
                 f"{sym} in [{lo}, {hi}]" for sym, (lo, hi) in sorted(bounds.bounded.items())))
         with ctx.stage(5):
             ctx.apply_fx_node_fixes(ctx.program.graph_module, scopes)
         preparation = state.preparation
-        bounds = state.dim_bounds or DimBounds()
         (edge, manager, planning, delegation), planned = lower_within_budget(  # steps lower, emit
             ctx, ctx.program, bounds, lambda: lower_program(ctx, preparation.partitioners, ctx.step),
             lambda lowered: planned_memory_bytes(lowered[1]))
@@ -539,11 +545,11 @@ def _patch_view_larger_than_base(original: Any) -> Any:
                 "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound")
 def _patch_unbacked_size_upper_bound(original: Any, ctx: ExportContext | None = None) -> Any:
     """Plans a data-dependent size that lowering left unbounded at ``dim_upper_bound`` (default 64, as
-    ``_fix_unbounded_range_constraints`` bounds the program's own symbols), instead of failing.
+    the step after stage 4 bounds the program's own symbols), instead of failing.
 
     **Why**: ``to_edge`` and ``to_executorch`` trace the program again, and each data-dependent op
     (``repeat_interleave`` of image grid sizes, ``nonzero``) gets a new unbacked symbol there, ``[0, int_oo]``: the
-    bounds that stage 4 gave the program's symbols (and graph assertions on them, which ``to_edge`` drops) do not
+    bounds that the step after stage 4 gave the program's symbols (and graph assertions on them, which ``to_edge`` drops) do not
     reach it. Memory planning then fails: ``Cannot evaluate a finite upper bound for symbolic expression u137
     (int_oo) and no trace hint is available`` (EXAONE 4.5 and Cosmos3-Edge with their image). A size above the
     bound fails at run time with ExecuTorch's resize error, as for every bounded dim.
@@ -556,7 +562,7 @@ def _patch_unbacked_size_upper_bound(original: Any, ctx: ExportContext | None = 
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-    # the bound stage 4 gives a program's dim with no role: the user's dim_upper_bound, else the default
+    # the bound the step after stage 4 gives a program's dim with no role: the user's dim_upper_bound, else the default
     bound = _other_bound(executorch_config(ctx), 0)[0] if ctx is not None else DEFAULT_DIM_UPPER_BOUND
 
     @functools.wraps(original)
@@ -974,37 +980,6 @@ def _patch_cse_keys_nodes_apart_from_ints(original: Any) -> Any:
 
 
 # ── Stage 4: FX program fixes ──
-@register_fx_program_fix("executorch")
-def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram,
-                                     ctx: ExportContext | None = None) -> bool:
-    """Gives every dynamic dim a finite upper bound ExecuTorch can plan memory for (``_bounds.py``).
-
-    A batch dim gets ``max_batch`` (default 8, grown to the example's batch), a sequence dim ``max_seq_len`` or
-    else the config's ``max_position_embeddings``, audio 30 s, an image twice the example (or ``image_size``),
-    never above a bound torch.export inferred nor a default below the example; any other dim left unbounded
-    ``[lo, int_oo]`` gets ``dim_upper_bound`` (default 64, grown to the example). Rewrites ``range_constraints``
-    and the ShapeEnv(s) that the symbolic sizes in ``meta["val"]`` point to: ExecuTorch evaluates upper bounds through ``shape_env.var_to_range``, not
-    through ``range_constraints``. Explicit ``Dim(max=...)`` bounds are kept (unless ``max_batch``/``max_seq_len``
-    are given). The bounds chosen go to ``manifest["executorch"]["dim_bounds"]``. Where the plan they give, estimated
-    from this program, exceeds ``memory_budget_gib`` (2 GiB), default bounds are halved until it fits
-    (``_memory_plan.py``; stage 5 checks the lowered plan again).
-
-    **Why**: ``Dim.AUTO`` (``dynamic=True``) gives unbounded ranges. ExecuTorch plans memory for the upper bound of
-    every dynamic dim (``executorch.exir.sym_util.eval_upper_bound``) and, for ``int_oo``, silently falls back to
-    the trace-time size: the program lowers and then fails on the first larger input (``Attempted to resize a
-    bounded tensor with a maximum capacity of 2 elements to 3 elements``, ``method->execute() failed with error
-    0x12``). For unbacked sizes (no trace hint, c01) lowering fails instead: ``Cannot evaluate a finite upper
-    bound for symbolic expression u25 (int_oo) and no trace hint is available``. One bound for every dim planned
-    all-MiniLM-L6-v2 at 2.8 GiB (batch 64 x sequence 512); the role bounds plan it at about 0.3 GiB.
-    **Upstream**: pytorch/executorch#8766 (unbounded dynamic memory is not supported), pytorch/executorch#3636.
-    **Remove when**: ExecuTorch plans unbounded dims dynamically, or rejects them at lowering with a clear error.
-    """
-    if ctx is None:
-        return False
-    bounds = bound_dynamic_dims(exported_program, ctx)
-    fit_memory_budget(exported_program, ctx, bounds)  # default bounds halved while the estimate exceeds the budget
-    executorch_state(ctx).dim_bounds = bounds
-    return bool(bounds.bounded)
 
 
 # ── Stage 5: FX node fixes ──
