@@ -1,22 +1,27 @@
-"""Workarounds that cut the time and memory ExecuTorch's lowering spends on a large program (the Qwen2-0.5B-shaped
-decoder of ``benchmarks/bench_generation.py``: 494 M parameters, 123 XNNPACK partitions).
+"""What cuts the time and memory ExecuTorch's lowering spends on a large program (the Qwen2-0.5B-shaped decoder of
+``benchmarks/bench_generation.py``: 494 M parameters, 123 XNNPACK partitions).
 
-They change no program: the same partitions, the same delegates, the same bytes of weights. Each is a registered
-patch (``disable=("<name>",)`` leaves it out) with a test in ``tests/executorch/test_executorch_export_cost.py``.
+None changes a program: the same partitions, the same delegates, the same bytes of weights.
+:func:`cia_ops_collected_once`, a cache of what torch recomputes on every decomposition, is pipeline code that every
+export installs. The patches that replace what ExecuTorch does upstream are registered workarounds
+(``disable=("<name>",)`` leaves one out). Each has a test in ``tests/executorch/test_executorch_export_cost.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import heapq
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from hfexport.plugin import register_patch
 
-__all__: list[str] = []
+__all__ = ["cia_ops_collected_once"]
 
 
 @register_patch(
@@ -110,24 +115,16 @@ def _patch_partition_without_regenerating_the_graph(original: Any) -> Any:
     return create_submodule_from_nodes
 
 
-@register_patch(
-    "executorch.internals",
-    "torch.export.exported_program._collect_all_valid_cia_ops",
-    "torch.export.decomp_utils._collect_all_valid_cia_ops",
-)
-def _patch_cia_ops_collected_once(original: Any) -> Any:
-    """Collects torch's preservable CompositeImplicitAutograd ops once per export, not on every
-    ``run_decompositions`` and decomposition table.
+# ── pipeline code: installed for every export by ExecutorchExporter.prepare, not a registered workaround ─────────
+_CIA_OPS_CALLERS = ("torch.export.exported_program", "torch.export.decomp_utils")  # the names its callers call
+_cia_lock = threading.Lock()
+_cia_installed: list[tuple[Any, Any]] = []  # (module, original) while at least one export holds the cache
+_cia_holders = 0
 
-    **Why**: ``_collect_all_valid_cia_ops`` walks every op of every namespace (``torch.ops.aten``: 500 CIA ops among
-    some 2,600 overloads) on each call; an ExecuTorch lowering calls it 17 times (each ``run_decompositions`` and
-    each ``default_decompositions()`` table), 1.8 s of a 31 s toy export and about a third of a tiny model's. Its
-    answer changes only when an op is registered, so the replacement keeps it while the number of C++
-    CompositeImplicitAutograd registrations stays the same, and hands each caller its own copy of the set.
-    **Upstream**: pytorch/pytorch ``torch/_export/utils.py`` (the function is uncached; no issue found).
-    **Remove when**: torch caches the collection (the test counts the walks with
-    ``disable=("_patch_cia_ops_collected_once",)``).
-    """
+
+def _collected_once(original: Any) -> Any:
+    """``original`` (torch's ``_collect_all_valid_cia_ops``) answered from a cache while the number of C++
+    CompositeImplicitAutograd registrations, the only thing its answer depends on, stays the same."""
     cache: dict[int, frozenset[Any]] = {}
 
     @functools.wraps(original)
@@ -136,6 +133,40 @@ def _patch_cia_ops_collected_once(original: Any) -> Any:
         if key not in cache:
             cache.clear()
             cache[key] = frozenset(original())
-        return set(cache[key])
+        return set(cache[key])  # each caller its own copy
 
     return _collect_all_valid_cia_ops
+
+
+@contextlib.contextmanager
+def cia_ops_collected_once() -> Iterator[None]:
+    """While the ``with`` body runs, torch collects its preservable CompositeImplicitAutograd ops once, not on every
+    ``run_decompositions`` and decomposition table.
+
+    ``_collect_all_valid_cia_ops`` walks every op of every namespace (``torch.ops.aten``: 500 CIA ops among some
+    2,600 overloads) on each call, and an ExecuTorch lowering calls it 17 times: 1.8 s of a 31 s toy export, about a
+    third of a tiny model's. The exporter holds the cache for the whole export (``prepare``); nested and concurrent
+    exports share it, and the last one out puts torch's function back.
+    """
+    import importlib
+
+    global _cia_holders
+    with _cia_lock:
+        if _cia_holders == 0:
+            modules = [importlib.import_module(name) for name in _CIA_OPS_CALLERS]
+            originals = {id(m._collect_all_valid_cia_ops): m._collect_all_valid_cia_ops for m in modules}
+            cached = {key: _collected_once(fn) for key, fn in originals.items()}  # one cache per function
+            for module in modules:
+                original = module._collect_all_valid_cia_ops
+                _cia_installed.append((module, original))
+                module._collect_all_valid_cia_ops = cached[id(original)]
+        _cia_holders += 1
+    try:
+        yield
+    finally:
+        with _cia_lock:
+            _cia_holders -= 1
+            if _cia_holders == 0:
+                while _cia_installed:
+                    module, original = _cia_installed.pop()
+                    module._collect_all_valid_cia_ops = original

@@ -77,6 +77,7 @@ from ._delegation import (
     portable_kernel_for,
     report_planned_memory,
 )
+from ._export_cost import cia_ops_collected_once
 from ._graph import emit, is_symint_arg, replace_with_chain, value
 from ._memory_plan import fit_memory_budget, lower_within_budget
 from ._quantize import (
@@ -168,6 +169,7 @@ class ExecutorchExporter(Exporter):
     def prepare(self, ctx: ExportContext) -> None:
         """Stages 1-3: the variant's device, dtype and partitioners; the patches capture and lowering run under."""
         ctx.stack.enter_context(without_lowering_notices())  # until the export ends (_quiet.py says which)
+        ctx.stack.enter_context(cia_ops_collected_once())  # torch's walk of its CIA ops, once per export, not 17 times
         state, config = executorch_state(ctx), executorch_config(ctx)
         scopes = self.variant_scopes(config.backend)
         with ctx.stage(1):
