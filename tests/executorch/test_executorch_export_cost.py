@@ -98,18 +98,18 @@ def test_patch_partition_without_regenerating_the_graph(monkeypatch):
     the program is the same (it matches eager, the partition's early user moved after its call)."""
     import executorch.exir.lowered_backend_module as lbm
 
-    from hfexport_executorch import _export_cost
+    from hfexport_executorch.workarounds import executorch_patches
 
     original, calls = lbm.legalize_graph, []
     monkeypatch.setattr(lbm, "legalize_graph", lambda gm: calls.append(gm) or original(gm))
-    sort, unsorted = _export_cost._sort_in_place, []
+    sort, unsorted = executorch_patches._sort_in_place, []
 
     def sort_in_place(graph):
         position = {node: i for i, node in enumerate(graph.nodes)}
         unsorted.append(any(position[i] > position[n] for n in graph.nodes for i in n.all_input_nodes))
         sort(graph)
 
-    monkeypatch.setattr(_export_cost, "_sort_in_place", sort_in_place)
+    monkeypatch.setattr(executorch_patches, "_sort_in_place", sort_in_place)
     model = EarlyUser().eval()
     inputs = {"x": torch.randn(2, 3, 8)}
     with torch.no_grad():

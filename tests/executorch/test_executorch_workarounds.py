@@ -579,7 +579,9 @@ def test_patch_xnnpack_quantizer_integer_scalars(tiny_bert_int8):
 
 
 def test_every_workaround_has_a_test_here():
-    from hfexport_executorch import exporter_executorch as module
+    """Every workaround hfexport_executorch registers (variants, workarounds/*.py) is tested: here by its name, or by
+    the named test of another file."""
+    import hfexport_executorch.exporter_executorch  # noqa: F401 - imports workarounds/*.py, which register them
 
     tested = {"prepare_for_xnnpack", "_patch_nonzero", "_patch_dim_order_from_stride",
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
@@ -589,11 +591,26 @@ def test_every_workaround_has_a_test_here():
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
               "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions",
-              "_patch_cse_keys_nodes_apart_from_ints", "_patch_exact_quotient_upper_bound"}
-    registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
+              "_patch_cse_keys_nodes_apart_from_ints", "_patch_exact_quotient_upper_bound",
+              "_patch_unsqueeze_one_dynamic_dim", "_patch_gelu_tanh_not_delegated",
+              "_patch_rank_above_xnnpack_limit_not_delegated", "_patch_max_dim_serializable"}
+    registered = {r.name for r in hfexport.list_workarounds() if r.module.startswith("hfexport_executorch.")}
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
-    tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
-                        "_fix_negative_constant_pad": ("test_executorch_bounds", "test_fix_negative_constant_pad")}
+    tested_elsewhere = {
+        "_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
+        "_fix_negative_constant_pad": ("test_executorch_bounds", "test_fix_negative_constant_pad"),
+        "_patch_conv1d_one_dynamic_dim": ("test_executorch_bounds", "test_patch_conv1d_one_dynamic_dim"),
+        "_patch_is_nhwc_without_size_guards": ("test_executorch_bounds", "test_patch_is_nhwc_without_size_guards"),
+        "_patch_preprocess_copy_shares_weights": ("test_executorch_export_cost",
+                                                  "test_patch_preprocess_copy_shares_weights"),
+        "_patch_partition_without_regenerating_the_graph": ("test_executorch_export_cost",
+                                                            "test_patch_partition_without_regenerating_the_graph"),
+        "_patch_linear_conversion_through_reshapes": ("test_xnnpack_linear",
+                                                      "test_patch_linear_conversion_through_reshapes"),
+        "_patch_linear_partition_exact": ("test_xnnpack_linear", "test_patch_linear_partition_exact"),
+        "_fix_last_dim_mean_as_average_pooling": ("test_xnnpack_partitions",
+                                                  "test_a_norms_mean_stays_in_the_xnnpack_partition"),
+    }
     for name, (test_module, test) in tested_elsewhere.items():
         assert callable(getattr(importlib.import_module(test_module), test, None)), (name, test_module, test)
     assert registered == tested | untestable_here | set(tested_elsewhere)
@@ -731,7 +748,7 @@ def test_dead_code_elimination_keeps_vmap_levels():
     (Gemma3 in the sample sweep). ``_fix_view_as_reshape`` fires here, so the elimination runs."""
     model, inputs = VmappedMask(), {"x": torch.randn(2, 6, 4)}
     exported = export(model, inputs, dynamic=True)
-    assert exported.manifest["workarounds"]["fixes"]["hfexport_executorch.exporter_executorch._fix_view_as_reshape"]
+    assert exported.manifest["workarounds"]["fixes"]["hfexport_executorch.workarounds.node_fixes._fix_view_as_reshape"]
     assert_matches(exported, model, {"x": torch.randn(3, 9, 4)})  # 9 x 9 mask, not the traced 6 x 6
 
 
@@ -927,7 +944,7 @@ def test_patch_unbacked_size_upper_bound_plans_a_data_dependent_length():
     from executorch.exir.sym_util import eval_upper_bound
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from hfexport_executorch.exporter_executorch import _patch_unbacked_size_upper_bound
+    from hfexport_executorch.workarounds.executorch_patches import _patch_unbacked_size_upper_bound
 
     size = ShapeEnv().create_unbacked_symint()
     with pytest.raises(RuntimeError, match="finite upper bound"):
@@ -947,7 +964,7 @@ def test_patch_exact_quotient_upper_bound_plans_a_view_at_the_largest_batch():
     from torch.utils._sympy.value_ranges import ValueRanges
 
     from hfexport.workarounds import patch_context
-    from hfexport_executorch import exporter_executorch  # noqa: F401 - registers the patch
+    from hfexport_executorch.workarounds import executorch_patches  # noqa: F401 - registers the patch
 
     env = ShapeEnv()
     batch, samples = (env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
