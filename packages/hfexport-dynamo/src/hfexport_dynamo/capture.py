@@ -35,6 +35,12 @@ from torch.export import Dim
 
 from hfexport.plugin import ExportContext, Stage
 
+from . import (  # noqa: F401 - register the "dynamo" model patches stage 2 installs, and the complex-pair fix
+    _model_patches,
+    _recurrences,
+    _window_padding,
+    rewrites,
+)
 from ._config import trace_state
 from ._guard_ranges import narrow_to_guards
 from ._pytree import register_transformers_pytrees
