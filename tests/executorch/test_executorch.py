@@ -446,16 +446,29 @@ def test_missing_executorch_names_what_to_install(monkeypatch):
 
 
 def test_every_workaround_is_documented_and_found_by_grep():
+    """``grep -rnE "^def (_patch_|_fix_|_aten_|prepare_for_)" packages/hfexport-executorch/src`` finds every workaround
+    the package registers, each in ``workarounds/<kind>.py`` (the variants' ``prepare_for_*`` in the exporter), with a
+    short docstring that says **Why**, **Upstream** and **Remove when**."""
+    import importlib
     import inspect
     import re
+    from pathlib import Path
 
-    from hfexport_executorch import exporter_executorch as module
+    import hfexport_executorch
+    from hfexport_executorch import exporter_executorch
 
-    source = inspect.getsource(module)
-    listed = set(re.findall(r"^def ((?:_patch_|_fix_|prepare_for_)\w+)", source, re.M))
-    registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
+    root = Path(hfexport_executorch.__file__).parent
+    listed = {}
+    for file in root.rglob("*.py"):
+        module = ".".join(("hfexport_executorch", *file.relative_to(root).with_suffix("").parts))
+        for name in re.findall(r"^def ((?:_patch_|_fix_|_aten_|prepare_for_)\w+)", file.read_text(), re.M):
+            listed[name] = module
+    registered = {r.name: r.module for r in hfexport.list_workarounds() if r.module.startswith("hfexport_executorch.")}
     assert registered == listed
-    for name in listed:
-        doc = inspect.getdoc(getattr(module, name)) or ""
+    for name, module in registered.items():
+        assert module.startswith("hfexport_executorch.workarounds.") or (
+            module == exporter_executorch.__name__ and name.startswith("prepare_for_")), (name, module)
+        doc = inspect.getdoc(getattr(importlib.import_module(module), name)) or ""
         for part in ("**Why**", "**Upstream**", "**Remove when**"):
             assert part in doc, f"{name} lacks {part}"
+        assert len(doc.splitlines()) <= 10, f"{name}'s docstring has {len(doc.splitlines())} lines: say less"

@@ -1,5 +1,6 @@
-"""What a large export costs on ExecuTorch: a tied weight stored once (``_weights.py``), and the workarounds of
-``_export_cost.py`` (each left out with ``disable=``: what it saves, and the same program either way)."""
+"""What a large export costs on ExecuTorch: a tied weight stored once (``_weights.py``), torch's CIA ops collected
+once per export (``_export_cost.py``, pipeline code), and the registered patches that replace ExecuTorch's costly
+steps (each left out with ``disable=``: what it saves, and the same program either way)."""
 
 from __future__ import annotations
 
@@ -97,18 +98,18 @@ def test_patch_partition_without_regenerating_the_graph(monkeypatch):
     the program is the same (it matches eager, the partition's early user moved after its call)."""
     import executorch.exir.lowered_backend_module as lbm
 
-    from hfexport_executorch import _export_cost
+    from hfexport_executorch.workarounds import executorch_patches
 
     original, calls = lbm.legalize_graph, []
     monkeypatch.setattr(lbm, "legalize_graph", lambda gm: calls.append(gm) or original(gm))
-    sort, unsorted = _export_cost._sort_in_place, []
+    sort, unsorted = executorch_patches._sort_in_place, []
 
     def sort_in_place(graph):
         position = {node: i for i, node in enumerate(graph.nodes)}
         unsorted.append(any(position[i] > position[n] for n in graph.nodes for i in n.all_input_nodes))
         sort(graph)
 
-    monkeypatch.setattr(_export_cost, "_sort_in_place", sort_in_place)
+    monkeypatch.setattr(executorch_patches, "_sort_in_place", sort_in_place)
     model = EarlyUser().eval()
     inputs = {"x": torch.randn(2, 3, 8)}
     with torch.no_grad():
@@ -122,32 +123,58 @@ def test_patch_partition_without_regenerating_the_graph(monkeypatch):
     assert unsorted == [True]  # the fused call came after the mean that reads it: the sort moved the mean
 
 
-def test_patch_cia_ops_collected_once(monkeypatch):
-    """Without the patch, torch collects the preservable CIA ops on every decomposition (4 or more times for this module);
-    with it once or twice (again when the lowering registers new ops); the same program either way."""
+def test_cia_ops_collected_once_per_export(monkeypatch):
+    """Pipeline code, not a workaround: an export collects torch's preservable CIA ops once or twice (again when the
+    lowering registers new ops), where without the cache every decomposition walks them (4 or more times for this
+    module); the same program either way, and torch's function is back after the export."""
+    import contextlib
+
     import torch.export.decomp_utils as decomp_utils
     import torch.export.exported_program as exported_program
 
+    from hfexport_executorch import exporter_executorch
+
     walks = []
-    for module in (
-        exported_program,
-        decomp_utils,
-    ):  # the names the patch wraps: it counts the walks it lets through
+    counting = {}
+    for module in (exported_program, decomp_utils):  # the names the cache wraps: it counts the walks it lets through
         original = module._collect_all_valid_cia_ops
-        monkeypatch.setattr(
-            module, "_collect_all_valid_cia_ops", lambda original=original: walks.append(1) or original()
-        )
+        counting[module] = lambda original=original: walks.append(1) or original()
+        monkeypatch.setattr(module, "_collect_all_valid_cia_ops", counting[module])
     model = EarlyUser().eval()
     inputs = {"x": torch.randn(2, 3, 8)}
     with torch.no_grad():
         expected = model(**inputs)
-    counts = {}
-    for disable in (("_patch_cia_ops_collected_once",), ()):
-        walks.clear()
-        exported = export(model, inputs, disable=disable)
-        counts[disable] = len(walks)
-        torch.testing.assert_close(exported(**inputs), expected, atol=1e-5, rtol=0)
-    assert counts[()] <= 2 and counts[("_patch_cia_ops_collected_once",)] >= 4, counts
+    exported = export(model, inputs)
+    cached = len(walks)
+    torch.testing.assert_close(exported(**inputs), expected, atol=1e-5, rtol=0)
+    assert all(module._collect_all_valid_cia_ops is fn for module, fn in counting.items())  # uninstalled
+    with pytest.raises(ValueError, match="disable names no workaround"):
+        export(model, inputs, disable=("_patch_cia_ops_collected_once",))  # no longer a registered patch
+    walks.clear()
+    monkeypatch.setattr(exporter_executorch, "cia_ops_collected_once", contextlib.nullcontext)  # what it saves
+    exported = export(model, inputs)
+    torch.testing.assert_close(exported(**inputs), expected, atol=1e-5, rtol=0)
+    assert cached <= 2 and len(walks) >= 4, (cached, len(walks))
+
+
+def test_the_cia_ops_cache_is_shared_and_released_by_the_last_holder():
+    import torch.export.decomp_utils as decomp_utils
+    import torch.export.exported_program as exported_program
+
+    from hfexport_executorch._export_cost import cia_ops_collected_once
+
+    original = exported_program._collect_all_valid_cia_ops
+    with cia_ops_collected_once():
+        installed = exported_program._collect_all_valid_cia_ops
+        assert installed is not original and decomp_utils._collect_all_valid_cia_ops is installed
+        with cia_ops_collected_once():  # a nested export shares it
+            assert exported_program._collect_all_valid_cia_ops is installed
+        assert exported_program._collect_all_valid_cia_ops is installed
+        first = installed()
+        first.add("mine")  # each caller gets its own copy
+        assert "mine" not in installed() and installed() == original()
+    assert exported_program._collect_all_valid_cia_ops is original
+    assert decomp_utils._collect_all_valid_cia_ops is original
 
 
 def test_reset_lets_go_of_the_old_program_before_loading_again(monkeypatch):

@@ -345,41 +345,49 @@ def test_patch_arg_validator_list_return():
     assert_matches(with_it, SplitPacked(), other)
 
 
-# ── stage 4: FX program fixes ──────────────────────────────────────────────────────────────────────────
+# ── the step after stage 4: bound dynamic dims (memory budget) ───────────────────────────────────────────
 class AddPositions(torch.nn.Module):
     def forward(self, x):
         return x + torch.arange(x.shape[1])
 
 
-def test_fix_unbounded_range_constraints():
+def test_every_dynamic_dim_gets_a_finite_bound():
+    """Pipeline code, not a workaround: ``Dim.AUTO`` leaves the sequence unbounded, and ExecuTorch would plan it at
+    the trace size (a longer input then fails at run time). The step bounds it (``dim_upper_bound``, 64 by default),
+    says so in the manifest and the notes, and an input longer than the example runs."""
     inputs, longer = {"x": torch.randn(2, 4)}, {"x": torch.randn(2, 9)}
-    # the export's second-shape verification (x=[3, 5]) catches it at export time; verify=False keeps the artifact
-    without = export(AddPositions(), inputs, disable=("_fix_unbounded_range_constraints",), dynamic=True,
-                     verify=False)
-    assert without.manifest["verification"]["second_shape"]["passed"] is False
-    assert_matches(without, AddPositions(), inputs)
-    # planned at the trace size: refused by the input check where the manifest records the bound the program was
-    # planned for, otherwise by the runtime ("resize a bounded tensor" / set_inputs 0x10)
-    with pytest.raises((ValueError, RuntimeError), match="outside the program's range|0x10"):
-        without(**longer)
-    with_it = export(AddPositions(), inputs, dynamic=True)
-    assert "_fix_unbounded_range_constraints" in fixes(with_it)
-    assert_matches(with_it, AddPositions(), longer)
-    dims = with_it.manifest["inputs"][0]["dynamic_dims"]
-    assert {d["max"] for d in dims.values()} == {64}  # ExecutorchConfig.dim_upper_bound's default
-    assert all(v == [2, 64] for v in with_it.manifest["executorch"]["bounded_dims"].values())
+    with pytest.raises(ValueError, match=r"disable names no workaround.*_fix_unbounded_range_constraints"):
+        export(AddPositions(), inputs, disable=("_fix_unbounded_range_constraints",), dynamic=True)
+    events = []
+    exported = hfexport.export(AddPositions(), copy.deepcopy(inputs), backend="executorch-xnnpack", dynamic=True,
+                               progress=lambda e: events.append(e.step) if e.status == "done" else None)
+    assert "bound dynamic dims (memory budget)" in events
+    assert "_fix_unbounded_range_constraints" not in fixes(exported)  # no longer a registered fix
+    section = exported.manifest["executorch"]
+    assert section["bounded_dims"] and all(v == [2, 64] for v in section["bounded_dims"].values())
+    assert {d["max"] for d in exported.manifest["inputs"][0]["dynamic_dims"].values()} == {64}
+    assert any(n.startswith("dynamic dims given a finite upper bound: ") and "in [2, 64]" in n
+               for n in exported.manifest["notes"])
+    assert section["planned_memory_bytes"] > 0  # planned at the bounds (no role here: no budget to fit)
+    assert_matches(exported, AddPositions(), inputs)
+    assert_matches(exported, AddPositions(), longer)  # 9 > the example's 4: planned for 64
+    assert_matches(exported, AddPositions(), {"x": torch.randn(2, 64)})
     # the bound is the user's setting: past it the input is refused, by name, before the runtime
     small = export(AddPositions(), inputs, dynamic=True, dim_upper_bound=8)
+    assert small.manifest["executorch"]["dim_upper_bound"] == 8
     assert_matches(small, AddPositions(), {"x": torch.randn(2, 8)})
     with pytest.raises(ValueError, match=r"size 9 in dim 1 .*outside the program's range.*in \[1, 8\]"):
         small(**longer)
 
 
-def test_fix_unbounded_range_constraints_keeps_explicit_bounds():
+def test_an_explicit_dim_bound_is_kept():
     exported = export(AddPositions(), {"x": torch.randn(2, 4)},
                       dynamic_shapes={"x": {1: Dim("seq", min=2, max=16)}})
     assert exported.manifest["executorch"]["bounded_dims"] == {}
     assert exported.manifest["inputs"][0]["dynamic_dims"]["1"]["max"] == 16
+    assert_matches(exported, AddPositions(), {"x": torch.randn(2, 16)})
+    with pytest.raises(ValueError, match="outside the program's range"):
+        exported(**{"x": torch.randn(2, 17)})
 
 
 # ── stage 5: FX node fixes ─────────────────────────────────────────────────────────────────────────────
@@ -571,21 +579,38 @@ def test_patch_xnnpack_quantizer_integer_scalars(tiny_bert_int8):
 
 
 def test_every_workaround_has_a_test_here():
-    from hfexport_executorch import exporter_executorch as module
+    """Every workaround hfexport_executorch registers (variants, workarounds/*.py) is tested: here by its name, or by
+    the named test of another file."""
+    import hfexport_executorch.exporter_executorch  # noqa: F401 - imports workarounds/*.py, which register them
 
     tested = {"prepare_for_xnnpack", "_patch_nonzero", "_patch_dim_order_from_stride",
               "_patch_default_decomposition_table", "_patch_aten_dialect_verifier",
-              "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_unbounded_range_constraints", "_fix_sym_pow", "_fix_sym_sum",
+              "_patch_arg_validator_list_return", "_patch_mutable_buffer_initial_state", "_fix_sym_pow", "_fix_sym_sum",
               "_fix_sym_ne", "_fix_pow_small_int_exponent", "_fix_sdpa_contiguous_output", "_fix_view_as_reshape",
               "_patch_xnnpack_quantizer_integer_scalars", "_fix_sym_ite_of_tensor_check",
               "_fix_assertion_only_non_core_op", "_patch_view_larger_than_base", "_fix_float_casts_to_variant_dtype",
               "_fix_decompose_inside_control_flow", "_fix_sym_floor_mod", "_fix_patchify_conv3d_as_linear",
               "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions",
-              "_patch_cse_keys_nodes_apart_from_ints", "_patch_exact_quotient_upper_bound"}
-    registered = {r.name for r in hfexport.list_workarounds() if r.module == module.__name__}  # variants too
+              "_patch_cse_keys_nodes_apart_from_ints", "_patch_exact_quotient_upper_bound",
+              "_patch_unsqueeze_one_dynamic_dim", "_patch_gelu_tanh_not_delegated",
+              "_patch_rank_above_xnnpack_limit_not_delegated", "_patch_max_dim_serializable"}
+    registered = {r.name for r in hfexport.list_workarounds() if r.module.startswith("hfexport_executorch.")}
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
-    tested_elsewhere = {"_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
-                        "_fix_negative_constant_pad": ("test_executorch_bounds", "test_fix_negative_constant_pad")}
+    tested_elsewhere = {
+        "_patch_scan_buffers_resized": ("test_executorch_scan", "test_patch_scan_buffers_resized"),
+        "_fix_negative_constant_pad": ("test_executorch_bounds", "test_fix_negative_constant_pad"),
+        "_patch_conv1d_one_dynamic_dim": ("test_executorch_bounds", "test_patch_conv1d_one_dynamic_dim"),
+        "_patch_is_nhwc_without_size_guards": ("test_executorch_bounds", "test_patch_is_nhwc_without_size_guards"),
+        "_patch_preprocess_copy_shares_weights": ("test_executorch_export_cost",
+                                                  "test_patch_preprocess_copy_shares_weights"),
+        "_patch_partition_without_regenerating_the_graph": ("test_executorch_export_cost",
+                                                            "test_patch_partition_without_regenerating_the_graph"),
+        "_patch_linear_conversion_through_reshapes": ("test_xnnpack_linear",
+                                                      "test_patch_linear_conversion_through_reshapes"),
+        "_patch_linear_partition_exact": ("test_xnnpack_linear", "test_patch_linear_partition_exact"),
+        "_fix_last_dim_mean_as_average_pooling": ("test_xnnpack_partitions",
+                                                  "test_a_norms_mean_stays_in_the_xnnpack_partition"),
+    }
     for name, (test_module, test) in tested_elsewhere.items():
         assert callable(getattr(importlib.import_module(test_module), test, None)), (name, test_module, test)
     assert registered == tested | untestable_here | set(tested_elsewhere)
@@ -723,7 +748,7 @@ def test_dead_code_elimination_keeps_vmap_levels():
     (Gemma3 in the sample sweep). ``_fix_view_as_reshape`` fires here, so the elimination runs."""
     model, inputs = VmappedMask(), {"x": torch.randn(2, 6, 4)}
     exported = export(model, inputs, dynamic=True)
-    assert exported.manifest["workarounds"]["fixes"]["hfexport_executorch.exporter_executorch._fix_view_as_reshape"]
+    assert exported.manifest["workarounds"]["fixes"]["hfexport_executorch.workarounds.node_fixes._fix_view_as_reshape"]
     assert_matches(exported, model, {"x": torch.randn(3, 9, 4)})  # 9 x 9 mask, not the traced 6 x 6
 
 
@@ -919,7 +944,7 @@ def test_patch_unbacked_size_upper_bound_plans_a_data_dependent_length():
     from executorch.exir.sym_util import eval_upper_bound
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from hfexport_executorch.exporter_executorch import _patch_unbacked_size_upper_bound
+    from hfexport_executorch.workarounds.executorch_patches import _patch_unbacked_size_upper_bound
 
     size = ShapeEnv().create_unbacked_symint()
     with pytest.raises(RuntimeError, match="finite upper bound"):
@@ -939,7 +964,7 @@ def test_patch_exact_quotient_upper_bound_plans_a_view_at_the_largest_batch():
     from torch.utils._sympy.value_ranges import ValueRanges
 
     from hfexport.workarounds import patch_context
-    from hfexport_executorch import exporter_executorch  # noqa: F401 - registers the patch
+    from hfexport_executorch.workarounds import executorch_patches  # noqa: F401 - registers the patch
 
     env = ShapeEnv()
     batch, samples = (env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)

@@ -1,5 +1,5 @@
 """XNNPACK's rewrite of decomposed Linears (``_patch_linear_conversion_through_reshapes``,
-``_patch_linear_partition_exact`` in hfexport_executorch/_delegation.py): ``torch.vmap`` over a Linear, which
+``_patch_linear_partition_exact`` in hfexport_executorch/workarounds/xnnpack_patches.py): ``torch.vmap`` over a Linear, which
 decomposes it per sample around an ``mm`` (issue 25, e02; the field cases s58 and s59 are its siblings)."""
 
 from __future__ import annotations

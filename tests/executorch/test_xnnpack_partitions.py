@@ -1,5 +1,6 @@
-"""FX node fixes that keep XNNPACK's partitions whole (``hfexport_executorch/_xnnpack_partitions.py``): each left out
-with ``disable=``, what it changes in the lowered program, and the same outputs either way."""
+"""FX node fixes that keep XNNPACK's partitions whole (``_fix_last_dim_mean_as_average_pooling`` in
+``hfexport_executorch/workarounds/node_fixes.py``): each left out with ``disable=``, what it changes in the lowered
+program, and the same outputs either way."""
 
 from __future__ import annotations
 

@@ -215,8 +215,8 @@ def bisect_delegates(ctx: ExportContext, exported: ExportedModel, inputs: Mappin
              f"{', '.join(f'{op} x{n}' for op, n in ops.most_common(6))}{', ...' if len(ops) > 6 else ''})")
     if culprit_ops:
         cause = (f"with {' or '.join(culprit_ops)} refused by the partitioner (on portable kernels) the program "
-                 "matches eager: exclude it with a partitioner check (hfexport_executorch/_delegation.py) and report "
-                 "it upstream")
+                 "matches eager: exclude it with a partitioner check (hfexport_executorch/workarounds/"
+                 "xnnpack_patches.py) and report it upstream")
     else:
         cause = ("with that partition on portable kernels the program matches eager" +
                  ("" if complete else "; the time budget ran out before its ops were tried") +

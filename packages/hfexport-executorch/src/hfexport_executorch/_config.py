@@ -1,5 +1,5 @@
 """``ExecutorchConfig``: the options of the ExecuTorch backends (kept out of ``exporter_executorch.py``, which holds
-the stages and their workarounds only)."""
+the stages and steps only)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tensor-level rewrites that the ExecuTorch workarounds trace instead of ops the runtime cannot run as they are.
 
 Each of ``ET_DECOMPOSITIONS`` is built from ops with portable kernels; the workaround that uses it (in
-``exporter_executorch.py``) says why. ``XNNPACK_DECOMPOSITIONS`` express ops that XNNPACK's partitioner does not
+``workarounds/executorch_patches.py``) says why. ``XNNPACK_DECOMPOSITIONS`` express ops that XNNPACK's partitioner does not
 take with ops that it does, so that they run inside the delegate (``prepare_for_xnnpack`` adds them).
 """
 

@@ -7,7 +7,14 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["emit", "is_symint_arg", "replace_with_chain", "shape_envs", "value"]
+__all__ = ["GRAPH_ASSERTS", "emit", "is_symint_arg", "replace_with_chain", "shape_envs", "value"]
+
+# The graph assertions ExecuTorch's RemoveGraphAssertsPass deletes before emission (exir/passes/
+# remove_graph_asserts_pass.py): the runtime checks none of them.
+GRAPH_ASSERTS = frozenset({
+    torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_async.msg,
+    torch.ops.aten.sym_constrain_range_for_size.default, torch.ops.aten.sym_constrain_range.default,
+})
 
 
 def shape_envs(program: torch.export.ExportedProgram) -> list[Any]:

@@ -24,9 +24,10 @@ class ExecutorchState:
             preparation is disabled).
         admitted_ops: ops outside Core ATen that ``_patch_aten_dialect_verifier`` admitted because a portable
             kernel runs them (stage 3 on); the manifest lists them.
-        initialized_buffers: mutable buffers whose initial value the program now stores (``_fix_...`` of stage 4).
-        dim_bounds: the upper bounds given to the dynamic dims (stage 4's ``_fix_bound_dynamic_dims``); None while
-            no dim is dynamic.
+        initialized_buffers: mutable buffers whose initial value the program now stores
+            (``_patch_mutable_buffer_initial_state``, in the step ``to_executorch``).
+        dim_bounds: the upper bounds given to the dynamic dims (the step ``bound dynamic dims (memory budget)``
+            after stage 4); None until then.
         runner: the runtime's program over the lowered, emitted bytes (stage 5).
         manifest: the component manifest's ``executorch`` section (stage 5).
         quantization: the component manifest's ``quantization`` section, without the program's size (stage 1 or
