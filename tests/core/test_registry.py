@@ -75,8 +75,9 @@ def test_patch_without_dotted_path_is_rejected():
 
 
 def test_the_documented_grep_finds_every_registered_workaround():
-    """docs/guide.md's grep over the packages' sources (functions named _patch_, _fix_, _aten_, prepare_for_) finds
-    exactly the workarounds the installed backends register (issue 27: it read exporter_*.py only, 44 of 70)."""
+    """docs/guide.md's grep over the packages' sources (functions named _patch_, _fix_, _aten_, prepare_for_, in every
+    module, ``workarounds/<kind>.py`` included) finds exactly the workarounds the installed backends register (issue
+    27: it read exporter_*.py only, 44 of 70)."""
     import re
     from pathlib import Path
 
@@ -88,7 +89,7 @@ def test_the_documented_grep_finds_every_registered_workaround():
             info.backend.load_exporter()
     root = Path(__file__).parents[2] / "packages"
     grepped = set()
-    for file in root.glob("*/src/*/**/*.py"):  # workarounds/<kind>.py too
+    for file in root.glob("*/src/*/**/*.py"):
         module = ".".join(file.relative_to(root).with_suffix("").parts[2:])
         grepped |= {(module, name) for name in
                     re.findall(r"^def ((?:_patch_|_fix_|_aten_|prepare_for_)\w+)", file.read_text(), re.M)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import re
 import subprocess
@@ -22,7 +23,7 @@ from hfexport import ExportError
 from hfexport_dynamo.inputs import dummy_inputs
 
 ATOL = 1e-4
-ONNX_FILE = Path(__file__).parents[2] / "packages/hfexport-onnx/src/hfexport_onnx/exporter_onnx.py"
+WORKAROUNDS = Path(__file__).parents[2] / "packages/hfexport-onnx/src/hfexport_onnx/workarounds"
 
 
 @functools.cache
@@ -129,16 +130,18 @@ class _Passthrough(torch.nn.Module):
 
 
 def _patched_targets() -> tuple:
-    import torch.onnx._internal.exporter._fx_passes as fx_passes
+    from torch.onnx._internal.exporter import _core, _fx_passes, _registration
 
-    return torch.Tensor.__rsub__, torch.rsub, fx_passes.decompose_with_registry
+    # stage 1's and stage 2's patches, and what prepare installs (_torch_onnx.torch_onnx_pipeline)
+    return (torch.Tensor.__rsub__, torch.rsub, _core._handle_output_node, _registration.ONNXRegistry.from_torchlib,
+            _fx_passes.decompose_with_registry)
 
 
 def test_tuple_outputs_get_names_and_an_input_returned_as_is_keeps_its_name():
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     before = _patched_targets()
     exported = hfexport.export(_Passthrough(), {"x": x, "y": y}, backend="onnx")
-    assert _patched_targets() == before  # stage 1 and 2 patches are reverted after the export
+    assert _patched_targets() == before  # stage 1 and 2 patches and the pipeline's are reverted after the export
     section = exported.manifest["onnx"]
     assert section["input_leaves"] == ["x", "y"]
     assert section["output_leaves"] == ["output_0", "output_1_0", "output_1_1", "output_2"]
@@ -183,21 +186,27 @@ def test_stages_are_the_documented_five():
 
 
 def test_every_workaround_is_greppable_and_documented():
+    """Every registered ONNX workaround is a ``_patch_``/``_fix_``/``_aten_`` function of ``workarounds/<kind>.py``,
+    the module of its stage, with a short Why / Upstream / Remove when naming its upstream issue (or none found)."""
     import hfexport_onnx.exporter_onnx as E
 
-    listed = re.findall(r"^def ((?:_patch_|_fix_|_aten_)\w+)", ONNX_FILE.read_text(), re.M)
-    registered = [r.name for r in hfexport.list_workarounds() if r.module == E.__name__]
-    assert sorted(listed) == sorted(registered), (listed, registered)  # translations and IR fixes included
-    assert {r.scope for r in hfexport.list_workarounds() if r.module == E.__name__} == {"onnx", "onnx.decomposition"}
-    kinds = {r.name: r.kind for r in hfexport.list_workarounds() if r.module == E.__name__}
-    assert {n for n, k in kinds.items() if k == "onnx_translation"} == {n for n in listed if n.startswith("_aten_")}
-    assert {n for n, k in kinds.items() if k == "onnx_ir_fix"} == {n for n in listed if n.startswith("_fix_ir_")}
-    for name in listed:
-        doc = getattr(E, name).__doc__
-        assert doc and doc.strip().splitlines()[0], name
+    stage_module = {"patch": {"onnx": "torch_patches", "onnx.internals": "onnx_patches"},
+                    "fx_node_fix": {"onnx": "node_fixes"}, "onnx_translation": {"onnx": "translations"},
+                    "onnx_ir_fix": {"onnx": "ir_fixes"}}
+    listed = {f"hfexport_onnx.workarounds.{file.stem}.{name}" for file in WORKAROUNDS.glob("*.py")
+              for name in re.findall(r"^def ((?:_patch_|_fix_|_aten_)\w+)", file.read_text(), re.M)}
+    registered = [r for r in hfexport.list_workarounds() if r.module.startswith("hfexport_onnx.")]
+    assert sorted(listed) == sorted(r.qualified_name for r in registered)  # translations and IR fixes included
+    assert {r.scope for r in registered} == {"onnx", "onnx.internals"} == set(E.OnnxExporter.scopes) - {"dynamo"}
+    for r in registered:
+        assert r.module == f"hfexport_onnx.workarounds.{stage_module[r.kind][r.scope]}", (r.name, r.kind, r.module)
+        assert r.name.startswith({"onnx_translation": "_aten_", "onnx_ir_fix": "_fix_ir_"}.get(r.kind, "_")), r.name
+        doc = r.func.__doc__
+        assert doc and doc.strip().splitlines()[0], r.name
         for part in ("**Why**", "**Upstream**", "**Remove when**"):
-            assert part in doc, f"{name} lacks {part}"
-        assert re.search(r"[\w-]+/[\w-]+#\d+", doc), f"{name} names no upstream issue"
+            assert part in doc, f"{r.name} lacks {part}"
+        assert re.search(r"[\w-]+/[\w-]+#\d+|none found", doc), f"{r.name} names no upstream issue"
+        assert len(inspect.cleandoc(doc).splitlines()) <= 9, f"{r.name}'s docstring is long"
     assert all(isinstance(v, str) and re.search(r"#\d+", v) for v in E.ONNX_DISABLE_OPTIMIZE.values())
 
 

@@ -1,5 +1,7 @@
-"""What onnxscript's optimizer costs inside an ONNX export: the workarounds of ``hfexport_onnx/_optimizer_cost.py``
-(each left out with ``disable=``: the work it saves, and the same graph either way)."""
+"""What an ONNX export pays outside its graph's own work: onnxscript's multi-output matcher (the workaround
+``_patch_multi_output_match_checks_its_anchor_first`` of ``hfexport_onnx/workarounds/onnx_patches.py``, left out
+with ``disable=``) and torch.onnx's torchlib registry (built once per process by the pipeline,
+``hfexport_onnx/_torch_onnx.py``): the work each saves, and the same graph either way."""
 
 from __future__ import annotations
 
@@ -73,10 +75,10 @@ def test_the_patched_matcher_answers_as_onnxscripts_own_on_every_node():
     from onnxscript.rewriter._matcher import SimplePatternMatcher
     from onnxscript.rewriter.rules.common._basic_rules import SlicesSplit
 
-    from hfexport_onnx import _optimizer_cost
+    from hfexport_onnx.workarounds import onnx_patches
 
     original = SimplePatternMatcher.match
-    patched = getattr(_optimizer_cost, MATCH_PATCH)(original)
+    patched = getattr(onnx_patches, MATCH_PATCH)(original)
     model = ir.from_proto(parser.parse_model("""<ir_version: 10, opset_import: ["" : 18]>
         halves (float[2, 8] x) => (float[2, 4] y) <int64[1] b0 = {0}, int64[1] e0 = {4}, int64[1] e1 = {8},
                                                    int64[1] axes = {-1}> {
@@ -98,9 +100,6 @@ def test_the_patched_matcher_answers_as_onnxscripts_own_on_every_node():
     assert answers == {"Tanh": False, "Slice": True, "Mul": False, "Add": False}
 
 
-REGISTRY_PATCH = "_patch_torchlib_registry_built_once"
-
-
 class SortedLookup(torch.nn.Module):
     """``aten.searchsorted``: translated only by hfexport's ``_aten_searchsorted`` (torchlib has none)."""
 
@@ -108,12 +107,16 @@ class SortedLookup(torch.nn.Module):
         return torch.searchsorted(sequence, values) * 2
 
 
-def test_patch_torchlib_registry_built_once(monkeypatch):
-    """Without the patch every export builds torch.onnx's torchlib registry (the IR of onnxscript's ~500 functions,
-    from their source); with it the process builds it once. Each export gets its own copy: the translation one
-    export adds (``_aten_searchsorted``, through ``custom_translation_table``) is not in the next export's registry,
-    which then fails as an export without the translation does. The same graph and outputs either way."""
+def test_the_torchlib_registry_is_built_once_per_process(monkeypatch):
+    """torch.onnx builds its torchlib registry (the IR of onnxscript's ~500 functions, from their source) on every
+    ``torch.onnx.export``, and ``lower`` asks for one more for its decomposition step; the pipeline
+    (``_torch_onnx.torch_onnx_pipeline``, installed by ``prepare``) builds it once per process. Each caller gets its
+    own copy: the translation one export adds (``_aten_searchsorted``, through ``custom_translation_table``) is not in
+    the next export's registry, which then fails as an export without the translation does. The same graph and
+    outputs as with a registry built for each call."""
     from torch.onnx._internal._lazy_import import onnxscript_apis  # what from_torchlib calls, once per build
+
+    from hfexport_onnx import _torch_onnx
 
     builds: list[int] = []
     original = onnxscript_apis.get_torchlib_ops
@@ -123,18 +126,20 @@ def test_patch_torchlib_registry_built_once(monkeypatch):
     expected = model(**inputs)
 
     exports = {}
-    for label, disable in (("torch's own", (REGISTRY_PATCH,)), ("patched", ())):
+    for label, built_once in (("torch's own", lambda original: original), ("built once", _torch_onnx._built_once)):
         counts = []
-        for _ in range(2):
-            builds.clear()
-            exported = hfexport.export(model, inputs, backend="onnx", disable=disable)
-            counts.append(len(builds))
+        with monkeypatch.context() as m:
+            m.setattr(_torch_onnx, "_built_once", built_once)
+            for _ in range(2):
+                builds.clear()
+                exported = hfexport.export(model, inputs, backend="onnx")
+                counts.append(len(builds))
         graph = onnx.load(str(exported.runner.path), load_external_data=False).graph
         exports[label] = (counts, [node.op_type for node in graph.node], exported(**inputs))
         assert torch.equal(exports[label][2], expected), label
-    assert exports["torch's own"][0] == [1, 1]
-    assert exports["patched"][0][1] == 0  # the second export builds nothing (the first may: another module's ops)
-    assert exports["patched"][1] == exports["torch's own"][1]
+    assert exports["torch's own"][0] == [2, 2]  # the decomposition step's and torch.onnx.export's
+    assert exports["built once"][0][1] == 0  # the second export builds nothing (the first may: another module's ops)
+    assert exports["built once"][1] == exports["torch's own"][1]
     with pytest.raises(hfexport.ExportError, match=r"No ONNX function found for <OpOverload\(op='aten.searchsorted'"):
         hfexport.export(model, inputs, backend="onnx", disable=("_aten_searchsorted",))
-    assert builds == [], "the patched registry was built again"
+    assert builds == [], "the cached registry was built again"

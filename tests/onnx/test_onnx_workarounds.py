@@ -12,10 +12,11 @@ from hfexport import ExportError
 from hfexport_dynamo.inputs import dummy_inputs
 
 ATOL = 1e-4
-PREFIX = "hfexport_onnx.exporter_onnx."
+PATCHES = "hfexport_onnx.workarounds.torch_patches."  # where each stage's workarounds are registered
+FIXES = "hfexport_onnx.workarounds.node_fixes."
 
 
-# ── _patch_tensor_rsub, _patch_torch_rsub, _patch_decompose_with_registry, _fix_sub_scalar_int_tensor (c18) ──
+# ── _patch_tensor_rsub, _patch_torch_rsub, _fix_sub_scalar_int_tensor after the decomposition (c18) ──────────
 class InvertMask(torch.nn.Module):
     def forward(self, x, mask):
         return (1.0 - mask) * x
@@ -51,25 +52,28 @@ def test_rsub_patch_alone_fixes_float_minus_int_tensor(module, patch):
     # Only the trace-time patch: the program has the cast, so no fix fires after decomposition.
     others = tuple(name for name in ALL_RSUB if name != patch)
     exported = hfexport.export(module(), inputs, backend="onnx", disable=others)
-    assert any(p["name"] == PREFIX + patch for p in exported.manifest["workarounds"]["patches"])
+    assert any(p["name"] == PATCHES + patch for p in exported.manifest["workarounds"]["patches"])
     report = exported.verify(inputs, atol=0, rtol=0)
     assert report.passed and report.max_abs_diff == 0.0, report
 
 
-def test_sub_scalar_fix_runs_after_decomposition_through_the_onnx_patch():
+def test_sub_scalar_fix_runs_on_the_decomposed_program():
     """Traced without the rsub patches, the decomposed graph has ``sub.Tensor(1.0, int_tensor)``: the FX fix repairs
-    it only because ``_patch_decompose_with_registry`` re-runs the fixes after ``run_decompositions``."""
+    it only because ``lower`` runs torch.onnx's decomposition itself (the step ``ExportedProgram.run_decompositions``)
+    and applies stage 3's fixes again to its result, before ``torch.onnx.export``'s type promotion."""
     inputs = _mask_inputs()
     patches_off = ("_patch_tensor_rsub", "_patch_torch_rsub")
-    exported = hfexport.export(InvertMask(), inputs, backend="onnx", disable=patches_off)
-    assert exported.manifest["onnx"]["fixes_after_decomposition"] == {PREFIX + "_fix_sub_scalar_int_tensor": 1}
-    assert PREFIX + "_fix_sub_scalar_int_tensor" not in exported.manifest["workarounds"]["fixes"]  # not before
+    events = []
+    exported = hfexport.export(InvertMask(), inputs, backend="onnx", disable=patches_off,
+                               progress=lambda e: events.append(e.step) if e.step and e.status == "start" else None)
+    assert exported.manifest["onnx"]["fixes_after_decomposition"] == {FIXES + "_fix_sub_scalar_int_tensor": 1}
+    assert FIXES + "_fix_sub_scalar_int_tensor" not in exported.manifest["workarounds"]["fixes"]  # not before
+    assert events.index("ExportedProgram.run_decompositions") + 1 == events.index("torch.onnx.export"), events
     report = exported.verify(inputs, atol=0, rtol=0)
     assert report.passed and report.max_abs_diff == 0.0, report
 
-    for off in ("_patch_decompose_with_registry", "_fix_sub_scalar_int_tensor"):
-        with pytest.raises(ExportError, match=TYPE_PROMOTION_FAILURE):
-            hfexport.export(InvertMask(), inputs, backend="onnx", disable=(*patches_off, off))
+    with pytest.raises(ExportError, match=r"step torch.onnx.export failed.*" + TYPE_PROMOTION_FAILURE):
+        hfexport.export(InvertMask(), inputs, backend="onnx", disable=(*patches_off, "_fix_sub_scalar_int_tensor"))
 
 
 # ── _aten_sort_stable (c21) ──────────────────────────────────────────────────────
@@ -266,7 +270,7 @@ def test_squeeze_fix_drops_the_dims_torch_keeps():
         hfexport.export(SqueezeFirst(), inputs, backend="onnx", disable=("_fix_squeeze_dims_torch_keeps",),
                         ort_fusions=None)
     exported = hfexport.export(SqueezeFirst(), inputs, backend="onnx", ort_fusions=None)
-    assert exported.manifest["workarounds"]["fixes"][PREFIX + "_fix_squeeze_dims_torch_keeps"] == 1  # not `one`'s
+    assert exported.manifest["workarounds"]["fixes"][FIXES + "_fix_squeeze_dims_torch_keeps"] == 1  # not `one`'s
     report = exported.verify(inputs, atol=0, rtol=0)
     assert report.passed and report.max_abs_diff == 0.0, report
 

@@ -5,6 +5,7 @@ with a message naming it, and refuse an IR that needs an extension library."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import re
 import shutil
@@ -207,6 +208,24 @@ def test_num_threads_is_recorded_and_checked(tmp_path: Path) -> None:
     assert exported.runner.compiled.get_property("INFERENCE_NUM_THREADS") == 1
     with pytest.raises(ValueError, match="num_threads must be an int >= 1"):
         hfexport.export(model, {"input_ids": ids(1, 6, 0)}, backend="openvino", num_threads=0)
+
+
+def test_every_workaround_is_in_its_kinds_module_with_a_short_why_upstream_remove_when() -> None:
+    """Every registered OpenVINO workaround is a ``_fix_`` function of ``hfexport_openvino/workarounds/<kind>.py``
+    (the documented grep finds it), its docstring a summary line and **Why** / **Upstream** / **Remove when**."""
+    import hfexport_openvino.exporter_openvino  # noqa: F401 - registers them
+
+    root = Path(__file__).parents[2] / "packages/hfexport-openvino/src/hfexport_openvino/workarounds"
+    grepped = {f"hfexport_openvino.workarounds.{file.stem}.{name}" for file in root.glob("*.py")
+               for name in re.findall(r"^def ((?:_patch_|_fix_)\w+)", file.read_text(), re.M)}
+    registered = [r for r in hfexport.list_workarounds() if r.module.startswith("hfexport_openvino.")]
+    assert grepped == {r.qualified_name for r in registered}
+    modules = {"fx_node_fix": "node_fixes", "openvino_cpu_property": "cpu_properties"}
+    for r in registered:
+        assert r.module == f"hfexport_openvino.workarounds.{modules[r.kind]}", (r.name, r.kind)
+        doc = inspect.cleandoc(r.func.__doc__ or "")
+        assert all(part in doc for part in ("**Why**", "**Upstream**", "**Remove when**")), r.name
+        assert len(doc.splitlines()) <= 9, f"{r.name}'s docstring is long"
 
 
 def test_the_backend_is_listed_with_its_distribution() -> None:

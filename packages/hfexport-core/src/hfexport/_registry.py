@@ -221,7 +221,7 @@ def list_workarounds(scope: str | None = None, kind: str | None = None) -> list[
 
 def is_disabled(func: Callable[..., Any] | Registration, disabled: Iterable[str]) -> bool:
     """Whether ``disabled`` names ``func``: by function name (``"_fix_ir_topk_sorted"``) or qualified name
-    (``"hfexport_onnx.exporter_onnx._fix_ir_topk_sorted"``). The one place ``disable=`` is matched."""
+    (``"hfexport_onnx.workarounds.ir_fixes._fix_ir_topk_sorted"``). The one place ``disable=`` is matched."""
     off = set(disabled)
     if isinstance(func, Registration):
         return func.name in off or func.qualified_name in off
@@ -234,7 +234,7 @@ def workarounds_for(kind: Kind, scopes: Iterable[str], disabled: Iterable[str] =
     """Registrations of ``kind`` whose scope is one of ``scopes``, minus the ``disabled`` names.
 
     ``disabled`` holds function names (``"_fix_ir_topk_sorted"``) or qualified names
-    (``"hfexport_onnx.exporter_onnx._fix_ir_topk_sorted"``); it lets a user (or a test) leave one
+    (``"hfexport_onnx.workarounds.ir_fixes._fix_ir_topk_sorted"``); it lets a user (or a test) leave one
     workaround out to see what it fixes.
     """
     scopes = tuple(scopes)

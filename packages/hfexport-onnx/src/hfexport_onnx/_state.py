@@ -18,8 +18,8 @@ class OnnxState:
     """The ONNX stages' results, stage to stage.
 
     Attributes:
-        decomposition_fixes: the FX node fixes applied inside ``torch.onnx.export``'s decomposition (stage 2's
-            ``_patch_decompose_with_registry``), for the conversion that made the model.
+        decomposition_fixes: the FX node fixes (stage 3's) that fired on the program torch.onnx's decomposition made
+            (the step ``ExportedProgram.run_decompositions`` of ``lower``).
         translations: the custom translations of stage 4's table, by function name.
         program: ``torch.onnx.export``'s ``ONNXProgram`` (stage 4), taken by stage 5, which frees it.
         io: the graph's input and output names per flattened leaf (``_naming.io_names``).

@@ -1,0 +1,236 @@
+"""Stage 2, Graph preparation: ``@register_fx_node_fix("openvino")`` rewrites of the program decomposed with OpenVINO's
+table (the step ``ExportedProgram.run_decompositions``), before ``openvino.convert_model``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hfexport.plugin import register_fx_node_fix
+from hfexport_dynamo import squeeze_only_size_one_dims
+
+from .._graph import call_with_meta, scan_as_while_loop
+
+__all__: list[str] = []
+
+
+@register_fx_node_fix("openvino")
+def _fix_cat_legacy_empty(gm: Any, node: Any) -> bool:
+    """Drops from ``aten.cat`` its 1-D empty inputs beside inputs of more dims, as torch's legacy rule does.
+
+    **Why**: transformers' ``DynamicLayer`` starts its cache as ``torch.tensor([])``; T5's seq2seq decode step failed
+    in the conversion: ``Axis -2 out of the tensor rank range [-1, 0]`` (``aten.cat.default``).
+    **Upstream**: none found (OpenVINO's ``src/frontends/pytorch/src/op/cat.cpp``); model-side, transformers'
+    ``DynamicLayer.lazy_initialization``.
+    **Remove when**: a tiny T5 ``text2text-generation`` export converts with ``disable=("_fix_cat_legacy_empty",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.cat.default or not node.args:
+        return False
+    tensors = list(node.args[0])
+    vals = [t.meta.get("val") if isinstance(t, torch.fx.Node) else None for t in tensors]
+    if any(v is None for v in vals) or max(v.dim() for v in vals) < 2:
+        return False
+    kept = [t for t, v in zip(tensors, vals, strict=True)
+            if not (v.dim() == 1 and isinstance(v.shape[0], int) and v.shape[0] == 0)]
+    if len(kept) == len(tensors) or not kept:
+        return False
+    node.args = (kept, *node.args[1:])
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_sdpa_fully_masked_rows(gm: Any, node: Any) -> bool:
+    """``sdpa(q, k, v, mask)`` → ``where(any(visible(mask), -1), sdpa(...), 0)``: zeros for rows that see no key.
+
+    **Why**: OpenVINO's CPU ``ScaledDotProductAttention`` returns NaN there: a left-padded Llama's logits at the
+    padding positions were NaN where eager's are finite.
+    **Upstream**: none found for OpenVINO (torchlib's: microsoft/onnxscript#2479; eager's: pytorch/pytorch#103749).
+    **Remove when**: a tiny Llama's left-padded batch matches eager with ``disable=("_fix_sdpa_fully_masked_rows",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default:
+        return False
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    if not isinstance(mask, torch.fx.Node) or "val" not in mask.meta or "val" not in node.meta:
+        return False
+    if any(user.op == "call_function" and user.target is aten.where.self and user.args[1] is node
+           for user in node.users):
+        return False  # fixed already (the fix runs once per graph, this keeps it idempotent)
+    graph = gm.graph
+    with graph.inserting_before(node.next):  # in order, after the attention
+        if mask.meta["val"].dtype == torch.bool:
+            visible = mask
+        else:
+            visible = _call(graph, aten.ne.Scalar, (mask, float("-inf")), {}, node)
+        sees = _call(graph, aten.any.dim, (visible, -1, True), {}, node)
+        zero = _call(graph, aten.scalar_tensor.default, (0.0,), {"dtype": node.meta["val"].dtype}, node)
+        result = _call(graph, aten.where.self, (sees, node, zero), {}, node)
+    for user in list(node.users):
+        if user is not result and user not in (sees, visible, zero):
+            user.replace_input_with(node, result)
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_index_put_leading_slices(gm: Any, node: Any) -> bool:
+    """The leading ``None`` indices of ``aten.index_put`` as explicit broadcast ``arange`` indices (static dims).
+
+    **Why**: OpenVINO lowers a leading ``None`` as a ``Transpose`` of the whole tensor, a ``ScatterNDUpdate`` and a
+    ``Transpose`` back: the stateful KV-cache write then copied the cache twice per layer and step (15.0 of 44.0 ms).
+    **Upstream**: none found (OpenVINO's ``src/frontends/pytorch/src/op/index_put_.cpp``).
+    **Remove when**: a toy ``text-generation`` decode step shows no ``Transpose`` from ``index_put`` in the CPU
+    plugin's performance counters with ``disable=("_fix_index_put_leading_slices",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.index_put.default:
+        return False
+    data, indices = node.args[0], list(node.args[1])
+    leading = next((i for i, index in enumerate(indices) if index is not None), len(indices))
+    rest = indices[leading:]
+    if leading == 0 or not rest or any(not isinstance(index, torch.fx.Node) or "val" not in index.meta
+                                       for index in rest) or "val" not in data.meta:
+        return False
+    sizes = data.meta["val"].shape[:leading]
+    if not all(isinstance(size, int) for size in sizes):
+        return False
+    rank = max(index.meta["val"].dim() for index in rest)  # the tensor indices' broadcast rank
+    graph, explicit = gm.graph, []
+    with graph.inserting_before(node):
+        for dim, size in enumerate(sizes):
+            arange = _call(graph, aten.arange.start_step, (0, size, 1),
+                           {"dtype": rest[0].meta["val"].dtype}, node)
+            shape = [1] * dim + [size] + [1] * (leading - 1 - dim + rank)
+            explicit.append(_call(graph, aten.view.default, (arange, shape), {}, node))
+    node.args = (data, [*explicit, *rest], *node.args[2:])
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_squeeze_dims_torch_keeps(gm: Any, node: Any) -> bool:
+    """Drops from ``aten.squeeze.dims`` the dims torch keeps (size not the integer 1); none left: ``aten.alias``.
+
+    **Why**: OpenVINO's ``Squeeze`` removes a listed dynamic axis and fails at inference when it is not 1: MBart's
+    ``shift_tokens_right`` failed at batch 10 (``Can not clone with new dims``).
+    **Upstream**: openvinotoolkit/openvino#24715 and #26989 (``allow_axis_skip``, not emitted for ``squeeze.dims``).
+    **Remove when**: a tiny ``dynamic=True`` MBartForSequenceClassification runs at another batch with
+    ``disable=("_fix_squeeze_dims_torch_keeps",)``.
+    """
+    return squeeze_only_size_one_dims(node)
+
+
+@register_fx_node_fix("openvino")
+def _fix_symint_min_max_mod_as_tensors(gm: Any, node: Any) -> bool:
+    """``sym_min``, ``sym_max`` and ``%`` of SymInts computed on 0-d int64 tensors (``meta["val"]`` kept).
+
+    **Why**: OpenVINO's FX decoder converts only ``+ - * //`` of SymInts: ``No conversion rule found for operations:
+    <built-in function mod>`` (Bamba, Falcon-H1, CANINE) or ``<function sym_min>`` (DeepSeek-V3.2, AXK2).
+    **Upstream**: none found (``src/frontends/pytorch/src/op_table.cpp``).
+    **Remove when**: ``sym_min``, ``sym_max`` and ``%`` of a dynamic dim convert with ``disable=`` of this fix.
+    """
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    tensor_op = {torch.sym_min: aten.minimum.default, torch.sym_max: aten.maximum.default,
+                 operator.mod: aten.remainder.Tensor}.get(node.target) if node.op == "call_function" else None
+    value = node.meta.get("val")
+    if tensor_op is None or not isinstance(value, torch.SymInt) or len(node.args) != 2:
+        return False
+    graph = gm.graph
+    with graph.inserting_before(node):
+        operands = [_call(graph, aten.scalar_tensor.default, (arg,), {"dtype": torch.int64}, node)
+                    for arg in node.args]
+        result = _call(graph, tensor_op, tuple(operands), {}, node)
+        scalar = graph.call_function(aten._local_scalar_dense.default, (result,))
+    scalar.meta.update(node.meta)  # the same SymInt for the nodes that use it
+    node.replace_all_uses_with(scalar)
+    graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_index_add_explicit_alpha(gm: Any, node: Any) -> bool:
+    """Passes ``aten.index_add``'s ``alpha`` (default 1) as its fifth argument.
+
+    **Why**: OpenVINO's translation reads five inputs: ``Got less inputs 4 than expected 5`` (JetMoE's experts).
+    **Upstream**: none found (OpenVINO's ``src/frontends/pytorch/src/op/index_add.cpp``).
+    **Remove when**: ``x.index_add(0, index, source)`` converts with ``disable=("_fix_index_add_explicit_alpha",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.index_add.default or len(node.args) != 4:
+        return False
+    node.args = (*node.args, node.kwargs.get("alpha", 1))
+    node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
+    return True
+
+
+@register_fx_node_fix("openvino")
+def _fix_scan_as_while_loop(gm: Any, node: Any) -> bool:
+    """A ``higher_order.scan`` as a ``while_loop`` over the scanned dim, every operand carried: the same ops.
+
+    **Why**: the FX frontend has no ``scan`` (``No conversion rule found for operations: scan``: Mamba, Jamba,
+    RecurrentGemma, RWKV) and its ``while_loop`` miscounts ``additional_inputs``, so none is left additional.
+    **Upstream**: openvinotoolkit/openvino#33173 (``while_loop`` for the FX frontend; ``scan`` not covered).
+    **Remove when**: ``tests/openvino``'s scan module converts with ``disable=("_fix_scan_as_while_loop",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.higher_order.scan:
+        return False
+    return scan_as_while_loop(gm, node)
+
+
+@register_fx_node_fix("openvino")
+def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
+    """``torch.unique_consecutive`` of a 1-D tensor as the elements that differ from their predecessor.
+
+    **Why**: the FX decoder has no rule for ``aten.unique_consecutive``: Qwen2.5-VL's vision windows
+    (``transformers.vision_utils``) failed with an image.
+    **Upstream**: none found (``src/frontends/pytorch/src/op_table.cpp``); model-side, ``transformers/vision_utils.py``.
+    **Remove when**: it converts on a dynamic 1-D tensor with ``disable=("_fix_unique_consecutive_as_mask",)``.
+    """
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.unique_consecutive.default:
+        return False
+    x = node.args[0]
+    options = dict(zip(("return_inverse", "return_counts", "dim"), node.args[1:], strict=False), **node.kwargs)
+    value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if value is None or value.dim() != 1 or any(options.get(k) for k in ("return_inverse", "return_counts")) \
+            or options.get("dim") is not None:
+        return False
+    firsts = [user for user in node.users if user.target is operator.getitem and user.args[1] == 0]
+    if len(firsts) != len(node.users):
+        return False  # the inverse or the counts are used
+    graph = gm.graph
+    with graph.inserting_before(node):
+        rest = _call(graph, aten.slice.Tensor, (x, 0, 1), {}, x)
+        before = _call(graph, aten.slice.Tensor, (x, 0, 0, -1), {}, x)
+        changed = _call(graph, aten.ne.Tensor, (rest, before), {}, x)
+        head = _call(graph, aten.ones.default, ([1],), {"dtype": torch.bool}, x)
+        keep = _call(graph, aten.slice.Tensor, (_call(graph, aten.cat.default, ([head, changed],), {}, x), 0, 0,
+                                                 _call(graph, aten.sym_size.int, (x, 0), {}, x)), {}, x)
+        where = _call(graph, aten.nonzero.default, (keep,), {}, x)
+        kept = _call(graph, aten.index_select.default, (x, 0, _call(graph, aten.squeeze.dim, (where, 1), {}, x)), {}, x)
+    for user in firsts:
+        kept.meta["val"] = user.meta.get("val", kept.meta.get("val"))  # the unbacked size its users were traced with
+        user.replace_all_uses_with(kept)
+        graph.erase_node(user)
+    graph.erase_node(node)
+    return True
+
+
+def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
+    """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs (in
+    ``like``'s fake mode, else the graph's: ``like`` may be a SymInt node)."""
+    return call_with_meta(graph, op, args, kwargs, getattr(like.meta.get("val"), "fake_mode", None))
