@@ -178,5 +178,15 @@ def test_an_exporter_without_name_stages_or_package_is_refused_when_it_loads(mon
     with pytest.raises(TypeError) as info:
         Backend("half", "vendor_half_done:NoTracer", distribution="hfexport-half").load_exporter()
     message = str(info.value)  # names the entry point, its distribution and each thing missing
-    assert "entry point vendor_half_done:NoTracer (distribution hfexport-half)" in message
+    assert "(entry point of group hfexport.backends, distribution hfexport-half): its exporter " \
+           "vendor_half_done:NoTracer" in message
     assert "must hold hfexport.plugin.Stage objects" in message and "must set `tracer`" in message
+
+    class Misnumbered(Exporter):
+        name = "half"
+        stages = (Stage(2, "Lower", "internal"),)
+        tracer = DYNAMO_TRACER
+
+    module.Misnumbered = Misnumbered
+    with pytest.raises(TypeError, match=r"`stages` must be numbered 1 to 1 in order, got \[2\]"):
+        Backend("half", "vendor_half_done:Misnumbered").load_exporter()

@@ -94,10 +94,16 @@ class Backend:
             problems.append("must declare `stages` (or `steps`)")
         if not all(isinstance(s, Stage) for s in cls.stages) or not all(isinstance(s, Step) for s in cls.steps):
             problems.append("`stages` must hold hfexport.plugin.Stage objects and `steps` Step objects")
+        elif [s.number for s in cls.stages] != list(range(1, len(cls.stages) + 1)):  # ctx.stage(n) is stages[n - 1]
+            problems.append(f"`stages` must be numbered 1 to {len(cls.stages)} in order, got "
+                            f"{[s.number for s in cls.stages]}")
         if not isinstance(cls.needs, RuntimeNeeds | property):  # a property: needs that depend on the config
             problems.append("`needs` must be an hfexport.plugin.RuntimeNeeds")
-        missing_protocol = [m for m in ("capture", "program_manifest", "reference", "check_inputs", "prepare_inputs")
+        missing_protocol = [m for m in ("capture", "program_manifest", "reference", "check_inputs", "prepare_inputs",
+                                        "extra_files", "prepare_load", "second_shape_inputs")
                             if cls.tracer is not None and not callable(getattr(cls.tracer, m, None))]
+        if cls.tracer is not None and not isinstance(getattr(cls.tracer, "stages", None), tuple):
+            missing_protocol.append("stages")
         if cls.tracer is None:
             problems.append("must set `tracer` (hfexport_dynamo.DYNAMO_TRACER: it captures the model)")
         elif missing_protocol:
@@ -107,8 +113,9 @@ class Backend:
         if cls.load_runner.__func__ is Exporter.load_runner.__func__:  # type: ignore[attr-defined]
             problems.append("must implement load_runner()")
         if problems:
-            source = f" (distribution {self.distribution})" if getattr(self, "distribution", None) else ""
-            raise TypeError(f"backend {self.name!r}: entry point {self.exporter}{source} " + "; ".join(problems))
+            source = f", distribution {self.distribution}" if getattr(self, "distribution", None) else ""
+            raise TypeError(f"backend {self.name!r} (entry point of group hfexport.backends{source}): its exporter "
+                            f"{self.exporter} " + "; ".join(problems))
         return cls
 
 

@@ -41,8 +41,8 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
 
     Raises:
         InvalidInputError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping of tensors and caches.
-        TypeError: ``verify`` is not a bool, ``atol``/``rtol`` not a non-negative number, or ``task_options``
-            without a ``task``.
+        TypeError: ``verify`` is not a bool, ``atol``/``rtol`` not a non-negative number, ``task_options``
+            without a ``task``, or a ``task`` with ``dynamic``/``dynamic_shapes`` (the plan makes its own).
         ValueError: ``disable`` names a workaround this backend does not have; the tracer plans no such task.
         ExportError: a stage or step failed (names it; the cause is chained).
         VerificationError: with ``verify``, the outputs differ beyond the tolerances (names the component).
@@ -63,6 +63,9 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
     if tracer is None or not hasattr(tracer, "plan_task"):
         raise ValueError(f"backend {exporter.name!r} exports single programs only (its tracer plans no tasks); "
                          f"export without task={task!r}")
+    if exporter.config.dynamic or exporter.config.dynamic_shapes:  # the plan's dims would replace the user's
+        raise TypeError(f"task={task!r} plans the dynamic dims of each program itself (batch up to max_batch, "
+                        "sequence up to prefill_chunk): export without dynamic=/dynamic_shapes=")
     if task_options is None:
         task_options = tracer.task_options(task)()
     start = time.perf_counter()

@@ -13,7 +13,7 @@ __all__ = ["ExportError", "Stage", "StageEvent", "StagePath", "StageTracker", "S
 
 @dataclass(frozen=True)
 class Stage:
-    """One documented stage of an exporter: where a user extends the export (DESIGN.md's stage reference).
+    """One documented stage of an exporter: where a user extends the export (the stage reference: docs/guide.md, Architecture).
 
     A stage applies its extension point and nothing else; the toolchain calls between stages are :class:`Step` s.
 

@@ -26,6 +26,10 @@ Example (a vendor backend that decomposes to Core ATen)::
             with ctx.stage(1), ctx.step("ExportedProgram.run_decompositions"):
                 ctx.program = ctx.program.run_decompositions()
         def package(self, ctx): return self.artifact(ctx, [Component("model", MyRunner(ctx.program), ...)])
+        @classmethod
+        def load_runner(cls, path, manifest, component="model", *, trust_remote_code=False): ...
+
+``docs/writing-a-backend.md`` has a complete one, which a test builds from the page.
 """
 
 from ._artifact import Component, ExportedModel, component_manifest

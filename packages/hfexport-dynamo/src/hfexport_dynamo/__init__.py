@@ -32,7 +32,7 @@ DYNAMO_BACKEND = Backend(
 _LAZY = {
     "DynamoConfig": "_config", "TraceState": "_config", "trace_state": "_config", "DynamoExporter": "exporter_dynamo", "DynamoRunner": "exporter_dynamo",
     "CAPTURE_STAGES": "capture", "PROGRAM_FILE": "exporter_dynamo",
-    "GenerationOptions": "tasks.options", "MediaGenerationOptions": "tasks.options",
+    "GenerationOptions": "tasks.options", "ImageTextOptions": "tasks.options", "TaskOptions": "tasks.options",
     "DYNAMO_TRACER": "tracer", "DynamoTracer": "tracer",
     "EXPORT_SKIPS": "skips",
     "dummy_inputs": "inputs", "forward_parameters": "inputs",

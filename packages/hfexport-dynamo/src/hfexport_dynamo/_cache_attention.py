@@ -4,7 +4,7 @@ and reads only the positions filled so far, as one op that a backend lowers to i
 Traced as one node, it keeps the cache write and the attention together, so a backend whose runtime has such a
 kernel (ONNX Runtime's ``com.microsoft.GroupQueryAttention``, which writes into a present buffer shared with the
 past one and reads ``past_length + seq`` positions, not the whole capacity) can lower it to that kernel
-(``Exporter.fused_cache_attention``). Its eager implementation, used by the verification's eager run, is the
+(``RuntimeNeeds(attention="hfexport::cache_attention")``). Its eager implementation, used by the verification's eager run, is the
 plain computation: write, then attend over the cache under the mask.
 
 With a rotary table (``rotary_cos``/``rotary_sin``, the model's RoPE at every cache position, and ``position_ids``)

@@ -61,7 +61,7 @@ IGNORED_KWARGS: tuple[str, ...] = ("head_mask", "decoder_head_mask", "cross_attn
 
 
 
-# The documented capture stages (DESIGN.md's stage reference), run by ``exporter_dynamo.capture`` for every backend;
+# The documented capture stages (the stage reference: docs/guide.md, Architecture), run by :func:`capture` for every backend;
 # each is marked below by its ``# ── Stage N: Title ──`` banner.
 CAPTURE_STAGES: tuple[Stage, ...] = (
     Stage(1, "Forward signature patch", "internal"),

@@ -143,8 +143,8 @@ class DynamoTracer:
     capture = staticmethod(capture)
 
     def task_options(self, task: str) -> type:
-        """The options dataclass of ``task`` (:class:`hfexport_dynamo.GenerationOptions` or
-        :class:`~hfexport_dynamo.MediaGenerationOptions`). Raises ``ValueError`` for an unknown task."""
+        """The options dataclass of ``task`` (:class:`hfexport_dynamo.TaskOptions`, :class:`~hfexport_dynamo.GenerationOptions`
+        or :class:`~hfexport_dynamo.ImageTextOptions`). Raises ``ValueError`` for an unknown task."""
         from .tasks import options_for_task
 
         return options_for_task(task)
@@ -158,7 +158,8 @@ class DynamoTracer:
 
         stateful = needs.cache_layout == "in_place"
         return plan_task(model, task, inputs, max_cache_len=options.max_cache_len, max_batch=options.max_batch,
-                         prefill_chunk=options.prefill_chunk, max_images=getattr(options, "max_images", None),
+                         prefill_chunk=getattr(options, "prefill_chunk", None),
+                         max_images=getattr(options, "max_images", None),
                          stateful=stateful, fused_cache_attention=attention_for(needs.attention, stateful))
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:

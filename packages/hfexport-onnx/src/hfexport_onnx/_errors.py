@@ -103,7 +103,7 @@ def onnx_hints(exc: BaseException) -> list[str]:
     if isinstance(exc, UnsupportedOpsetError):
         return [f"export with opset_version={TORCHLIB_OPSET} (the default) or higher"]
     if "No ONNX function found" in text or "DispatchError" in text:
-        return ["add an `_aten_<op>` translation to hfexport_onnx/exporter_onnx.py (_ONNX_TRANSLATION_TABLE: "
+        return ["add an `_aten_<op>` translation to hfexport_onnx/workarounds/translations.py (_ONNX_TRANSLATION_TABLE: "
                 '@register_workaround("onnx_translation", "onnx", target=<the aten op>)), or an '
                 "@register_patch('onnx', ...) that avoids the op",
                 "see the full traceback above (the original error is chained)"]

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .names import IMAGE_TEXT_TO_TEXT, MEDIA_TASKS, TASKS, TEXT_GENERATION
-from .options import GenerationOptions, MediaGenerationOptions, options_for_task
+from .options import GenerationOptions, ImageTextOptions, TaskOptions, options_for_task
 
-__all__ = ["TASKS", "GenerationOptions", "MediaGenerationOptions", "generate", "options_for_task", "plan_task"]
+__all__ = ["TASKS", "GenerationOptions", "ImageTextOptions", "TaskOptions", "generate", "options_for_task",
+           "plan_task"]
 
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,

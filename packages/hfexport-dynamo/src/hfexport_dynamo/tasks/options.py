@@ -5,21 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .names import MEDIA_TASKS, TASKS
+from .names import IMAGE_TEXT_TO_TEXT, MEDIA_TASKS, TASKS, TEXT_GENERATION
 
-__all__ = ["GenerationOptions", "MediaGenerationOptions", "options_for_task"]
+__all__ = ["GenerationOptions", "ImageTextOptions", "TaskOptions", "options_for_task"]
 
 
 @dataclass(frozen=True)
-class GenerationOptions:
-    """Options of ``"text-generation"``, ``"text2text-generation"`` and ``"automatic-speech-recognition"``.
+class TaskOptions:
+    """Options every generation task takes; alone, those of ``"text2text-generation"`` and
+    ``"automatic-speech-recognition"`` (their programs take the whole decoder prompt at once).
 
     Attributes:
         max_cache_len: the most positions a sequence may hold, prompt and new tokens: the KV cache's capacity
             (default ``max_position_embeddings`` capped at 4,096 and at a sliding window; encoder-decoders 256).
         max_batch: the largest batch (default 1).
-        prefill_chunk: the most prompt tokens one call takes, the bound of the ``seq`` dim (default
-            ``min(256, max_cache_len)``); a longer prompt is prefilled in chunks.
 
     Raises:
         TypeError: an option that is not a positive int (or None).
@@ -27,7 +26,6 @@ class GenerationOptions:
 
     max_cache_len: int | None = None
     max_batch: int | None = None
-    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -38,18 +36,29 @@ class GenerationOptions:
 
 
 @dataclass(frozen=True)
-class MediaGenerationOptions(GenerationOptions):
-    """Options of ``"image-text-to-text"`` and ``"audio-text-to-text"``: the generation options, and
+class GenerationOptions(TaskOptions):
+    """Options of ``"text-generation"`` and ``"audio-text-to-text"``: :class:`TaskOptions`, and
 
     Attributes:
-        max_images: ``"image-text-to-text"`` only (``"audio-text-to-text"`` refuses it): the most images one call of
-            ``generate`` takes (default ``max_batch``).
+        prefill_chunk: the most prompt tokens one call takes, the bound of the ``seq`` dim (default
+            ``min(256, max_cache_len)``); a longer prompt is prefilled in chunks.
+    """
+
+    prefill_chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class ImageTextOptions(GenerationOptions):
+    """Options of ``"image-text-to-text"``: :class:`GenerationOptions`, and
+
+    Attributes:
+        max_images: the most images one call of ``generate`` takes (default ``max_batch``).
     """
 
     max_images: int | None = None
 
 
-def options_for_task(task: str) -> type[GenerationOptions]:
+def options_for_task(task: str) -> type[TaskOptions]:
     """The options dataclass of ``task``.
 
     Raises:
@@ -57,4 +66,6 @@ def options_for_task(task: str) -> type[GenerationOptions]:
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
-    return MediaGenerationOptions if task in MEDIA_TASKS else GenerationOptions
+    if task == IMAGE_TEXT_TO_TEXT:
+        return ImageTextOptions
+    return GenerationOptions if task in (TEXT_GENERATION, *MEDIA_TASKS) else TaskOptions
