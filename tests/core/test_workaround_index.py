@@ -18,7 +18,6 @@ from hfexport.workaround_index import (
     describe_difference,
     indexed_workarounds,
     main,
-    read_index,
 )
 from plugin_path import PLUGINS
 
@@ -36,14 +35,14 @@ def test_every_backend_distribution_ships_the_index_the_registry_says():
     fails here, naming the command that regenerates."""
     distributions = _usable_distributions()
     assert {"hfexport-dynamo", "hfexport-onnx", "hfexport-executorch", "hfexport-openvino"} <= set(distributions)
-    stale = []
-    for distribution in distributions:
-        shipped, fresh = read_index(distribution), build_index(distribution)
-        if shipped != fresh:
-            command = "uv run python tests/plugin_path.py" if distribution in TEST_PLUGINS else REGENERATE
-            stale.append(f"{distribution}'s {INDEX_NAME} is stale ({describe_difference(shipped, fresh)}): "
-                         f"regenerate it with `{command}` and commit it")
-    assert not stale, "\n".join(stale)
+    # in a new process, as a developer runs it: the registration order is the imports' of a plain export, not the
+    # order in which this worker's other test files imported workaround modules
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hfexport.workaround_index", "--check", *distributions],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
 def test_a_stale_index_is_described_and_check_fails_naming_the_command(monkeypatch, capsys):
