@@ -1,8 +1,8 @@
 """Issue 42's yardsticks (benchmarks/followability.py): the limits every export should meet, and the tool's rules.
 
 The slow test profiles each installed backend's export of the tiny Llama (text-generation and one forward) in
-the benchmark's own subprocesses and holds each figure to ``LIMITS``; today's code does not meet them yet, so it
-is an expected failure until the refactor lands (benchmarks/results/followability.txt has today's figures). The
+the benchmark's own subprocesses and holds each figure to ``LIMITS``, or, where today's code is still over one, to
+today's figure (``NOT_YET_MET``; benchmarks/results/followability.txt has the figures). The
 fast tests check the classification rules on made-up frames and the profiler on ``hfexport.list_backends()``.
 """
 
@@ -126,12 +126,27 @@ def test_profiles_a_real_call(bench):
 
 # ── the limits, on every installed backend ────────────────────────────────────────────────────────────────────
 
+# What the code measures today (2026-12-07, benchmarks/results/followability.txt), where it is still over an
+# acceptance limit: a ceiling a change may not raise. Lower it as the figures come down; drop an entry once the
+# figure meets its limit. (bounce, interfaces, files, lines) per backend; text-generation, then forward.
+NOT_YET_MET = {
+    ("dynamo", "text-generation"): {"files": 36, "lines": 2757},
+    ("dynamo", "forward"): {"files": 29, "lines": 1918},
+    ("onnx", "text-generation"): {"bounce_depth": 4, "interfaces": 45, "files": 52, "lines": 4017},
+    ("onnx", "forward"): {"bounce_depth": 4, "interfaces": 43, "files": 45, "lines": 3000},
+    ("executorch-xnnpack", "text-generation"): {"bounce_depth": 5, "interfaces": 48, "files": 58, "lines": 4101},
+    ("executorch-xnnpack", "forward"): {"bounce_depth": 5, "interfaces": 45, "files": 51, "lines": 3192},
+    ("openvino", "text-generation"): {"bounce_depth": 4, "interfaces": 41, "files": 45, "lines": 3392},
+    ("openvino", "forward"): {"bounce_depth": 4, "interfaces": 40, "files": 38, "lines": 2507},
+}
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 42: the refactor that meets these lands in steps; "
-                                        "benchmarks/results/followability.txt has today's figures")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_export_meets_the_followability_limits(backend, kind, tmp_path):
+    """Each figure at most its acceptance limit, or, where the code does not meet it yet, at most today's figure
+    (``NOT_YET_MET``): the figures never go up (lines may grow by 2% with a fix, no more)."""
     import hfexport
 
     if not any(info.name == backend and info.status == "ok" for info in hfexport.list_backends()):
@@ -141,5 +156,7 @@ def test_export_meets_the_followability_limits(backend, kind, tmp_path):
                              capture_output=True, text=True, timeout=1800)
     assert process.returncode == 0 and out.exists(), process.stdout + process.stderr
     (row,) = json.loads(out.read_text())["rows"]
-    over = {name: (row[name], limit) for name, limit in LIMITS.items() if row[name] is None or row[name] > limit}
-    assert not over, f"{backend}, {kind}: figures over their limits (figure, limit): {over}\n{process.stdout}"
+    ceilings = {**LIMITS, **{name: value * 1.02 if name == "lines" else value
+                             for name, value in NOT_YET_MET.get((backend, kind), {}).items()}}
+    over = {name: (row[name], limit) for name, limit in ceilings.items() if row[name] is None or row[name] > limit}
+    assert not over, f"{backend}, {kind}: figures over their ceilings (figure, ceiling): {over}\n{process.stdout}"
