@@ -1,18 +1,10 @@
 """DynamoExporter: ``torch.export`` of Transformers models (and any ``nn.Module``) to a ``.pt2`` program.
 
-:func:`capture` is the capture step of every export (the kernel's pipeline calls it through ``DYNAMO_TRACER``,
-between a backend's ``prepare`` and ``lower``): five documented stages, then ``torch.export.export``:
-
-1. Forward signature patch — a flat, explicit signature from the sample inputs (internal); Python constants and
-   a vision-language processor's integer layout inputs (``image_grid_thw``, ``image_sizes``: see
-   :data:`hfexport_dynamo.inputs.IMAGE_LAYOUT_INPUTS`) are baked in.
-2. Model patches — ``@register_patch("dynamo", ...)``.
-3. Pytree registration — every ``Cache`` and ``ModelOutput`` flattens and rebuilds.
-4. Dynamic shapes — ``Dim.AUTO`` on every tensor and cache leaf when ``dynamic=True`` (but the image dims of a
-   ``pixel_values`` that comes with text: :func:`hfexport_dynamo.inputs.static_image_dims`); overridden by
-   ``DynamoConfig.dynamic_shapes``.
-5. State cleanup — tensor attributes a model sets inside ``forward`` (``_STATEFUL_CACHE_ATTRS``) are
-   saved, nulled for the trace and restored; then ``torch.export.export`` runs as a step of its own.
+The ``.pt2`` is the captured program as it is: the exporter has no ``prepare`` and no ``lower``, and its stages are
+capture's five (``hfexport_dynamo/capture.py``, marked there by their ``# ── Stage N: Title ──`` banners: Forward
+signature patch, Model patches, Pytree registration, Dynamic shapes, State cleanup), then the step
+``torch.export.export`` (``export_step.py``). Packaging owns the program's mutated buffers and saves it with
+:func:`hfexport_dynamo.load_program`'s counterpart; loading checks the file before torch reads it.
 """
 
 from __future__ import annotations
