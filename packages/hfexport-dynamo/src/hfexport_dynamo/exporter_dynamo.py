@@ -3,8 +3,8 @@
 The ``.pt2`` is the captured program as it is: the exporter has no ``prepare`` and no ``lower``, and its stages are
 capture's five (``hfexport_dynamo/capture.py``, marked there by their ``# ── Stage N: Title ──`` banners: Forward
 signature patch, Model patches, Pytree registration, Dynamic shapes, State cleanup), then the step
-``torch.export.export`` (``export_step.py``). Packaging owns the program's mutated buffers and saves it with
-:func:`hfexport_dynamo.load_program`'s counterpart; loading checks the file before torch reads it.
+``torch.export.export`` (``export_step.py``). Loading checks the file before torch reads it
+(:func:`hfexport_dynamo.load_program`).
 """
 
 from __future__ import annotations
