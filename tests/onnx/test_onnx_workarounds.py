@@ -270,7 +270,8 @@ def test_squeeze_fix_drops_the_dims_torch_keeps():
         hfexport.export(SqueezeFirst(), inputs, backend="onnx", disable=("_fix_squeeze_dims_torch_keeps",),
                         ort_fusions=None)
     exported = hfexport.export(SqueezeFirst(), inputs, backend="onnx", ort_fusions=None)
-    assert exported.manifest["workarounds"]["fixes"][FIXES + "_fix_squeeze_dims_torch_keeps"] == 1  # not `one`'s
+    fixes = exported.manifest["workarounds"]["fixes"]
+    assert fixes["hfexport_dynamo.rewrites._fix_squeeze_dims_torch_keeps"] == 1  # not `one`'s
     report = exported.verify(inputs, atol=0, rtol=0)
     assert report.passed and report.max_abs_diff == 0.0, report
 

@@ -464,3 +464,18 @@ def squeeze_only_size_one_dims(node: torch.fx.Node) -> bool:
     else:
         node.target, node.args = aten.alias.default, (node.args[0],)
     return True
+
+
+@register_fx_node_fix("onnx")
+@register_fx_node_fix("openvino")
+def _fix_squeeze_dims_torch_keeps(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Drops from ``aten.squeeze.dims`` the dims torch keeps (:func:`squeeze_only_size_one_dims`); none left: alias.
+
+    **Why**: torch squeezes only the listed dims of size 1; torchlib squeezes every listed axis (ONNX Runtime refused
+    Mistral3's ``squeeze(0)`` of ``[16, 64]``) and OpenVINO's ``Squeeze`` fails at inference on a dynamic one that
+    is not 1 (MBart's ``shift_tokens_right`` at batch 10: ``Can not clone with new dims``).
+    **Upstream**: microsoft/onnxscript#360 (closed; still unconditional in 0.7.2); openvinotoolkit/openvino#24715, #26989.
+    **Remove when**: ``x.squeeze(0)`` of a ``[16, 4]`` tensor exports on ONNX, and a tiny dynamic MBart runs at another
+    batch on OpenVINO, with ``disable=("_fix_squeeze_dims_torch_keeps",)``.
+    """
+    return squeeze_only_size_one_dims(node)

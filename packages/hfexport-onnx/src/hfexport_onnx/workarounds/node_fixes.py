@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from hfexport.plugin import register_fx_node_fix
-from hfexport_dynamo import squeeze_only_size_one_dims
 
 from .._bitwise import shift_as_tensor_op
 
@@ -63,14 +62,3 @@ def _fix_bitwise_shift_spellings(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     """
     return shift_as_tensor_op(gm, node)
 
-
-@register_fx_node_fix("onnx")
-def _fix_squeeze_dims_torch_keeps(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Drops from ``aten.squeeze.dims`` the dims torch keeps (``hfexport_dynamo.squeeze_only_size_one_dims``).
-
-    **Why**: torchlib squeezes every listed axis; ONNX Runtime refuses one that is not 1: Mistral3's image
-    (``squeeze(0)`` of ``[16, 64]``) failed with ``Dimension of input 0 must be 1 instead of 16``.
-    **Upstream**: microsoft/onnxscript#360 (closed; ``aten_squeeze_dim`` still squeezes unconditionally in 0.7.2).
-    **Remove when**: ``x.squeeze(0)`` of a ``[16, 4]`` tensor exports with ``disable=("_fix_squeeze_dims_torch_keeps",)``.
-    """
-    return squeeze_only_size_one_dims(node)

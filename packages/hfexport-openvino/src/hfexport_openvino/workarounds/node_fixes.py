@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from hfexport.plugin import register_fx_node_fix
-from hfexport_dynamo import squeeze_only_size_one_dims
 
 from .._graph import call_with_meta, scan_as_while_loop
 
@@ -109,18 +108,6 @@ def _fix_index_put_leading_slices(gm: Any, node: Any) -> bool:
     node.args = (data, [*explicit, *rest], *node.args[2:])
     return True
 
-
-@register_fx_node_fix("openvino")
-def _fix_squeeze_dims_torch_keeps(gm: Any, node: Any) -> bool:
-    """Drops from ``aten.squeeze.dims`` the dims torch keeps (size not the integer 1); none left: ``aten.alias``.
-
-    **Why**: OpenVINO's ``Squeeze`` removes a listed dynamic axis and fails at inference when it is not 1: MBart's
-    ``shift_tokens_right`` failed at batch 10 (``Can not clone with new dims``).
-    **Upstream**: openvinotoolkit/openvino#24715 and #26989 (``allow_axis_skip``, not emitted for ``squeeze.dims``).
-    **Remove when**: a tiny ``dynamic=True`` MBartForSequenceClassification runs at another batch with
-    ``disable=("_fix_squeeze_dims_torch_keeps",)``.
-    """
-    return squeeze_only_size_one_dims(node)
 
 
 @register_fx_node_fix("openvino")
