@@ -348,7 +348,7 @@ def test_generic_exporter_takes_the_variant_from_the_config():
     assert ExecutorchExporter(backend="portable").config.backend == "portable"
     assert XnnpackExporter().config.backend == "xnnpack"
     assert XnnpackExporter(ExecutorchConfig(dim_upper_bound=64)).config.dim_upper_bound == 64
-    with pytest.raises(ValueError, match="exports the 'xnnpack' variant"):
+    with pytest.raises(ValueError, match="'executorch-xnnpack' exports backend='xnnpack', but backend='cuda' was given"):
         XnnpackExporter(backend="cuda")
 
 

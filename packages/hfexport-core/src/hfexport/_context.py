@@ -242,7 +242,7 @@ class RuntimeNeeds:
             plain ops over the cache's whole capacity. ``"hfexport::cache_attention"``: the cache write and the
             attention as one functional op (ONNX Runtime's ``GroupQueryAttention`` reads only the filled positions).
             ``"llama::custom_sdpa"``: ExecuTorch's LLM kernels ``llama::update_cache`` and ``llama::custom_sdpa``,
-            which write the cache buffers in place (with ``cache_layout="in_place"``; the backend registers the ops).
+            which write the cache buffers in place (with ``cache_layout="in_place"``; capture imports them from executorch).
     """
 
     cache_layout: Literal["io", "in_place"] = "io"

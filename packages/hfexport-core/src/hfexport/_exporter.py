@@ -208,6 +208,9 @@ class Exporter:
     verify_rtol: ClassVar[float] = 1e-3
     # What the runtime needs from capture (the KV cache's layout, the attention op it lowers): see RuntimeNeeds.
     needs: ClassVar[RuntimeNeeds] = RuntimeNeeds()
+    # Options this backend fixes (a variant's name: executorch-xnnpack's backend="xnnpack"): the default when not
+    # given, and a ValueError when given otherwise, in the config or as an option.
+    preset_options: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         """Raises:
@@ -215,6 +218,13 @@ class Exporter:
                 backend does not take, or an option of the wrong type.
         """
         _check_config_class(type(self), config)
+        for key, preset in self.preset_options.items():
+            given = options.get(key, getattr(config, key, preset))
+            if given != preset:
+                raise ValueError(f"backend {self.name!r} exports {key}={preset!r}, but {key}={given!r} was given: "
+                                 f"leave {key} out, or use the backend for {key}={given!r}")
+            if config is None:
+                options.setdefault(key, preset)
         self.config = self.config_class.from_options(config, **options)
 
     def with_config(self, config: ExportConfig) -> Exporter:

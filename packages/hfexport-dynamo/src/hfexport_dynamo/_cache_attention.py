@@ -96,7 +96,7 @@ LLAMA_CUSTOM_SDPA = "llama::custom_sdpa"
 def llama_cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                           value_cache: torch.Tensor, start: object, scale: float) -> torch.Tensor:
     """Attention over a KV cache in a program's buffers, on ExecuTorch's LLM kernels ``llama::update_cache`` and
-    ``llama::custom_sdpa`` (``executorch.extension.llm.custom_ops``; the backend that declares them registers them):
+    ``llama::custom_sdpa`` (``executorch.extension.llm.custom_ops``, imported by :func:`attention_for` when a backend declares them):
     writes ``key``/``value`` at ``start`` into the buffers in place and attends causally over the positions up to
     each query row's own, reading only ``start + seq`` positions.
 
@@ -122,6 +122,7 @@ def attention_for(attention: str | None, in_place: bool) -> object:
     Raises:
         ValueError: an op hfexport cannot trace (names those it can), or ``llama::custom_sdpa`` without an in-place
             cache.
+        ImportError: ``llama::custom_sdpa`` without executorch installed.
     """
     if attention is None:
         return False
@@ -131,6 +132,11 @@ def attention_for(attention: str | None, in_place: bool) -> object:
         if not in_place:
             raise ValueError(f"attention {LLAMA_CUSTOM_SDPA!r} writes the cache buffers in place: declare it with "
                              "RuntimeNeeds(cache_layout='in_place')")
+        try:  # registers the ops (eager, fake and runtime kernels) for the planner's probe and the eager reference
+            import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(f"attention {LLAMA_CUSTOM_SDPA!r} is ExecuTorch's LLM kernel: pip install executorch "
+                              "(or hfexport-executorch, which brings it)") from exc
         return llama_cache_attention
     raise ValueError(f"RuntimeNeeds.attention {attention!r} is not an op hfexport traces; it traces None (plain ops), "
                      f"{CACHE_ATTENTION!r} and {LLAMA_CUSTOM_SDPA!r}")

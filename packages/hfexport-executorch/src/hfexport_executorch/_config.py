@@ -10,7 +10,7 @@ from hfexport.plugin import ExportContext
 from hfexport_dynamo import DynamoConfig
 
 from ._quantize import resolve_executorch_quantization
-from ._variants import backend_variants, variant_registration
+from ._variants import backend_variants, require_executorch, variant_registration
 
 __all__ = ["ExecutorchConfig", "executorch_config"]
 
@@ -64,6 +64,7 @@ class ExecutorchConfig(DynamoConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        require_executorch()  # at the first line of an export, not at its first toolchain call
         if variant_registration(self.backend) is None:
             raise ValueError(f"unknown ExecuTorch variant backend={self.backend!r}; registered variants: "
                              f"{', '.join(map(repr, backend_variants(load_plugins=False)))} (vendors add one "
@@ -91,4 +92,7 @@ def executorch_config(ctx: ExportContext) -> ExecutorchConfig:
     Raises:
         TypeError: the context's config is another backend's.
     """
-    return ctx.config_as(ExecutorchConfig)
+    # isinstance here, not ctx.config_as: the patches read it while torch runs, a call back into the kernel there
+    if not isinstance(ctx.config, ExecutorchConfig):
+        raise TypeError(f"this export's config is an instance of {type(ctx.config).__name__}, not of ExecutorchConfig")
+    return ctx.config

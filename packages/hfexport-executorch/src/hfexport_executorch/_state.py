@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ class ExecutorchState:
         manifest: the component manifest's ``executorch`` section (stage 5).
         quantization: the component manifest's ``quantization`` section, without the program's size (stage 1 or
             4); None for a float export.
+        held: the contexts ``prepare`` enters for capture and lowering (quiet notices, the CIA-op cache); ``lower``
+            closes them as its last line, the kernel's stack only when the export fails before.
     """
 
     preparation: BackendPreparation = field(default_factory=BackendPreparation)
@@ -41,6 +44,7 @@ class ExecutorchState:
     runner: ExecutorchRunner | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
 
 def executorch_state(ctx: ExportContext) -> ExecutorchState:
@@ -49,4 +53,8 @@ def executorch_state(ctx: ExportContext) -> ExecutorchState:
     Raises:
         TypeError: ``ctx`` is another backend's export context.
     """
-    return ctx.state_as(ExecutorchState)
+    # isinstance here, not ctx.state_as: the fixes and patches read it while the kernel applies them
+    if not isinstance(ctx.state, ExecutorchState):
+        raise TypeError(f"expected the context of an export whose state is an ExecutorchState; got "
+                        f"{type(ctx.state).__name__} from {type(ctx.exporter).__name__}")
+    return ctx.state

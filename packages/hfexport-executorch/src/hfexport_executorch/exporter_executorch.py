@@ -55,7 +55,6 @@ from hfexport.quantization import check_quantization_inputs
 from hfexport.workarounds import is_disabled
 from hfexport_dynamo import DYNAMO_TRACER
 
-from ._attention import register_llm_kernels
 from ._bisect import bisect_delegates
 from ._bounds import DEFAULT_DIM_UPPER_BOUND, DEFAULT_MAX_BATCH, bound_dynamic_dims
 from ._buffers import index_puts_reinplaceable
@@ -131,22 +130,11 @@ class ExecutorchExporter(Exporter):
         Step(5, "open", "executorch runtime: Program.load_method"),
     )
 
-    def __init__(self, config: ExecutorchConfig | None = None, **options: Any):
-        require_executorch()
-        if self.variant is not None:
-            requested = options.get("backend", config.backend if isinstance(config, ExecutorchConfig) else None)
-            if config is None and "backend" not in options:
-                options["backend"] = self.variant
-            elif requested != self.variant:
-                raise ValueError(f"backend {self.name!r} exports the {self.variant!r} variant, but backend="
-                                 f"{requested!r} was given: use backend='executorch-{requested}' (or pass "
-                                 f"backend={self.variant!r})")
-        super().__init__(config, **options)
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.variant is not None and "variant" in vars(cls):  # the scopes a variant's exports activate
             cls.scopes = (*ExecutorchExporter.scopes, f"executorch.{cls.variant}", f"executorch.{cls.variant}.internals")
+            cls.preset_options = {"backend": cls.variant}  # ExecutorchConfig.backend: the kernel presets it
 
     def new_state(self, ctx: ExportContext) -> ExecutorchState:
         return ExecutorchState()
@@ -157,9 +145,10 @@ class ExecutorchExporter(Exporter):
 
     def prepare(self, ctx: ExportContext) -> None:
         """Stages 1-3: the variant's device, dtype and partitioners; the patches capture and lowering run under."""
-        ctx.stack.enter_context(without_lowering_notices())  # until the export ends (_quiet.py says which)
-        ctx.stack.enter_context(cia_ops_collected_once())  # torch's walk of its CIA ops, once per export, not 17 times
         state, config = executorch_state(ctx), executorch_config(ctx)
+        ctx.stack.callback(state.held.close)  # on failure; lower closes them itself
+        state.held.enter_context(without_lowering_notices())  # through capture and lowering (_quiet.py says which)
+        state.held.enter_context(cia_ops_collected_once())  # torch's walk of its CIA ops once per export, not 17 times
         scopes = self.variant_scopes(config.backend)
         with ctx.stage(1):
             prepare = variant_registration(config.backend)
@@ -217,6 +206,7 @@ class ExecutorchExporter(Exporter):
         report_planned_memory(ctx, planned, bounds)
         if preparation.partitioners:
             delegation.note(ctx)
+        state.held.close()  # what prepare entered for capture and lowering
 
     def diagnose_mismatch(self, ctx: ExportContext, exported: ExportedModel, inputs: Any,
                           report: Any) -> dict[str, Any] | None:
@@ -335,10 +325,6 @@ class XnnpackExporter(ExecutorchExporter):
     variant: ClassVar[str | None] = "xnnpack"
     # generation programs attend with ExecuTorch's LLM kernels over the filled cache positions (_attention.py)
     needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place", attention="llama::custom_sdpa")
-
-    def __init__(self, config: ExecutorchConfig | None = None, **options: Any):
-        super().__init__(config, **options)
-        register_llm_kernels()  # the ops its needs name, for the planner's probe and the verification's eager run
 
 
 class CudaExporter(ExecutorchExporter):
