@@ -132,7 +132,7 @@ class _Passthrough(torch.nn.Module):
 def _patched_targets() -> tuple:
     from torch.onnx._internal.exporter import _core, _fx_passes, _registration
 
-    # stage 1's and stage 2's patches, and what prepare installs (_torch_onnx.torch_onnx_pipeline)
+    # stage 1's and stage 2's patches, and what lower enters (_torch_onnx.torch_onnx_pipeline)
     return (torch.Tensor.__rsub__, torch.rsub, _core._handle_output_node, _registration.ONNXRegistry.from_torchlib,
             _fx_passes.decompose_with_registry)
 

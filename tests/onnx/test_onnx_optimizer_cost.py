@@ -110,7 +110,7 @@ class SortedLookup(torch.nn.Module):
 def test_the_torchlib_registry_is_built_once_per_process(monkeypatch):
     """torch.onnx builds its torchlib registry (the IR of onnxscript's ~500 functions, from their source) on every
     ``torch.onnx.export``, and ``lower`` asks for one more for its decomposition step; the pipeline
-    (``_torch_onnx.torch_onnx_pipeline``, installed by ``prepare``) builds it once per process. Each caller gets its
+    (``_torch_onnx.torch_onnx_pipeline``, entered by ``lower``) builds it once per process. Each caller gets its
     own copy: the translation one export adds (``_aten_searchsorted``, through ``custom_translation_table``) is not in
     the next export's registry, which then fails as an export without the translation does. The same graph and
     outputs as with a registry built for each call."""

@@ -10,7 +10,7 @@ converts. ``lower`` runs that decomposition itself (:func:`decompose_with_regist
 builds and under the settings it uses), applies stage 3's fixes to the result, and hands it to ``torch.onnx.export``
 as already decomposed (:func:`decomposed_already`): decomposing a decomposed program again is not a no-op (it
 retraces it, and fails on the ``prims`` view ops a ``vmap`` decomposes to: e02, s58, s59), and torch.onnx has no
-option to skip its decomposition. :func:`torch_onnx_pipeline`, installed by ``prepare`` for the export, makes both
+option to skip its decomposition. :func:`torch_onnx_pipeline`, entered by ``lower`` around both steps, makes both
 hold: the registry built once, and the decomposition skipped for the program ``lower`` decomposed.
 """
 

@@ -149,8 +149,6 @@ class OnnxExporter(Exporter):
 
     def prepare(self, ctx: ExportContext) -> None:
         """Stages 1 and 2: the patches the capture and ``torch.onnx.export`` run under."""
-        ctx.stack.enter_context(torch_onnx_pipeline())  # until the export ends: the registry built once per process,
-        # and torch.onnx.export takes the program lower decomposes as decomposed
         with ctx.stage(1):
             ctx.install_patches(("onnx",))
         with ctx.stage(2):
@@ -167,12 +165,15 @@ class OnnxExporter(Exporter):
         # torch.onnx.export's own first step, run here (its function, registry and settings; no_grad as in _convert),
         # then stage 3's fixes again, for patterns only the decomposition makes (c18: sub.Tensor(1.0, int_tensor)),
         # before torch.onnx's type promotion sees them; what fired is the manifest's onnx.fixes_after_decomposition
-        with decomposition_settings(ctx.program), quiet_torch_onnx(), torch.no_grad():
-            with ctx.step("ExportedProgram.run_decompositions"):
-                decomposed = decompose_with_registry(ctx.program, onnx_registry(table, config.opset_version))
-            again = ctx.workarounds("fx_node_fix", ("onnx",))
-            state.decomposition_fixes = apply_fx_node_fixes(decomposed.graph_module, again, ctx=ctx)
-        program = self._convert(ctx, decomposed, table)  # step torch.onnx.export, which takes it as decomposed
+        # torch_onnx_pipeline: torch.onnx's registry built once per process, and torch.onnx.export takes the program
+        # decomposed here as decomposed
+        with torch_onnx_pipeline():
+            with decomposition_settings(ctx.program), quiet_torch_onnx(), torch.no_grad():
+                with ctx.step("ExportedProgram.run_decompositions"):
+                    decomposed = decompose_with_registry(ctx.program, onnx_registry(table, config.opset_version))
+                again = ctx.workarounds("fx_node_fix", ("onnx",))
+                state.decomposition_fixes = apply_fx_node_fixes(decomposed.graph_module, again, ctx=ctx)
+            program = self._convert(ctx, decomposed, table)  # step torch.onnx.export, which takes it as decomposed
         with ctx.stage(5):
             fixes = ctx.workarounds(_IR_FIXES, ("onnx",))
             applied = apply_ir_fixes(program.model, fixes)
