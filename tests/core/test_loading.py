@@ -361,7 +361,7 @@ def test_manifest_bounds_are_a_manifest_error(saved: dict[str, Any], tmp_path: P
     artifact = _copy(saved["mlp_dir"], tmp_path)
     text = (artifact / "export.json").read_text()
     if how == "size":
-        text = text[:-2] + " " * (17 * 2**20) + text[-2:]
+        text = text[:-2] + " " * (5 * 2**20) + text[-2:]  # over the 4 MiB bound (16 MiB before issue 43)
     elif how == "depth":  # json raises a bare RecursionError past ~1,000 levels
         text = text[:-2] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + text[-2:]
     else:  # int() of 100,000 digits is refused by Python itself; 4,000 digits are not
@@ -371,6 +371,43 @@ def test_manifest_bounds_are_a_manifest_error(saved: dict[str, Any], tmp_path: P
     with pytest.raises(ManifestError, match="damaged or crafted"):
         hfexport.load(artifact)
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("how,message", [
+    ("count", r"names 303 files, over the 256 a manifest may name"),
+    ("components", r"names a file of 40 path components, over the bound of 16"),
+    ("component", r"names a file of 300 bytes in one component, over the bound of 255"),
+    ("length", r"names a file of 1,499 characters, over the bound of 1,024"),
+])
+def test_path_bounds_name_the_bound_and_the_value(saved: dict[str, Any], tmp_path: Path, how: str,
+                                                 message: str) -> None:
+    """Issue 43: 300 paths of 4,000 components took 15.6 s, then a raw ``OSError: File name too long``."""
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    names = {"count": [f"f{i}" for i in range(300)], "components": ["/".join(["d"] * 39 + ["f"])],
+             "component": ["x" * 300], "length": ["/".join(["y" * 99] * 15)]}[how]
+    manifest["files"] += names
+    manifest["files_sha256"].update({n: {"sha256": "0" * 64, "size": 1} for n in names})
+    _write_manifest(artifact, manifest)
+    start = time.perf_counter()
+    with pytest.raises(ManifestError, match=message) as caught:
+        hfexport.load(artifact)
+    assert time.perf_counter() - start < 2 and len(str(caught.value)) < 600  # not every name
+
+
+def test_a_verification_file_of_too_many_tensors_names_the_bound(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43: 400,000 tensors in verification.safetensors took 31 s and a message listing every name."""
+    from safetensors.torch import save_file
+
+    from hfexport._stored import STORED_MAX_TENSORS
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    save_file({f"outputs.t{i}": torch.zeros(1) for i in range(STORED_MAX_TENSORS + 1)},
+              artifact / "verification.safetensors")
+    _rehash(artifact)
+    with pytest.raises(IntegrityError, match=r"holds 4,097 tensors, over the bound of 4,096") as caught:
+        hfexport.load(artifact).verify_stored()
+    assert len(str(caught.value)) < 400
 
 
 @pytest.mark.parametrize("context", ["enum", "defaultdict"])

@@ -33,14 +33,18 @@ from typing import Any
 MANIFEST_NAME = "export.json"
 SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 
-__all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
-           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_integrity", "check_treespec", "file_digests",
+__all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_MAX_BYTES", "MANIFEST_MAX_FILES", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
+           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_path_bounds", "check_integrity", "check_treespec", "file_digests",
            "import_type_modules", "importable_prefixes", "load_treespec", "manifest_file_refs", "parse_json", "pickle_globals",
            "read_manifest", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals",
            "validate_manifest"]
 
 HASHES_KEY = "files_sha256"
-MANIFEST_MAX_BYTES = 16 * 2**20  # a generation artifact's manifest is ~100 KB
+MANIFEST_MAX_BYTES = 4 * 2**20  # a generation artifact's manifest is ~100 KB; 4 MiB of small ints parse in ~1 s
+MANIFEST_MAX_FILES = 256  # distinct file names a manifest may name (an artifact has a handful)
+PATH_MAX_CHARS = 1024  # a named file's path, in characters
+PATH_MAX_PARTS = 16  # its components (folders and the file)
+PATH_PART_MAX_BYTES = 255  # one component, in UTF-8 bytes (NAME_MAX of Linux file systems)
 JSON_MAX_DEPTH = 64  # hfexport writes at most ~12 levels
 JSON_MAX_INT_DIGITS = 24  # a byte count or an int64 bound has at most 20 digits
 TRUST_HINT = ("hfexport.load runs no code from an artifact; pass trust_remote_code=True (CLI: --trust-remote-code) "
@@ -254,6 +258,28 @@ def _plain_relative(name: str) -> bool:
                 or ".." in pure.parts or re.match(r"^[A-Za-z]:", name))
 
 
+def check_path_bounds(where: Any, named: Mapping[str, Any]) -> None:
+    """Refuse more than :data:`MANIFEST_MAX_FILES` distinct file names, or a name longer than
+    :data:`PATH_MAX_CHARS` characters, of more than :data:`PATH_MAX_PARTS` components, or with a component over
+    :data:`PATH_PART_MAX_BYTES` bytes: checked before any of them reaches the file system. The message names the
+    bound and the value (and one offending name, cut short), never every name.
+
+    Raises:
+        ManifestError: the bound, the value.
+    """
+    if len(named) > MANIFEST_MAX_FILES:
+        raise ManifestError(where, [f"names {len(named):,} files, over the {MANIFEST_MAX_FILES:,} a manifest may "
+                                    "name (hfexport._trust.MANIFEST_MAX_FILES): the artifact is damaged or crafted"])
+    for name in named:
+        parts = name.split("/")
+        longest = max((len(p.encode("utf-8", "surrogatepass")) for p in parts), default=0)
+        for value, bound, what in ((len(name), PATH_MAX_CHARS, "characters"), (len(parts), PATH_MAX_PARTS,
+                                   "path components"), (longest, PATH_PART_MAX_BYTES, "bytes in one component")):
+            if value > bound:
+                raise ManifestError(where, [f"names a file of {value:,} {what}, over the bound of {bound:,} "
+                                            f"({name[:60]!r}...): the artifact is damaged or crafted"])
+
+
 def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
     """Refuse a manifest that names a file outside ``path``: an absolute path, a ``..`` component, a name that
     is not a plain relative path, or a symlink (anywhere on the way) that leads outside.
@@ -266,6 +292,7 @@ def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
     named: dict[str, list[str]] = {}
     for where, name in manifest_file_refs(manifest):
         named.setdefault(name, []).append(where)
+    check_path_bounds(Path(path) / MANIFEST_NAME, named)
     bad = []
     for name, wheres in named.items():
         if not _plain_relative(name):
@@ -367,6 +394,9 @@ def artifact_file(path: Path, manifest: Mapping[str, Any], name: Any, where: str
     return Path(path) / name
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (JSON_MAX_INT_DIGITS + 1))
+
+
 class _JsonTooLarge(ValueError):
     pass
 
@@ -388,8 +418,10 @@ def parse_json(data: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
     Raises:
         ValueError: not JSON, or beyond a bound (says which).
     """
+    # the bounded-int hook costs a Python call per integer: only when a run of digits could be a long integer
+    long_digits = _LONG_DIGITS.search(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
     try:
-        value = json.loads(data, parse_int=_bounded_int, parse_constant=_refuse_constant)
+        value = json.loads(data, parse_int=_bounded_int if long_digits else None, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
     except _JsonTooLarge as exc:
