@@ -395,6 +395,23 @@ def test_path_bounds_name_the_bound_and_the_value(saved: dict[str, Any], tmp_pat
     assert time.perf_counter() - start < 2 and len(str(caught.value)) < 600  # not every name
 
 
+@pytest.mark.parametrize("depth", [500, 20_000])
+def test_a_deeply_nested_output_spec_names_the_depth_limit(saved: dict[str, Any], tmp_path: Path, depth: int) -> None:
+    """Issue 43: a deeply nested output spec ended in a raw ``RecursionError`` (the tracer's scan of the spec's
+    type names parsed it with ``json.loads`` and walked it recursively)."""
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    leaf = '{"type": null, "context": null, "children_spec": []}'
+    nested = '{"type": "builtins.list", "context": "null", "children_spec": [' * depth + leaf + "]}" * depth
+    spec = f"[1, {nested}]"
+    for section in (manifest, manifest["components"]["model"]):
+        section["output_spec"] = spec
+    _write_manifest(artifact, manifest)
+    with pytest.raises(ValueError, match=r"nested deeper than 128 levels") as caught:
+        hfexport.load(artifact)
+    assert not isinstance(caught.value, RecursionError)
+
+
 def test_a_verification_file_of_too_many_tensors_names_the_bound(saved: dict[str, Any], tmp_path: Path) -> None:
     """Issue 43: 400,000 tensors in verification.safetensors took 31 s and a message listing every name."""
     from safetensors.torch import save_file

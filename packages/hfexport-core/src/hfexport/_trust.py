@@ -526,7 +526,9 @@ def load_treespec(spec: Any, where: str) -> Any:
     try:
         protocol, schema = parse_json(spec, max_depth=2 * JSON_MAX_DEPTH)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where} is not a serialized pytree spec: {exc}") from None
+        raise ValueError(f"{where} is not a serialized pytree spec: {exc} (the depth limit is "
+                         f"hfexport._trust.JSON_MAX_DEPTH={JSON_MAX_DEPTH} nodes): the artifact is damaged or "
+                         "crafted") from None
     if protocol != 1:
         raise ValueError(f"{where} is a pytree spec of protocol {protocol!r}; hfexport reads protocol 1")
     count = 0
@@ -568,7 +570,8 @@ def load_treespec(spec: Any, where: str) -> Any:
     try:
         return build(schema)
     except RecursionError:
-        raise ValueError(f"{where} is nested too deeply") from None
+        raise ValueError(f"{where} is nested deeper than Python's recursion allows (hfexport reads at most "
+                         f"{JSON_MAX_DEPTH} levels of a spec): the artifact is damaged or crafted") from None
 
 
 # ── output specs: only registered pytree types, no import by name ───────────────────────────────────────
@@ -578,10 +581,10 @@ def treespec_names(spec: str) -> tuple[set[str], set[str]]:
     Raises:
         ValueError: not a treespec string.
     """
-    try:
-        protocol, schema = json.loads(spec)
+    try:  # bounded: a spec nested 100,000 deep raised a bare RecursionError from json (issue 43)
+        protocol, schema = parse_json(spec, max_depth=2 * JSON_MAX_DEPTH)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"not a serialized pytree spec: {spec!r:.80}") from exc
+        raise ValueError(f"not a serialized pytree spec ({exc}): {spec!r:.80}") from None
     types: set[str] = set()
     enums: set[str] = set()
 
@@ -595,7 +598,9 @@ def treespec_names(spec: str) -> tuple[set[str], set[str]]:
             for v in value:
                 context_enums(v)
 
-    def walk(node: Any) -> None:
+    todo = [schema]
+    while todo:  # no recursion: the depth is bounded above, but the walk needs no stack either
+        node = todo.pop()
         if not isinstance(node, dict):
             raise ValueError(f"not a serialized pytree spec: {spec!r:.80}")
         if node.get("type") is not None:
@@ -603,13 +608,11 @@ def treespec_names(spec: str) -> tuple[set[str], set[str]]:
         context = node.get("context")
         if isinstance(context, str):
             try:
-                context_enums(json.loads(context))
+                context_enums(parse_json(context))
             except ValueError:
                 pass
-        for child in node.get("children_spec") or []:
-            walk(child)
-
-    walk(schema)
+        children = node.get("children_spec") or []
+        todo.extend(children if isinstance(children, list) else [])
     return types, enums
 
 
