@@ -121,6 +121,34 @@ def test_a_model_of_more_nodes_than_the_bound_is_refused_before_a_session(saved:
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.parametrize("how", ["symlinked folder", "dot component"])
+def test_an_external_data_location_through_a_symlink_is_refused(saved: dict[str, Any], tmp_path: Path,
+                                                                how: str) -> None:
+    """Issue 43: ``a/../model.onnx.data`` with ``a`` a symlink normalised (as text) to the hashed name, while the OS
+    followed the link first and ONNX Runtime read another file. The walk is the OS's, from the directory's
+    descriptor: here ``a`` links to a folder holding a different ``model.onnx.data`` beside a ``sub`` folder."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    data = (artifact / "model.onnx.data").read_bytes()
+    (elsewhere / "model.onnx.data").write_bytes(bytes(len(data)))  # zeros: other outputs, no error
+    if how == "symlinked folder":
+        (artifact / "a").symlink_to(elsewhere / "sub")
+        location = "a/../model.onnx.data"
+    else:
+        location = "./model.onnx.data"
+
+    def edit(model: onnx.ModelProto) -> None:
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+
+    _edit_model(artifact, edit)
+    with pytest.raises(ValueError, match=rf"reads external data from \[{location!r}\].*no '.' or '..'"):
+        hfexport.load(artifact)
+
+
 @pytest.mark.parametrize("key", ["model_file", "data_file"])
 def test_onnx_runner_takes_file_names_from_the_manifest_only(saved: dict[str, Any], tmp_path: Path, key: str) -> None:
     artifact = copy_artifact(saved["dir"], tmp_path)

@@ -34,7 +34,7 @@ MANIFEST_NAME = "export.json"
 SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 
 __all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_MAX_BYTES", "MANIFEST_MAX_FILES", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
-           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_path_bounds", "check_integrity", "check_treespec", "file_digests",
+           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_path_bounds", "check_integrity", "check_treespec", "file_digests", "hub_blobs", "open_beneath", "read_beneath",
            "import_type_modules", "importable_prefixes", "load_treespec", "manifest_file_refs", "parse_json", "pickle_globals",
            "read_manifest", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals",
            "validate_manifest"]
@@ -240,16 +240,161 @@ _RECORD_KEYS = frozenset({"files", HASHES_KEY, "config", "versions", "tested_ver
                           "notes", "verification"})
 
 
-def _allowed_roots(root: Path) -> list[Path]:
-    roots = [root]
-    # A Hugging Face cache snapshot (models--org--name/snapshots/<rev>/[subfolder/]) links its files into the
-    # repository's blobs/.
-    for snapshot in [root, *root.parents]:
+def hub_blobs(root: Path) -> Path | None:
+    """The ``blobs`` directory of the Hugging Face cache repository whose snapshot holds ``root``
+    (``models--org--name/snapshots/<rev>/[subfolder/]``), or ``None``. Only that cache's own ``blobs``: found from the
+    snapshot's real path, and refused when it is a symlink (a ``blobs`` linked to ``/`` made every file of the
+    artifact a link anywhere on disk, issue 43); no other ancestor's ``blobs`` counts."""
+    real = Path(os.path.realpath(root))
+    for snapshot in [real, *real.parents]:
         if snapshot.parent.name == "snapshots":
-            if (snapshot.parent.parent / "blobs").is_dir():
-                roots.append((snapshot.parent.parent / "blobs").resolve())
-            break
-    return roots
+            blobs = snapshot.parent.parent / "blobs"
+            try:
+                info = os.lstat(blobs)
+            except OSError:
+                return None
+            import stat
+
+            return blobs if stat.S_ISDIR(info.st_mode) else None  # a symlink is not S_ISDIR under lstat
+    return None
+
+
+def _allowed_roots(root: Path) -> list[Path]:
+    blobs = hub_blobs(root)
+    return [root] + ([blobs] if blobs is not None else [])
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _walk_open(dir_fd: int, parts: list[str], name: str) -> int:
+    """A descriptor of regular file ``parts`` beneath directory descriptor ``dir_fd``, each component opened with
+    ``O_NOFOLLOW`` relative to the one before (``openat``): no symlink, no ``..``, nothing but a regular file at
+    the end. Raises :class:`_Refused` saying which component is what."""
+    import stat
+
+    fd = os.dup(dir_fd)
+    try:
+        for i, part in enumerate(parts):
+            if part in ("", ".", ".."):
+                raise _Refused(f"{name!r} has a {part or 'empty'!r} component")
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (0 if last else os.O_DIRECTORY)
+            try:
+                info = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{name!r}: {'/'.join(parts[:i + 1])} does not exist") from None
+            if stat.S_ISLNK(info.st_mode):
+                raise _Refused(f"{name!r} goes through a symlink at {'/'.join(parts[:i + 1])!r}")
+            if last and not stat.S_ISREG(info.st_mode):
+                raise _Refused(f"{name!r} is not a regular file")
+            try:
+                next_fd = os.open(part, flags | (os.O_NONBLOCK if last else 0), dir_fd=fd)
+            except OSError as exc:  # ELOOP: it became a symlink since the lstat
+                raise _Refused(f"{name!r} changed while it was opened ({exc.strerror} at "
+                               f"{'/'.join(parts[:i + 1])!r})") from None
+            os.close(fd)
+            fd = next_fd
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Refused(f"{name!r} is not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_beneath(directory: Path, name: str) -> int:
+    """A read-only descriptor of file ``name`` (a relative path of ``/``-separated components) inside ``directory``,
+    opened by walking from the directory's own descriptor with ``O_NOFOLLOW`` on every component: no component may
+    be a symlink or ``..``, and the file must be a regular file. The one exception is a Hugging Face cache snapshot
+    (:func:`hub_blobs`): a file of the snapshot that is a symlink to ``../../blobs/<blob>`` (as huggingface_hub lays
+    it out, subfolders adding ``../``) is opened as that blob, beneath that cache's own ``blobs`` directory.
+
+    The caller owns the descriptor (close it). Checked with the OS, not by normalising text: a location
+    ``a/../model.onnx.data`` where ``a`` is a symlink is refused, where ``os.path.normpath`` made it the hashed name.
+
+    Raises:
+        ValueError: a symlink, ``..``, not a regular file (says which component).
+        FileNotFoundError: a component is missing.
+    """
+    import stat
+
+    parts = name.split("/")
+    root_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            return _walk_open(root_fd, parts, name)
+        except _Refused as refused:
+            blobs = hub_blobs(Path(directory))
+            if blobs is None or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"{Path(directory) / MANIFEST_NAME} names {refused}: hfexport opens only the "
+                                 "artifact directory's own regular files (the artifact is damaged or crafted)") from None
+            # a Hub snapshot: the folders are real, the file a link to ../(../)*blobs/<blob>
+            parent_fd = _walk_open_dir(root_fd, parts[:-1], name)
+            try:
+                info = os.stat(parts[-1], dir_fd=parent_fd, follow_symlinks=False)
+                target = os.readlink(parts[-1], dir_fd=parent_fd) if stat.S_ISLNK(info.st_mode) else None
+            finally:
+                os.close(parent_fd)
+            # from the link's folder (snapshots/<rev>/[subfolder/][folders/]) up to the repository
+            ups = len(Path(os.path.realpath(directory)).relative_to(blobs.parent).parts) + len(parts) - 1
+            expected = "../" * ups + "blobs/"
+            blob = target[len(expected):] if target and target.startswith(expected) else ""
+            if not blob or "/" in blob or blob in (".", ".."):
+                raise ValueError(f"{Path(directory) / MANIFEST_NAME} names {refused}, and it is not a link into "
+                                 f"this Hugging Face cache's own blobs ({target!r}): the artifact is damaged or "
+                                 "crafted") from None
+            blobs_fd = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            try:
+                return _walk_open(blobs_fd, [blob], name)
+            except _Refused as again:
+                raise ValueError(f"{Path(directory) / MANIFEST_NAME} names {again} (in the cache's blobs): the "
+                                 "artifact is damaged or crafted") from None
+            finally:
+                os.close(blobs_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _walk_open_dir(dir_fd: int, parts: list[str], name: str) -> int:
+    fd = os.dup(dir_fd)
+    for part in parts:
+        try:
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                              dir_fd=fd)
+        except OSError as exc:
+            os.close(fd)
+            raise ValueError(f"{name!r}: folder {part!r} is not a directory of the artifact ({exc.strerror})") from None
+        os.close(fd)
+        fd = next_fd
+    return fd
+
+
+def read_beneath(directory: Path, name: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of file ``name`` in ``directory``, read from one descriptor that :func:`open_beneath` opened (what
+    is hashed is what a runtime is then handed: no path is opened again).
+
+    Raises:
+        ValueError: as :func:`open_beneath`; or over ``max_bytes``.
+    """
+    fd = open_beneath(directory, name)
+    try:
+        size = os.fstat(fd).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise ValueError(f"{name!r} is {size:,} bytes, over the {max_bytes:,} expected")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 24)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise ValueError(f"{name!r} grew past {max_bytes:,} bytes while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _plain_relative(name: str) -> bool:
@@ -298,10 +443,18 @@ def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
         if not _plain_relative(name):
             why = "absolute, '..' or not a plain relative path"
         else:
-            resolved = (root / name).resolve()
-            if any(resolved.is_relative_to(r) for r in roots):
+            try:  # walked with the OS from the directory's descriptor, O_NOFOLLOW on every component
+                os.close(open_beneath(root, name))
                 continue
-            why = f"a symlink to {resolved}"
+            except FileNotFoundError:
+                continue  # read_manifest names the missing files
+            except ValueError as exc:
+                resolved = (root / name).resolve()
+                if not str(exc).startswith(str(Path(root) / MANIFEST_NAME)) or any(resolved.is_relative_to(r)
+                                                                                  for r in roots):
+                    why = str(exc).split(" names ", 1)[-1]
+                else:
+                    why = f"a symlink to {resolved}"
         bad.append(f"{name!r} ({why}; named by {', '.join(wheres)})")
     if bad:
         raise ValueError(f"{Path(path) / 'export.json'} names files outside the artifact directory {root}: "

@@ -95,14 +95,35 @@ def external_data_files(model_path: str | Path) -> set[str]:
 
 
 def _check_locations(model: Any, model_path: Path, root: str | Path, listed: Sequence[str]) -> None:
+    """Every external-data location is a file the manifest hashes, as the OS will open it: no ``..`` or ``.``
+    component and no symlink on the way (walked from the artifact directory's descriptor with ``O_NOFOLLOW``,
+    :func:`hfexport.trust.open_beneath`), not text normalised to a hashed name (``a/../model.onnx.data`` with ``a``
+    a symlink read another file, issue 43)."""
+    from hfexport.trust import open_beneath
+
     folder = os.path.relpath(model_path.parent, root)
-    known = {os.path.normpath(name) for name in listed}
-    unlisted = sorted(location for location in _locations(model)
-                      if not location or os.path.isabs(location)
-                      or os.path.normpath(os.path.join(folder, location)) not in known)
+    prefix = "" if folder == "." else folder.replace(os.sep, "/") + "/"
+    known = set(listed)
+    unlisted, linked = [], []
+    for location in sorted(_locations(model)):
+        parts = location.split("/")
+        name = prefix + location
+        if not location or os.path.isabs(location) or "\\" in location \
+                or any(p in ("", ".", "..") for p in parts) or name not in known:
+            unlisted.append(location)
+            continue
+        try:
+            os.close(open_beneath(Path(root), name))
+        except FileNotFoundError:
+            continue  # the manifest check names a missing file
+        except ValueError as exc:
+            linked.append(f"{location!r} ({str(exc).split(' names ', 1)[-1]})")
     if unlisted:
         raise ValueError(f"{model_path.name} reads external data from {unlisted}, which the artifact's "
-                         f"manifest does not hash (it hashes {sorted(listed)}): the artifact is damaged or crafted")
+                         f"manifest does not hash as such (it hashes {sorted(listed)}; a location is a plain path, "
+                         "no '.' or '..'): the artifact is damaged or crafted")
+    if linked:
+        raise ValueError(f"{model_path.name} reads external data through a symlink: {'; '.join(linked)}")
 
 
 def check_external_data(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
