@@ -232,6 +232,56 @@ def test_hugging_face_cache_layout_symlinks_into_blobs_load(saved: dict[str, Any
         hfexport.load(snapshot)
 
 
+@pytest.mark.parametrize("how", ["blobs linked elsewhere", "blob linked out", "ancestor blobs"])
+def test_only_the_caches_own_blobs_count_as_a_root(saved: dict[str, Any], tmp_path: Path, how: str) -> None:
+    """Issue 43: in a Hub-style ``repo/snapshots/<rev>/`` whose ``repo/blobs`` is a symlink (to ``/`` there), every
+    file of the artifact could be a link anywhere on disk: the roots accepted any ancestor's ``blobs`` after
+    resolving it. Now only that cache's own ``blobs`` directory, not a link, and a file's link must be the
+    ``../../blobs/<blob>`` huggingface_hub writes."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    repo = tmp_path / ("outer/snapshots/r/models--org--tiny" if how == "ancestor blobs" else "models--org--tiny")
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    blobs = repo / "blobs"
+    if how == "blobs linked elsewhere":
+        blobs.symlink_to(elsewhere)
+    else:
+        blobs.mkdir()
+    if how == "ancestor blobs":  # the real repository has no blobs here; an ancestor "snapshots" has
+        shutil.rmtree(blobs)
+        (tmp_path / "outer" / "blobs").symlink_to(elsewhere)
+    for file in saved["mlp_dir"].iterdir():
+        blob = hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, elsewhere / blob)
+        if how == "blob linked out":
+            (blobs / blob).symlink_to(elsewhere / blob)  # the blob itself a link out of the cache
+            (snapshot / file.name).symlink_to(Path("../../blobs") / blob)
+        elif how == "ancestor blobs":
+            (snapshot / file.name).symlink_to(elsewhere / blob)
+        else:
+            (snapshot / file.name).symlink_to(Path("../../blobs") / blob)
+    with pytest.raises(ValueError, match="outside the artifact directory"):
+        hfexport.load(snapshot)
+
+
+def test_a_symlinked_folder_inside_the_artifact_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """No ancestor is trusted: a file named through a folder that is a symlink (here back into the artifact itself)
+    is refused, as the OS would follow it."""
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    (artifact / "real").mkdir()
+    shutil.move(artifact / "model.pt2", artifact / "real" / "model.pt2")
+    (artifact / "linked").symlink_to(artifact / "real")
+    manifest = _manifest(artifact)
+    for section in (manifest, manifest["components"]["model"]):
+        section["program_file"] = "linked/model.pt2"
+    manifest["files"] = [f if f != "model.pt2" else "linked/model.pt2" for f in manifest["files"]]
+    manifest["files_sha256"]["linked/model.pt2"] = manifest["files_sha256"].pop("model.pt2")
+    _write_manifest(artifact, manifest)
+    with pytest.raises(ValueError, match="goes through a symlink at 'linked'"):
+        hfexport.load(artifact)
+
+
 # ── integrity ─────────────────────────────────────────────────────────────────────────────────────────────
 def test_save_records_size_and_sha256_of_every_file(saved: dict[str, Any]) -> None:
     directory = saved["bert_dir"]
