@@ -297,3 +297,48 @@ def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agre
     assert 0.0 <= report["token_agreement"] <= 1.0
     if report["first_difference"] is not None:  # the ids parted: said, with how much they agree
         assert "agree at" in check["text"] and "int4" in check["text"], check["text"]
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("auto_map", {"AutoTokenizer": ["evil.EvilTokenizer", None]}, "tokenizer_config.json:auto_map names"),
+    ("tokenizer_class", "EvilTokenizer", "tokenizer_config.json:tokenizer_class names 'EvilTokenizer'"),
+])
+def test_a_tokenizer_config_that_would_run_code_is_refused_by_name(artifact, tmp_path, capsys, key, value, message):
+    """Issue 43: an ``auto_map`` made transformers ask "run custom code? [y/N]" on standard input, and ``y`` ran the
+    artifact's Python. Refused by name before transformers reads it (and from_pretrained passes
+    trust_remote_code=False), unless --trust-remote-code; the artifact's module never runs."""
+    import shutil
+
+    from crafting import rehash
+
+    crafted = tmp_path / "gen"
+    shutil.copytree(artifact, crafted)
+    marker = tmp_path / "ran"
+    (crafted / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "from transformers import PreTrainedTokenizerFast as EvilTokenizer\n")
+    config = json.loads((crafted / "tokenizer_config.json").read_text())
+    config[key] = value
+    (crafted / "tokenizer_config.json").write_text(json.dumps(config))
+    rehash(crafted)
+    assert cli.main(["generate", str(crafted), "--prompt", "w5", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--trust-remote-code" in err, err
+    assert not marker.exists()
+
+
+def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
+    """A crafted tokenizer.json can make the Rust tokenizers library panic (``PanicException``, a BaseException that
+    ``except Exception`` lets through): it is turned into an error that names the directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from hfexport.commands import UsageError
+    from hfexport_dynamo.tasks.cli import _tokenizer_call
+
+    tokenizer = Tokenizer(models.WordLevel({"w": 0, "<unk>": 1}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    crafted = json.loads(tokenizer.to_str())
+    crafted["truncation"] = {"direction": "Right", "max_length": 1, "strategy": "LongestFirst", "stride": 1}
+    tokenizer = Tokenizer.from_str(json.dumps(crafted))
+    with pytest.raises(UsageError, match=rf"the tokenizer of {tmp_path} failed to tokenize .*stride.*damaged or "
+                                         "crafted"):
+        _tokenizer_call(lambda: tokenizer.encode("w w w"), tmp_path, "tokenize")

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 import hfexport
 from helpers import TinyMLP
 from hfexport import ManifestError
-from hfexport_onnx._untrusted import ONNX_INLINE_FACTOR, external_data_files
+from hfexport_onnx._untrusted import ONNX_INLINE_FACTOR, ONNX_MAX_NODES, external_data_files
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,53 @@ def test_local_functions_that_inline_past_the_bound_are_refused_fast(saved: dict
     with pytest.raises(ValueError, match="calls itself" if shape == "recursive" else f"{ONNX_INLINE_FACTOR} x"):
         hfexport.load(artifact)
     assert time.perf_counter() - start < 5
+
+
+def test_a_model_of_more_nodes_than_the_bound_is_refused_before_a_session(saved: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """Issue 43: 300,000 nodes under the old 2,000,000 bound took 122 s to open; ONNX Runtime's session costs
+    ~0.1-0.4 ms per node, so the bound is the largest real model's size (x2.5), refused before any session."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+
+    def edit(model: onnx.ModelProto) -> None:
+        source = model.graph.output[0].name
+        nodes = [helper.make_node("Identity", [source if i == 0 else f"pad{i - 1}"], [f"pad{i}"])
+                 for i in range(ONNX_MAX_NODES + 1)]
+        model.graph.node.extend(nodes)
+
+    _edit_model(artifact, edit)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"has {ONNX_MAX_NODES + 1 + 3:,} nodes, over the bound of 50,000"):
+        hfexport.load(artifact)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("how", ["symlinked folder", "dot component"])
+def test_an_external_data_location_through_a_symlink_is_refused(saved: dict[str, Any], tmp_path: Path,
+                                                                how: str) -> None:
+    """Issue 43: ``a/../model.onnx.data`` with ``a`` a symlink normalised (as text) to the hashed name, while the OS
+    followed the link first and ONNX Runtime read another file. The walk is the OS's, from the directory's
+    descriptor: here ``a`` links to a folder holding a different ``model.onnx.data`` beside a ``sub`` folder."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    data = (artifact / "model.onnx.data").read_bytes()
+    (elsewhere / "model.onnx.data").write_bytes(bytes(len(data)))  # zeros: other outputs, no error
+    if how == "symlinked folder":
+        (artifact / "a").symlink_to(elsewhere / "sub")
+        location = "a/../model.onnx.data"
+    else:
+        location = "./model.onnx.data"
+
+    def edit(model: onnx.ModelProto) -> None:
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+
+    _edit_model(artifact, edit)
+    with pytest.raises(ValueError, match=rf"reads external data from \[{location!r}\].*no '.' or '..'"):
+        hfexport.load(artifact)
 
 
 @pytest.mark.parametrize("key", ["model_file", "data_file"])

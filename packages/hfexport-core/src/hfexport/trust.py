@@ -6,11 +6,14 @@ from ._trust import (
     allow_pytree_types,
     allowed_pytree_type,
     check_treespec,
+    hub_blobs,
     import_type_modules,
     importable_prefixes,
     load_treespec,
+    open_beneath,
     parse_json,
     pickle_globals,
+    read_beneath,
     torch_dtype,
     treespec_names,
     unregistered,
@@ -18,7 +21,7 @@ from ._trust import (
 )
 
 __all__ = [
-    "SAFE_PICKLE_GLOBALS", "allow_pytree_types", "allowed_pytree_type", "check_treespec", "import_type_modules",
-    "importable_prefixes", "load_treespec", "parse_json", "pickle_globals", "torch_dtype", "treespec_names",
-    "unregistered", "unsafe_pickle_globals"
+    "SAFE_PICKLE_GLOBALS", "allow_pytree_types", "allowed_pytree_type", "check_treespec", "hub_blobs",
+    "import_type_modules", "importable_prefixes", "load_treespec", "open_beneath", "parse_json", "pickle_globals",
+    "read_beneath", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals"
 ]

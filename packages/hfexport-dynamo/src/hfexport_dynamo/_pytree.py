@@ -126,9 +126,9 @@ def _to_json(context: Any) -> str:
 
 
 def _from_json(text: str) -> Any:
-    import json
+    from hfexport.trust import parse_json
 
-    data = json.loads(text)
+    data = parse_json(text)  # bounded depth and integers: a saved context is the artifact's text
     cls = _decode(data["cls"])
     if cls not in _REGISTERED:  # the class the context rebuilds must be one registered here
         raise ValueError(f"a saved cache context rebuilds {cls!r}, which is not a registered cache type")

@@ -238,14 +238,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     tokenizer = None
     media: dict[str, Any] = {}
     if images:
-        tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds)
+        tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds,
+                                                                     bool(args.trust_remote_code))
     else:
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+            check_configs_run_no_code(tokenizer_dir, args.trust_remote_code)
+            tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(
+                tokenizer_dir, trust_remote_code=bool(args.trust_remote_code)), tokenizer_dir, "load")
         if args.prompt:
-            rows = [list(tokenizer(text)["input_ids"]) for text in args.prompt]
+            rows = [list(_tokenizer_call(lambda text=text: tokenizer(text)["input_ids"], tokenizer_dir, "tokenize"))
+                    for text in args.prompt]
             empty = [text for text, ids in zip(args.prompt, rows, strict=True) if not ids]
             if empty:
                 raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
@@ -281,8 +285,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any]
-                   ) -> tuple[Any, Any, Any, dict[str, Any]]:
+def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any],
+                   trust_remote_code: bool = False) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``(tokenizer, input_ids, attention_mask, {"pixel_values": ..., ...})`` of ``prompts`` with ``images`` (read
     with Pillow), as the model's own processor (``AutoProcessor`` over the artifact's copied processor files, no code
     from them) makes them, left-padded. With one prompt every image goes to it, else one each; a prompt without
@@ -297,7 +301,9 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
         raise UsageError("--image reads images with Pillow: pip install 'hfexport-dynamo[vision]'") from exc
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(directory)
+    check_configs_run_no_code(directory, trust_remote_code)
+    processor = _tokenizer_call(lambda: AutoProcessor.from_pretrained(directory, trust_remote_code=trust_remote_code),
+                                directory, "load")
     processor.tokenizer.padding_side = "left"
     pictures = []
     for path in images:
@@ -306,6 +312,7 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
                 pictures.append(image.convert("RGB"))
         except (UnidentifiedImageError, OSError) as exc:
             raise UsageError(f"--image {path} does not read as an image: {exc}") from exc
+    check_resize_bound(getattr(processor, "image_processor", None), [p.size for p in pictures], directory)
     groups = [pictures] if len(prompts) == 1 else [[picture] for picture in pictures]
     token = getattr(processor, "image_token", None)
     texts = [text if token is None or token in text else f"{token * len(group)} {text}"
@@ -314,6 +321,116 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
     vision = bounds.get("vision") or {}
     media = {name: batch[name] for name in vision.get("inputs", ("pixel_values",)) if name in batch}
     return processor.tokenizer, batch["input_ids"], batch["attention_mask"], media
+
+
+# Config files of a tokenizer or processor that transformers reads from the artifact's directory.
+_CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+                 "image_processor_config.json", "video_preprocessor_config.json", "feature_extractor_config.json")
+# keys that name a class transformers would look up (a custom one is the artifact's own Python)
+_CLASS_KEYS = ("tokenizer_class", "processor_class", "image_processor_type", "feature_extractor_type",
+               "video_processor_type")
+IMAGE_MAX_PIXELS = 2**24  # a processor may resize an image to at most 4,096 x 4,096 (float32 RGB: 192 MiB)
+
+
+def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False) -> None:
+    """Refuse, unless ``trust_remote_code``, a tokenizer or processor config of ``directory`` that would make
+    transformers run the artifact's own Python: an ``auto_map`` (``AutoTokenizer``/``AutoProcessor`` import the
+    module it names, after asking on standard input), or a class name (``tokenizer_class``, ``processor_class``,
+    ``image_processor_type``, ...) that transformers does not define. Every ``from_pretrained`` on artifact files
+    also passes ``trust_remote_code=False``, so transformers itself refuses rather than prompts.
+
+    Raises:
+        UsageError: the file, the key and the name; and that ``--trust-remote-code`` allows it.
+    """
+    if trust_remote_code:
+        return
+    import transformers
+
+    for name in _CONFIG_FILES:
+        file = Path(directory) / name
+        if not file.is_file():
+            continue
+        if file.stat().st_size > 2**22:
+            raise UsageError(f"{file} is {file.stat().st_size:,} bytes, over the 4 MiB a config may have: the "
+                             "artifact is damaged or crafted")
+        try:  # json, not parse_json: tokenizer configs hold 31-digit ints (model_max_length = 1e30); size-bounded
+            config = json.loads(file.read_bytes())
+        except RecursionError:
+            raise UsageError(f"{file} is JSON nested too deeply for Python: the artifact is damaged or "
+                             "crafted") from None
+        except ValueError as exc:
+            raise UsageError(f"{file} is not JSON hfexport reads ({exc}): the artifact is damaged or crafted") from None
+        if not isinstance(config, dict):
+            continue
+        found = [(f"{name}:auto_map", config["auto_map"])] if "auto_map" in config else []
+        for key in _CLASS_KEYS:
+            value = config.get(key)
+            if value is not None and not (isinstance(value, str) and value.isidentifier()
+                                          and isinstance(getattr(transformers, value, None), type)):
+                found.append((f"{name}:{key}", value))
+        if found:
+            where, value = found[0]
+            raise UsageError(f"{where} names {value!r:.120}, code of the artifact's own (transformers defines no "
+                             "such class): hfexport runs no code from an artifact; pass --trust-remote-code only "
+                             "for an artifact from a source you trust")
+
+
+def _tokenizer_call(call: Any, directory: Path, what: str) -> Any:
+    """``call()``, with a panic of the Rust tokenizers library (``pyo3_runtime.PanicException``, a
+    ``BaseException``: a crafted ``tokenizer.json``, a catastrophic regex) turned into an error that names the
+    files."""
+    try:
+        return call()
+    except Exception as exc:
+        if what == "load":
+            raise UsageError(f"the tokenizer or processor files of {directory} do not load ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}): the artifact is damaged or crafted") from None
+        raise
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise UsageError(f"the tokenizer of {directory} failed to {what} ({str(exc)[:200]}): its tokenizer.json is "
+                         "damaged or crafted; give another with --tokenizer DIR, or the prompt as --input-ids") from None
+
+
+def check_resize_bound(image_processor: Any, sizes: list[tuple[int, int]], directory: Path) -> None:
+    """Refuse, before the processor runs, an image processor config that resizes an image past
+    :data:`IMAGE_MAX_PIXELS` (a crafted ``size`` of 12,000 px grew the process by 5.5 GiB in 112 s): the fixed
+    target sizes it names (``size``: ``height`` x ``width``, ``shortest_edge`` / ``longest_edge``, ``crop_size``),
+    the least it upscales to (``min_pixels``), and what ``shortest_edge`` makes of the given images' aspect ratios.
+
+    Raises:
+        UsageError: the key, the pixels it asks for, and the bound.
+    """
+    if image_processor is None:
+        return
+    widest = max((max(w, h) / max(1, min(w, h)) for w, h in sizes), default=1.0)
+    targets: list[tuple[str, float]] = []
+    for key in ("size", "crop_size"):
+        size = getattr(image_processor, key, None)
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = {"height": size, "width": size}
+        elif not isinstance(size, dict):  # transformers' SizeDict: attributes
+            size = {k: getattr(size, k, None) for k in ("height", "width", "shortest_edge", "longest_edge",
+                                                        "min_pixels", "max_pixels")}
+        numbers = {k: v for k, v in size.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if "height" in numbers and "width" in numbers:
+            targets.append((f"{key}.height x {key}.width", numbers["height"] * numbers["width"]))
+        if "shortest_edge" in numbers:
+            longest = numbers.get("longest_edge", numbers["shortest_edge"] * widest)
+            targets.append((f"{key}.shortest_edge", numbers["shortest_edge"] * longest))
+        elif "longest_edge" in numbers:
+            targets.append((f"{key}.longest_edge", numbers["longest_edge"] ** 2))
+        if "min_pixels" in numbers:  # max_pixels only shrinks an image; min_pixels grows a small one
+            targets.append((f"{key}.min_pixels", numbers["min_pixels"]))
+    least = getattr(image_processor, "min_pixels", None)
+    if isinstance(least, int | float) and not isinstance(least, bool):
+        targets.append(("min_pixels", least))
+    for where, pixels in targets:
+        if pixels > IMAGE_MAX_PIXELS:
+            raise UsageError(f"the image processor of {directory} resizes images to {int(pixels):,} pixels "
+                             f"({where}), over the bound of {IMAGE_MAX_PIXELS:,} (hfexport_dynamo.tasks.cli."
+                             "IMAGE_MAX_PIXELS): the artifact is damaged or crafted")
 
 
 def _prompt_pad_id(pad_token_id: int | None, tokenizer: Any, bounds: dict[str, Any]) -> int:
