@@ -35,6 +35,14 @@ from .commands import (
     write_report,
 )
 
+# The recipes of ``--quantize`` per backend, for its help (kept light: no backend imported); the tests check them
+# against each backend's recipe table.
+QUANTIZE_RECIPES = {
+    "onnx": ("int8-dynamic", "int4", "int8-dynamic-per-tensor", "int8-static"),
+    "executorch-xnnpack": ("8da4w", "8da8w", "int8", "int8-dynamic"),
+    "openvino": ("int8-weights", "int4-weights"),
+}
+
 EPILOG = """\
 examples:
   hfexport export --demo                                  export the bundled all-MiniLM-L6-v2 (dynamo, dynamic)
@@ -417,9 +425,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", "--traceback", dest="debug", action="store_true", default=argparse.SUPPRESS,
                    help="on an error, show the full (chained) traceback, not only the one-line message")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
-    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic, "
-                   "int4, int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
-                   "verified against float eager by cosine similarity")
+    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: "
+                   f"{', '.join(QUANTIZE_RECIPES['onnx'])}; executorch-xnnpack: "
+                   f"{', '.join(QUANTIZE_RECIPES['executorch-xnnpack'])}; openvino: "
+                   f"{', '.join(QUANTIZE_RECIPES['openvino'])}); verified against float eager by cosine similarity")
+    p.add_argument("--group-size", type=int, metavar="N", help="with --quantize: weights per scale of a grouped "
+                   "recipe (onnx int4 / int8-dynamic: MatMulNBits block_size, 16-256, default 32 / 128; "
+                   "executorch-xnnpack 8da4w: a multiple of 32, default 32; openvino int4-weights: default 128, a "
+                   "layer whose width N does not divide gets the largest power of two >= 32 that does)")
+    p.add_argument("--ratio", type=float, metavar="R", help="with --quantize int4-weights (openvino): the share "
+                   "of the MatMul weights in int4, in (0, 1] (the others int8; default 1)")
+    p.add_argument("--sym", action=argparse.BooleanOptionalAction, default=None, help="with --quantize: symmetric "
+                   "weights, one scale and no zero point (--no-sym: a zero point per group). Defaults: openvino "
+                   "int4-weights / int8-weights asymmetric (NNCF's INT4_ASYM; --sym: INT4_SYM), onnx int4 / "
+                   "int8-dynamic symmetric (MatMulNBits is_symmetric), executorch-xnnpack 8da4w / 8da8w symmetric only")
+    p.add_argument("--qembedding", choices=("4w", "8w"), help="with --quantize 8da4w or 8da8w (executorch-xnnpack): "
+                   "also quantize the embedding tables, weight-only: 4w int4 (one scale per 32 weights of a row), "
+                   "8w int8 (one scale per row); the other recipes quantize embedding tables int8 already")
     p.set_defaults(func=_cmd_export, demo=None)
 
 

@@ -121,16 +121,47 @@ class Progress:
 
 
 def configured_exporter(exporter_class: Any, args: argparse.Namespace, **options: Any) -> Any:
-    """The backend's exporter with the command's options (``--quantize``); an option it refuses is a usage error."""
+    """The backend's exporter with the command's options (``--quantize`` and its knobs ``--group-size``,
+    ``--ratio``, ``--sym``, ``--qembedding``, as a :class:`hfexport.Quantization`); an option it refuses is a usage
+    error."""
+    knobs = quantization_knobs(args)
     if getattr(args, "quantize", None):
         if "quantize" not in exporter_class.config_class.option_names():
             raise UsageError(f"backend {args.backend!r} does not quantize (--quantize {args.quantize}): export with a "
                              "backend that does (`hfexport backends` lists them; each documents its recipes)")
-        options["quantize"] = args.quantize
+        if knobs:
+            from ._quantization import Quantization
+
+            try:
+                options["quantize"] = Quantization(args.quantize, **knobs)
+            except TypeError as exc:
+                raise UsageError(f"--quantize {args.quantize}: {exc}") from exc
+        else:
+            options["quantize"] = args.quantize
     try:
         return exporter_class(**options)
     except (TypeError, ValueError) as exc:  # a recipe the backend does not support names those it does
         raise UsageError(str(exc)) from exc
+
+
+# ``export``'s quantization knobs: flag -> Quantization field
+_QUANTIZATION_FLAGS = {"group_size": "--group-size", "ratio": "--ratio", "sym": "--sym", "qembedding": "--qembedding"}
+
+
+def quantization_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`hfexport.Quantization` options ``args`` give (``--group-size`` -> ``group_size``, ``--ratio``,
+    ``--sym`` -> ``symmetric``, ``--qembedding`` -> ``embedding``).
+
+    Raises:
+        UsageError: a knob given without ``--quantize``.
+    """
+    given = {name: getattr(args, name, None) for name in _QUANTIZATION_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if given and not getattr(args, "quantize", None):
+        raise UsageError(f"{', '.join(_QUANTIZATION_FLAGS[n] for n in given)} tune{'s' if len(given) == 1 else ''} a "
+                         "quantization recipe: pass --quantize RECIPE too (e.g. --quantize int4-weights on openvino)")
+    names = {"group_size": "group_size", "ratio": "ratio", "sym": "symmetric", "qembedding": "embedding"}
+    return {names[name]: value for name, value in given.items()}
 
 
 def write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,
