@@ -297,3 +297,50 @@ def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agre
     assert 0.0 <= report["token_agreement"] <= 1.0
     if report["first_difference"] is not None:  # the ids parted: said, with how much they agree
         assert "agree at" in check["text"] and "int4" in check["text"], check["text"]
+
+
+# ── refused before any model or runtime loads (issue 48) ─────────────────────────────────────────────────────────
+_EARLY = """
+import json, sys, time
+from hfexport import cli
+results = []
+for argv in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    code = cli.main(argv)
+    results.append([code, time.perf_counter() - start])
+print(json.dumps({"results": results, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artifact, llama, tmp_path):
+    """In one new process (each case a ``cli.main`` call, timed): a read-only output directory, a model directory
+    with config.json and no weights, ``generate --prompt`` on a single-forward artifact (it said to pass
+    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len; exit 2 with what was wrong,
+    each within 3 s, and neither torch nor transformers imported."""
+    hfexport.export(tiny_model("bert", layers=1), backend="dynamo").save_pretrained(tmp_path / "bert")
+    (tmp_path / "noweights").mkdir()
+    shutil.copy(llama[1] / "config.json", tmp_path / "noweights")
+    readonly = "/sys/hfexport-test/out"  # sysfs takes no new file, as root too
+    long_prompt = " ".join(f"w{i}" for i in range(3, 33))  # 30 tokens + 4 new > max_cache_len 32
+    cases = [
+        (["export", str(llama[1]), "--task", "text-generation", "-o", readonly],
+         f"output directory {readonly} cannot be written: /sys refuses new files"),
+        (["export", str(tmp_path / "noweights"), "-o", str(tmp_path / "o")],
+         f"{tmp_path / 'noweights'} has config.json but no weights"),
+        (["generate", str(tmp_path / "bert"), "--prompt", "hi", "--max-new-tokens", "4"],
+         "was exported for one forward pass and cannot generate"),
+        (["generate", str(artifact), "--prompt", "w5", "--prompt", "w6", "--prompt", "w7", "--max-new-tokens", "4"],
+         "a batch of 3 exceeds this export's max_batch=2: give at most 2 --prompt"),
+        (["generate", str(artifact), "--prompt", long_prompt, "--max-new-tokens", "4"],
+         "a prompt of 30 tokens plus max_new_tokens=4 exceeds this export's max_cache_len=32"),
+    ]
+    run = subprocess.run([sys.executable, "-c", _EARLY, json.dumps([argv for argv, _ in cases])], capture_output=True,
+                         text=True)
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(cases), run.stderr
+    for (argv, message), (code, seconds), error in zip(cases, report["results"], errors, strict=True):
+        assert code == 2 and message in error, (argv, error)
+        assert seconds < 3, (argv, seconds)
+    assert not report["torch"] and not report["transformers"], report
+    assert not (tmp_path / "o").exists()

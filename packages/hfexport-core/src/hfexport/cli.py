@@ -224,7 +224,29 @@ def _unresolved(registration: Any) -> list[str]:
     return problems
 
 
+def _check_writable(path: Path) -> None:
+    """Refuse, before any model loads, an output directory that cannot be written: the nearest existing directory
+    above ``path`` (where the save makes the missing directories, its lock and its staging folder) must take a new
+    file (a probe file is made and removed: permissions, a read-only file system, a file in the way)."""
+    import tempfile
+
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"output directory {path} cannot be made: {ancestor} is a file, not a directory; choose "
+                         "another --output")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hfexport-write-check-", dir=ancestor)
+    except OSError as exc:
+        raise UsageError(f"output directory {path} cannot be written: {ancestor} refuses new files "
+                         f"({exc.strerror or exc}); choose another --output (a directory you can write)") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _check_output(path: Path, overwrite: bool) -> None:
+    _check_writable(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise UsageError(f"output directory {path} exists and is not empty; pass --overwrite to replace "
                          "it, or choose another --output")
@@ -233,6 +255,20 @@ def _check_output(path: Path, overwrite: bool) -> None:
     if overwrite and path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_NAME).is_file():
         raise UsageError(f"--overwrite replaces only an earlier export, and {path} is not one (it has no "
                          f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
+
+
+# The weight files Transformers' from_pretrained reads from a local directory (one of them, or a sharded index).
+_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+                    "tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
+
+
+def _check_weights(directory: Path) -> None:
+    """Refuse, before any model loads, a model directory with ``config.json`` and no weight file (a download that
+    stopped early, a config copied alone): ``from_pretrained`` would fail after the imports, or build random weights."""
+    if not any(next(directory.glob(pattern), None) is not None for pattern in _WEIGHT_PATTERNS):
+        raise UsageError(f"{directory} has config.json but no weights (model.safetensors, pytorch_model.bin or a "
+                         "sharded *.index.json): give the directory model.save_pretrained(path) wrote, with its "
+                         "weight files")
 
 
 def _check_report(report: str | None) -> None:
@@ -309,6 +345,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     output = Path(args.output or f"out/{args.backend}")
     if demo and args.output is None and (output / MANIFEST_NAME).is_file():
         args.overwrite = True  # the demo's own directory: running the README's first command again replaces it
+    if not demo:
+        _check_weights(Path(args.model))  # the arguments first (a mistyped task), then the files
     _check_output(output, args.overwrite)  # before the toolchain loads
     _check_report(args.report)
     try:

@@ -165,15 +165,33 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
                          "'text2text-generation' (encoder-decoders) or 'automatic-speech-recognition' (Whisper), or "
                          "`hfexport export MODEL --task ...`")
     batch, cache = section.get("max_batch"), section.get("max_cache_len")
-    if rows and isinstance(batch, int) and len(rows) > batch:
-        raise UsageError(f"a batch of {len(rows)} exceeds this export's max_batch={batch}: give at most {batch} "
-                         "--input-ids, or re-export with a larger --max-batch")
+    size = len(rows) or len(args.prompt or ())
+    if isinstance(batch, int) and size > batch:
+        flag = "--input-ids" if rows else "--prompt"
+        raise UsageError(f"a batch of {size} exceeds this export's max_batch={batch}: give at most {batch} "
+                         f"{flag}, or re-export with a larger --max-batch")
     longest = max((len(r) for r in rows), default=0)
     if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
             and longest + args.max_new_tokens > cache:
         raise UsageError(f"a prompt of {longest} tokens plus max_new_tokens={args.max_new_tokens} exceeds this "
                          f"export's max_cache_len={cache}: give at most {cache - longest} new tokens, or re-export "
                          "with a larger --max-cache-len")
+
+
+def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[int]]:
+    """The token ids of ``prompts`` by ``directory``'s ``tokenizer.json`` with the ``tokenizers`` library alone
+    (special tokens added as its post-processor says), for the bounds check before the runtime and transformers
+    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs)."""
+    path = directory / "tokenizer.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+        return [tokenizer.encode(text).ids for text in prompts]
+    except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
+        return []
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -211,11 +229,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not (directory / MANIFEST_NAME).is_file():
         raise UsageError(f"{artifact} holds no {MANIFEST_NAME}: give the directory of a saved export (`hfexport "
                          "export MODEL --task text-generation -o DIR` writes one)")
+    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else directory if _has_tokenizer(directory) else None
     if args.prompt and tokenizer_dir is None:
         raise UsageError(f"--prompt needs a tokenizer, and {args.artifact} holds no tokenizer files: pass --tokenizer "
                          "DIR (the exported model's directory), or the prompt as token ids with --input-ids 1,2,3")
-    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
+    if args.prompt and not images:  # the prompts' lengths by the tokenizer.json alone (no transformers import)
+        _check_generation_bounds(directory, args, _quick_token_rows(tokenizer_dir, args.prompt))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_third_party_logs()
     from hfexport import load
