@@ -269,7 +269,9 @@ def test_generate_runtime_failure_exits_1_with_one_line(artifact, tmp_path, caps
     program.write_bytes(bytes(data))
     assert cli.main(["generate", str(broken), "--input-ids", "1,2", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "decoder/" in err[0] and "--debug" in err[0]
+    assert err[0].startswith("generating with the dynamo export of LlamaForCausalLM")  # said before loading
+    errors = [line for line in err if not line.startswith(("generating ", "[hfexport "))]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "decoder/" in errors[0] and "--debug" in errors[0]
 
 
 def test_generate_help_teaches_by_example():
@@ -344,3 +346,32 @@ def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artif
         assert seconds < 3, (argv, seconds)
     assert not report["torch"] and not report["transformers"], report
     assert not (tmp_path / "o").exists()
+
+
+def _first_line(*args):
+    """The first stderr line of ``hfexport ARGS`` in a new process and the seconds from the start to it (the
+    process is then stopped: only its first answer is measured)."""
+    import time
+
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "hfexport.cli", *map(str, args)], stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True)
+    try:
+        line = process.stderr.readline()
+        return line.rstrip("\n"), time.perf_counter() - start
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_the_first_line_of_export_and_generate_comes_within_2_s(llama, artifact, tmp_path):
+    """What, from where, to where and with which backend, before torch, the toolchain or the model load (a user
+    saw nothing for a minute)."""
+    line, seconds = _first_line("export", llama[1], "--task", "text-generation", "-b", "onnx", "-o", tmp_path / "o")
+    assert line == (f"exporting LlamaForCausalLM from {llama[1]} with backend 'onnx' for task 'text-generation' "
+                    f"to {tmp_path / 'o'}"), line
+    assert seconds < 2, seconds
+    line, seconds = _first_line("generate", artifact, "--input-ids", "5,6", "--max-new-tokens", "2")
+    assert line == (f"generating with the dynamo export of LlamaForCausalLM (text-generation, max_cache_len "
+                    f"{MAX_CACHE_LEN}, max_batch {MAX_BATCH}) from {artifact}"), line
+    assert seconds < 2, seconds

@@ -28,9 +28,12 @@ from .commands import (
     UsageError,
     configured_exporter,
     console,
+    model_summary,
     quiet_third_party_logs,
     record_verification,
     resolve_artifact,
+    say,
+    timed,
     verbose,
     write_report,
 )
@@ -349,8 +352,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         _check_weights(Path(args.model))  # the arguments first (a mistyped task), then the files
     _check_output(output, args.overwrite)  # before the toolchain loads
     _check_report(args.report)
+    # the first line: what, from where, to where, with which backend (before the toolchain and the model load)
+    what = "the demo model" if demo else f"{model_summary(args.model)} from {args.model}"
+    out.print(f"exporting {what} with backend {args.backend!r}{f' for task {task!r}' if task else ''} to {output}",
+              markup=False)
     try:
-        exporter_class = backend.load_exporter()
+        with timed(f"importing the {args.backend} backend and its toolchain"):
+            exporter_class = backend.load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     exporter_class = _with_backend_options(exporter_class, args)
@@ -362,15 +370,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ._stages import ExportError
 
     start = time.perf_counter()
-    if demo:
-        model, inputs, check_inputs, source = demo()
-    else:
-        model = exporter_class.load_model(args.model)
-        inputs, check_inputs = None, None
-        source = str(args.model)
+    with timed("loading the model"):
+        if demo:
+            model, inputs, check_inputs, source = demo()
+        else:
+            model = exporter_class.load_model(args.model)
+            inputs, check_inputs = None, None
+            source = str(args.model)
     dynamic = args.dynamic or bool(demo)
-    out.print(f"exporting {type(model).__name__} from {source} with backend {args.backend!r}"
-                  f"{' (dynamic shapes)' if dynamic else ''}")
+    say(f"exporting {type(model).__name__} from {source}{' with dynamic shapes' if dynamic else ''}")
     progress = Progress(out)
     try:  # verified on the traced inputs (a mismatch exits 3; --no-verify records it in export.json instead)
         exported = configured_exporter(exporter_class, args, dynamic=dynamic).export(
@@ -380,23 +388,28 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise  # main() prints it on one line (the traceback with --debug) and exits 1
     finally:
         progress.stop()
-    path = exported.save_pretrained(output, overwrite=args.overwrite)
-    out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s")
+    with timed(f"saving to {output}"):
+        path = exported.save_pretrained(output, overwrite=args.overwrite)
+    out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s",
+              markup=False)
     if args.no_verify:
         return 0
     from ._api import load
 
-    reloaded = load(path)
+    with timed("loading the artifact back from disk"):
+        reloaded = load(path)
     if check_inputs is None:
         check_inputs = exporter_class.sample_inputs(model, reloaded.manifest)
     if check_inputs is None:
         out.print("this backend gives no sample inputs for verification: skipped (use the Python API)")
         return 0
     shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in check_inputs.items() if hasattr(v, "shape"))
-    out.print(f"verifying the artifact loaded back from disk at {shapes}")
+    out.print(f"verifying the artifact loaded back from disk at {shapes}", markup=False)
     recorded = reloaded.manifest.get("verification") or {}  # the tolerances the export verified with
-    report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
-                             rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol, reference=model)
+    with timed("running the artifact and eager PyTorch"):
+        report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
+                                 rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol,
+                                 reference=model)
     # The saved export.json keeps the report of the check of the files on disk (written atomically).
     exported.manifest = record_verification(path, reloaded.manifest["verification"])
     print(report)
