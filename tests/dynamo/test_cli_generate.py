@@ -269,7 +269,9 @@ def test_generate_runtime_failure_exits_1_with_one_line(artifact, tmp_path, caps
     program.write_bytes(bytes(data))
     assert cli.main(["generate", str(broken), "--input-ids", "1,2", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "decoder/" in err[0] and "--debug" in err[0]
+    assert err[0].startswith("generating with the dynamo export of LlamaForCausalLM")  # said before loading
+    errors = [line for line in err if not line.startswith(("generating ", "[hfexport "))]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "decoder/" in errors[0] and "--debug" in errors[0]
 
 
 def test_generate_help_teaches_by_example():
@@ -342,3 +344,79 @@ def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
     with pytest.raises(UsageError, match=rf"the tokenizer of {tmp_path} failed to tokenize .*stride.*damaged or "
                                          "crafted"):
         _tokenizer_call(lambda: tokenizer.encode("w w w"), tmp_path, "tokenize")
+
+
+# ── refused before any model or runtime loads (issue 48) ─────────────────────────────────────────────────────────
+_EARLY = """
+import json, sys, time
+from hfexport import cli
+results = []
+for argv in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    code = cli.main(argv)
+    results.append([code, time.perf_counter() - start])
+print(json.dumps({"results": results, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artifact, llama, tmp_path):
+    """In one new process (each case a ``cli.main`` call, timed): a read-only output directory, a model directory
+    with config.json and no weights, ``generate --prompt`` on a single-forward artifact (it said to pass
+    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len; exit 2 with what was wrong,
+    each within 3 s, and neither torch nor transformers imported."""
+    hfexport.export(tiny_model("bert", layers=1), backend="dynamo").save_pretrained(tmp_path / "bert")
+    (tmp_path / "noweights").mkdir()
+    shutil.copy(llama[1] / "config.json", tmp_path / "noweights")
+    readonly = "/sys/hfexport-test/out"  # sysfs takes no new file, as root too
+    long_prompt = " ".join(f"w{i}" for i in range(3, 33))  # 30 tokens + 4 new > max_cache_len 32
+    cases = [
+        (["export", str(llama[1]), "--task", "text-generation", "-o", readonly],
+         f"output directory {readonly} cannot be written: /sys refuses new files"),
+        (["export", str(tmp_path / "noweights"), "-o", str(tmp_path / "o")],
+         f"{tmp_path / 'noweights'} has config.json but no weights"),
+        (["generate", str(tmp_path / "bert"), "--prompt", "hi", "--max-new-tokens", "4"],
+         "was exported for one forward pass and cannot generate"),
+        (["generate", str(artifact), "--prompt", "w5", "--prompt", "w6", "--prompt", "w7", "--max-new-tokens", "4"],
+         "a batch of 3 exceeds this export's max_batch=2: give at most 2 --prompt"),
+        (["generate", str(artifact), "--prompt", long_prompt, "--max-new-tokens", "4"],
+         "a prompt of 30 tokens plus max_new_tokens=4 exceeds this export's max_cache_len=32"),
+    ]
+    run = subprocess.run([sys.executable, "-c", _EARLY, json.dumps([argv for argv, _ in cases])], capture_output=True,
+                         text=True)
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(cases), run.stderr
+    for (argv, message), (code, seconds), error in zip(cases, report["results"], errors, strict=True):
+        assert code == 2 and message in error, (argv, error)
+        assert seconds < 3, (argv, seconds)
+    assert not report["torch"] and not report["transformers"], report
+    assert not (tmp_path / "o").exists()
+
+
+def _first_line(*args):
+    """The first stderr line of ``hfexport ARGS`` in a new process and the seconds from the start to it (the
+    process is then stopped: only its first answer is measured)."""
+    import time
+
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "hfexport.cli", *map(str, args)], stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True)
+    try:
+        line = process.stderr.readline()
+        return line.rstrip("\n"), time.perf_counter() - start
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_the_first_line_of_export_and_generate_comes_within_2_s(llama, artifact, tmp_path):
+    """What, from where, to where and with which backend, before torch, the toolchain or the model load (a user
+    saw nothing for a minute)."""
+    line, seconds = _first_line("export", llama[1], "--task", "text-generation", "-b", "onnx", "-o", tmp_path / "o")
+    assert line == (f"exporting LlamaForCausalLM from {llama[1]} with backend 'onnx' for task 'text-generation' "
+                    f"to {tmp_path / 'o'}"), line
+    assert seconds < 2, seconds
+    line, seconds = _first_line("generate", artifact, "--input-ids", "5,6", "--max-new-tokens", "2")
+    assert line == (f"generating with the dynamo export of LlamaForCausalLM (text-generation, max_cache_len "
+                    f"{MAX_CACHE_LEN}, max_batch {MAX_BATCH}) from {artifact}"), line
+    assert seconds < 2, seconds

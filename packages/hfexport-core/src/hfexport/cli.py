@@ -28,12 +28,23 @@ from .commands import (
     UsageError,
     configured_exporter,
     console,
+    model_summary,
     quiet_third_party_logs,
     record_verification,
     resolve_artifact,
+    say,
+    timed,
     verbose,
     write_report,
 )
+
+# The recipes of ``--quantize`` per backend, for its help (kept light: no backend imported); the tests check them
+# against each backend's recipe table.
+QUANTIZE_RECIPES = {
+    "onnx": ("int8-dynamic", "int4", "int8-dynamic-per-tensor", "int8-static"),
+    "executorch-xnnpack": ("8da4w", "8da8w", "int8", "int8-dynamic"),
+    "openvino": ("int8-weights", "int4-weights"),
+}
 
 EPILOG = """\
 examples:
@@ -216,7 +227,29 @@ def _unresolved(registration: Any) -> list[str]:
     return problems
 
 
+def _check_writable(path: Path) -> None:
+    """Refuse, before any model loads, an output directory that cannot be written: the nearest existing directory
+    above ``path`` (where the save makes the missing directories, its lock and its staging folder) must take a new
+    file (a probe file is made and removed: permissions, a read-only file system, a file in the way)."""
+    import tempfile
+
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"output directory {path} cannot be made: {ancestor} is a file, not a directory; choose "
+                         "another --output")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hfexport-write-check-", dir=ancestor)
+    except OSError as exc:
+        raise UsageError(f"output directory {path} cannot be written: {ancestor} refuses new files "
+                         f"({exc.strerror or exc}); choose another --output (a directory you can write)") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _check_output(path: Path, overwrite: bool) -> None:
+    _check_writable(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise UsageError(f"output directory {path} exists and is not empty; pass --overwrite to replace "
                          "it, or choose another --output")
@@ -225,6 +258,20 @@ def _check_output(path: Path, overwrite: bool) -> None:
     if overwrite and path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_NAME).is_file():
         raise UsageError(f"--overwrite replaces only an earlier export, and {path} is not one (it has no "
                          f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
+
+
+# The weight files Transformers' from_pretrained reads from a local directory (one of them, or a sharded index).
+_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+                    "tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
+
+
+def _check_weights(directory: Path) -> None:
+    """Refuse, before any model loads, a model directory with ``config.json`` and no weight file (a download that
+    stopped early, a config copied alone): ``from_pretrained`` would fail after the imports, or build random weights."""
+    if not any(next(directory.glob(pattern), None) is not None for pattern in _WEIGHT_PATTERNS):
+        raise UsageError(f"{directory} has config.json but no weights (model.safetensors, pytorch_model.bin or a "
+                         "sharded *.index.json): give the directory model.save_pretrained(path) wrote, with its "
+                         "weight files")
 
 
 def _check_report(report: str | None) -> None:
@@ -301,10 +348,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
     output = Path(args.output or f"out/{args.backend}")
     if demo and args.output is None and (output / MANIFEST_NAME).is_file():
         args.overwrite = True  # the demo's own directory: running the README's first command again replaces it
+    if not demo:
+        _check_weights(Path(args.model))  # the arguments first (a mistyped task), then the files
     _check_output(output, args.overwrite)  # before the toolchain loads
     _check_report(args.report)
+    # the first line: what, from where, to where, with which backend (before the toolchain and the model load)
+    what = "the demo model" if demo else f"{model_summary(args.model)} from {args.model}"
+    out.print(f"exporting {what} with backend {args.backend!r}{f' for task {task!r}' if task else ''} to {output}",
+              markup=False)
     try:
-        exporter_class = backend.load_exporter()
+        with timed(f"importing the {args.backend} backend and its toolchain"):
+            exporter_class = backend.load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     exporter_class = _with_backend_options(exporter_class, args)
@@ -316,15 +370,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ._stages import ExportError
 
     start = time.perf_counter()
-    if demo:
-        model, inputs, check_inputs, source = demo()
-    else:
-        model = exporter_class.load_model(args.model)
-        inputs, check_inputs = None, None
-        source = str(args.model)
+    with timed("loading the model"):
+        if demo:
+            model, inputs, check_inputs, source = demo()
+        else:
+            model = exporter_class.load_model(args.model)
+            inputs, check_inputs = None, None
+            source = str(args.model)
     dynamic = args.dynamic or bool(demo)
-    out.print(f"exporting {type(model).__name__} from {source} with backend {args.backend!r}"
-                  f"{' (dynamic shapes)' if dynamic else ''}")
+    say(f"exporting {type(model).__name__} from {source}{' with dynamic shapes' if dynamic else ''}")
     progress = Progress(out)
     try:  # verified on the traced inputs (a mismatch exits 3; --no-verify records it in export.json instead)
         exported = configured_exporter(exporter_class, args, dynamic=dynamic).export(
@@ -334,23 +388,28 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise  # main() prints it on one line (the traceback with --debug) and exits 1
     finally:
         progress.stop()
-    path = exported.save_pretrained(output, overwrite=args.overwrite)
-    out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s")
+    with timed(f"saving to {output}"):
+        path = exported.save_pretrained(output, overwrite=args.overwrite)
+    out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s",
+              markup=False)
     if args.no_verify:
         return 0
     from ._api import load
 
-    reloaded = load(path)
+    with timed("loading the artifact back from disk"):
+        reloaded = load(path)
     if check_inputs is None:
         check_inputs = exporter_class.sample_inputs(model, reloaded.manifest)
     if check_inputs is None:
         out.print("this backend gives no sample inputs for verification: skipped (use the Python API)")
         return 0
     shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in check_inputs.items() if hasattr(v, "shape"))
-    out.print(f"verifying the artifact loaded back from disk at {shapes}")
+    out.print(f"verifying the artifact loaded back from disk at {shapes}", markup=False)
     recorded = reloaded.manifest.get("verification") or {}  # the tolerances the export verified with
-    report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
-                             rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol, reference=model)
+    with timed("running the artifact and eager PyTorch"):
+        report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
+                                 rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol,
+                                 reference=model)
     # The saved export.json keeps the report of the check of the files on disk (written atomically).
     exported.manifest = record_verification(path, reloaded.manifest["verification"])
     print(report)
@@ -417,9 +476,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", "--traceback", dest="debug", action="store_true", default=argparse.SUPPRESS,
                    help="on an error, show the full (chained) traceback, not only the one-line message")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
-    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic, "
-                   "int4, int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
-                   "verified against float eager by cosine similarity")
+    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: "
+                   f"{', '.join(QUANTIZE_RECIPES['onnx'])}; executorch-xnnpack: "
+                   f"{', '.join(QUANTIZE_RECIPES['executorch-xnnpack'])}; openvino: "
+                   f"{', '.join(QUANTIZE_RECIPES['openvino'])}); verified against float eager by cosine similarity")
+    p.add_argument("--group-size", type=int, metavar="N", help="with --quantize: weights per scale of a grouped "
+                   "recipe (onnx int4 / int8-dynamic: MatMulNBits block_size, 16-256, default 32 / 128; "
+                   "executorch-xnnpack 8da4w: a multiple of 32, default 32; openvino int4-weights: default 128, a "
+                   "layer whose width N does not divide gets the largest power of two >= 32 that does)")
+    p.add_argument("--ratio", type=float, metavar="R", help="with --quantize int4-weights (openvino): the share "
+                   "of the MatMul weights in int4, in (0, 1] (the others int8; default 1)")
+    p.add_argument("--sym", action=argparse.BooleanOptionalAction, default=None, help="with --quantize: symmetric "
+                   "weights, one scale and no zero point (--no-sym: a zero point per group). Defaults: openvino "
+                   "int4-weights / int8-weights asymmetric (NNCF's INT4_ASYM; --sym: INT4_SYM), onnx int4 / "
+                   "int8-dynamic symmetric (MatMulNBits is_symmetric), executorch-xnnpack 8da4w / 8da8w symmetric only")
+    p.add_argument("--qembedding", choices=("4w", "8w"), help="with --quantize 8da4w or 8da8w (executorch-xnnpack): "
+                   "also quantize the embedding tables, weight-only: 4w int4 (one scale per 32 weights of a row), "
+                   "8w int8 (one scale per row); the other recipes quantize embedding tables int8 already")
     p.set_defaults(func=_cmd_export, demo=None)
 
 

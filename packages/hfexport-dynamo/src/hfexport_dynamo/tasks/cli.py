@@ -28,6 +28,7 @@ from hfexport.commands import (
     quiet_third_party_logs,
     record_verification,
     resolve_artifact,
+    timed,
     write_report,
 )
 
@@ -165,15 +166,48 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
                          "'text2text-generation' (encoder-decoders) or 'automatic-speech-recognition' (Whisper), or "
                          "`hfexport export MODEL --task ...`")
     batch, cache = section.get("max_batch"), section.get("max_cache_len")
-    if rows and isinstance(batch, int) and len(rows) > batch:
-        raise UsageError(f"a batch of {len(rows)} exceeds this export's max_batch={batch}: give at most {batch} "
-                         "--input-ids, or re-export with a larger --max-batch")
+    size = len(rows) or len(args.prompt or ())
+    if isinstance(batch, int) and size > batch:
+        flag = "--input-ids" if rows else "--prompt"
+        raise UsageError(f"a batch of {size} exceeds this export's max_batch={batch}: give at most {batch} "
+                         f"{flag}, or re-export with a larger --max-batch")
     longest = max((len(r) for r in rows), default=0)
     if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
             and longest + args.max_new_tokens > cache:
         raise UsageError(f"a prompt of {longest} tokens plus max_new_tokens={args.max_new_tokens} exceeds this "
                          f"export's max_cache_len={cache}: give at most {cache - longest} new tokens, or re-export "
                          "with a larger --max-cache-len")
+
+
+def _say_generating(directory: Path) -> None:
+    """``generating with the onnx export of LlamaForCausalLM (text-generation, max_cache_len 32, max_batch 2) from
+    DIR`` on stderr, from export.json alone."""
+    from hfexport.artifact import read_manifest
+
+    try:
+        manifest = read_manifest(directory)
+    except (OSError, ValueError):
+        manifest = {}
+    bounds = manifest.get("generation") or {}
+    print(f"generating with the {manifest.get('backend')} export of {manifest.get('model_class')} "
+          f"({manifest.get('task')}, max_cache_len {bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')})"
+          f" from {directory}", file=sys.stderr, flush=True)
+
+
+def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[int]]:
+    """The token ids of ``prompts`` by ``directory``'s ``tokenizer.json`` with the ``tokenizers`` library alone
+    (special tokens added as its post-processor says), for the bounds check before the runtime and transformers
+    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs)."""
+    path = directory / "tokenizer.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+        return [tokenizer.encode(text).ids for text in prompts]
+    except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
+        return []
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -211,16 +245,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not (directory / MANIFEST_NAME).is_file():
         raise UsageError(f"{artifact} holds no {MANIFEST_NAME}: give the directory of a saved export (`hfexport "
                          "export MODEL --task text-generation -o DIR` writes one)")
+    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else directory if _has_tokenizer(directory) else None
     if args.prompt and tokenizer_dir is None:
         raise UsageError(f"--prompt needs a tokenizer, and {args.artifact} holds no tokenizer files: pass --tokenizer "
                          "DIR (the exported model's directory), or the prompt as token ids with --input-ids 1,2,3")
-    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
+    if args.prompt and not images:  # the prompts' lengths by the tokenizer.json alone (no transformers import)
+        _check_generation_bounds(directory, args, _quick_token_rows(tokenizer_dir, args.prompt))
+    _say_generating(directory)  # the first line, before transformers and the runtime load
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_third_party_logs()
     from hfexport import load
 
-    exported = load(directory, trust_remote_code=args.trust_remote_code)
+    with timed("loading the artifact and its runtime"):
+        exported = load(directory, trust_remote_code=args.trust_remote_code)
     task = exported.manifest.get("task")
     if exported.generator is None:  # its message says which task to export with
         try:
@@ -254,9 +292,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             if empty:
                 raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
         input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(args.pad_token_id, tokenizer, bounds))
-    print(f"generating with the {exported.backend} export of {exported.manifest.get('model_class')} "
-          f"({task}, max_cache_len {bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')}) from "
-          f"{directory}", file=sys.stderr)
     options: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if eos is not None:
         options["eos_token_id"] = eos[0] if len(eos) == 1 else eos
@@ -503,13 +538,12 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     from hfexport import InvalidInputError
 
     start = time.perf_counter()
-    model = _load_for_task(exporter_class, args.model, args.task)
+    with timed("loading the model"):
+        model = _load_for_task(exporter_class, args.model, args.task)
     options = {name: value for name, value in (("max_cache_len", args.max_cache_len), ("max_batch", args.max_batch),
                                                ("prefill_chunk", args.prefill_chunk),
                                                ("max_images", getattr(args, "max_images", None)))
                if value is not None}
-    console.print(f"exporting {type(model).__name__} from {args.model} with backend {args.backend!r} for task "
-                  f"{args.task!r}")
     try:
         task_options = exporter_class.tracer.task_options(args.task)(**options)
     except (ValueError, TypeError) as exc:  # an unknown task, an option of another task or of the wrong type
@@ -528,18 +562,22 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     for name in (*_TOKENIZER_FILES, *_PROCESSOR_FILES):
         if (source / name).is_file() and name not in exported.extra_files:
             exported.extra_files[name] = lambda d, f=source / name: _copy_into(f, d)
-    path = exported.save_pretrained(output, overwrite=args.overwrite)
+    with timed(f"saving to {output}"):
+        path = exported.save_pretrained(output, overwrite=args.overwrite)
     bounds = exported.manifest.get("generation", {})
     console.print(f"saved to {path} ({', '.join(exported.manifest['components'])}; max_cache_len "
                   f"{bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')}) in "
-                  f"{time.perf_counter() - start:.1f}s")
+                  f"{time.perf_counter() - start:.1f}s", markup=False)
     if args.no_verify:
         return 0
     from hfexport import load
 
-    reloaded = load(path)
-    check = _generation_check(model, reloaded)
-    console.print(f"verifying the artifact loaded back from disk by greedy generation at {check['shapes']}")
+    with timed("loading the artifact back from disk"):
+        reloaded = load(path)
+    with timed("generating greedily with the artifact and with eager PyTorch"):
+        check = _generation_check(model, reloaded)
+    console.print(f"verifying the artifact loaded back from disk by greedy generation at {check['shapes']}",
+                  markup=False)
     print(check["text"])
     exported.manifest = record_verification(path, check["report"])
     if args.report:
