@@ -35,6 +35,7 @@ from hfexport.plugin import ExportContext, Stage
 
 from . import (  # the workarounds of stage 2 (Model patches) and of the backends' FX node fixes, registered on import
     _common_patches,  # noqa: F401  torch ops and transformers' shared code
+    _media_patches,  # noqa: F401  media dims: images per call, image sizes
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
     _window_padding,  # noqa: F401  shifted-window padding
@@ -216,7 +217,7 @@ def forward_signature(ctx: ExportContext) -> None:
 
 # ── Stage 2: Model patches ──
 # ``ctx.install_patches(("dynamo",))`` in :func:`capture`; the patches are in ``_common_patches.py``,
-# ``_model_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
+# ``_model_patches.py``, ``_media_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
 
 
 # ── Stage 3: Pytree registration ──

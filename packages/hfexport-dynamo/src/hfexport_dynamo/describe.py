@@ -34,8 +34,8 @@ def _resized(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def second_shape_inputs(program: torch.export.ExportedProgram | None,
-                        inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+def second_shape_inputs(program: torch.export.ExportedProgram | None, inputs: Mapping[str, Any], *,
+                        smallest: bool = False) -> dict[str, Any] | None:
     """See :meth:`DynamoTracer.second_shape_inputs`."""
     if program is None:
         return None
@@ -61,6 +61,9 @@ def second_shape_inputs(program: torch.export.ExportedProgram | None,
     moved: dict[Any, int] = {}
     for symbol, hint in symbols.items():
         rng = program.range_constraints.get(symbol)
+        if smallest:  # the range's least size (1 for a count of images, chunks, rows), where below the example
+            moved[symbol] = min(hint, max(1, int(rng.lower))) if rng is not None else hint
+            continue
         lower = max(2, int(rng.lower)) if rng is not None else 2
         try:
             upper = int(rng.upper) if rng is not None else hint + 1
@@ -74,10 +77,9 @@ def second_shape_inputs(program: torch.export.ExportedProgram | None,
         if isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor):
             for dim, size in enumerate(val.shape):
                 if _is_dynamic(size):
-                    leaf = _resized(leaf, dim, int(size.node.expr.xreplace(moved)))
+                    leaf = _resized(leaf, dim, max(0, int(size.node.expr.xreplace(moved))))
         out.append(leaf)
     return pytree.tree_unflatten(out, spec)
-
 
 
 def _spec_modules(spec: Any) -> set[str]:

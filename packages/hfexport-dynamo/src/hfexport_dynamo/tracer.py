@@ -197,12 +197,15 @@ class DynamoTracer:
                             seq=seq + 5 if "1" in dynamic and ids["name"] == "input_ids" else seq, seed=1)
 
 
-    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any], *,
+                            smallest: bool = False) -> dict[str, Any] | None:
         """``inputs`` at a second shape for the export's verification: each symbol of the program's dynamic input
-        dims moved by one (up, else down) within its range, so that its parity differs from the traced one; each
-        tensor resized along those dims by truncating or by repeating its own leading slices, so that token ids
-        and masks stay valid. None when nothing can move (static, or every range a single size)."""
-        return second_shape_inputs(ctx.program, inputs)
+        dims moved by one (up, else down) within its range, so that its parity differs from the traced one; with
+        ``smallest``, each symbol at the least size of its range (at least 1: a count of images or rows goes to
+        1), so that a size below the example is checked too. Each tensor is resized along those dims by truncating
+        or by repeating its own leading slices, so that token ids and masks stay valid. None when nothing can move
+        (static, or every range a single size; with ``smallest``, every example size already its range's least)."""
+        return second_shape_inputs(ctx.program, inputs, smallest=smallest)
 
 
 DYNAMO_TRACER = DynamoTracer()
