@@ -35,6 +35,7 @@ from hfexport.plugin import ExportContext, Stage
 
 from . import (  # the workarounds of stage 2 (Model patches) and of the backends' FX node fixes, registered on import
     _common_patches,  # noqa: F401  torch ops and transformers' shared code
+    _fake_quant,  # noqa: F401  fake-quant modules and ops of QAT models
     _media_patches,  # noqa: F401  media dims: images per call, image sizes
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
