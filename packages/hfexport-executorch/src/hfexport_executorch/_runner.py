@@ -20,7 +20,8 @@ from ._attention import register_llm_kernels
 from ._pte_check import check_pte
 from ._quiet import without_cpuinfo_lines, without_temp_allocator_lines
 
-__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes", "program_writer"]
+__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes",
+           "input_mutations", "program_writer"]
 
 PROGRAM_FILE = "model.pte"
 DATA_FILE_SUFFIX = ".ptd"
@@ -36,6 +37,23 @@ def _collect_if_large(files: Sequence[Path]) -> None:
     if sum(p.stat().st_size for p in files if p.is_file()) >= COLLECT_FROM_BYTES:
         gc.collect()  # fx graphs hold reference cycles: their lowered modules go only with a collection
         release_free_memory()
+
+
+def input_mutations(program: Any) -> list[int]:
+    """The input leaf index of each input that the lowered ``program`` (an ``ExportedProgram`` after
+    ``to_executorch``) mutates, in the order of the outputs that carry their new values: ExecuTorch's emitter drops
+    the outputs of mutated buffers but keeps those of mutated user inputs, before the user outputs.
+
+    Raises:
+        NotImplementedError: such an output comes after a user output (not seen; the runner could not tell them).
+    """
+    signature = program.graph_signature
+    user_inputs = [spec.arg.name for spec in signature.input_specs if spec.kind.name == "USER_INPUT"]
+    kinds = [spec for spec in signature.output_specs if spec.kind.name != "BUFFER_MUTATION"]
+    mutated = [spec for spec in kinds if spec.kind.name == "USER_INPUT_MUTATION"]
+    if kinds[:len(mutated)] != mutated:
+        raise NotImplementedError("the lowered program returns the new value of a mutated input after a user output")
+    return [user_inputs.index(spec.target) for spec in mutated]
 
 
 def input_dtypes(inputs: Mapping[str, Any]) -> list[str | None]:
@@ -105,7 +123,11 @@ class ExecutorchRunner(FileRunner):
 
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *,
                  input_dtypes: Sequence[str | None] | None = None, method: str = "forward",
-                 untrusted: bool | str = False):
+                 untrusted: bool | str = False, input_mutations: Sequence[int] = ()):
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in input_mutations):
+            raise ManifestError("export.json", [f"executorch.input_mutations {list(input_mutations)!r:.200} is not a "
+                                                "list of input leaf indices"])
+        self.input_mutations = list(input_mutations)
         self.input_dtypes = [torch_dtype(d) if d else None for d in (input_dtypes or [])]
         if any(d and t is None for d, t in zip(input_dtypes or [], self.input_dtypes, strict=True)):
             raise ManifestError("export.json", [f"executorch.input_dtypes {list(input_dtypes or [])} names a dtype "
@@ -173,7 +195,28 @@ class ExecutorchRunner(FileRunner):
         with without_temp_allocator_lines():
             outputs = self.method.execute(flat)
         # The outputs live in the method's planned memory: copy them out before the next call reuses it.
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+        outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+        return self.write_back_input_mutations(args, outputs)
+
+    def write_back_input_mutations(self, args: tuple[Any, ...], outputs: list[Any]) -> list[Any]:
+        """The method's outputs without its leading new values of the inputs the program mutates in place
+        (``input_mutations``: their input leaf indices), which are copied into the caller's input tensors, as eager
+        ``forward`` would have changed them (a cache's conv state updated with ``copy_``: LFM2)."""
+        count = len(self.input_mutations)
+        if not count:
+            return outputs
+        if len(outputs) < count:
+            raise RuntimeError(f"the program returned {len(outputs)} outputs; it mutates {count} inputs, whose new "
+                               "values come first")
+        import torch.utils._pytree as pytree
+
+        leaves = pytree.tree_leaves(tuple(args))
+        for index, value in zip(self.input_mutations, outputs[:count], strict=True):
+            leaf = leaves[index] if index < len(leaves) else None
+            if isinstance(leaf, torch.Tensor) and isinstance(value, torch.Tensor) and leaf.shape == value.shape:
+                with torch.no_grad():
+                    leaf.copy_(value)
+        return outputs[count:]
 
 
 def program_writer(manager: Any) -> Callable[[Path], Path | None]:

@@ -70,7 +70,7 @@ from ._quantize import (
     register_quantized_kernels,
 )
 from ._quiet import quiet_torchao_pytree_warnings, without_lowering_notices
-from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, program_writer
+from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, input_mutations, program_writer
 from ._state import ExecutorchState, executorch_state
 from ._variants import (
     BackendPreparation,
@@ -188,9 +188,11 @@ class ExecutorchExporter(Exporter):
             ctx, ctx.program, bounds, lambda: lower_program(ctx, preparation.partitioners, ctx.step),
             lambda lowered: planned_memory_bytes(lowered[1]))
         dtypes, write = input_dtypes(ctx.inputs), program_writer(manager)
+        mutations = input_mutations(manager.exported_program())
         del edge, manager  # the lowered programs and their weights' bytes go before the runtime loads the file
         with ctx.step("executorch runtime: Program.load_method"):
-            runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
+            runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes,
+                                                                 input_mutations=mutations)
         state.manifest = {
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
@@ -201,7 +203,7 @@ class ExecutorchExporter(Exporter):
             "max_batch": bounds.roles.get("batch", {}).get("max", config.max_batch or DEFAULT_MAX_BATCH),
             "max_seq_len": config.max_seq_len, "dim_bounds": bounds.roles,
             "bounded_dims": {sym: list(rng) for sym, rng in sorted(bounds.bounded.items())},
-            "input_dtypes": dtypes, "device": preparation.device,
+            "input_dtypes": dtypes, "input_mutations": mutations, "device": preparation.device,
         }
         report_planned_memory(ctx, planned, bounds)
         if preparation.partitioners:
@@ -261,6 +263,7 @@ class ExecutorchExporter(Exporter):
         data = executorch.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.executorch.data_file") if data is not None else None
         return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"),
+                                input_mutations=executorch.get("input_mutations", ()),
                                 untrusted="trusted" if trust_remote_code else True)
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProgramState", "call_with_meta", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
+__all__ = ["INPUT_MUTATION", "ProgramState", "call_with_meta", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
 
 STATE_INPUT = "state_in."  # the OpenVINO input name of a mutable buffer's value before a call (then a variable)
 STATE_OUTPUT = "state_out."  # the output name of its value after the call
+INPUT_MUTATION = "input_mutation."  # + an input leaf's name: the new value of an input the program mutates in place
 
 
 @dataclass
@@ -49,10 +50,12 @@ def constants_inlined(program: Any) -> tuple[Any, list[ProgramState]]:
     parameters, non-mutated buffers and constants as ``get_attr`` nodes, and the mutable buffers it writes.
 
     The module's placeholders are then the mutated buffers (in the signature's order) followed by the user inputs;
-    its outputs are the buffers' new values followed by the user outputs.
+    its outputs are the buffers' new values, the new values of the user inputs it mutates in place (named
+    ``input_mutation.<input leaf>`` by :func:`model_io_names`; the runner copies them into the caller's tensors, as
+    eager ``forward`` changes them), then the user outputs (the signature's order).
 
     Raises:
-        NotImplementedError: the program mutates a user input, or a constant is not a tensor.
+        NotImplementedError: a constant is not a tensor.
     """
     import torch
 
@@ -60,14 +63,16 @@ def constants_inlined(program: Any) -> tuple[Any, list[ProgramState]]:
     gm = program.graph_module
     graph = gm.graph
     mutated = dict(signature.buffers_to_mutate)  # output name -> buffer
-    if signature.user_inputs_to_mutate:
-        raise NotImplementedError(f"the program mutates its inputs {sorted(signature.user_inputs_to_mutate.values())}"
-                                  "; OpenVINO's frontend returns no mutated input: return the new value instead")
     placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
     states: list[ProgramState] = []
     mutated_buffers = set(mutated.values())
     for index, spec in enumerate(signature.input_specs):
         kind = spec.kind.name
+        if kind == "USER_INPUT" and type(spec.arg).__name__ == "ConstantArgument":
+            node = placeholders[spec.arg.name]  # a None leaf (a cache's unused state slot, {0: t, 1: None}):
+            if not node.users:                   # the decoder made it a model input that no leaf name matches
+                graph.erase_node(node)
+            continue
         if kind in ("USER_INPUT", "TOKEN"):
             continue
         node = placeholders[spec.arg.name]
@@ -143,15 +148,21 @@ def call_with_meta(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str,
 
 def model_io_names(program: Any, states: list[ProgramState], io: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The names of the converted model's inputs and outputs, in the order of :func:`constants_inlined`'s graph:
-    the mutable buffers' (``state_in.<buffer>`` / ``state_out.<buffer>``) and the tensor leaves of ``io``."""
+    the mutable buffers' (``state_in.<buffer>`` / ``state_out.<buffer>``), the mutated user inputs'
+    (``input_mutation.<input leaf>``) and the tensor leaves of ``io``."""
     from torch.export.graph_signature import SymIntArgument, TensorArgument
 
-    inputs = [state.input_name for state in states] + [name for name in io["input_leaves"] if name is not None]
+    named_inputs = [name for name in io["input_leaves"] if name is not None]
+    inputs = [state.input_name for state in states] + named_inputs
+    user_inputs = [spec.arg.name for spec in program.graph_signature.input_specs
+                   if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ != "ConstantArgument"]
     user = iter(name for name in io["output_leaves"] if name is not None)
     outputs = []
     for spec in program.graph_signature.output_specs:
         if spec.kind.name == "BUFFER_MUTATION":
             outputs.append(STATE_OUTPUT + spec.target)
+        elif spec.kind.name == "USER_INPUT_MUTATION":  # the user inputs are the named leaves, in order
+            outputs.append(INPUT_MUTATION + named_inputs[user_inputs.index(spec.target)])
         elif spec.kind.name == "USER_OUTPUT" and isinstance(spec.arg, TensorArgument | SymIntArgument):
             outputs.append(next(user))
     return inputs, outputs

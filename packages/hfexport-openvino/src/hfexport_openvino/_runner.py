@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 from hfexport.plugin import NamedIORunner
 
+from ._graph import INPUT_MUTATION
+
 __all__ = ["ALLOWED_CPU_PROPERTIES", "DATA_FILE", "MODEL_FILE", "OpenVINORunner", "compile_options"]
 
 MODEL_FILE = "openvino_model.xml"
@@ -100,4 +102,24 @@ class OpenVINORunner(NamedIORunner):
         """Run the top-level inputs ``args`` (signature order; pytrees allowed); returns the flat outputs."""
         feed = {name: tensor.numpy() for name, tensor in self.named_inputs(args).items()}
         results = self.request.infer(feed, share_inputs=True, share_outputs=False)
-        return self.flat_outputs({name: value for port, value in results.items() for name in port.get_names()})
+        values = {name: value for port, value in results.items() for name in port.get_names()}
+        self.write_back_input_mutations(args, values)
+        return self.flat_outputs(values)
+
+    def write_back_input_mutations(self, args: tuple[Any, ...], values: Mapping[str, Any]) -> None:
+        """Copy each ``input_mutation.<input leaf>`` output into the caller's input tensor of that leaf, as eager
+        ``forward`` changes an input it mutates in place (a cache's conv state updated with ``copy_``: LFM2)."""
+        mutations = {name[len(INPUT_MUTATION):]: value for name, value in values.items()
+                     if name.startswith(INPUT_MUTATION)}
+        if not mutations:
+            return
+        import torch
+        import torch.utils._pytree as pytree
+
+        for leaf, name in zip(pytree.tree_leaves(tuple(args)), self.input_leaves, strict=False):
+            value = mutations.get(name) if name is not None else None
+            if value is not None and isinstance(leaf, torch.Tensor):
+                new = torch.as_tensor(value)
+                if new.shape == leaf.shape:
+                    with torch.no_grad():
+                        leaf.copy_(new)
