@@ -1,5 +1,6 @@
-"""Generation on OpenVINO: the KV cache held as OpenVINO variables (``ReadValue``/``Assign``), the weights stored
-once, and greedy ``generate`` equal to eager ``model.generate(do_sample=False)`` token for token, after
+"""Generation on OpenVINO: the KV cache held as OpenVINO variables (``ReadValue``/``Assign``), growing with the
+sequence and read by ``ScaledDotProductAttention`` (default, the CPU plugin's in-place cache) or of fixed capacity
+(``kv_cache="fixed"``, ``llama_fixed``), the weights stored once, and greedy ``generate`` equal to eager ``model.generate(do_sample=False)`` token for token, after
 ``save_pretrained`` and ``hfexport.load`` in a new process, with a left-padded batch of two prompts (decoders) and a
 right-padded one (T5)."""
 
@@ -15,10 +16,11 @@ import hfexport
 from helpers import generate_in_fresh_process, selected_params, tiny_model
 
 NEW_TOKENS = 12
-KINDS = {"llama": "text-generation", "qwen2": "text-generation", "gpt2": "text-generation",
-         "t5": "text2text-generation"}
+KINDS = {"llama": "text-generation", "llama_fixed": "text-generation", "qwen2": "text-generation",
+         "gpt2": "text-generation", "t5": "text2text-generation"}
+OPTIONS = {"llama_fixed": {"kv_cache": "fixed"}}
 LIVELY = {"t5": dict(initializer_factor=5.0, seed=2)}  # the default draw makes greedy T5 repeat one token
-CASES = [pytest.param(kind, marks=() if kind == "llama" else pytest.mark.slow, id=kind) for kind in KINDS]
+CASES = [pytest.param(kind, marks=() if kind.startswith("llama") else pytest.mark.slow, id=kind) for kind in KINDS]
 
 
 def prompts(kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -45,11 +47,11 @@ def generated(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("openvino-generation")
     models, runs = {}, {}
     selected = [kind for (kind,) in selected_params(request, "test_generate_equals_eager_in_a_new_process", "kind")]
-    for kind in dict.fromkeys(["llama", *selected]):  # llama's artifact is also the state test's
-        model = tiny_model(kind, **LIVELY.get(kind, {}))
+    for kind in dict.fromkeys(["llama", "llama_fixed", *selected]):  # llama's artifacts are also the state tests'
+        model = tiny_model(kind.removesuffix("_fixed"), **LIVELY.get(kind, {}))
         try:
             hfexport.export(model, backend="openvino", task=KINDS[kind], max_cache_len=32,
-                            max_batch=2).save_pretrained(workdir / kind)
+                            max_batch=2, **OPTIONS.get(kind, {})).save_pretrained(workdir / kind)
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
             models[kind] = error
             continue
@@ -70,22 +72,52 @@ def test_generate_equals_eager_in_a_new_process(kind, generated):
         assert got.shape[1] > ids.shape[1] + 1 or kind == "t5"  # it generated (T5's output starts anew)
 
 
-def test_the_cache_is_openvino_state_and_the_weights_are_stored_once(generated):
+def test_the_growing_cache_is_openvino_state_read_by_sdpa_as_genai_expects(generated):
+    """The default layout: per layer two variables that start empty and grow, each concat feeding a
+    ``ScaledDotProductAttention``, a ``beam_idx`` input, and the names optimum-intel's export has; the CPU plugin
+    fuses them (its runtime model's attention reads the variables, no ``Concatenation`` between)."""
+    import openvino
+
     models, _, workdir = generated
     if isinstance(models["llama"], Exception):
         raise models["llama"]
-    manifest = json.loads((workdir / "llama" / "export.json").read_text())
+    section = json.loads((workdir / "llama" / "export.json").read_text())["components"]["decoder"]["openvino"]
+    layers = models["llama"].config.num_hidden_layers
+    names = [f"{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    assert section["input_leaves"] == ["input_ids", "attention_mask", "position_ids",
+                                       *(f"past_key_values.{n}" for n in names)]
+    assert sorted(section["growing_states"].values(), key=str) == sorted(
+        ({"input": f"past_key_values.{n}", "output": f"present.{n}"} for n in names), key=str)
+    assert (section["kv_cache_precision"], section["inference_precision"]) == ("f32", "f32")
+    model = openvino.Core().read_model(workdir / "llama" / section["model_file"])
+    assert sorted(n for port in model.inputs for n in port.get_names()) == sorted(
+        ["input_ids", "attention_mask", "position_ids", "beam_idx"])
+    types = [op.get_type_name() for op in model.get_ordered_ops()]
+    assert types.count("ReadValue") == types.count("Assign") == 2 * layers
+    assert types.count("ScaledDotProductAttention") == layers
+    compiled = openvino.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": 1})
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        if op.get_rt_info()["layerType"].astype(str) == "ScaledDotProductAttention":
+            sources = [i.get_node().get_rt_info()["layerType"].astype(str) for i in op.input_values()]
+            assert sources.count("MemoryInput") == 2, sources  # the plugin's own cache, appended in place
+
+
+def test_the_cache_is_openvino_state_and_the_weights_are_stored_once(generated):
+    models, _, workdir = generated
+    if isinstance(models["llama_fixed"], Exception):
+        raise models["llama_fixed"]
+    manifest = json.loads((workdir / "llama_fixed" / "export.json").read_text())
     section = manifest["components"]["decoder"]
     layers = models["llama"].config.num_hidden_layers
     assert sorted(name.rpartition(".")[2] for name in section["openvino"]["states"]) == sorted(
         f"cache_{kv}_{i}" for kv in ("keys", "values") for i in range(layers))
     assert section["openvino"]["input_leaves"] == ["input_ids", "attention_mask", "position_ids", "past_length"]
-    xml = (workdir / "llama" / section["openvino"]["model_file"]).read_text()
+    xml = (workdir / "llama_fixed" / section["openvino"]["model_file"]).read_text()
     assert len(re.findall(r'type="ReadValue"', xml)) == len(re.findall(r'type="Assign"', xml)) == 2 * layers
     # one program: the .bin holds the float32 weights once, and nothing of the cache (its initializer is a
     # broadcast zero); the tied lm_head may be stored apart from the embedding
     params = sum(p.numel() * p.element_size() for p in models["llama"].parameters())
-    size = (workdir / "llama" / section["openvino"]["data_file"]).stat().st_size
+    size = (workdir / "llama_fixed" / section["openvino"]["data_file"]).stat().st_size
     assert 0.9 * params <= size <= 1.2 * params, (size, params)
 
 
@@ -98,10 +130,10 @@ def test_the_cache_write_transposes_nothing(generated):
     """``_fix_index_put_leading_slices``: the decoder's cache writes are ``ScatterNDUpdate``s on the variables, with
     no ``Transpose`` of the cache around them (its test without the fix below shows two per buffer)."""
     models, _, workdir = generated
-    if isinstance(models["llama"], Exception):
-        raise models["llama"]
-    section = json.loads((workdir / "llama" / "export.json").read_text())["components"]["decoder"]["openvino"]
-    xml = (workdir / "llama" / section["model_file"]).read_text()
+    if isinstance(models["llama_fixed"], Exception):
+        raise models["llama_fixed"]
+    section = json.loads((workdir / "llama_fixed" / "export.json").read_text())["components"]["decoder"]["openvino"]
+    xml = (workdir / "llama_fixed" / section["model_file"]).read_text()
     assert len(re.findall(r'type="ScatterNDUpdate"', xml)) == 2 * models["llama"].config.num_hidden_layers
     assert index_put_transposes(xml) == []
 
@@ -110,7 +142,7 @@ def test_the_cache_write_transposes_nothing(generated):
 def test_without_the_index_put_fix_the_cache_write_transposes_the_whole_cache(tmp_path):
     model = tiny_model("llama")
     hfexport.export(model, backend="openvino", task="text-generation", max_cache_len=32, max_batch=2,
-                    disable=("_fix_index_put_leading_slices",)).save_pretrained(tmp_path)
+                    kv_cache="fixed", disable=("_fix_index_put_leading_slices",)).save_pretrained(tmp_path)
     section = json.loads((tmp_path / "export.json").read_text())["components"]["decoder"]["openvino"]
     transposes = index_put_transposes((tmp_path / section["model_file"]).read_text())
     # at least one before and one after the ScatterNDUpdate, per buffer

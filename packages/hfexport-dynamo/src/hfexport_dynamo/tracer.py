@@ -156,11 +156,13 @@ class DynamoTracer:
         from ._cache_attention import attention_for
         from .tasks import plan_task
 
-        stateful = needs.cache_layout == "in_place"
+        # a growing cache is text generation's only; the other tasks keep theirs in place on such a runtime
+        stateful = needs.cache_layout in ("in_place", "growing")
         return plan_task(model, task, inputs, max_cache_len=options.max_cache_len, max_batch=options.max_batch,
                          prefill_chunk=getattr(options, "prefill_chunk", None),
                          max_images=getattr(options, "max_images", None),
-                         stateful=stateful, fused_cache_attention=attention_for(needs.attention, stateful))
+                         stateful=stateful, fused_cache_attention=attention_for(needs.attention, stateful),
+                         growing=needs.cache_layout == "growing")
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
         """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.tasks.generate`)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["INPUT_MUTATION", "ProgramState", "call_with_meta", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
+__all__ = ["INPUT_MUTATION", "ProgramState", "call_with_meta", "constants_inlined", "make_growing_stateful",
+           "make_stateful", "model_io_names", "scan_as_while_loop"]
 
 STATE_INPUT = "state_in."  # the OpenVINO input name of a mutable buffer's value before a call (then a variable)
 STATE_OUTPUT = "state_out."  # the output name of its value after the call
@@ -215,6 +216,60 @@ def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
         made[state.buffer] = state.buffer
     model.validate_nodes_and_infer_types()
     return made
+
+
+def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list[tuple[int, int]],
+                          tokens: str = "input_ids") -> dict[str, dict[str, str]]:
+    """Make each ``(input, output)`` pair of ``model`` (an ``openvino.Model``, changed in place) a cache that grows:
+    one OpenVINO variable, as OpenVINO GenAI and the CPU plugin expect of a stateful LLM (the layout
+    optimum-intel's export has). The input ``[batch, kv_heads, past, head_dim]`` becomes a ``ReadValue`` that
+    starts empty (``past = 0``), reordered along the batch by a new input ``beam_idx`` ``int32 [batch]`` (a
+    ``Gather``; ``arange(batch)`` keeps the rows), and the output (the input with the new positions concatenated)
+    its ``Assign`` (``openvino._offline_transformations.apply_make_stateful_transformation``). Where the concat feeds
+    a ``ScaledDotProductAttention``, the CPU plugin fuses the three into its own cache, appended to in place and
+    read only over the positions held.
+
+    Args:
+        pairs: the input and output names of each cache tensor (``past_key_values.<i>.key``, ``present.<i>.key``).
+        shapes: per pair, ``(kv_heads, head_dim)``, set as static dims of the variable.
+        tokens: the input whose dim 0 is the batch.
+
+    Returns:
+        ``{variable id: {"input": name, "output": name}}``.
+    """
+    import numpy as np
+    import openvino
+    import openvino.opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    batch_dim = model.input(tokens).get_partial_shape()[0]
+    for (name, _), (heads, dim) in zip(pairs, shapes, strict=True):
+        model.input(name).get_node().set_partial_shape(openvino.PartialShape(
+            [batch_dim, openvino.Dimension(heads), openvino.Dimension(), openvino.Dimension(dim)]))
+    beam_idx = ops.parameter(openvino.PartialShape([batch_dim]), openvino.Type.i32, name="beam_idx")
+    beam_idx.output(0).get_tensor().set_names({"beam_idx"})
+    model.add_parameters([beam_idx])
+    for name, _ in pairs:
+        port = model.input(name)
+        consumers = list(port.get_target_inputs())
+        reordered = ops.gather(port, beam_idx, ops.constant(np.int64(0)))
+        for consumer in consumers:
+            consumer.replace_source_output(reordered.output(0))
+    model.validate_nodes_and_infer_types()
+    apply_make_stateful_transformation(model, dict(pairs))
+    batch = ops.gather(ops.shape_of(model.input(tokens), output_type="i64"), ops.constant(np.array([0], np.int64)),
+                       ops.constant(np.int64(0)))
+    for op in model.get_ops():  # each variable starts as [batch, kv_heads, 0, head_dim] zeros
+        if op.get_type_name() == "ReadValue":
+            dims = list(op.get_output_partial_shape(0))[1:]
+            shape = ops.concat([batch, ops.constant(np.array([0 if d.is_dynamic else d.get_length() for d in dims],
+                                                             np.int64))], 0)
+            op.set_arguments([ops.broadcast(ops.constant(np.zeros((), op.get_output_element_type(0).to_dtype())),
+                                            shape)])
+    model.validate_nodes_and_infer_types()
+    ids = {variable.get_info().variable_id for variable in model.get_variables()}
+    # MakeStateful names a variable by its input's name and its output's, joined
+    return {name + output: {"input": name, "output": output} for name, output in pairs if name + output in ids}
 
 
 def distinct_outputs(gm: Any) -> None:

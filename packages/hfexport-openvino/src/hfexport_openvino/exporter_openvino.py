@@ -43,7 +43,7 @@ from hfexport.quantization import check_quantization_inputs
 from hfexport_dynamo import DYNAMO_TRACER
 
 from ._config import OpenVINOConfig
-from ._graph import constants_inlined, make_stateful, model_io_names
+from ._graph import constants_inlined, make_growing_stateful, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
@@ -61,9 +61,13 @@ class OpenVINOExporter(Exporter):
     config_class: ClassVar[type[ExportConfig]] = OpenVINOConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "openvino")
-    # The CPU plugin keeps OpenVINO variables (ReadValue/Assign) between the calls of one infer request: a program's
-    # mutable buffers (a generation task's KV cache) become variables, updated on the runtime (stage 5).
-    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place")
+    @property  # type: ignore[override]
+    def needs(self) -> RuntimeNeeds:
+        """The CPU plugin keeps OpenVINO variables (ReadValue/Assign) between the calls of one infer request. With
+        ``kv_cache="growing"`` (default) a text-generation cache grows: the program takes and returns it
+        (``cache_layout="growing"``) and stage 3 makes each a variable that its ``ScaledDotProductAttention`` appends
+        to; otherwise a program's mutable buffers (a fixed cache) become variables (``"in_place"``)."""
+        return RuntimeNeeds(cache_layout="growing" if self.openvino_config.kv_cache == "growing" else "in_place")
     toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "openvino", "hfexport-openvino")
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "openvino": "2026.4.1"}
     stages: ClassVar[tuple[Stage, ...]] = (
@@ -104,6 +108,7 @@ class OpenVINOExporter(Exporter):
         with ctx.stage(2):
             ctx.apply_fx_node_fixes(prepared.graph_module, ("openvino",))
         state.io = io_names(ctx.program, ctx.inputs)
+        growing = growing_cache_pairs(ctx.model, ctx.inputs, state.io)
         graph, program_states = constants_inlined(prepared)  # mutable buffers stay inputs/outputs
         with ctx.step("openvino.convert_model"), torch.no_grad(), _root_logger_kept():
             # convert_model(ExportedProgram) decodes program.module(), where a mutated buffer is lost (_graph.py)
@@ -115,6 +120,8 @@ class OpenVINOExporter(Exporter):
         with ctx.stage(3):
             if program_states:
                 state.states = make_stateful(model, program_states)
+            if growing:
+                state.growing_states = make_growing_stateful(model, growing["pairs"], growing["shapes"])
         if isinstance(config.quantize, Quantization):
             with ctx.step("nncf.compress_weights"):
                 model, state.quantization = compress_weights(model, config.quantize, config.int4_ratio)
@@ -123,7 +130,10 @@ class OpenVINOExporter(Exporter):
         for registration in ctx.workarounds(_CPU_PROPERTIES, ("openvino",)):
             properties.update(registration.func())
             ctx.record_applied(registration.qualified_name)
-        io = {**state.io, "num_threads": config.num_threads, "cpu_properties": properties}
+        precisions = {"inference_precision": config.inference_precision,
+                      "kv_cache_precision": config.kv_cache_precision}
+        io = {**state.io, "num_threads": config.num_threads, "cpu_properties": properties, **precisions,
+              "growing_states": state.growing_states}
         with ctx.step("openvino.save_model, Core.compile_model"), \
                 OpenVINORunner.temporary_directory("openvino") as directory:
             openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
@@ -131,6 +141,7 @@ class OpenVINOExporter(Exporter):
         state.manifest = {"model_file": MODEL_FILE, "data_file": DATA_FILE, "device": "CPU",
                           "num_threads": config.num_threads, "cpu_properties": properties,
                           "compress_to_fp16": config.compress_to_fp16,
+                          **precisions, "growing_states": state.growing_states,
                           "states": state.states, "node_count": len(model.get_ordered_ops()), **state.io}
 
     # ── artifact, loading ─────────────────────────────────────────────────────────────────────────────
@@ -171,6 +182,24 @@ class OpenVINOExporter(Exporter):
         data_path = artifact_file(path, manifest, section.get("data_file"), f"{where}.data_file")
         check_ir_file(model_path)
         return OpenVINORunner(model_path, data_path, io=section, untrusted=True)
+
+
+def growing_cache_pairs(program_module: Any, inputs: Any, io: dict[str, Any]) -> dict[str, Any] | None:
+    """For a generation program whose cache grows (``CausalLMStep.growing_cache``), its cache leaves renamed in
+    ``io`` (in place) as OpenVINO GenAI and optimum-intel name them: inputs ``past_key_values.<layer>.key`` /
+    ``.value``, outputs ``present.<layer>.key`` / ``.value``, and the ``(input, output)`` pairs with each tensor's
+    ``(kv_heads, head_dim)``; None for any other program."""
+    if not getattr(program_module, "growing_cache", False):
+        return None
+    cache = inputs["cache"]
+    names = [f"{i}.{kind}" for i in range(len(cache)) for kind in ("key", "value")]
+    shapes = [(int(t.shape[1]), int(t.shape[3])) for layer in cache for t in layer]
+    leaves = io["input_leaves"]
+    first = len(leaves) - len(names)  # the cache is the program's last input
+    io["input_leaves"] = [*leaves[:first], *(f"past_key_values.{n}" for n in names)]
+    outputs = io["output_leaves"]  # {"logits", "cache"}: the logits, then the cache's leaves
+    io["output_leaves"] = [outputs[0], *(f"present.{n}" for n in names)]
+    return {"pairs": [(f"past_key_values.{n}", f"present.{n}") for n in names], "shapes": shapes}
 
 
 @contextlib.contextmanager

@@ -29,11 +29,13 @@ __all__ = ["TASKS", "GenerationOptions", "ImageTextOptions", "TaskOptions", "gen
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
               max_batch: int | None = None, prefill_chunk: int | None = None, max_images: int | None = None,
-              stateful: bool = False, fused_cache_attention: Any = False) -> Any:
+              stateful: bool = False, fused_cache_attention: Any = False, growing: bool = False) -> Any:
     """The components (a ``TaskPlan``) to export for ``task``, bounded as asked (the arguments are documented by
     each task's planner): ``"text-generation"``: :func:`.causal_lm.plan_causal_lm`; ``"text2text-generation"``,
     ``"automatic-speech-recognition"``: :func:`.seq2seq.plan_seq2seq` (``max_cache_len`` and ``max_batch`` only);
-    ``"image-text-to-text"``, ``"audio-text-to-text"``: :func:`.image_text.plan_image_text`.
+    ``"image-text-to-text"``, ``"audio-text-to-text"``: :func:`.image_text.plan_image_text`. ``growing``
+    (``RuntimeNeeds(cache_layout="growing")``): ``"text-generation"``'s cache grows with the sequence and the runtime
+    keeps it (:func:`.causal_lm.plan_causal_lm`); the other tasks take ``stateful`` then.
 
     Raises:
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
@@ -54,6 +56,9 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     if task == TEXT_GENERATION:
         from .causal_lm import plan_causal_lm
 
+        if growing:
+            return plan_causal_lm(model, inputs, **{**decoder, "stateful": False, "fused_cache_attention": False},
+                                  growing=True)
         return plan_causal_lm(model, inputs, **decoder)
     from .seq2seq import plan_seq2seq
 

@@ -42,6 +42,7 @@ from .kv_cache import (
     RotaryTables,
     capacity_layer,
     grouped_sdpa,
+    growing_layer,
     recording_rotary,
     rotary_tables,
 )
@@ -54,7 +55,7 @@ from .planning import (
     generation_manifest,
 )
 
-__all__ = ["CausalLMStep", "DecoderPrograms", "decoder_run", "new_cache", "plan_causal_lm", "plan_decoder",
+__all__ = ["CausalLMStep", "DecoderPrograms", "GrowingDecoderPrograms", "decoder_run", "new_cache", "plan_causal_lm", "plan_decoder",
            "prepare_decoder"]
 
 # a decode step's value of a per-position decoder input (image-text-to-text: a new token is in no image block)
@@ -80,6 +81,11 @@ class CausalLMStep(torch.nn.Module):
             its tables at every cache position (buffers ``rotary_cos``/``rotary_sin``, :func:`rotary_tables`), to the
             query and keys the model's ``apply_rotary_pos_emb`` received. Off where the model has no such tables; a
             forward raises :class:`FusedRotaryUnusable` where its RoPE differs from them.
+        growing: the cache grows with the sequence (``RuntimeNeeds(cache_layout="growing")``): the ``cache`` input
+            holds ``[batch, kv_heads, past, head_dim]`` per layer (any ``past``, 0 included) and the output
+            ``past + seq`` positions; ``attention_mask`` is ``int64 [batch, past + seq]``; there is no
+            ``past_length``; attention is the model's own ``sdpa``; ``logits`` is ``[batch, 1, vocab]`` (the layout
+            OpenVINO GenAI reads). ``cache_shapes`` is then unused.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
@@ -98,8 +104,9 @@ class CausalLMStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
                  dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
-                 fused_rotary: bool = False):
+                 fused_rotary: bool = False, growing: bool = False):
         super().__init__()
+        self.growing_cache = growing
         # with in_buffers, a kernel (InPlaceCacheAttention) or nothing; otherwise a bool
         self.fused_attention = fused_attention if not in_buffers or callable(fused_attention) else False
         tables = None
@@ -138,6 +145,8 @@ class CausalLMStep(torch.nn.Module):
         from transformers.cache_utils import Cache
 
         seq_len = next(iter(tokens.values())).shape[1]
+        if self.growing_cache:
+            return self._growing_step(tokens, attention_mask, position_ids, cache)
 
         if self.in_buffers:
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
@@ -172,6 +181,20 @@ class CausalLMStep(torch.nn.Module):
             result["cache"] = tuple((layer.keys, layer.values) for layer in kv.layers)
         return result
 
+    def _growing_step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
+        """:meth:`_step` over a cache that grows (``growing``): the new positions concatenated, the model's own
+        attention."""
+        from transformers.cache_utils import Cache
+
+        seq_len = next(iter(tokens.values())).shape[1]
+        # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
+        torch._check(attention_mask.shape[1] == cache[0][0].shape[2] + seq_len)
+        kv = Cache(layers=[growing_layer(k, v) for k, v in cache])
+        extra = {"position_ids": position_ids} if self.takes_position_ids else {}
+        out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1, **extra)
+        return {"logits": out.logits, "cache": tuple((layer.keys, layer.values) for layer in kv.layers)}
+
 
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
                  takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
@@ -201,7 +224,7 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
 def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
                    max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False,
-                   fused_cache_attention: Any = False) -> Any:
+                   fused_cache_attention: Any = False, growing: bool = False) -> Any:
     """The one ``decoder`` program of a :class:`CausalLMStep` (see the module docstring for its inputs, outputs and
     cache; :func:`plan_decoder` for its dynamic dims) and the manifest's ``generation`` section.
 
@@ -222,6 +245,9 @@ def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_c
             kernel over the cache buffers (used at ``max_batch=1``: it attends causally without a padding mask).
             Either applies where the model's attention allows it (checked by one eager forward; otherwise the write
             and the attention stay apart).
+        growing: the cache grows with the sequence and the runtime keeps it (``RuntimeNeeds(cache_layout=
+            "growing")``, :class:`CausalLMStep`'s ``growing``); ``max_cache_len`` is then the most positions a
+            sequence may hold, not a capacity held.
 
     Raises:
         ValueError: bounds the model cannot take (says which).
@@ -237,7 +263,7 @@ def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_c
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
     component, cache = plan_decoder(model, ids, mask, max_cache_len=max_cache_len, max_batch=max_batch,
                                     prefill_chunk=prefill_chunk, stateful=stateful,
-                                    fused_cache_attention=fused_cache_attention)
+                                    fused_cache_attention=fused_cache_attention, growing=growing)
     manifest = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
     manifest.update(prefill_chunk=prefill_chunk, cache=cache)
     return TaskPlan(TEXT_GENERATION, [component], manifest={"generation": manifest}, model=model)
@@ -247,7 +273,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                  prefill_chunk: int, stateful: bool = False, fused_cache_attention: Any = False,
                  embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
                  step_class: type[CausalLMStep] = CausalLMStep,
-                 position_rows: int | None = None) -> tuple[Any, dict[str, Any]]:
+                 position_rows: int | None = None, growing: bool = False) -> tuple[Any, dict[str, Any]]:
     """The ``decoder`` component of a generation task and its manifest's ``cache`` section (see :func:`plan_causal_lm`
     for the arguments; ``ids``/``mask`` are the example prompt, ``[batch, prompt]``).
 
@@ -271,6 +297,9 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     shapes = [(torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
               for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if growing and embed is None and position_rows is None:
+        return _plan_growing(model, ids, mask, shapes, dtype, rows, max_batch, max_cache_len, prefill_chunk,
+                             takes_position_ids)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -328,6 +357,42 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
 
+def _plan_growing(model: Any, ids: torch.Tensor, mask: torch.Tensor, shapes: list[tuple[torch.Size, torch.Size]],
+                  dtype: torch.dtype, rows: int, max_batch: int, max_cache_len: int, prefill_chunk: int,
+                  takes_position_ids: bool) -> tuple[Any, dict[str, Any]]:
+    """:func:`plan_decoder` for a cache that grows (``growing``). The example holds a past of 2 positions (the
+    eager cache of the prompt's first two tokens; torch.export specializes a dim of size 0 or 1) and the prompt after
+    it; the past is dynamic from 0 to ``max_cache_len - 1`` positions."""
+    from torch.export import Dim
+    from transformers import DynamicCache
+
+    from hfexport.plugin import ComponentPlan
+
+    past_ids, past_mask = ids[:, :2], mask[:, :2]
+    extra = {"position_ids": positions_from_mask(past_mask)} if takes_position_ids else {}
+    with torch.no_grad():
+        out = model(input_ids=past_ids, attention_mask=past_mask, cache=DynamicCache(config=model.config),
+                    use_cache=True, logits_to_keep=1, **extra)
+    past = tuple((layer.keys.detach().clone(), layer.values.detach().clone()) for layer in out.cache.layers)
+    full_mask = torch.cat([past_mask, mask], -1)
+    example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
+    if takes_position_ids:
+        example["position_ids"] = positions_from_mask(full_mask)[:, 2:]
+    example["cache"] = past
+    step = CausalLMStep(model, shapes, dtype, growing=True)
+    batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
+    seq, held = Dim("seq", min=1, max=prefill_chunk), Dim("past", min=0, max=max_cache_len - 1)
+    dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": {**batch, 1: Dim.AUTO}}
+    if takes_position_ids:
+        dynamic_shapes["position_ids"] = {**batch, 1: seq}
+    dynamic_shapes["cache"] = tuple(({**batch, 2: held}, {**batch, 2: held}) for _ in past)
+    cache = {"layout": "[batch, kv_heads, past, head_dim]", "in_program_buffers": False, "growing": True,
+             "static_batch": rows == 1, "dtype": str(dtype).removeprefix("torch."), "fused_attention": False,
+             "fused_rotary": False, "ignores_padding": False,
+             "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
+
+
 def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None
             ) -> dict[str, torch.Tensor]:
     if embed is None:
@@ -362,8 +427,11 @@ def decoder_run(exported: Any, section: Mapping[str, Any], config: Any, input_id
         if prompt_embeds is not None:
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
             per_position = {k: v[..., padding.shape[1]:] for k, v in (per_position or {}).items()}
-    programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,
-                               per_position)
+    if section["cache"].get("growing"):
+        programs: Any = GrowingDecoderPrograms(exported, section, input_ids, attention_mask)
+    else:
+        programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,
+                                   per_position)
 
     def finish(sequences: torch.Tensor, stats: GenerationStats) -> torch.Tensor:
         return torch.cat([padding, sequences], -1)
@@ -502,3 +570,54 @@ class DecoderPrograms:
             self.logits_leaf = next(i for i, leaf in enumerate(pytree.tree_leaves(out)) if leaf is out["logits"])
         self.cache = returned
         return out["logits"][:self.rows]
+
+
+class GrowingDecoderPrograms:
+    """The ``decoder`` program of a cache that grows (``generation.cache.growing``) under the greedy loop
+    (:class:`~hfexport_dynamo.tasks.decoding.TaskPrograms`): the runtime keeps the cache as its own state, so each
+    call feeds only the new positions' ``input_ids``, ``position_ids`` and the ``attention_mask`` over the positions
+    held and new; the prompt is prefilled in chunks of ``prefill_chunk``.
+
+    The runner keeps the cache: it implements ``reset()`` (an empty cache) and ``run_keeping_cache(inputs)``, which
+    takes ``{name: tensor}`` of the program's inputs but the cache and returns the ``logits`` ``[batch, seq, vocab]``
+    (:class:`hfexport.plugin.Runner`).
+    """
+
+    def __init__(self, exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor):
+        self.runner = exported.components[DECODER].runner
+        if not callable(getattr(self.runner, "run_keeping_cache", None)):
+            raise TypeError(f"this artifact's decoder has a growing cache, which {type(self.runner).__name__} does "
+                            "not keep (it has no run_keeping_cache())")
+        self.takes_positions = "position_ids" in input_names(exported, DECODER)
+        rows, prompt = input_ids.shape
+        self.rows, self.prompt_ids = rows, input_ids
+        # the mask over every position a sequence may hold; a call reads its first past + seq columns
+        self.mask = torch.zeros(rows, prompt + section["max_cache_len"], dtype=torch.long)
+        self.mask[:, :prompt] = attention_mask
+        self.positions = positions_from_mask(attention_mask)
+        self.prefill_spans = [slice(past, past + section["prefill_chunk"])
+                              for past in range(0, prompt, section["prefill_chunk"])]
+        self.past, self.position = prompt, self.positions[:, -1:].clone()
+        self.ids = torch.zeros(rows, 1, dtype=torch.long)
+
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        self.runner.reset()
+        return contextlib.nullcontext()
+
+    def prefill(self, span: slice) -> torch.Tensor:
+        ids = self.prompt_ids[:, span]
+        return self._run(ids, self.positions[:, span], span.start + ids.shape[1])
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask[:, self.past] = 1
+        self.position += 1
+        self.ids[:, 0] = tokens
+        self.past += 1
+        return self._run(self.ids, self.position, self.past)
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, held: int) -> torch.Tensor:
+        feed = {"input_ids": ids, "attention_mask": self.mask[:, :held]}
+        if self.takes_positions:
+            feed["position_ids"] = positions
+        return self.runner.run_keeping_cache(feed)[:, -1]
