@@ -64,6 +64,7 @@ from ._errors import (
     quiet_torch_onnx,
 )
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_open
+from ._genai import GENAI_CONFIG, GENAI_MODEL, GenaiDecoder, genai_decoder
 from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, drop_machine_metadata, node_count
 from ._naming import io_names, name_graph_io
 from ._quantize import quantization_section, quantize_model
@@ -132,6 +133,8 @@ class OnnxExporter(Exporter):
         Step(5, "fuse", "onnxscript ort_fusions"),
         Step(5, "quantize", "onnxruntime.quantization (with quantize=)"),
         Step(5, "open", "onnxruntime.InferenceSession"),
+        # package: a text-generation decoder also gets ORT GenAI's files (_genai.py); other programs none
+        Step(5, "genai", "genai_config.json (ORT GenAI, text-generation decoders)"),
     )
 
     @property
@@ -280,7 +283,14 @@ class OnnxExporter(Exporter):
         if runner is None:
             raise RuntimeError("package() runs after lower(), which opens the runner")
         section = {"program_file": MODEL_FILE, "onnx": state.manifest, **quantization_section(state.quantization)}
-        return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, runner.write_files,
+        write = runner.write_files
+        with ctx.step("genai_config.json (ORT GenAI, text-generation decoders)"):
+            genai = _genai_files(ctx, state.manifest)
+            if genai is not None:  # written beside model.onnx on save; its graph shares model.onnx.data
+                write = genai.writer(runner.write_files)
+                section["genai"] = {"config_file": GENAI_CONFIG, "model_file": GENAI_MODEL,
+                                    "max_length": genai.max_cache_len}
+        return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, write,
                                              section, ctx.program)])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
@@ -326,6 +336,26 @@ class OnnxExporter(Exporter):
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         return onnx_hints(exc) or super().hints_for(stage, exc)
+
+
+def _genai_files(ctx: ExportContext, section: Mapping[str, Any]) -> GenaiDecoder | None:
+    """ORT GenAI's files for the program of ``ctx`` when it is a text-generation decoder (``None`` otherwise): the
+    cache shapes from the example inputs, the model's facts from the ``config`` and ``generation_config`` the
+    decoder program carries (``hfexport_dynamo.tasks.causal_lm.CausalLMStep``)."""
+    config = getattr(ctx.model, "config", None)
+    cache = ctx.inputs.get("cache")
+    if config is None or cache is None or not hasattr(config, "get_text_config"):
+        return None
+    text = config.get_text_config(decoder=True)
+    generation = getattr(ctx.model, "generation_config", None)
+    fields = generation.to_dict() if generation is not None else {
+        k: getattr(text, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    shapes = [list(leaf.shape) for leaf in torch.utils._pytree.tree_leaves(cache) if isinstance(leaf, torch.Tensor)]
+    try:
+        return genai_decoder(section, shapes, vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+                             num_attention_heads=text.num_attention_heads, generation=fields)
+    except AttributeError:  # a config without the head counts ORT GenAI's config names
+        return None
 
 
 # ── Stage 1: Torch patches ──

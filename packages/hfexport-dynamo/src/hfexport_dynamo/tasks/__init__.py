@@ -9,6 +9,8 @@ programs (``generate``), for every task of :data:`TASKS`.
   ``embed`` programs beside the text ``decoder``, and the merge of the media into the prompt;
 * :mod:`.decoding`: the greedy loop and what it shares with transformers (the generation config, logits
   processors, stopping criteria);
+* :mod:`.transformers_model`: a text-generation artifact as a transformers model (:func:`as_transformers`), for
+  ``GenerationMixin.generate`` and ``pipeline("text-generation", ...)``;
 * :mod:`.cli`: ``hfexport export --task`` and ``hfexport generate``.
 
 Importing this package is light (the backends' declarations and the CLI read :data:`TASKS`): torch is imported when
@@ -23,8 +25,16 @@ from typing import Any
 from .names import IMAGE_TEXT_TO_TEXT, MEDIA_TASKS, TASKS, TEXT_GENERATION
 from .options import GenerationOptions, ImageTextOptions, TaskOptions, options_for_task
 
-__all__ = ["TASKS", "GenerationOptions", "ImageTextOptions", "TaskOptions", "generate", "options_for_task",
-           "plan_task"]
+__all__ = ["TASKS", "GenerationOptions", "ImageTextOptions", "TaskOptions", "as_transformers", "generate",
+           "options_for_task", "plan_task"]
+
+
+def as_transformers(exported: Any, config: Any = None) -> Any:
+    """``exported`` (a ``"text-generation"`` artifact) as a transformers ``PreTrainedModel`` + ``GenerationMixin``:
+    :func:`.transformers_model.as_transformers` (imports transformers)."""
+    from .transformers_model import as_transformers as wrap
+
+    return wrap(exported, config)
 
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,

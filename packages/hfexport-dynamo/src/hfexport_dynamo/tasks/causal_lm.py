@@ -118,6 +118,8 @@ class CausalLMStep(torch.nn.Module):
             self.register_buffer("rotary_sin", tables[1], persistent=False)
         self.model = model
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
+        # the token ids and search defaults a backend writes for its deployment engine (ORT GenAI's genai_config.json)
+        self.generation_config = getattr(model, "generation_config", None)
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
         self.in_buffers = in_buffers
         if in_buffers:
