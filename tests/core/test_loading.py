@@ -282,6 +282,36 @@ def test_a_symlinked_folder_inside_the_artifact_is_refused(saved: dict[str, Any]
         hfexport.load(artifact)
 
 
+def _other_mlp_program(tmp_path: Path, inputs: dict[str, Any]) -> Path:
+    torch.manual_seed(1234)
+    return hfexport.export(TinyMLP().eval(), inputs).save_pretrained(tmp_path / "other") / "model.pt2"
+
+
+def test_a_file_swapped_after_the_check_never_reaches_the_runtime(saved: dict[str, Any], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: files were hashed by path and the runtime opened the path again; a ``.pt2`` swapped in between
+    (a concurrent writer) ran with no error. The runner reads the file once, checks those bytes, and hands them
+    over."""
+    from crafting import swap_after_check
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    swap_after_check(monkeypatch, artifact / "model.pt2", _other_mlp_program(tmp_path, saved["mlp_inputs"]))
+    with pytest.raises(IntegrityError, match="model.pt2 changed while it was loaded"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.slow
+def test_a_concurrent_writer_never_changes_dynamo_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
+    from crafting import concurrent_swaps
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    x = saved["mlp_inputs"]["x"]
+    expected = saved["mlp"](x)
+    counts = concurrent_swaps(artifact / "model.pt2", _other_mlp_program(tmp_path, saved["mlp_inputs"]), 100,
+                              lambda: hfexport.load(artifact)(x=x), lambda out: torch.equal(out[0], expected[0]))
+    assert counts["ok"] + counts["refused"] == 100 and counts["swaps"] > 100, counts
+
+
 # ── integrity ─────────────────────────────────────────────────────────────────────────────────────────────
 def test_save_records_size_and_sha256_of_every_file(saved: dict[str, Any]) -> None:
     directory = saved["bert_dir"]

@@ -149,6 +149,36 @@ def test_an_external_data_location_through_a_symlink_is_refused(saved: dict[str,
         hfexport.load(artifact)
 
 
+@pytest.mark.parametrize("name", ["model.onnx.data", "model.onnx"])
+def test_a_file_swapped_after_the_check_never_reaches_onnx_runtime(saved: dict[str, Any], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Issue 43: a ``model.onnx.data`` swapped between the hash check and ONNX Runtime's own open changed the
+    outputs with no error. The session now reads the bytes that were checked (the model from memory, the weights
+    as in-memory external data)."""
+    from crafting import swap_after_check
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    other = tmp_path / "other"
+    data = (artifact / name).read_bytes()
+    other.write_bytes(bytes(len(data)) if name.endswith(".data") else data.replace(b"model", b"mode1", 1))
+    swap_after_check(monkeypatch, artifact / name, other)
+    with pytest.raises(hfexport.IntegrityError, match=rf"{name} changed while it was loaded"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.slow
+def test_a_concurrent_writer_never_changes_onnx_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
+    from crafting import concurrent_swaps
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    expected = hfexport.load(artifact)(x=saved["x"])[0]
+    other = tmp_path / "zeros"
+    other.write_bytes(bytes((artifact / "model.onnx.data").stat().st_size))
+    counts = concurrent_swaps(artifact / "model.onnx.data", other, 200,
+                              lambda: hfexport.load(artifact)(x=saved["x"])[0], lambda out: torch.equal(out, expected))
+    assert counts["ok"] + counts["refused"] == 200 and counts["swaps"] > 200, counts
+
+
 @pytest.mark.parametrize("key", ["model_file", "data_file"])
 def test_onnx_runner_takes_file_names_from_the_manifest_only(saved: dict[str, Any], tmp_path: Path, key: str) -> None:
     artifact = copy_artifact(saved["dir"], tmp_path)

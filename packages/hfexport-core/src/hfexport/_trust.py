@@ -21,6 +21,7 @@ Nothing here imports torch at import time (``hfexport --help`` stays fast).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ MANIFEST_NAME = "export.json"
 SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 
 __all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_MAX_BYTES", "MANIFEST_MAX_FILES", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
-           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_path_bounds", "check_integrity", "check_treespec", "file_digests", "hub_blobs", "open_beneath", "read_beneath",
+           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_bytes", "artifact_file", "check_file_paths", "check_path_bounds", "check_integrity", "check_treespec", "file_digests", "hub_blobs", "open_beneath", "read_beneath",
            "import_type_modules", "importable_prefixes", "load_treespec", "manifest_file_refs", "parse_json", "pickle_globals",
            "read_manifest", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals",
            "validate_manifest"]
@@ -512,7 +513,14 @@ def check_integrity(path: Path, manifest: Mapping[str, Any], *, trust_remote_cod
     for name, entry in sorted(hashes.items()):
         if name in bad:
             continue
-        actual = _sha256(Path(path) / name)
+        fd = open_beneath(Path(path), name)  # the same walk a runner's read takes (artifact_bytes)
+        try:
+            digest = hashlib.sha256()
+            for block in iter(functools.partial(os.read, fd, 1 << 20), b""):
+                digest.update(block)
+        finally:
+            os.close(fd)
+        actual = digest.hexdigest()
         if actual != entry["sha256"]:
             problems.append(f"{name}: SHA-256 {actual[:16]}… where the manifest recorded {entry['sha256'][:16]}…")
             bad.append(name)
@@ -548,6 +556,32 @@ def artifact_file(path: Path, manifest: Mapping[str, Any], name: Any, where: str
 
 
 _LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (JSON_MAX_INT_DIGITS + 1))
+
+
+def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: str) -> bytes:
+    """The bytes of file ``name`` that a runner hands its runtime, read once from a descriptor
+    (:func:`read_beneath`: ``O_NOFOLLOW`` on every component, a regular file) and checked against the manifest's
+    size and SHA-256 on those very bytes: the runtime gets what was hashed, and no path is opened again (a file
+    swapped between a check by path and the runtime's own open changed outputs silently, or crashed the process,
+    issue 43). A schema-1 manifest loaded with ``trust_remote_code`` records no hash: its bytes are handed as read.
+
+    Raises:
+        ManifestError: as :func:`artifact_file` (a name the manifest does not hash).
+        IntegrityError: the bytes differ from the manifest's size or SHA-256 (the file changed since it was checked).
+        ValueError: as :func:`open_beneath`.
+    """
+    artifact_file(path, manifest, name, where)
+    hashes = manifest.get(HASHES_KEY)
+    entry = hashes.get(name) if isinstance(hashes, dict) else None
+    data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None)
+    if isinstance(entry, dict):
+        actual = hashlib.sha256(data).hexdigest()
+        if len(data) != entry["size"] or actual != entry["sha256"]:
+            raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {len(data):,} bytes of SHA-256 "
+                                 f"{actual[:16]}… where the manifest recorded {entry['size']:,} of "
+                                 f"{entry['sha256'][:16]}… (another process writes the artifact's directory: load "
+                                 "it again once nothing does)", [name])
+    return data
 
 
 class _JsonTooLarge(ValueError):

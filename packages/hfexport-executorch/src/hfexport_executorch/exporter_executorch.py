@@ -48,6 +48,7 @@ from hfexport.plugin import (
     RuntimeNeeds,
     Stage,
     Step,
+    artifact_bytes,
     artifact_file,
     component_manifest,
 )
@@ -258,13 +259,14 @@ class ExecutorchExporter(Exporter):
         if section.get("quantization"):
             register_quantized_kernels()
         where = f"components[{component!r}]"
-        program = artifact_file(path, manifest, executorch.get("program_file", section.get("program_file")),
-                                f"{where}.executorch.program_file")
+        name = executorch.get("program_file", section.get("program_file"))
+        program = artifact_file(path, manifest, name, f"{where}.executorch.program_file")
         data = executorch.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.executorch.data_file") if data is not None else None
+        checked = artifact_bytes(path, manifest, name, f"{where}.executorch.program_file")  # read once, checked
         return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"),
                                 input_mutations=executorch.get("input_mutations", ()),
-                                untrusted="trusted" if trust_remote_code else True)
+                                untrusted="trusted" if trust_remote_code else True, program_bytes=checked)
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"

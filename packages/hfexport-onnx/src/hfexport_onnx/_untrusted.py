@@ -31,10 +31,12 @@ ONNX_INLINE_FACTOR = 16
 ONNX_INLINE_SLACK = 100_000
 
 
-def _load(model_path: str | Path) -> Any:
+def _load(model_path: str | Path, data: bytes | None = None) -> Any:
     import onnx
 
     try:
+        if data is not None:  # the checked bytes (hfexport.plugin.artifact_bytes): the path is not opened again
+            return onnx.load_model_from_string(data)
         return onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RecursionError, ...
         raise ValueError(f"{Path(model_path).name} is not an ONNX model onnx can read ({type(exc).__name__}: "
@@ -184,7 +186,8 @@ def _written_nodes(model: Any) -> int:
     return count
 
 
-def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
+def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[str], data: bytes | None = None
+                    ) -> set[str]:
     """Check an ONNX file of an artifact before ONNX Runtime opens it (see the module docstring): external data
     only from files the manifest hashes, at most :data:`ONNX_MAX_NODES` nodes written, and an inlined size of at
     most ``ONNX_INLINE_FACTOR * nodes written + ONNX_INLINE_SLACK``.
@@ -194,12 +197,16 @@ def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[s
         root: the artifact directory.
         listed: the files the manifest hashes (``files_sha256``'s names), relative to ``root``.
 
+    Returns:
+        The external-data locations its tensors name.
+
     Raises:
         ValueError: what is refused, with the bound it exceeds.
     """
     model_path = Path(model_path)
-    model = _load(model_path)
+    model = _load(model_path, data)
     _check_locations(model, model_path, root, listed)
+    locations = _locations(model)
     written = _written_nodes(model)
     if written > ONNX_MAX_NODES:
         raise ValueError(f"{model_path.name} has {written:,} nodes, over the bound of {ONNX_MAX_NODES:,} "
@@ -211,3 +218,4 @@ def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[s
                          f"{ONNX_INLINE_FACTOR} x the {written:,} nodes it holds + {ONNX_INLINE_SLACK:,} and "
                          f"ONNX_MAX_NODES={ONNX_MAX_NODES:,}; hfexport_onnx._untrusted): ONNX Runtime would build them "
                          "at session creation; the artifact is damaged or crafted")
+    return locations

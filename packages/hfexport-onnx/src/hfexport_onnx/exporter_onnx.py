@@ -45,6 +45,7 @@ from hfexport.plugin import (
     RuntimeNeeds,
     Stage,
     Step,
+    artifact_bytes,
     artifact_file,
     component_manifest,
 )
@@ -315,10 +316,18 @@ class OnnxExporter(Exporter):
         model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
         data = section.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.data_file") if data is not None else None
-        check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []))
-        return OnnxRunner(model_path, providers_for(section), section,
-                          data_path=data_path if data_path is not None and data_path.is_file() else None,
-                          untrusted=not trust_remote_code)
+        # each file read once by descriptor and checked; ONNX Runtime gets those bytes (the model from memory, the
+        # weights as in-memory external data), never the paths again
+        model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
+        locations = check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []),
+                                    data=model_bytes)
+        served = {data_path.name} if data_path is not None and data_path.parent == model_path.parent else set()
+        if locations - served:  # a session over bytes has no folder: every location must be the data file served
+            raise ValueError(f"{model_path.name} reads external data from {sorted(locations - served)}, other than "
+                             f"its manifest's data_file {data!r}: the artifact is damaged or crafted")
+        data_bytes = artifact_bytes(path, manifest, data, f"{where}.data_file") if data is not None else None
+        return OnnxRunner(model_path, providers_for(section), section, data_path=data_path,
+                          untrusted=not trust_remote_code, model_bytes=model_bytes, data_bytes=data_bytes)
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:
