@@ -19,6 +19,7 @@ NEW_TOKENS = 12
 KINDS = {"llama": "text-generation", "llama_fixed": "text-generation", "qwen2": "text-generation",
          "gpt2": "text-generation", "t5": "text2text-generation"}
 OPTIONS = {"llama_fixed": {"kv_cache": "fixed"}}
+GENAI_TOKENS = 32  # OpenVINO GenAI's greedy tokens, compared with eager's
 LIVELY = {"t5": dict(initializer_factor=5.0, seed=2)}  # the default draw makes greedy T5 repeat one token
 CASES = [pytest.param(kind, marks=() if kind.startswith("llama") else pytest.mark.slow, id=kind) for kind in KINDS]
 
@@ -35,6 +36,18 @@ def prompts(kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(ids(1, 5, 0), torch.ones(1, 5, dtype=torch.long)), (padded, mask)]
 
 
+def word_tokenizer():
+    """A word-level tokenizer over the tiny models' 100 ids (``<pad>`` 0, ``<s>`` 1, ``</s>`` 2, ``w3`` ... ``w99``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 100)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<pad>")
+
+
 def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS)
@@ -42,16 +55,18 @@ def eager_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
 
 @pytest.fixture(scope="module")
 def generated(request, tmp_path_factory):
-    """The selected kinds exported (max_cache_len 32, max_batch 2) and saved, then generated in one new process.
-    A failed export is kept for its test to raise."""
+    """The selected kinds exported (max_cache_len 48, max_batch 2; the growing ones with the word tokenizer, which
+    ``openvino_tokenizers`` converts for OpenVINO GenAI) and saved, then generated in one new process. A failed
+    export is kept for its test to raise."""
     workdir = tmp_path_factory.mktemp("openvino-generation")
     models, runs = {}, {}
     selected = [kind for (kind,) in selected_params(request, "test_generate_equals_eager_in_a_new_process", "kind")]
     for kind in dict.fromkeys(["llama", "llama_fixed", *selected]):  # llama's artifacts are also the state tests'
         model = tiny_model(kind.removesuffix("_fixed"), **LIVELY.get(kind, {}))
         try:
-            hfexport.export(model, backend="openvino", task=KINDS[kind], max_cache_len=32,
-                            max_batch=2, **OPTIONS.get(kind, {})).save_pretrained(workdir / kind)
+            options = OPTIONS.get(kind, {"tokenizer": word_tokenizer()} if KINDS[kind] == "text-generation" else {})
+            hfexport.export(model, backend="openvino", task=KINDS[kind], max_cache_len=48,
+                            max_batch=2, **options).save_pretrained(workdir / kind)
         except Exception as error:  # noqa: BLE001 - re-raised by the case's test
             models[kind] = error
             continue
@@ -156,3 +171,56 @@ def test_without_the_cat_fix_t5s_decode_step_does_not_convert():
         hfexport.export(model, backend="openvino", task="text2text-generation", max_cache_len=16, max_batch=2,
                         disable=("_fix_cat_legacy_empty",))
     assert "Conversion is failed for: SequenceMark, aten.cat.default" in str(failure.value.__cause__)
+
+
+_GENAI_SCRIPT = """
+import json, sys
+import numpy as np
+import openvino as ov
+import openvino_genai
+
+directory, ids, text, new = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+pipe = openvino_genai.LLMPipeline(directory, "CPU", ATTENTION_BACKEND="SDPA", INFERENCE_NUM_THREADS=1,
+                                  INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
+config = pipe.get_generation_config()
+config.max_new_tokens, config.do_sample, config.ignore_eos = new, False, True
+ids = np.array(ids, dtype=np.int64)
+tokens = pipe.generate(openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config).tokens
+config.max_new_tokens = 5
+print(json.dumps({"tokens": [list(map(int, row)) for row in tokens], "text": pipe.generate(text, config)}))
+"""
+
+
+@pytest.mark.parametrize("kind", [c for c in CASES if KINDS[c.values[0]] == "text-generation"
+                                  and not c.values[0].endswith("_fixed")])
+def test_openvino_genai_runs_the_artifact_as_eager_in_a_new_process(kind, generated):
+    """OpenVINO GenAI's ``LLMPipeline`` (its SDPA backend, f32) on the artifact's ``decoder`` folder as saved, in a
+    new process: 32 greedy tokens equal eager's, and text in, text out through the tokenizer IR written beside it
+    (``openvino_tokenizer.xml``, ``openvino_detokenizer.xml``) and ``generation_config.json``."""
+    import os
+    import subprocess
+    import sys
+
+    models, _, workdir = generated
+    if isinstance(models[kind], Exception):
+        raise models[kind]
+    section = json.loads((workdir / kind / "export.json").read_text())["components"]["decoder"]["openvino"]
+    assert section["genai"]["tokenizer"] == "converted"
+    ids = torch.randint(3, 100, (1, 5), generator=torch.Generator().manual_seed(0))
+    text = "w5 w6 w7"
+    proc = subprocess.run([sys.executable, "-c", _GENAI_SCRIPT, str(workdir / kind / "decoder"),
+                           json.dumps(ids.tolist()), text, str(GENAI_TOKENS)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    model = models[kind]
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=GENAI_TOKENS, min_new_tokens=GENAI_TOKENS)
+    assert got["tokens"] == expected[:, ids.shape[1]:].tolist()
+    tokenizer = word_tokenizer()
+    prompt = torch.tensor([tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        eager = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=5,
+                               min_new_tokens=5)
+    assert got["text"] == tokenizer.decode(eager[0, prompt.shape[1]:], skip_special_tokens=True)

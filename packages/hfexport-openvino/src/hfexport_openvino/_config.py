@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hfexport import Quantization
 from hfexport_dynamo import DynamoConfig
@@ -37,6 +38,7 @@ class OpenVINOConfig(DynamoConfig):
     kv_cache: str = "growing"
     inference_precision: str = "f32"
     kv_cache_precision: str = "f32"
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -43,6 +43,7 @@ from hfexport.quantization import check_quantization_inputs
 from hfexport_dynamo import DYNAMO_TRACER
 
 from ._config import OpenVINOConfig
+from ._genai import GenAIFiles
 from ._graph import constants_inlined, make_growing_stateful, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
@@ -149,10 +150,18 @@ class OpenVINOExporter(Exporter):
         state = openvino_state(ctx)
         if state.runner is None:
             raise RuntimeError("package() runs after lower(), which compiles the model")
+        write = state.runner.write_files
+        if state.growing_states:  # OpenVINO GenAI's LLMPipeline runs the component's folder as it is
+            genai = GenAIFiles(getattr(ctx.model, "model", ctx.model), self.openvino_config.tokenizer)
+            state.manifest["genai"] = genai.manifest
+            runner = state.runner
+
+            def write(directory: Path) -> list[str]:
+                return [*runner.write_files(directory), *genai.write(directory)]
         section = {"program_file": MODEL_FILE, "openvino": state.manifest,
                    **({"quantization": state.quantization} if state.quantization else {})}
         return self.artifact(ctx, [Component("model", state.runner, ctx.program.call_spec.out_spec,
-                                             state.runner.write_files, section, ctx.program)])
+                                             write, section, ctx.program)])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""

@@ -549,8 +549,11 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     except (ValueError, TypeError) as exc:  # an unknown task, an option of another task or of the wrong type
         raise UsageError(str(exc)) from exc
     progress = Progress(console)
+    # a backend that writes the tokenizer for its runtime (OpenVINO GenAI's tokenizer IR) takes the model's
+    backend_options = {"tokenizer": str(args.model)} if _has_tokenizer(Path(args.model)) \
+        and "tokenizer" in exporter_class.config_class.option_names() else {}
     try:
-        exported = configured_exporter(exporter_class, args).export(model, None, progress=progress, task=args.task,
+        exported = configured_exporter(exporter_class, args, **backend_options).export(model, None, progress=progress, task=args.task,
                                                                     task_options=task_options,
                                                                     verify=not args.no_verify, atol=args.atol,
                                                                     rtol=args.rtol)  # each program verified
