@@ -38,6 +38,7 @@ from . import (  # the workarounds of stage 2 (Model patches) and of the backend
     _fake_quant,  # noqa: F401  fake-quant modules and ops of QAT models
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
+    _rnn_layers,  # noqa: F401  nn.RNN/GRU/LSTM as scan ops
     _window_padding,  # noqa: F401  shifted-window padding
     rewrites,  # noqa: F401  _fix_complex_to_real_pairs, for the backends without complex tensors
 )
