@@ -34,6 +34,7 @@ from torch.export import Dim
 from hfexport.plugin import ExportContext, Stage
 
 from . import (  # the workarounds of stage 2 (Model patches) and of the backends' FX node fixes, registered on import
+    _associative_scan,  # noqa: F401  associative_scan as a scan op
     _common_patches,  # noqa: F401  torch ops and transformers' shared code
     _fake_quant,  # noqa: F401  fake-quant modules and ops of QAT models
     _model_patches,  # noqa: F401  single model families
