@@ -79,6 +79,10 @@ COVERED_ELSEWHERE = {
         "tests/executorch/test_executorch_workarounds.py::test_fix_sym_floor_mod",  # pad by (-h) % 2, odd sizes
     ("d14_llama4_complex_rope", "executorch-xnnpack"):
         "tests/executorch/test_executorch_workarounds.py::test_fix_complex_to_real_pairs",  # helpers.ComplexRope
+    ("f01_gru_dynamic_time", "executorch-xnnpack"):  # nn.GRU as a scan op (which ExecuTorch lowers: s72, s73)
+        "tests/dynamo/test_rnn_layers.py::test_gru_exports_with_a_dynamic_time_axis_and_not_without_the_patch",
+    ("f03_associative_scan_recurrence", "executorch-xnnpack"):  # associative_scan as a scan op (s74, s75 on ET)
+        "tests/dynamo/test_associative_scan.py::test_pointwise_associative_scan_is_a_scan_op_and_not_without_the_patch",
     ("f05_fake_quantize_eval", "executorch-xnnpack"):  # the fake-quant ops decomposed (what ExecuTorch rejects)
         "tests/dynamo/test_fake_quant.py::test_fake_quantize_ops_are_decomposed_and_kept_without_the_patch",
     ("f11_lfm2_conv_cache_decode", "executorch-xnnpack"):  # a dict-held state mutated in place, written back

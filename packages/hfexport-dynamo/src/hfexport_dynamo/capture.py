@@ -34,11 +34,13 @@ from torch.export import Dim
 from hfexport.plugin import ExportContext, Stage
 
 from . import (  # the workarounds of stage 2 (Model patches) and of the backends' FX node fixes, registered on import
+    _associative_scan,  # noqa: F401  associative_scan as a scan op
     _common_patches,  # noqa: F401  torch ops and transformers' shared code
     _fake_quant,  # noqa: F401  fake-quant modules and ops of QAT models
     _media_patches,  # noqa: F401  media dims: images per call, image sizes
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
+    _rnn_layers,  # noqa: F401  nn.RNN/GRU/LSTM as scan ops
     _window_padding,  # noqa: F401  shifted-window padding
     rewrites,  # noqa: F401  _fix_complex_to_real_pairs, for the backends without complex tensors
 )
