@@ -29,3 +29,20 @@ def test_an_input_aliased_by_others_is_fed_once():
     exported = hfexport.export(SameTensorThrice().eval(), inputs, backend="openvino")
     assert exported.manifest["openvino"]["input_leaves"] == [None, "k", "v", "mask"]
     torch.testing.assert_close(exported(**inputs), SameTensorThrice()(**inputs), atol=1e-5, rtol=1e-5)
+
+
+class RankTokens(torch.nn.Module):
+    def forward(self, scores):
+        return torch.argsort(scores, dim=-1), torch.sort(scores, descending=True)[1]
+
+
+def test_ties_keep_index_order_as_eager_on_cpu():
+    """``_fix_sort_ties_in_index_order`` (c21's kind): without it OpenVINO's TopK orders the tie 0.2 / 0.2 as 1, 0."""
+    inputs = {"scores": torch.tensor([[0.3, 0.9, 0.1, 0.5], [0.2, 0.2, 0.8, 0.4]])}
+    expected = RankTokens()(**inputs)
+    without = hfexport.export(RankTokens(), inputs, backend="openvino", verify=False,
+                              disable=("_fix_sort_ties_in_index_order",))
+    assert not torch.equal(without(**inputs)[0], expected[0])
+    exported = hfexport.export(RankTokens(), inputs, backend="openvino")
+    for actual, wanted in zip(exported(**inputs), expected, strict=True):
+        assert torch.equal(actual, wanted), (actual, wanted)
