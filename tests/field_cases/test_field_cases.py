@@ -87,6 +87,8 @@ COVERED_ELSEWHERE = {
         "tests/dynamo/test_fake_quant.py::test_fake_quantize_ops_are_decomposed_and_kept_without_the_patch",
     ("f11_lfm2_conv_cache_decode", "executorch-xnnpack"):  # a dict-held state mutated in place, written back
         "tests/dynamo/test_dict_held_states.py::test_dict_held_state_mutated_in_place",
+    ("f12_qwen3next_gated_delta_prefill", "executorch-xnnpack"):  # a partition returning a slice twice; f12's
+        "tests/executorch/test_executorch_workarounds.py::test_xnnpack_pass_through_output",  # lowering: 150 s
 }
 
 

@@ -111,13 +111,16 @@ class OpenVINOExporter(Exporter):
         state.io = io_names(ctx.program, ctx.inputs)
         growing = growing_cache_pairs(ctx.model, ctx.inputs, state.io)
         graph, program_states = constants_inlined(prepared)  # mutable buffers stay inputs/outputs
+        placeholders = [node.name for node in graph.graph.nodes if node.op == "placeholder"]
         with ctx.step("openvino.convert_model"), torch.no_grad(), _root_logger_kept():
             # convert_model(ExportedProgram) decodes program.module(), where a mutated buffer is lost (_graph.py)
             model = openvino.convert_model(TorchFXPythonDecoder(graph, dynamic_shapes=True))
         del graph
         inputs, outputs = model_io_names(prepared, program_states, state.io)
         del prepared
-        name_model_io(model, inputs, outputs)
+        dropped = set(name_model_io(model, inputs, outputs, placeholders))
+        if dropped:  # inputs no node reads: the runner feeds nothing for them
+            state.io["input_leaves"] = [None if n in dropped else n for n in state.io["input_leaves"]]
         with ctx.stage(3):
             if program_states:
                 state.states = make_stateful(model, program_states)

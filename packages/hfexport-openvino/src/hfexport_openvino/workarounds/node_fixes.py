@@ -217,6 +217,35 @@ def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
     return True
 
 
+@register_fx_node_fix("openvino")
+def _fix_sort_ties_in_index_order(gm: Any, node: Any) -> bool:
+    """``sort`` / ``argsort`` without ``stable=True`` as their stable overload: ties keep their index order.
+
+    **Why**: torch leaves the order of ties unspecified without ``stable=True``, but its CPU kernel keeps index order,
+    and OpenVINO's ``TopK`` (unstable) returned them reversed: c21's ``argsort([0.2, 0.2, 0.8, 0.4])`` gave
+    ``[1, 0, 3, 2]`` where eager gives ``[0, 1, 3, 2]`` (``sort(stable=True)`` already matched).
+    **Upstream**: none found (OpenVINO's ``src/frontends/pytorch/src/op/sort.cpp`` maps ``stable`` to ``TopK``'s).
+    **Remove when**: c21 matches on openvino with ``disable=("_fix_sort_ties_in_index_order",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function":
+        return False
+    if node.target in (aten.sort.stable, aten.argsort.stable) and node.kwargs.get("stable") is not True:
+        node.kwargs = {**node.kwargs, "stable": True}
+        return True
+    if node.target not in (aten.sort.default, aten.argsort.default):
+        return False
+    names = ("dim", "descending")
+    options = dict(zip(names, node.args[1:], strict=False), **node.kwargs)
+    target = aten.sort.stable if node.target is aten.sort.default else aten.argsort.stable
+    node.target = target
+    node.args = (node.args[0],)
+    node.kwargs = {"stable": True, "dim": options.get("dim", -1), "descending": options.get("descending", False)}
+    return True
+
+
 def _call(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], like: Any) -> Any:
     """A new ``call_function`` node of ``op``, its ``meta["val"]`` computed on the fake tensors of its inputs (in
     ``like``'s fake mode, else the graph's: ``like`` may be a SymInt node)."""
