@@ -167,3 +167,26 @@ def test_the_images_change_the_tokens():
             a = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS, **media)
             b = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS, **other)
         assert not torch.equal(a, b), kind
+
+
+@pytest.mark.parametrize("image_size,patch_size", [(48, 8), (40, 4), (36, 3)])  # 6x6, 10x10, 12x12 patches
+def test_smolvlm_on_onnx_at_three_resolutions(image_size, patch_size):
+    """SmolVLM's position buckets (``arange(1/n, 1, 1/n)``) at n patches a side: 6x6 failed on ONNX (GatherND
+    invalid index 5, ``_aten_arange_float_in_float64``); a prompt of two images generates eager's ids."""
+    from helpers import KINDS
+
+    tokens = (image_size // patch_size // 2) ** 2
+    model = tiny_model("smolvlm", seed=11, vision_config=_vision("smolvlm_vision", image_size, patch_size),
+                       text_config=dict(KINDS["smolvlm"][2]["text_config"], max_position_embeddings=160))
+    exported = hfexport.export(model, backend="onnx", task="image-text-to-text", max_batch=1, max_images=2,
+                               max_cache_len=5 + 2 * (tokens + 2) + NEW_TOKENS + 4)
+    ids = torch.randint(3, 90, (1, 5 + 2 * (tokens + 2)), generator=torch.Generator().manual_seed(1))
+    ids[0, 2:2 + tokens] = ids[0, 4 + tokens:4 + 2 * tokens] = TOKEN
+    mask = torch.ones_like(ids)
+    pixels = torch.randn(1, 2, 3, image_size, image_size, generator=torch.Generator().manual_seed(2))
+    media = {"pixel_values": pixels, "repetition_penalty": 1.5, "no_repeat_ngram_size": 2}
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                  **media)
+    got = exported.generate(ids, mask, max_new_tokens=NEW_TOKENS, **media)
+    assert torch.equal(got, expected), f"first difference at {(got != expected).nonzero()[:1].tolist()}"
