@@ -50,6 +50,8 @@ def build(kind: str) -> torch.nn.Module:
 
     helper_kind, overrides, _, _ = FAMILIES[kind]
     text = dict(KINDS[helper_kind][2]["text_config"], max_position_embeddings=160)
+    if "sliding_window" in text:  # Gemma 3: the cache must fit in the window (four images' prompt: 73 positions)
+        text["sliding_window"] = 128
     model = tiny_model(helper_kind, seed=11, text_config=text, **overrides)
     if kind == "gemma3":  # transformers initializes the projection to zeros: every image would embed as zeros
         weight = model.model.multi_modal_projector.mm_input_projection_weight
