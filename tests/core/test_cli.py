@@ -232,3 +232,29 @@ def test_a_quantization_knob_a_recipe_does_not_take_is_refused_before_the_model_
     assert cli.main(["export", "--demo", "-o", str(tmp_path / "o"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_third_party_noise_is_dropped_inside_commands(monkeypatch, capsys):
+    """torch.utils.cpp_extension's "No CUDA runtime is found" (NNCF imports it in OpenVINO's quantized exports) and
+    torch's pytree deprecations about torchao's enums are dropped by filters on their loggers, set before the
+    module that logs is imported; other lines of those loggers pass."""
+    import logging
+
+    from hfexport.commands import VERBOSE_ENV, quiet_third_party_logs
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    saved, propagate, logger.propagate = list(logger.filters), logger.propagate, False
+    try:
+        monkeypatch.delenv(VERBOSE_ENV, raising=False)
+        quiet_third_party_logs()
+        quiet_third_party_logs()  # idempotent
+        assert len(logger.filters) == len(saved) + 1
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='/usr/local'")
+        logger.warning("something else")
+        assert capsys.readouterr().err == "something else\n"
+    finally:
+        logger.filters[:] = saved
+        logger.removeHandler(handler)
+        logger.propagate = propagate

@@ -420,3 +420,14 @@ def test_the_first_line_of_export_and_generate_comes_within_2_s(llama, artifact,
     assert line == (f"generating with the dynamo export of LlamaForCausalLM (text-generation, max_cache_len "
                     f"{MAX_CACHE_LEN}, max_batch {MAX_BATCH}) from {artifact}"), line
     assert seconds < 2, seconds
+
+
+def test_verify_of_a_task_export_shows_no_none_and_no_skip_as_a_pass(artifact, capsys):
+    """``hfexport verify`` printed ``✅ run skipped`` and ``max abs diff None`` for a generation artifact: a check
+    that did not run is marked as such, and the recorded verification says what it measured (token ids)."""
+    assert cli.main(["verify", str(artifact)]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "✅ run       skipped" not in out, out
+    assert "·  run       not run: component 'decoder' takes inputs whose shapes the manifest does not fix" in out
+    assert ("·  recorded  verification PASSED, greedy token ids equal LlamaForCausalLM.generate(do_sample=False) at "
+            "input_ids=[2, 5], attention_mask=[2, 5]") in out, out

@@ -41,12 +41,38 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
+# Third-party log lines a user can do nothing about, dropped inside hfexport's commands: logger -> message parts.
+# torchao (imported by transformers and executorch) registers Enum constants as pytree nodes, and torch logs a
+# deprecation warning for each on every run; torch.utils.cpp_extension (imported by NNCF, OpenVINO's weight
+# compression) says at import that there is no CUDA runtime on a CPU machine.
+_NOISE = {"torch.utils._pytree": ("is an Enum subclass", "register_constant"),
+          "torch.utils.cpp_extension": ("No CUDA runtime is found",)}
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, parts: tuple[str, ...]):
+        super().__init__()
+        self.parts = parts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that does not format is not ours to drop
+            return True
+        return not any(part in message for part in self.parts)
+
+
 def quiet_third_party_logs() -> None:
-    """Inside a command: torch's ``torch.utils._pytree`` logger shows errors only (torchao, imported by transformers
-    and executorch, registers Enum constants as pytree nodes, and torch logs a deprecation warning for each on every
-    run); nothing is changed when :func:`verbose`."""
-    if not verbose():
-        logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    """Inside a command: drop the third-party log lines of :data:`_NOISE` (torch's pytree deprecation warnings
+    about torchao's enums, torch.utils.cpp_extension's "No CUDA runtime is found"), by filters on their loggers
+    that hold before the module that logs is imported and whatever level torch's logging sets later; idempotent;
+    nothing is changed when :func:`verbose`."""
+    if verbose():
+        return
+    for name, parts in _NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise(parts))
 
 
 class UsageError(Exception):
