@@ -36,6 +36,7 @@ from hfexport.plugin import (
     RuntimeNeeds,
     Stage,
     Step,
+    artifact_bytes,
     artifact_file,
     component_manifest,
 )
@@ -169,8 +170,12 @@ class OpenVINOExporter(Exporter):
         where = f"components[{component!r}].openvino"
         model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
         data_path = artifact_file(path, manifest, section.get("data_file"), f"{where}.data_file")
-        check_ir_file(model_path)
-        return OpenVINORunner(model_path, data_path, io=section, untrusted=True)
+        # each file read once by descriptor and checked; OpenVINO gets those bytes, never the paths again
+        model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
+        weights_bytes = artifact_bytes(path, manifest, section.get("data_file"), f"{where}.data_file")
+        check_ir_file(model_path, model_bytes, len(weights_bytes))
+        return OpenVINORunner(model_path, data_path, io=section, untrusted=True, model_bytes=model_bytes,
+                              weights_bytes=weights_bytes)
 
 
 @contextlib.contextmanager
