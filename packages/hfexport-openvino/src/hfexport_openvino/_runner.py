@@ -66,7 +66,7 @@ class OpenVINORunner(NamedIORunner):
                  num_threads: int | None = None, untrusted: bool = False, model_bytes: bytes | None = None,
                  weights_bytes: bytes | None = None):
         io = dict(io or {})
-        # a loaded artifact's checked bytes (hfexport.plugin.artifact_bytes): OpenVINO reads these, not the paths
+        # a loaded artifact's checked bytes (hfexport.trust.artifact_bytes): OpenVINO reads these, not the paths
         self.model_bytes, self.weights_bytes = model_bytes, weights_bytes
         self.num_threads = num_threads if num_threads is not None else io.get("num_threads")
         self.cpu_properties = dict(io.get("cpu_properties") or {})

@@ -66,7 +66,7 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
 
     Args:
         xml_path: the file (names it in messages; read only when ``data`` is not given).
-        data: the XML's bytes as they were checked (``hfexport.plugin.artifact_bytes``).
+        data: the XML's bytes as they were checked (``hfexport.trust.artifact_bytes``).
         weights_bytes: the size of the ``.bin``.
 
     Raises:

@@ -36,11 +36,11 @@ from hfexport.plugin import (
     RuntimeNeeds,
     Stage,
     Step,
-    artifact_bytes,
     artifact_file,
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport_dynamo import DYNAMO_TRACER
 
 from ._config import OpenVINOConfig

@@ -186,7 +186,7 @@ def check_section_bounds(exported: Any, section: Mapping[str, Any]) -> None:
     Raises:
         ValueError: the value and the bound it breaks (the artifact is damaged or crafted).
     """
-    from hfexport._trust import torch_dtype
+    from hfexport.trust import torch_dtype
 
     def refuse(what: str) -> ValueError:
         return ValueError(f"this artifact's export.json generation section {what}: the artifact is damaged or "
