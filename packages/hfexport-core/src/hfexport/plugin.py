@@ -47,7 +47,7 @@ from ._registry import (
 from ._runners import FileRunner, Runner
 from ._stages import ExportError, Stage, StageEvent, Step
 from ._tasks import ComponentPlan, TaskPlan
-from ._trust import artifact_bytes, artifact_file
+from ._trust import artifact_file
 
 __all__ = [
     # the exporter and what it declares
@@ -55,7 +55,7 @@ __all__ = [
     # one export's state, its tasks, its errors and progress
     "ComponentPlan", "ExportContext", "ExportError", "InvalidInputError", "StageEvent", "TaskPlan",
     # the artifact and the runtimes that run it
-    "Component", "ExportedModel", "FileRunner", "NamedIORunner", "Runner", "artifact_bytes", "artifact_file", "component_manifest",
+    "Component", "ExportedModel", "FileRunner", "NamedIORunner", "Runner", "artifact_file", "component_manifest",
     # workarounds
     "Registration", "register_fx_node_fix", "register_fx_program_fix", "register_patch", "register_workaround",
 ]

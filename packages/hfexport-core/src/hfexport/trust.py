@@ -5,6 +5,7 @@ from ._trust import (
     SAFE_PICKLE_GLOBALS,
     allow_pytree_types,
     allowed_pytree_type,
+    artifact_bytes,
     check_treespec,
     hub_blobs,
     import_type_modules,
@@ -21,7 +22,7 @@ from ._trust import (
 )
 
 __all__ = [
-    "SAFE_PICKLE_GLOBALS", "allow_pytree_types", "allowed_pytree_type", "check_treespec", "hub_blobs",
+    "SAFE_PICKLE_GLOBALS", "allow_pytree_types", "allowed_pytree_type", "artifact_bytes", "check_treespec", "hub_blobs",
     "import_type_modules", "importable_prefixes", "load_treespec", "open_beneath", "parse_json", "pickle_globals",
     "read_beneath", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals"
 ]

@@ -805,7 +805,7 @@ def load_program(file: str | Path, *, trust_remote_code: bool = False, data: byt
 
     Args:
         file: the ``.pt2`` (its name names it in messages when ``data`` is given).
-        data: the file's bytes as they were checked (``hfexport.plugin.artifact_bytes``): read from memory, the
+        data: the file's bytes as they were checked (``hfexport.trust.artifact_bytes``): read from memory, the
             path is not opened again.
 
     Raises:

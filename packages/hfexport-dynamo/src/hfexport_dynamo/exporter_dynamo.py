@@ -25,10 +25,10 @@ from hfexport.plugin import (
     Exporter,
     Stage,
     Step,
-    artifact_bytes,
     artifact_file,
     component_manifest,
 )
+from hfexport.trust import artifact_bytes
 
 from ._config import DynamoConfig
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program

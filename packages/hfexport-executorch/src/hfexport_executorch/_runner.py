@@ -114,7 +114,7 @@ class ExecutorchRunner(FileRunner):
         data_path: the ``.ptd`` file holding the weights, for variants that keep them outside the program (CUDA).
         input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
         method: the method to run.
-        program_bytes: the ``.pte``'s bytes as a loaded artifact's check read them (``hfexport.plugin.
+        program_bytes: the ``.pte``'s bytes as a loaded artifact's check read them (``hfexport.trust.
             artifact_bytes``): checked and handed to the runtime from memory, the path not opened again (the
             ``.ptd`` of a CUDA variant is still read by path).
         untrusted: read the files as untrusted input before the runtime does (:func:`check_pte`): ``True`` for a

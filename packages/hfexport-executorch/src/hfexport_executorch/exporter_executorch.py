@@ -48,11 +48,11 @@ from hfexport.plugin import (
     RuntimeNeeds,
     Stage,
     Step,
-    artifact_bytes,
     artifact_file,
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport.workarounds import is_disabled
 from hfexport_dynamo import DYNAMO_TRACER
 

@@ -121,7 +121,7 @@ class OnnxRunner(NamedIORunner):
         self.providers = list(providers)
         self.untrusted = untrusted
         self.session_options = session_options
-        # a loaded artifact's checked bytes (hfexport.plugin.artifact_bytes): the session reads these, not the paths
+        # a loaded artifact's checked bytes (hfexport.trust.artifact_bytes): the session reads these, not the paths
         self.model_bytes, self.data_bytes = model_bytes, data_bytes
         if data_path is None and model_bytes is None:
             beside = Path(path).with_name(Path(path).name + ".data")

@@ -35,7 +35,7 @@ def _load(model_path: str | Path, data: bytes | None = None) -> Any:
     import onnx
 
     try:
-        if data is not None:  # the checked bytes (hfexport.plugin.artifact_bytes): the path is not opened again
+        if data is not None:  # the checked bytes (hfexport.trust.artifact_bytes): the path is not opened again
             return onnx.load_model_from_string(data)
         return onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RecursionError, ...

@@ -45,11 +45,11 @@ from hfexport.plugin import (
     RuntimeNeeds,
     Stage,
     Step,
-    artifact_bytes,
     artifact_file,
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport.workarounds import apply_fx_node_fixes, workarounds_for
 from hfexport_dynamo import DYNAMO_TRACER
 

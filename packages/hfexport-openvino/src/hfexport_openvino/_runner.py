@@ -77,8 +77,11 @@ class OpenVINORunner(NamedIORunner):
     program_file: ClassVar[str] = MODEL_FILE
 
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *, io: Mapping[str, Any] | None = None,
-                 num_threads: int | None = None, untrusted: bool = False):
+                 num_threads: int | None = None, untrusted: bool = False, model_bytes: bytes | None = None,
+                 weights_bytes: bytes | None = None):
         io = dict(io or {})
+        # a loaded artifact's checked bytes (hfexport.trust.artifact_bytes): OpenVINO reads these, not the paths
+        self.model_bytes, self.weights_bytes = model_bytes, weights_bytes
         self.num_threads = num_threads if num_threads is not None else io.get("num_threads")
         self.cpu_properties = dict(io.get("cpu_properties") or {})
         self.precisions = (str(io.get("inference_precision", "f32")), str(io.get("kv_cache_precision", "f32")))
@@ -86,7 +89,7 @@ class OpenVINORunner(NamedIORunner):
         # a property outside the allowlist is refused before any read
         compile_options(None, self.cpu_properties, *self.precisions)
         self.untrusted = untrusted
-        if data_path is None:
+        if data_path is None and model_bytes is None:
             beside = Path(path).with_name(DATA_FILE)
             data_path = beside if beside.exists() else None
         super().__init__(path, data_path, io=io)
@@ -97,7 +100,15 @@ class OpenVINORunner(NamedIORunner):
 
         core = openvino.Core()
         try:
-            model = core.read_model(str(self.path), str(self.data_path) if self.data_path else None)
+            if self.model_bytes is not None:
+                import numpy as np
+
+                # OpenVINO shares only writeable memory: one copy of the checked bytes, which it then shares
+                weights = np.frombuffer(bytearray(self.weights_bytes or b""), dtype=np.uint8)
+                self._weights, self.weights_bytes = weights, None  # alive as long as the model
+                model = core.read_model(self.model_bytes, openvino.Tensor(weights, shared_memory=True))
+            else:
+                model = core.read_model(str(self.path), str(self.data_path) if self.data_path else None)
             self.compiled = core.compile_model(model, DEVICE, compile_options(self.num_threads, self.cpu_properties,
                                                                               *self.precisions))
         except Exception as exc:

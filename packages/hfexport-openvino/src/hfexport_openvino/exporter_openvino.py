@@ -40,6 +40,7 @@ from hfexport.plugin import (
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport_dynamo import DYNAMO_TRACER
 
 from ._config import OpenVINOConfig
@@ -192,8 +193,12 @@ class OpenVINOExporter(Exporter):
         where = f"components[{component!r}].openvino"
         model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
         data_path = artifact_file(path, manifest, section.get("data_file"), f"{where}.data_file")
-        check_ir_file(model_path)
-        return OpenVINORunner(model_path, data_path, io=section, untrusted=True)
+        # each file read once by descriptor and checked; OpenVINO gets those bytes, never the paths again
+        model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
+        weights_bytes = artifact_bytes(path, manifest, section.get("data_file"), f"{where}.data_file")
+        check_ir_file(model_path, model_bytes, len(weights_bytes))
+        return OpenVINORunner(model_path, data_path, io=section, untrusted=True, model_bytes=model_bytes,
+                              weights_bytes=weights_bytes)
 
 
 def growing_cache_pairs(program_module: Any, inputs: Any, io: dict[str, Any]) -> dict[str, Any] | None:
