@@ -297,3 +297,18 @@ def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agre
     assert 0.0 <= report["token_agreement"] <= 1.0
     if report["first_difference"] is not None:  # the ids parted: said, with how much they agree
         assert "agree at" in check["text"] and "int4" in check["text"], check["text"]
+
+
+@pytest.mark.slow
+def test_export_task_on_openvino_writes_the_tokenizer_ir_for_openvino_genai(llama, tmp_path):
+    """``export DIR --task text-generation --backend openvino``: DIR's tokenizer goes to the backend's
+    ``tokenizer`` option, converted by openvino_tokenizers beside the IR (what OpenVINO GenAI's LLMPipeline reads)."""
+    out = tmp_path / "gen"
+    code = cli.main(["export", str(llama[1]), "--task", "text-generation", "--backend", "openvino",
+                     "--max-cache-len", str(MAX_CACHE_LEN), "-o", str(out)])
+    assert code == 0
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["components"]["decoder"]["openvino"]["genai"]["tokenizer"] == "converted"
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json", "config.json"):
+        assert (out / "decoder" / name).is_file(), name
+        assert f"decoder/{name}" in manifest["files"]  # hashed like every file
