@@ -431,3 +431,18 @@ def test_verify_of_a_task_export_shows_no_none_and_no_skip_as_a_pass(artifact, c
     assert "·  run       not run: component 'decoder' takes inputs whose shapes the manifest does not fix" in out
     assert ("·  recorded  verification PASSED, greedy token ids equal LlamaForCausalLM.generate(do_sample=False) at "
             "input_ids=[2, 5], attention_mask=[2, 5]") in out, out
+
+
+@pytest.mark.slow
+def test_export_task_on_openvino_writes_the_tokenizer_ir_for_openvino_genai(llama, tmp_path):
+    """``export DIR --task text-generation --backend openvino``: DIR's tokenizer goes to the backend's
+    ``tokenizer`` option, converted by openvino_tokenizers beside the IR (what OpenVINO GenAI's LLMPipeline reads)."""
+    out = tmp_path / "gen"
+    code = cli.main(["export", str(llama[1]), "--task", "text-generation", "--backend", "openvino",
+                     "--max-cache-len", str(MAX_CACHE_LEN), "-o", str(out)])
+    assert code == 0
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["components"]["decoder"]["openvino"]["genai"]["tokenizer"] == "converted"
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json", "config.json"):
+        assert (out / "decoder" / name).is_file(), name
+        assert f"decoder/{name}" in manifest["files"]  # hashed like every file

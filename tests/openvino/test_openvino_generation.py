@@ -224,3 +224,51 @@ def test_openvino_genai_runs_the_artifact_as_eager_in_a_new_process(kind, genera
         eager = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=5,
                                min_new_tokens=5)
     assert got["text"] == tokenizer.decode(eager[0, prompt.shape[1]:], skip_special_tokens=True)
+
+
+def test_precision_options_are_checked_and_reach_the_cpu_plugin():
+    """``inference_precision`` / ``kv_cache_precision``: a value the CPU plugin does not take is refused when the
+    config is made (naming the property); the taken ones become its compile properties, float32 by default, and a
+    precision below float32 makes the manifest's ``quantization`` section (verified by cosine, top-1 reported)."""
+    from hfexport_openvino import OpenVINOConfig
+    from hfexport_openvino._runner import compile_options
+    from hfexport_openvino.exporter_openvino import with_runtime_precision
+
+    with pytest.raises(ValueError, match="KV_CACHE_PRECISION"):
+        OpenVINOConfig(kv_cache_precision="f8")
+    with pytest.raises(ValueError, match="INFERENCE_PRECISION_HINT"):
+        OpenVINOConfig(inference_precision="int8")
+    with pytest.raises(ValueError, match="kv_cache must be 'growing'"):
+        OpenVINOConfig(kv_cache="paged")
+    assert compile_options(1)["KV_CACHE_PRECISION"] == compile_options(1)["INFERENCE_PRECISION_HINT"] == "f32"
+    assert compile_options(1, None, "bf16", "f16") == {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f16",
+                                                        "INFERENCE_NUM_THREADS": 1}
+    assert with_runtime_precision(None, OpenVINOConfig()) is None
+    section = with_runtime_precision(None, OpenVINOConfig(inference_precision="bf16", kv_cache_precision="f16"))
+    assert section == {"recipe": "inference-bf16, kv-cache-f16", "min_cosine": 0.98,
+                       "inference_precision": "bf16", "kv_cache_precision": "f16"}
+
+
+@pytest.mark.slow
+def test_bf16_inference_and_f16_cache_report_top1_agreement(tmp_path):
+    """The CPU plugin's faster precisions as an option: the export is verified by cosine against float eager with
+    its logits' top-1 agreement reported, the compiled model runs with them, and generate still runs."""
+    model = tiny_model("llama")
+    exported = hfexport.export(model, backend="openvino", task="text-generation", max_cache_len=32,
+                               inference_precision="bf16", kv_cache_precision="f16")
+    section = exported.manifest["components"]["decoder"]
+    assert section["quantization"]["recipe"] == "inference-bf16, kv-cache-f16"
+    verification = section["verification"]
+    assert verification["passed"] and verification["metric"] == "quantized"
+    logits = next(o for o in verification["outputs"] if o["name"].endswith("logits"))
+    assert logits["cosine"] >= 0.98 and 0 <= logits["top1_agreement"] <= 1
+    runner = exported.components["decoder"].runner
+    import openvino
+
+    assert runner.compiled.get_property("KV_CACHE_PRECISION") == openvino.Type.f16
+    ids, mask = prompts("llama")[0]
+    got = exported.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    expected = eager_generate(model, ids, mask)
+    agreement = float((got[0, -NEW_TOKENS:] == expected[0, -NEW_TOKENS:]).double().mean())
+    print(f"bf16/f16 greedy token agreement with float eager: {agreement:.2f}")
+    assert got.shape == expected.shape

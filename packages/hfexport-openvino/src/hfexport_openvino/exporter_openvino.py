@@ -130,6 +130,7 @@ class OpenVINOExporter(Exporter):
         if isinstance(config.quantize, Quantization):
             with ctx.step("nncf.compress_weights"):
                 model, state.quantization = compress_weights(model, config.quantize, config.int4_ratio)
+        state.quantization = with_runtime_precision(state.quantization, config)
 
         properties: dict[str, str] = {}
         for registration in ctx.workarounds(_CPU_PROPERTIES, ("openvino",)):
@@ -199,6 +200,24 @@ class OpenVINOExporter(Exporter):
         check_ir_file(model_path, model_bytes, len(weights_bytes))
         return OpenVINORunner(model_path, data_path, io=section, untrusted=True, model_bytes=model_bytes,
                               weights_bytes=weights_bytes)
+
+
+PRECISION_MIN_COSINE = 0.98  # the verification's threshold for logits computed or cached below float32
+
+
+def with_runtime_precision(quantization: dict[str, Any] | None, config: OpenVINOConfig) -> dict[str, Any] | None:
+    """The component manifest's ``quantization`` section with the CPU plugin's precisions where either is below
+    float32 (``inference_precision``, ``kv_cache_precision``): the export is then verified by cosine similarity
+    against float eager, with the top-1 agreement of its logits reported (``hfexport.quantization.
+    compare_quantized``), as a weight-quantized one. ``quantization`` unchanged at float32."""
+    if config.inference_precision == "f32" and config.kv_cache_precision == "f32":
+        return quantization
+    precisions = {"inference_precision": config.inference_precision,
+                  "kv_cache_precision": config.kv_cache_precision}
+    if quantization is None:
+        recipe = f"inference-{config.inference_precision}, kv-cache-{config.kv_cache_precision}"
+        return {"recipe": recipe, "min_cosine": PRECISION_MIN_COSINE, **precisions}
+    return {**quantization, **precisions}
 
 
 def growing_cache_pairs(program_module: Any, inputs: Any, io: dict[str, Any]) -> dict[str, Any] | None:
