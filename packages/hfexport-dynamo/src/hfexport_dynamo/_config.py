@@ -28,10 +28,14 @@ class DynamoConfig(ExportConfig):
         fixed_kwargs: forward keyword arguments baked into the program (not inputs), e.g.
             ``{"output_hidden_states": True}``. ``use_cache=False`` is added for models that take it,
             unless ``past_key_values`` is an input.
+        while_loop_max_iterations: trace each ``while_loop`` as this many masked iterations (each runs the body
+            and keeps its result only while the condition holds) instead of the ``while_loop`` op, for a runtime
+            without one (ExecuTorch: pytorch/executorch#8769). A loop that would run longer stops at the bound.
     """
 
     strict: bool = False
     fixed_kwargs: Mapping[str, Any] | None = None
+    while_loop_max_iterations: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +48,9 @@ class DynamoConfig(ExportConfig):
             bad = [k for k in self.fixed_kwargs if not isinstance(k, str)]
             if bad:
                 raise TypeError(f"fixed_kwargs is keyed by forward keyword names (str), got keys {bad!r}")
+        bound = self.while_loop_max_iterations
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
+            raise TypeError(f"while_loop_max_iterations must be a positive int or None, got {bound!r}")
         for name, spec in (self.dynamic_shapes or {}).items():
             _check_dynamic_shape_spec(spec, f"dynamic_shapes[{name!r}]")
 

@@ -41,6 +41,7 @@ from . import (  # the workarounds of stage 2 (Model patches) and of the backend
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
     _rnn_layers,  # noqa: F401  nn.RNN/GRU/LSTM as scan ops
+    _while_loop,  # noqa: F401  while_loop as masked iterations (while_loop_max_iterations)
     _window_padding,  # noqa: F401  shifted-window padding
     rewrites,  # noqa: F401  _fix_complex_to_real_pairs, for the backends without complex tensors
 )

@@ -60,3 +60,22 @@ def replace_with_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, fn: Any, o
 def is_symint_arg(arg: Any) -> bool:
     """Whether ``arg`` is an int or a SymInt (not a bool)."""
     return isinstance(value(arg), int | torch.SymInt) and not isinstance(value(arg), bool)
+
+
+def refuse_while_loop(program: torch.export.ExportedProgram, backend: str) -> None:
+    """Raise when ``program`` (or a subgraph of it) holds a ``while_loop``, which ExecuTorch's emitter rejects only
+    after the whole lowering (``Unsupported control flow operator: while_loop``).
+
+    Raises:
+        ValueError: naming the op, ExecuTorch's upstream issue and the option that traces the loop bounded.
+    """
+    modules = [program.graph_module, *(m for _, m in program.graph_module.named_modules()
+                                       if isinstance(m, torch.fx.GraphModule))]
+    if any(n.op == "call_function" and n.target is torch.ops.higher_order.while_loop
+           for m in modules for n in m.graph.nodes):
+        raise ValueError(
+            f"{backend} cannot run torch.ops.higher_order.while_loop: ExecuTorch's emitter has no while_loop "
+            "(pytorch/executorch#8769, open), and a data-dependent trip count cannot be unrolled without a bound. "
+            "Pass while_loop_max_iterations=N (at least the largest trip count: a loop that would run longer stops "
+            "at N) to trace each while_loop as N masked iterations, or export with backend='onnx' or 'openvino', "
+            "which run the loop as it is")

@@ -63,6 +63,7 @@ from ._config import ExecutorchConfig, executorch_config
 from ._decompositions import XNNPACK_DECOMPOSITIONS
 from ._delegation import delegation_report, planned_memory_bytes, report_planned_memory
 from ._export_cost import cia_ops_collected_once
+from ._graph import refuse_while_loop
 from ._memory_plan import fit_memory_budget, lower_within_budget
 from ._quantize import (
     quantization_section,
@@ -170,6 +171,7 @@ class ExecutorchExporter(Exporter):
         """Stages 4-5 and the steps between them, top to bottom: the captured program to a loaded ``.pte``."""
         state, config = executorch_state(ctx), executorch_config(ctx)
         scopes = self.variant_scopes(config.backend)
+        refuse_while_loop(ctx.program, self.name)  # before the lowering that the emitter would fail at its end
         quantize_program(ctx)  # step quantize (quantize='int8'): PT2E on the captured program, captured again
         with ctx.stage(4):
             ctx.apply_fx_program_fixes(ctx.program, scopes)

@@ -175,6 +175,37 @@ def _fix_scan_as_while_loop(gm: Any, node: Any) -> bool:
 
 
 @register_fx_node_fix("openvino")
+def _fix_while_loop_additional_carried(gm: Any, node: Any) -> bool:
+    """A ``higher_order.while_loop``'s ``additional_inputs`` carried instead: the body returns them unchanged.
+
+    **Why**: the FX frontend's ``while_loop`` miscounts ``additional_inputs`` (the parameters of a module called in
+    the body, a closure's tensors): ``Check 'body_results.size() == num_carried' failed`` (f04: a Linear in the
+    body); every loop without them converts. The same body and condition: the outputs are equal.
+    **Upstream**: openvinotoolkit/openvino#33173 (``while_loop`` for the FX frontend).
+    **Remove when**: f04 converts on openvino with ``disable=("_fix_while_loop_additional_carried",)``.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.higher_order.while_loop or len(node.args) != 4:
+        return False
+    cond_attr, body_attr, carried, additional = node.args
+    body = getattr(gm, body_attr.target, None) if body_attr.op == "get_attr" else None
+    if not additional or body is None or len(body_attr.users) > 1 or "val" not in node.meta:
+        return False
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in body.graph.nodes if n.op == "output")
+    if len(placeholders) != len(carried) + len(additional):
+        return False
+    results = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+    output.args = ((*results, *placeholders[len(carried):]),)
+    body.recompile()
+    node.args = (cond_attr, body_attr, (*carried, *additional), ())
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in additional]
+    node.meta["val"] = (*node.meta["val"], *vals)
+    return True
+
+
+@register_fx_node_fix("openvino")
 def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
     """``torch.unique_consecutive`` of a 1-D tensor as the elements that differ from their predecessor.
 
