@@ -46,3 +46,22 @@ def test_ties_keep_index_order_as_eager_on_cpu():
     exported = hfexport.export(RankTokens(), inputs, backend="openvino")
     for actual, wanted in zip(exported(**inputs), expected, strict=True):
         assert torch.equal(actual, wanted), (actual, wanted)
+
+
+class GroupedAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_sdpa_enable_gqa():
+    """``_fix_sdpa_enable_gqa_as_repeated_heads``: 4 query heads over 2 key-value heads; without it the program
+    converts and fails at inference (``Incompatible MatMul batch dimension``)."""
+    g = torch.Generator().manual_seed(0)
+    inputs = {"q": torch.randn(1, 4, 5, 8, generator=g), "k": torch.randn(1, 2, 5, 8, generator=g),
+              "v": torch.randn(1, 2, 5, 8, generator=g)}
+    without = hfexport.export(GroupedAttention(), inputs, backend="openvino", verify=False,
+                              disable=("_fix_sdpa_enable_gqa_as_repeated_heads",))
+    with pytest.raises(RuntimeError, match="MatMul"):
+        without(**inputs)
+    exported = hfexport.export(GroupedAttention(), inputs, backend="openvino")
+    torch.testing.assert_close(exported(**inputs), GroupedAttention()(**inputs), atol=1e-5, rtol=1e-5)

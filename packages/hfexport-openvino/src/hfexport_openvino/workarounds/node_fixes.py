@@ -218,6 +218,40 @@ def _fix_unique_consecutive_as_mask(gm: Any, node: Any) -> bool:
 
 
 @register_fx_node_fix("openvino")
+def _fix_sdpa_enable_gqa_as_repeated_heads(gm: Any, node: Any) -> bool:
+    """``sdpa(q, k, v, enable_gqa=True)`` → ``sdpa(q, repeat_interleave(k, g, -3), repeat_interleave(v, g, -3))``
+    with ``g`` = query heads / key-value heads (static), as eager broadcasts the groups.
+
+    **Why**: the FX decoder drops ``enable_gqa``: a 4-query / 2-key-value-head attention converted, then failed at
+    inference: ``Incompatible MatMul batch dimension. Cant merge the first input dimension=4 with second input
+    dimension=2``.
+    **Upstream**: none found (OpenVINO's ``src/frontends/pytorch/src/op/scaled_dot_product_attention.cpp``).
+    **Remove when**: ``test_sdpa_enable_gqa`` matches with ``disable=("_fix_sdpa_enable_gqa_as_repeated_heads",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default \
+            or not node.kwargs.get("enable_gqa"):
+        return False
+    q, k, v = node.args[:3]
+    shapes = [x.meta.get("val").shape if isinstance(x, torch.fx.Node) and "val" in x.meta else None for x in (q, k, v)]
+    if any(s is None or len(s) < 3 for s in shapes) \
+            or not all(isinstance(s[-3], int) for s in shapes) or shapes[0][-3] % shapes[1][-3] \
+            or shapes[1][-3] != shapes[2][-3]:
+        return False  # dynamic or uneven head counts: left as is
+    groups = shapes[0][-3] // shapes[1][-3]
+    if groups > 1:
+        graph = gm.graph
+        with graph.inserting_before(node):
+            k = _call(graph, aten.repeat_interleave.self_int, (k, groups, -3), {}, k)
+            v = _call(graph, aten.repeat_interleave.self_int, (v, groups, -3), {}, v)
+    node.args = (q, k, v, *node.args[3:])
+    node.kwargs = {key: value for key, value in node.kwargs.items() if key != "enable_gqa"}
+    return True
+
+
+@register_fx_node_fix("openvino")
 def _fix_sort_ties_in_index_order(gm: Any, node: Any) -> bool:
     """``sort`` / ``argsort`` without ``stable=True`` as their stable overload: ties keep their index order.
 
