@@ -65,3 +65,28 @@ def test_sdpa_enable_gqa():
         without(**inputs)
     exported = hfexport.export(GroupedAttention(), inputs, backend="openvino")
     torch.testing.assert_close(exported(**inputs), GroupedAttention()(**inputs), atol=1e-5, rtol=1e-5)
+
+
+class WrittenRope(torch.nn.Module):
+    """A rotary ``inv_freq`` buffer set with ``copy_`` at each call from the sequence length, its old value unread
+    (the dynamic-rope pattern)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
+        self.register_buffer("original_inv_freq", self.inv_freq.clone(), persistent=False)
+
+    def forward(self, x, position_ids):
+        self.inv_freq.copy_(self.original_inv_freq / torch.clamp((position_ids.max() + 1).float() / 4, min=1.0))
+        return x * (position_ids[..., None].float() * self.inv_freq).cos()
+
+
+def test_a_mutated_buffer_whose_old_value_is_unread():
+    """The decoder drops the buffer's input (no node reads it): was ``convert_model made a model with 2 inputs for
+    the program's 3``, then no input to make a variable of; the write-only state is dropped."""
+    first = {"x": torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(0)), "position_ids": torch.arange(5)[None]}
+    second = {"x": torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(1)),
+              "position_ids": torch.arange(5)[None] + 7}
+    exported = hfexport.export(WrittenRope(), first, backend="openvino")
+    for inputs in (first, second, first):
+        torch.testing.assert_close(exported(**inputs), WrittenRope()(**inputs), atol=1e-5, rtol=1e-5)
