@@ -90,3 +90,20 @@ def test_a_mutated_buffer_whose_old_value_is_unread():
     exported = hfexport.export(WrittenRope(), first, backend="openvino")
     for inputs in (first, second, first):
         torch.testing.assert_close(exported(**inputs), WrittenRope()(**inputs), atol=1e-5, rtol=1e-5)
+
+
+class Shifts(torch.nn.Module):
+    def forward(self, packed, k):
+        return packed >> 4, packed << 1, packed.to(torch.int32) >> k, (packed.to(torch.int32) - 200) >> 3
+
+
+def test_integer_shifts():
+    """``_fix_integer_shift_as_arithmetic`` (e06's kind): uint8 and int32 shifts by a scalar and by a tensor,
+    negative values included; without it ``convert_model`` fails on the unconverted shift."""
+    inputs = {"packed": torch.tensor([[0, 17, 128, 255], [3, 64, 200, 15]], dtype=torch.uint8),
+              "k": torch.tensor([1, 2, 3, 0], dtype=torch.int32)}
+    with pytest.raises(hfexport.ExportError, match="OpConversionFailure"):
+        hfexport.export(Shifts(), inputs, backend="openvino", disable=("_fix_integer_shift_as_arithmetic",))
+    exported = hfexport.export(Shifts(), inputs, backend="openvino")
+    for actual, wanted in zip(exported(**inputs), Shifts()(**inputs), strict=True):
+        assert actual.dtype == wanted.dtype and torch.equal(actual, wanted), (actual, wanted)
