@@ -73,8 +73,6 @@ OPEN: dict[tuple[str, str], Any] = {
         "refuses at compile_model (issue 46)")),
     ("e05_roberta_bf16", "openvino"): pytest.mark.xfail(strict=True, reason=(
         "bfloat16 Roberta: OpenVINO's logits differ from eager beyond e05's 2e-2 (issue 46)")),
-    ("e10_masked_select_unbacked", "openvino"): pytest.mark.xfail(strict=True, reason=(
-        "the FX decoder has no rule for aten.masked_select (OpConversionFailure; issue 46)")),
 }
 
 

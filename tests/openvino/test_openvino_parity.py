@@ -107,3 +107,22 @@ def test_integer_shifts():
     exported = hfexport.export(Shifts(), inputs, backend="openvino")
     for actual, wanted in zip(exported(**inputs), Shifts()(**inputs), strict=True):
         assert actual.dtype == wanted.dtype and torch.equal(actual, wanted), (actual, wanted)
+
+
+class Threshold(torch.nn.Module):
+    def forward(self, scores):
+        return scores.masked_select(scores > 0.5) * 1.5
+
+
+def test_masked_select():
+    """``_fix_masked_select_as_gather`` (e10's kind): a data-dependent length, 3 then 1 selected from one program;
+    without it ``convert_model`` fails on the unconverted op."""
+    first = {"scores": torch.tensor([[0.9, 0.1, 0.7], [0.2, 0.6, 0.3]])}
+    second = {"scores": torch.tensor([[0.1, 0.1, 0.7], [0.2, 0.4, 0.3]])}
+    with pytest.raises(hfexport.ExportError, match="OpConversionFailure"):
+        hfexport.export(Threshold(), first, backend="openvino", disable=("_fix_masked_select_as_gather",))
+    exported = hfexport.export(Threshold(), first, backend="openvino")
+    for inputs, length in ((first, 3), (second, 1)):
+        actual = exported(**inputs)
+        assert actual.shape == (length,)
+        torch.testing.assert_close(actual, Threshold()(**inputs))

@@ -309,6 +309,39 @@ def _fix_integer_shift_as_arithmetic(gm: Any, node: Any) -> bool:
 
 
 @register_fx_node_fix("openvino")
+def _fix_masked_select_as_gather(gm: Any, node: Any) -> bool:
+    """``masked_select(x, mask)`` → ``x.flatten()[nonzero(mask.flatten())]`` (mask broadcast to ``x`` first).
+
+    **Why**: the FX decoder has no rule for ``aten.masked_select``: e10's thresholded scores failed in
+    ``convert_model`` (``OpConversionFailure``, unconverted ops).
+    **Upstream**: none found (``src/frontends/pytorch/src/op_table.cpp``; ONNX's: microsoft/onnxscript#1675).
+    **Remove when**: e10 converts on openvino with ``disable=("_fix_masked_select_as_gather",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.masked_select.default:
+        return False
+    x, mask = node.args[:2]
+    xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    mv = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
+    if xv is None or mv is None or tuple(xv.shape) != tuple(mv.shape) \
+            or not (xv.is_contiguous() and mv.is_contiguous()):
+        return False  # broadcasting masks, strided views (aten.reshape has no rule either): left as is
+    graph = gm.graph
+    with graph.inserting_before(node):
+        flat_x = _call(graph, aten.view.default, (x, [-1]), {}, x)
+        flat_mask = _call(graph, aten.view.default, (mask, [-1]), {}, mask)
+        where = _call(graph, aten.nonzero.default, (flat_mask,), {}, mask)
+        index = _call(graph, aten.squeeze.dim, (where, 1), {}, mask)
+        new = _call(graph, aten.index_select.default, (flat_x, 0, index), {}, x)
+    new.meta["val"] = node.meta.get("val", new.meta.get("val"))  # the unbacked length its users were traced with
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("openvino")
 def _fix_sort_ties_in_index_order(gm: Any, node: Any) -> bool:
     """``sort`` / ``argsort`` without ``stable=True`` as their stable overload: ties keep their index order.
 
