@@ -194,8 +194,12 @@ def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
     parameters, results = model.get_parameters(), model.get_results()
     made: dict[str, str] = {}
     for state in states:
-        parameter = parameters[next(i for i, names in enumerate(inputs) if state.input_name in names)]
+        found = [i for i, names in enumerate(inputs) if state.input_name in names]
         result = results[next(i for i, names in enumerate(outputs) if state.output_name in names)]
+        if not found:  # the program writes the buffer and never reads its old value (a rotary inv_freq set by
+            model.remove_result(result)  # copy_ at each call): the decoder dropped its input, and its value
+            continue  # between calls reaches no output, so no variable keeps it
+        parameter = parameters[found[0]]
         element_type = parameter.get_output_element_type(0)
         info = VariableInfo()
         info.variable_id, info.data_type = state.buffer, element_type
