@@ -70,12 +70,14 @@ def vit(seed: int = 0) -> torch.nn.Module:
 
 
 def siglip(seed: int = 0) -> torch.nn.Module:
-    """A seeded SigLIP vision tower (no class token) of 4-pixel patches trained at 24x24."""
+    """A seeded SigLIP vision tower (no class token) of 4-pixel patches trained at 24x24, without its attention
+    pooling head (its nn.MultiheadAttention traces a guard that refuses one image on dynamo: left to its own issue)."""
     import transformers as tf
 
     torch.manual_seed(seed)
     return tf.SiglipVisionModel(tf.SiglipVisionConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
-                                                      intermediate_size=40, image_size=24, patch_size=4)).eval()
+                                                      intermediate_size=40, image_size=24, patch_size=4,
+                                                      vision_use_head=False)).eval()
 
 
 FAMILIES = {"dinov2": (dinov2, 30, {}), "vit": (vit, 28, {"interpolate_pos_encoding": True}),
