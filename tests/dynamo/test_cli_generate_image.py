@@ -105,3 +105,18 @@ def test_bad_images_exit_2_naming_what_was_wrong(llava, capsys, extra, message):
     args = [a.format(a=images[0], model=directory) for a in extra]
     assert cli.main(["generate", str(out), *args, "--max-new-tokens", "2"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_prompt_and_one_image_equals_eager(llava, capsys):
+    """One --prompt with one --image (a user's run failed with IndexError where two prompts worked), in-process."""
+    from PIL import Image
+
+    model, directory, out, images = llava
+    assert cli.main(["generate", str(out), "--prompt", "w5 w6", "--image", str(images[0]), "--max-new-tokens", "4",
+                     "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    processor = _processor()
+    batch = processor(text=["<image> w5 w6"], images=[[Image.open(images[0]).convert("RGB")]], return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**batch, do_sample=False, max_new_tokens=4)
+    assert result["sequences"] == expected.tolist()
