@@ -317,8 +317,10 @@ print(json.dumps({"results": results, "torch": "torch" in sys.modules, "transfor
 def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artifact, llama, tmp_path):
     """In one new process (each case a ``cli.main`` call, timed): a read-only output directory, a model directory
     with config.json and no weights, ``generate --prompt`` on a single-forward artifact (it said to pass
-    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len; exit 2 with what was wrong,
-    each within 3 s, and neither torch nor transformers imported."""
+    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len, a model whose config maps
+    its classes to its repository's code without --trust-remote-code, a Hub id the (empty, offline) cache lacks,
+    --revision with a local directory; exit 2 with what was wrong, each within 3 s, and neither torch nor
+    transformers imported."""
     hfexport.export(tiny_model("bert", layers=1), backend="dynamo").save_pretrained(tmp_path / "bert")
     (tmp_path / "noweights").mkdir()
     shutil.copy(llama[1] / "config.json", tmp_path / "noweights")
