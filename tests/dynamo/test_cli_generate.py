@@ -113,14 +113,15 @@ def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artif
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
+    (["--no-task", "--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--dynamic"], "drop --dynamic"),
     (["--task", "text-generation", "--max-batch", "0"], "--max-batch must be a positive number"),
     (["--task", "text-generaton"], "unknown task 'text-generaton' (did you mean 'text-generation'?); backend "
                                    "'dynamo' exports the tasks text-generation, text2text-generation"),
-    (["--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
+    (["--no-task", "--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--prefill-chunk", "1"], "prefill_chunk must be an int from 2 to max_cache_len=64"),
     (["--task", "text2text-generation", "--prefill-chunk", "4"], "--prefill-chunk bounds a decoder's prompt chunks"),
+    (["--task", "text-generation", "--no-task"], "--no-task exports one forward pass: drop it or --task"),
     (["--task", "text-generation", "--max-cache-len", "65"],
      "max_cache_len=65 exceeds the model's 64 positions (max_position_embeddings): lower it"),
 ])

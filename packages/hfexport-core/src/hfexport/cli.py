@@ -61,6 +61,8 @@ examples:
   hfexport verify org/name --subfolder hfexport/dynamo    ... one on the Hub (fetches only the files it names)
   hfexport export ./my-llm --task text-generation --max-cache-len 128 -o out/gen
                                                           one decoder program, checked by generation
+  hfexport export org/my-llm --backend openvino --quantize int4-weights --group-size 64 --sym
+                                                          a Hub id; a *ForCausalLM exports for text-generation
   hfexport generate out/gen --input-ids 1,306,4966 --max-new-tokens 20
   hfexport generate out/gen --prompt "Hello" --tokenizer ./my-llm --max-new-tokens 20
 

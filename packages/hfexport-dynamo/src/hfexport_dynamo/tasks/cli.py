@@ -610,6 +610,8 @@ def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -
     bounds = [flag for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch),
                                        ("--prefill-chunk", args.prefill_chunk),
                                        ("--max-images", getattr(args, "max_images", None))) if value is not None]
+    if task is not None and getattr(args, "no_task", False) and args.task is not None:
+        raise UsageError(f"--no-task exports one forward pass: drop it or --task {task}")
     if task is None:
         if bounds:
             raise UsageError(f"{' and '.join(bounds)} bound{'s' if len(bounds) == 1 else ''} the programs of a task export: pass --task "
