@@ -24,9 +24,14 @@ def test_help_teaches_by_example():
 
 
 def test_backends_lists_name_distribution_version_status():
+    """The version column is the distribution's, and says so; the toolchain's version beside it (issue 48)."""
+    from importlib import metadata
+
     out = _run("backends", "--json")
     assert out.returncode == 0
     rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["openvino"]["toolchain"] == f"openvino {metadata.version('openvino')}"
+    assert rows["dynamo"]["toolchain"] == f"torch {metadata.version('torch')}"
     assert rows["dynamo"]["distribution"] == "hfexport-dynamo" and rows["dynamo"]["status"] == "ok"
     assert rows["broken"]["status"] == "error" and "vendor_sdk" in rows["broken"]["error"]
 
@@ -258,3 +263,22 @@ def test_third_party_noise_is_dropped_inside_commands(monkeypatch, capsys):
         logger.filters[:] = saved
         logger.removeHandler(handler)
         logger.propagate = propagate
+
+
+def test_backends_table_labels_its_version_columns(capsys):
+    assert cli.main(["backends"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == ["name", "distribution", "dist", "version", "toolchain", "status"]
+    onnx = next(row for row in rows if row.startswith("onnx "))
+    assert "hfexport-onnx" in onnx and "onnxruntime " in onnx
+
+
+def test_export_help_lists_every_task_and_the_new_options():
+    from hfexport_dynamo import TASKS
+
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["export"].format_help().split())
+    text = text.replace("- ", "-")  # argparse wraps lines at hyphens
+    for task in TASKS:
+        assert task in text, task
+    for flag in ("--dtype {fp32,fp16,bf16}", "--trust-remote-code", "--no-task", "--revision", "Hub model id"):
+        assert flag in text, flag

@@ -113,14 +113,15 @@ def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artif
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
+    (["--no-task", "--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--dynamic"], "drop --dynamic"),
     (["--task", "text-generation", "--max-batch", "0"], "--max-batch must be a positive number"),
     (["--task", "text-generaton"], "unknown task 'text-generaton' (did you mean 'text-generation'?); backend "
                                    "'dynamo' exports the tasks text-generation, text2text-generation"),
-    (["--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
+    (["--no-task", "--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--prefill-chunk", "1"], "prefill_chunk must be an int from 2 to max_cache_len=64"),
     (["--task", "text2text-generation", "--prefill-chunk", "4"], "--prefill-chunk bounds a decoder's prompt chunks"),
+    (["--task", "text-generation", "--no-task"], "--no-task exports one forward pass: drop it or --task"),
     (["--task", "text-generation", "--max-cache-len", "65"],
      "max_cache_len=65 exceeds the model's 64 positions (max_position_embeddings): lower it"),
 ])
@@ -362,12 +363,19 @@ print(json.dumps({"results": results, "torch": "torch" in sys.modules, "transfor
 def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artifact, llama, tmp_path):
     """In one new process (each case a ``cli.main`` call, timed): a read-only output directory, a model directory
     with config.json and no weights, ``generate --prompt`` on a single-forward artifact (it said to pass
-    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len; exit 2 with what was wrong,
-    each within 3 s, and neither torch nor transformers imported."""
+    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len, a model whose config maps
+    its classes to its repository's code without --trust-remote-code, a Hub id the (empty, offline) cache lacks,
+    --revision with a local directory; exit 2 with what was wrong, each within 3 s, and neither torch nor
+    transformers imported."""
     hfexport.export(tiny_model("bert", layers=1), backend="dynamo").save_pretrained(tmp_path / "bert")
     (tmp_path / "noweights").mkdir()
     shutil.copy(llama[1] / "config.json", tmp_path / "noweights")
     readonly = "/sys/hfexport-test/out"  # sysfs takes no new file, as root too
+    (tmp_path / "remote").mkdir()
+    config = json.loads((llama[1] / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_mine.MyLlama"}
+    (tmp_path / "remote" / "config.json").write_text(json.dumps(config))
+    shutil.copy(llama[1] / "model.safetensors", tmp_path / "remote")
     long_prompt = " ".join(f"w{i}" for i in range(3, 33))  # 30 tokens + 4 new > max_cache_len 32
     cases = [
         (["export", str(llama[1]), "--task", "text-generation", "-o", readonly],
@@ -380,9 +388,18 @@ def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artif
          "a batch of 3 exceeds this export's max_batch=2: give at most 2 --prompt"),
         (["generate", str(artifact), "--prompt", long_prompt, "--max-new-tokens", "4"],
          "a prompt of 30 tokens plus max_new_tokens=4 exceeds this export's max_cache_len=32"),
+        (["export", str(tmp_path / "remote"), "-o", str(tmp_path / "o")],
+         "auto_map: modeling_mine.MyLlama): loading it runs that code; pass --trust-remote-code if you trust"),
+        (["export", "nobody-here/no-such-model", "-o", str(tmp_path / "o")],
+         "nobody-here/no-such-model is not a local directory, HF_HUB_OFFLINE is set, and the Hugging Face cache"),
+        (["export", str(llama[1]), "--revision", "v1", "-o", str(tmp_path / "o")],
+         "--revision is for a Hub model id (org/name)"),
     ]
+    import os
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
     run = subprocess.run([sys.executable, "-c", _EARLY, json.dumps([argv for argv, _ in cases])], capture_output=True,
-                         text=True)
+                         text=True, env=env)
     report = json.loads(run.stdout.strip().splitlines()[-1])
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == len(cases), run.stderr
@@ -393,20 +410,27 @@ def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artif
     assert not (tmp_path / "o").exists()
 
 
-def _first_line(*args):
-    """The first stderr line of ``hfexport ARGS`` in a new process and the seconds from the start to it (the
-    process is then stopped: only its first answer is measured)."""
+def _first_lines(*args, count=1, env=None):
+    """The first ``count`` stderr lines of ``hfexport ARGS`` in a new process and the seconds from the start to the
+    first (the process is then stopped: only its first answers are measured)."""
     import time
 
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "hfexport.cli", *map(str, args)], stderr=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, text=True)
+                               stdout=subprocess.DEVNULL, text=True, env=env)
     try:
-        line = process.stderr.readline()
-        return line.rstrip("\n"), time.perf_counter() - start
+        lines = [process.stderr.readline().rstrip("\n")]
+        seconds = time.perf_counter() - start
+        lines += [process.stderr.readline().rstrip("\n") for _ in range(count - 1)]
+        return lines, seconds
     finally:
         process.kill()
         process.wait()
+
+
+def _first_line(*args):
+    [line], seconds = _first_lines(*args)
+    return line, seconds
 
 
 def test_the_first_line_of_export_and_generate_comes_within_2_s(llama, artifact, tmp_path):
@@ -446,3 +470,53 @@ def test_export_task_on_openvino_writes_the_tokenizer_ir_for_openvino_genai(llam
     for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json", "config.json"):
         assert (out / "decoder" / name).is_file(), name
         assert f"decoder/{name}" in manifest["files"]  # hashed like every file
+
+
+def test_a_causal_lm_exports_for_text_generation_unless_told_and_says_so(llama, tmp_path):
+    (first, inferred), seconds = _first_lines("export", llama[1], "-b", "onnx", "-o", tmp_path / "o", count=2)
+    assert first.endswith("with backend 'onnx' for task 'text-generation' to " + str(tmp_path / "o")), first
+    assert inferred.startswith("task 'text-generation' inferred from LlamaForCausalLM (config.json's architectures): "
+                               "pass --no-task to export one forward pass"), inferred
+    (first, _), _ = _first_lines("export", llama[1], "-b", "onnx", "--no-task", "-o", tmp_path / "o", count=2)
+    assert first == f"exporting LlamaForCausalLM from {llama[1]} with backend 'onnx' to {tmp_path / 'o'}", first
+
+
+def _hub_cache(llama, cache):
+    """A Hugging Face cache holding ``tiny-org/tiny-llama`` at main, as snapshot_download leaves it."""
+    commit = "0" * 40
+    snapshot = cache / "models--tiny-org--tiny-llama" / "snapshots" / commit
+    shutil.copytree(llama[1], snapshot)
+    (cache / "models--tiny-org--tiny-llama" / "refs").mkdir()
+    (cache / "models--tiny-org--tiny-llama" / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def test_a_hub_model_id_is_fetched_through_huggingface_hub_offline_from_its_cache(llama, tmp_path):
+    import os
+
+    snapshot = _hub_cache(llama, tmp_path / "hub")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    lines, seconds = _first_lines("export", "tiny-org/tiny-llama", "-b", "onnx", "-o", tmp_path / "o", count=4,
+                                  env=env)
+    assert lines[0] == f"exporting tiny-org/tiny-llama from the Hugging Face Hub with backend 'onnx' to {tmp_path / 'o'}"
+    assert seconds < 2, seconds
+    assert lines[2].startswith("[hfexport ") and "fetching tiny-org/tiny-llama's config, weights and tokenizer" in \
+        lines[2] and lines[2].endswith("s") and "done in" in lines[2], lines
+    assert lines[3].startswith("exporting LlamaForCausalLM from tiny-org/tiny-llama with backend 'onnx' for task "
+                               "'text-generation'"), lines
+    assert (snapshot / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_hub_model_in_bf16_exports_and_generates_as_bf16_eager(llama, tmp_path):
+    import os
+
+    _hub_cache(llama, tmp_path / "hub")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    run = subprocess.run([sys.executable, "-m", "hfexport.cli", "export", "tiny-org/tiny-llama", "--dtype", "bf16",
+                          "--max-cache-len", "32", "-o", str(tmp_path / "o")], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("PASSED: token ids equal eager LlamaForCausalLM.generate"), run.stdout
+    manifest = json.loads((tmp_path / "o" / "export.json").read_text())
+    assert manifest["task"] == "text-generation"
+    assert "bfloat16" in json.dumps(manifest["components"]["decoder"]["outputs"]), manifest["components"]["decoder"]

@@ -133,3 +133,18 @@ def test_a_processor_config_that_resizes_past_the_bound_is_refused_before_it_run
                      "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert "resizes images to 22,050,000 pixels (size.shortest_edge)" in err and "over the bound of 16,777,216" in err, err
+
+
+def test_one_prompt_and_one_image_equals_eager(llava, capsys):
+    """One --prompt with one --image (a user's run failed with IndexError where two prompts worked), in-process."""
+    from PIL import Image
+
+    model, directory, out, images = llava
+    assert cli.main(["generate", str(out), "--prompt", "w5 w6", "--image", str(images[0]), "--max-new-tokens", "4",
+                     "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    processor = _processor()
+    batch = processor(text=["<image> w5 w6"], images=[[Image.open(images[0]).convert("RGB")]], return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**batch, do_sample=False, max_new_tokens=4)
+    assert result["sequences"] == expected.tolist()

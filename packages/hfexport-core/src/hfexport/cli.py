@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .commands import (
+    DTYPES,
     EXIT_ERROR,
     EXIT_MISMATCH,
     EXIT_OK,
@@ -28,6 +29,7 @@ from .commands import (
     UsageError,
     configured_exporter,
     console,
+    load_model,
     model_summary,
     quiet_third_party_logs,
     record_verification,
@@ -59,6 +61,8 @@ examples:
   hfexport verify org/name --subfolder hfexport/dynamo    ... one on the Hub (fetches only the files it names)
   hfexport export ./my-llm --task text-generation --max-cache-len 128 -o out/gen
                                                           one decoder program, checked by generation
+  hfexport export org/my-llm --backend openvino --quantize int4-weights --group-size 64 --sym
+                                                          a Hub id; a *ForCausalLM exports for text-generation
   hfexport generate out/gen --input-ids 1,306,4966 --max-new-tokens 20
   hfexport generate out/gen --prompt "Hello" --tokenizer ./my-llm --max-new-tokens 20
 
@@ -85,15 +89,31 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     infos = list_backends(load=not args.no_load)
     if args.json:
         print(json.dumps([{"name": i.name, "distribution": i.distribution, "version": i.version,
+                           "toolchain": _toolchain(i),
                            "status": i.status, "error": i.error, "note": i.note, "entry_point": i.value}
                           for i in infos], indent=2))
         return 0
-    rows = [("name", "distribution", "version", "status")]
-    rows += [(i.name, i.distribution, i.version, i.status + (f": {i.error}" if i.error else "")
+    rows = [("name", "distribution", "dist version", "toolchain", "status")]
+    rows += [(i.name, i.distribution, i.version, _toolchain(i), i.status + (f": {i.error}" if i.error else "")
               + (f" ({i.note})" if i.note else "")) for i in infos]
-    widths = [max(len(r[c]) for r in rows[:]) for c in range(3)]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
     for r in rows:
-        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+        print("  ".join(f"{cell:<{width}}" for cell, width in zip(r[:4], widths, strict=True)) + f"  {r[4]}")
+    return 0
+
+
+def _toolchain(info: Any) -> str:
+    """The toolchain a backend lowers with and its installed version (``openvino 2025.3.0``): the last of its
+    declared requirements other than transformers (torch for dynamo), read from the installed distributions'
+    metadata; ``-`` unknown (``--no-load``)."""
+    requires = getattr(info.backend, "requires", None) or ()
+    if not requires:
+        return "-"
+    name = next((r for r in reversed(requires) if r != "transformers"), requires[-1])
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return f"{name} (missing)"
     return 0
 
 
@@ -274,6 +294,66 @@ def _check_weights(directory: Path) -> None:
                          "weight files")
 
 
+# --dtype's default verification tolerances (atol and rtol): a few roundings of the dtype (eps: fp16 9.8e-4, bf16
+# 7.8e-3); a seeded tiny Llama's bf16 logits differ from bf16 eager by 2e-3 on dynamo.
+_HALF_TOLERANCE = {"fp16": 1e-2, "bf16": 5e-2}
+
+
+def _download_model(repo_id: str, revision: str | None, trust_remote_code: bool) -> Path:
+    """The local snapshot of Hub model ``repo_id`` (config, safetensors weights, tokenizer and processor files; the
+    model's own code with ``trust_remote_code``), through ``huggingface_hub`` into its cache; ``HF_HUB_OFFLINE=1``
+    reads the cache alone.
+
+    Raises:
+        UsageError: no such repository or revision, or nothing cached offline (the message says which).
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    if trust_remote_code:
+        patterns.append("*.py")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    except RepositoryNotFoundError:
+        raise UsageError(f"{repo_id} is neither a local directory nor a Hub model you can read (a typo? private or "
+                         "gated: log in with `hf auth login`)") from None
+    except RevisionNotFoundError:
+        raise UsageError(f"Hub model {repo_id} has no revision {revision!r}") from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        raise UsageError(f"{repo_id} is not a local directory, {why}, and the Hugging Face cache "
+                         f"({constants.HF_HUB_CACHE}) holds no snapshot of it: download it once online, or give "
+                         "the model's directory") from None
+
+
+def _infer_task(args: argparse.Namespace, backend: Any) -> str | None:
+    """``"text-generation"`` for a model directory whose config.json names a ``*ForCausalLM`` when the backend
+    exports that task and nothing asks for one forward pass (``--no-task``, ``--dynamic``); else None."""
+    if getattr(args, "no_task", False) or args.dynamic or "text-generation" not in (backend.tasks or ()):
+        return None
+    architecture = model_summary(args.model)
+    if architecture.endswith("ForCausalLM"):
+        args.task = "text-generation"
+        return "text-generation"
+    return None
+
+
+def _check_remote_code(directory: Path, trust_remote_code: bool) -> None:
+    """Refuse, before any import, a model whose code lives in its repository (config.json's ``auto_map``) without
+    ``--trust-remote-code``: loading it runs that code."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and config.get("auto_map") and not trust_remote_code:
+        classes = ", ".join(sorted(str(v) for v in config["auto_map"].values()))[:200]
+        raise UsageError(f"{directory}'s config.json maps its classes to code in the model's repository (auto_map: "
+                         f"{classes}): loading it runs that code; pass --trust-remote-code if you trust its source")
+
+
 def _check_report(report: str | None) -> None:
     """``--report FILE`` is writable where it points: its directory exists and it is not a directory itself."""
     if not report:
@@ -321,9 +401,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not demo and not args.model:
         raise UsageError("give a model directory (or --demo where a plugin provides one, e.g. hfexport-dynamo; "
                          "see `hfexport export --help`)")
+    hub = None
     if not demo and not Path(args.model).is_dir():
-        raise UsageError(f"model directory {args.model} does not exist (a local Transformers model directory: "
-                         "config.json + weights)")
+        from ._hub import is_hub_reference
+
+        if not is_hub_reference(args.model):
+            raise UsageError(f"model directory {args.model} does not exist (a local Transformers model directory: "
+                             "config.json + weights, or a Hub model id org/name)")
+        hub = args.model
+        print(f"exporting {hub} from the Hugging Face Hub with backend {args.backend!r} to "
+              f"{args.output or f'out/{args.backend}'}", file=sys.stderr, flush=True)
+        with timed(f"fetching {hub}'s config, weights and tokenizer (huggingface_hub, into its cache)"):
+            args.model = str(_download_model(hub, getattr(args, "revision", None), args.trust_remote_code))
+    elif getattr(args, "revision", None) is not None:
+        raise UsageError(f"--revision is for a Hub model id (org/name); {args.model or '--demo'} is local")
     if not demo and not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"{args.model} has no config.json: give a Transformers model directory (config.json + "
                          "weights), e.g. one written by model.save_pretrained(path)")
@@ -334,6 +425,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
         backend = get_backend(args.backend)
     except (UnknownBackendError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
+    inferred = None
+    if task is None and not demo:
+        task = inferred = _infer_task(args, backend)
+    if not demo:
+        _check_remote_code(Path(args.model), args.trust_remote_code)
     if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
         close = difflib.get_close_matches(task, backend.tasks, n=1, cutoff=0.8)
         raise UsageError(f"unknown task {task!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
@@ -342,6 +438,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if getattr(args, "check_task_options", None) is not None:
         args.check_task_options(args, task, demo)
 
+    dtype = getattr(args, "dtype", None)
+    if dtype in _HALF_TOLERANCE:  # a half-precision export differs from half eager by its rounding, not 1e-4
+        args.atol = _HALF_TOLERANCE[dtype] if args.atol is None else args.atol
+        args.rtol = _HALF_TOLERANCE[dtype] if args.rtol is None else args.rtol
     quiet_third_party_logs()
     from ._artifact import MANIFEST_NAME
 
@@ -353,9 +453,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     _check_output(output, args.overwrite)  # before the toolchain loads
     _check_report(args.report)
     # the first line: what, from where, to where, with which backend (before the toolchain and the model load)
-    what = "the demo model" if demo else f"{model_summary(args.model)} from {args.model}"
+    what = "the demo model" if demo else f"{model_summary(args.model)} from {hub or args.model}"
     out.print(f"exporting {what} with backend {args.backend!r}{f' for task {task!r}' if task else ''} to {output}",
               markup=False)
+    if inferred:
+        out.print(f"task {inferred!r} inferred from {model_summary(args.model)} (config.json's architectures): pass "
+                  "--no-task to export one forward pass instead, or --task to choose another", markup=False)
     try:
         with timed(f"importing the {args.backend} backend and its toolchain"):
             exporter_class = backend.load_exporter()
@@ -374,7 +477,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if demo:
             model, inputs, check_inputs, source = demo()
         else:
-            model = exporter_class.load_model(args.model)
+            model = load_model(exporter_class, args)
             inputs, check_inputs = None, None
             source = str(args.model)
     dynamic = args.dynamic or bool(demo)
@@ -462,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a model directory (or the demo model), save it and verify it",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    p.add_argument("model", nargs="?", help="a local Transformers model directory (config.json + weights)")
+    p.add_argument("model", nargs="?", help="a local Transformers model directory (config.json + weights), or a Hub "
+                   "model id org/name (fetched through huggingface_hub into its cache: config, safetensors, "
+                   "tokenizer); a *ForCausalLM exports for --task text-generation unless told otherwise")
     p.add_argument("--backend", "-b", default="dynamo", help="backend name, see `hfexport backends` (default: dynamo)")
     p.add_argument("--output", "-o", help="artifact directory (default: out/<backend>)")
     p.add_argument("--dynamic", action="store_true", help="dynamic batch and sequence dims (Dim.AUTO on every dim)")
@@ -493,10 +598,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qembedding", choices=("4w", "8w"), help="with --quantize 8da4w or 8da8w (executorch-xnnpack): "
                    "also quantize the embedding tables, weight-only: 4w int4 (one scale per 32 weights of a row), "
                    "8w int8 (one scale per row); the other recipes quantize embedding tables int8 already")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="cast the model's weights to this dtype before the "
+                   "export (fp16, bf16; default: as the model loads, float32); verified against eager in that dtype, with "
+                   "atol and rtol 1e-2 (fp16) or 5e-2 (bf16) unless --atol/--rtol")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a model whose config.json maps its "
+                   "classes to code in its repository (auto_map): loading it runs that code; off by default, only "
+                   "for a model from a source you trust")
+    p.add_argument("--revision", help="with a Hub model id: the branch, tag or commit (default main)")
     p.set_defaults(func=_cmd_export, demo=None)
 
 
-    p = sub.add_parser("backends", help="list installed backends: name, distribution, version, status")
+    p = sub.add_parser("backends", help="list installed backends: name, the distribution that provides it and its "
+                                        "version, the toolchain it lowers with and that one's version, status")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-load", action="store_true", help="read entry point metadata only (no plugin import)")
     p.set_defaults(func=_cmd_backends)

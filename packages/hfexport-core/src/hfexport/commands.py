@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError",
-           "configured_exporter", "console", "model_summary", "quantization_knobs", "quiet_third_party_logs",
+__all__ = ["DTYPES", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError",
+           "configured_exporter", "console", "load_model", "model_summary", "quantization_knobs", "quiet_third_party_logs",
            "record_verification", "resolve_artifact", "say", "timed", "verbose", "write_report"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
@@ -229,6 +229,33 @@ def quantization_knobs(args: argparse.Namespace) -> dict[str, Any]:
                          "quantization recipe: pass --quantize RECIPE too (e.g. --quantize int4-weights on openvino)")
     names = {"group_size": "group_size", "ratio": "ratio", "sym": "symmetric", "qembedding": "embedding"}
     return {names[name]: value for name, value in given.items()}
+
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def load_model(exporter_class: Any, args: argparse.Namespace) -> Any:
+    """The model of ``args.model`` as the backend's loader gives it, with ``--trust-remote-code`` (the model's own
+    code, when the loader takes it) and cast to ``--dtype`` (fp16, bf16; default: as loaded, float32)."""
+    import inspect
+
+    options = {}
+    if args.trust_remote_code:
+        try:
+            takes = "trust_remote_code" in inspect.signature(exporter_class.tracer.load_model).parameters
+        except (AttributeError, TypeError, ValueError):
+            takes = False
+        if not takes:
+            raise UsageError(f"backend {args.backend!r} loads models without trust_remote_code")
+        options["trust_remote_code"] = True
+    model = exporter_class.tracer.load_model(args.model, **options) if options else exporter_class.load_model(
+        args.model)
+    dtype = getattr(args, "dtype", None)
+    if dtype and dtype != "fp32":
+        import torch
+
+        model = model.to(getattr(torch, DTYPES[dtype]))
+    return model
 
 
 def write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,

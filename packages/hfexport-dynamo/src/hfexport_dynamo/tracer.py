@@ -174,11 +174,20 @@ class DynamoTracer:
         model, fixed = ctx.model, dict(trace_state(ctx).fixed_kwargs)
         return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
 
-    def load_model(self, path: str | Path) -> torch.nn.Module:
-        """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``."""
+    def load_model(self, path: str | Path, trust_remote_code: bool = False) -> torch.nn.Module:
+        """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``. With
+        ``trust_remote_code``, a model whose config maps its classes to the repository's code (``auto_map``) loads
+        through that code (its ``AutoModelForCausalLM`` where it maps one, else its first auto class); without it,
+        Transformers refuses such a model."""
         import transformers
 
-        config = transformers.AutoConfig.from_pretrained(path)
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        auto_map = getattr(config, "auto_map", None) or {}
+        if trust_remote_code and auto_map:
+            name = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else next(
+                (k for k in auto_map if k.startswith("AutoModel")), "AutoModel")
+            with no_loading_bar():
+                return getattr(transformers, name).from_pretrained(path, trust_remote_code=True).eval()
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_cls = getattr(transformers, arch, None) if arch else None
         with no_loading_bar():

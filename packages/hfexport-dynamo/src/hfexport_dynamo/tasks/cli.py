@@ -25,6 +25,7 @@ from hfexport.commands import (
     Progress,
     UsageError,
     configured_exporter,
+    load_model,
     quiet_third_party_logs,
     record_verification,
     resolve_artifact,
@@ -44,8 +45,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
             "positions, written in place on ONNX Runtime and ExecuTorch; a prompt is prefilled in chunks of "
             "--prefill-chunk tokens), text2text-generation, automatic-speech-recognition (encoder-decoders: encoder, "
             "prefill and decode programs), image-text-to-text (vision-language models: vision, embed and decoder "
-            "programs, the image size the config's); verified by greedy generation against eager model.generate. Run "
-            "it with `hfexport generate`")
+            "programs, the image size the config's), audio-text-to-text (audio-language models: audio, embed and "
+            "decoder programs); verified by greedy generation against eager model.generate. Run it with `hfexport "
+            "generate`. Default: text-generation for a model whose config.json names a *ForCausalLM (--no-task: one "
+            "forward pass), else one forward pass")
         export.add_argument(
             "--max-cache-len", type=int, metavar="N", help="with --task: the most tokens a sequence may hold, prompt "
             "and new ones: the KV cache's capacity (default: max_position_embeddings, capped at 4096 and at a "
@@ -60,6 +63,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         export.add_argument(
             "--max-images", type=int, metavar="N", help="with --task image-text-to-text: the most images one "
             "generate call takes, the whole batch's (default: --max-batch)")
+        export.add_argument(
+            "--no-task", action="store_true", help="export one forward pass of a *ForCausalLM (which exports for "
+            "--task text-generation by default)")
         export.set_defaults(check_task_options=_check_task_options, export_task=_export_task)
 
     p = subparsers.add_parser(
@@ -171,6 +177,11 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
         flag = "--input-ids" if rows else "--prompt"
         raise UsageError(f"a batch of {size} exceeds this export's max_batch={batch}: give at most {batch} "
                          f"{flag}, or re-export with a larger --max-batch")
+    images = len(getattr(args, "image", None) or ())
+    most = (section.get("vision") or {}).get("max_images")
+    if images and isinstance(most, int) and images > most:
+        raise UsageError(f"{images} --image exceed this export's max_images={most}: give at most {most}, or "
+                         "re-export with a larger --max-images")
     longest = max((len(r) for r in rows), default=0)
     if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
             and longest + args.max_new_tokens > cache:
@@ -516,10 +527,12 @@ def _has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in _TOKENIZER_MARKERS)
 
 
-def _load_for_task(exporter_class: Any, path: str, task: str) -> Any:
-    """The model of ``path`` as the backend's loader gives it (the class ``config.architectures`` names); a
-    usage error when that class cannot generate (a base model would need a head the checkpoint lacks)."""
-    model = exporter_class.load_model(path)
+def _load_for_task(exporter_class: Any, args: argparse.Namespace) -> Any:
+    """The model of ``args.model`` as the backend's loader gives it (the class ``config.architectures`` names,
+    with ``--dtype`` and ``--trust-remote-code``); a usage error when that class cannot generate (a base model would
+    need a head the checkpoint lacks)."""
+    path, task = args.model, args.task
+    model = load_model(exporter_class, args)
     from transformers import GenerationMixin
 
     if not isinstance(model, GenerationMixin):
@@ -539,7 +552,7 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
 
     start = time.perf_counter()
     with timed("loading the model"):
-        model = _load_for_task(exporter_class, args.model, args.task)
+        model = _load_for_task(exporter_class, args)
     options = {name: value for name, value in (("max_cache_len", args.max_cache_len), ("max_batch", args.max_batch),
                                                ("prefill_chunk", args.prefill_chunk),
                                                ("max_images", getattr(args, "max_images", None)))
@@ -717,6 +730,8 @@ def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -
     bounds = [flag for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch),
                                        ("--prefill-chunk", args.prefill_chunk),
                                        ("--max-images", getattr(args, "max_images", None))) if value is not None]
+    if task is not None and getattr(args, "no_task", False) and args.task is not None:
+        raise UsageError(f"--no-task exports one forward pass: drop it or --task {task}")
     if task is None:
         if bounds:
             raise UsageError(f"{' and '.join(bounds)} bound{'s' if len(bounds) == 1 else ''} the programs of a task export: pass --task "
