@@ -31,7 +31,7 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
                          max_bytes: int | None = None) -> dict[str, Any] | None:
     """Inputs of the traced shapes and dtypes a component's manifest section describes: token ids below the
     config's ``vocab_size``, masks of ones, positions ``0 .. seq - 1``, a scalar count (a decoder's
-    ``past_length``) of 0, floats from a seeded normal. ``None`` when an input is a pytree (a cache) or its shape is
+    ``past_length``, an LLM runner's ``input_pos``) of 0, floats from a seeded normal. ``None`` when an input is a pytree (a cache) or its shape is
     not known.
 
     Raises:
@@ -67,7 +67,8 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
             value = torch.randn(shape, generator=generator).to(dtype)
         elif "mask" in name:
             value = torch.ones(shape, dtype=dtype)
-        elif not shape or name == "past_length":  # a count of cached positions (a decoder's): none yet
+        elif not shape or name in ("past_length", "input_pos"):  # cached positions (a decoder's; ExecuTorch's LLM
+            # runner's first position): none yet
             value = torch.zeros(shape, dtype=dtype)
         elif "position" in name:  # positions 0 .. seq - 1 (random ids would index past the position table)
             value = torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous()

@@ -55,7 +55,8 @@ from .planning import (
     generation_manifest,
 )
 
-__all__ = ["CausalLMStep", "DecoderPrograms", "GrowingDecoderPrograms", "decoder_run", "new_cache", "plan_causal_lm", "plan_decoder",
+__all__ = ["CausalLMStep", "DecoderPrograms", "GrowingDecoderPrograms", "LLMRunnerStep", "decoder_run", "new_cache",
+           "plan_causal_lm", "plan_decoder",
            "prepare_decoder"]
 
 # a decode step's value of a per-position decoder input (image-text-to-text: a new token is in no image block)
@@ -198,6 +199,49 @@ class CausalLMStep(torch.nn.Module):
         return {"logits": out.logits, "cache": tuple((layer.keys, layer.values) for layer in kv.layers)}
 
 
+class LLMRunnerStep(torch.nn.Module):
+    """A :class:`CausalLMStep` over ExecuTorch's LLM kernels (cache in buffers, one row) with the inputs ExecuTorch's
+    LLM runner (``executorch.extension.llm.runner.TextLLMRunner``, its C++ ``TextLLMRunner``) passes to ``forward``.
+
+    Forward:
+        input_ids: ``int64 [1, seq]``, the new tokens.
+        input_pos: ``int64 [1]``, the position of the first of them (the positions already cached).
+
+    Returns:
+        ``{"logits": float [1, vocab]}`` (the last position's).
+
+    Attributes:
+        llm_metadata: the constant methods the runner reads (``get_max_seq_len``: the most tokens one call takes;
+            ``get_max_context_len``: the cache's capacity; ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``,
+            ``use_kv_cache``, ``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``), for the backend to write.
+    """
+
+    def __init__(self, step: CausalLMStep, max_cache_len: int, prefill_chunk: int):
+        super().__init__()
+        self.step = step
+        self.config, self.generation_config = step.config, step.generation_config
+        self.max_cache_len = max_cache_len
+        text = step.config.get_text_config(decoder=True)
+        generation = step.generation_config
+        eos = getattr(generation, "eos_token_id", None)
+        eos = getattr(text, "eos_token_id", None) if eos is None else eos
+        bos = getattr(generation, "bos_token_id", None)
+        bos = getattr(text, "bos_token_id", None) if bos is None else bos
+        self.llm_metadata = {
+            "get_max_seq_len": int(prefill_chunk), "get_max_context_len": int(max_cache_len),
+            "get_vocab_size": int(text.vocab_size), "get_bos_id": int(bos) if bos is not None else 0,
+            "get_eos_ids": [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos] if eos is not None else [])],
+            "use_kv_cache": True, "use_sdpa_with_kv_cache": True, "enable_dynamic_shape": True,
+        }
+
+    def forward(self, input_ids: torch.Tensor, input_pos: torch.Tensor) -> dict[str, Any]:
+        seq = input_ids.shape[1]
+        past_length = input_pos.reshape(())
+        positions = (input_pos + torch.arange(seq, dtype=torch.long))[None]
+        mask = (torch.arange(self.max_cache_len, dtype=torch.long) < past_length + seq).long()[None]
+        return self.step(input_ids, mask, positions if self.step.takes_position_ids else None, past_length)
+
+
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
                  takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
     """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
@@ -336,6 +380,18 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                 break
     if step is None:
         step = step_class(model, shapes, dtype, in_buffers=stateful)
+
+    if in_place_kernel and embed is None and callable(step.fused_attention):
+        # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries
+        # its metadata, so that the runner runs it as it is (LLMRunnerStep)
+        runner_step = LLMRunnerStep(step, max_cache_len, prefill_chunk)
+        example = {"input_ids": ids, "input_pos": torch.zeros(1, dtype=torch.long)}
+        seq = Dim("seq", min=1, max=prefill_chunk)
+        kv = {"layout": "[batch, max_cache_len, kv_heads, head_dim]", "in_program_buffers": True,
+              "static_batch": True, "dtype": str(dtype).removeprefix("torch."), "fused_attention": True,
+              "fused_rotary": step.fused_rotary, "ignores_padding": True, "signature": "llm_runner",
+              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+        return ComponentPlan(DECODER, runner_step, example, {"input_ids": {1: seq}, "input_pos": None}), kv
 
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
     seq = Dim("seq", min=1, max=prefill_chunk)
@@ -520,6 +576,7 @@ class DecoderPrograms:
         self.mask[:, :prompt] = attention_mask
         self.cache = new_cache(section, batch) if "cache" in self.names else None
         self.past_length = torch.zeros((), dtype=torch.long)
+        self.input_pos = self.past_length.view(1)  # an LLM-runner program's input_pos [1]: the same memory
         self.rerun: Callable[[], list[Any]] | None = None  # the runner's repeat of the last decode step
         self.logits_leaf = 0
         # the decode steps' inputs: the next position (written at self.past), its ids, embeddings and other inputs
@@ -560,7 +617,7 @@ class DecoderPrograms:
         if self.rerun is not None:
             return self.rerun()[self.logits_leaf][:self.rows]
         feed = {self.token_name: tokens, **(extra or {}), "attention_mask": self.mask, "position_ids": position_ids,
-                "past_length": self.past_length, "cache": self.cache}
+                "past_length": self.past_length, "input_pos": self.input_pos, "cache": self.cache}
         out = self.exported.run(DECODER, **{k: v for k, v in feed.items() if k in self.names})
         returned = out.get("cache", self.cache)
         if (decoding and hasattr(self.runner, "rerun") and returned is not None
