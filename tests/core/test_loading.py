@@ -300,6 +300,20 @@ def test_a_file_swapped_after_the_check_never_reaches_the_runtime(saved: dict[st
         hfexport.load(artifact)
 
 
+def test_a_verification_file_swapped_after_load_is_refused_by_verify(saved: dict[str, Any], tmp_path: Path) -> None:
+    """``verify_stored`` reads verification.safetensors once by descriptor and checks its hash on those bytes: one
+    rewritten after the load (other stored outputs) is an IntegrityError, not a report against other values."""
+    from safetensors.torch import load_file, save_file
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    model = hfexport.load(artifact)
+    tensors = {k: v + 1 if k.startswith("outputs.") else v
+               for k, v in load_file(str(artifact / "verification.safetensors")).items()}
+    save_file(tensors, artifact / "verification.safetensors")
+    with pytest.raises(IntegrityError, match="verification.safetensors changed while it was loaded"):
+        model.verify_stored()
+
+
 @pytest.mark.slow
 def test_a_concurrent_writer_never_changes_dynamo_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
     from crafting import concurrent_swaps

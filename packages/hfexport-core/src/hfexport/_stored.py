@@ -137,19 +137,22 @@ def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
         file.write(data)
 
 
-def read_stored(path: Path) -> dict[str, Any]:
+def read_stored(path: Path, data: bytes | None = None) -> dict[str, Any]:
     """The tensors of a ``verification.safetensors`` (safetensors runs no code: header JSON and raw bytes).
 
     Raises:
         hfexport.IntegrityError: safetensors cannot read it (names the file).
     """
-    from safetensors.torch import load_file
+    import io
+
+    from safetensors.torch import load, load_file
 
     from ._trust import IntegrityError, parse_json
 
     name = Path(path).name
-    with open(path, "rb") as file:  # the header's tensor count, before safetensors builds a tensor per entry
-        head = file.read(8)
+    # data: the bytes artifact_bytes read and checked (the path is not opened again)
+    with (io.BytesIO(data) if data is not None else open(path, "rb")) as file:  # the tensor count, before safetensors
+        head = file.read(8)                                                      # builds a tensor per entry
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 < length <= STORED_MAX_HEADER_BYTES:
             raise IntegrityError(f"{name} has a header of {length:,} bytes where a safetensors file has 1 to "
@@ -165,7 +168,7 @@ def read_stored(path: Path) -> dict[str, Any]:
         raise IntegrityError(f"{name} holds {count:,} tensors, over the bound of {STORED_MAX_TENSORS:,} "
                              "(hfexport._stored.STORED_MAX_TENSORS): the file is damaged or crafted", [name])
     try:
-        return load_file(str(path))
+        return load(data) if data is not None else load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError on a malformed file
         raise IntegrityError(f"{Path(path).name} is not a safetensors file safetensors can read ({exc}): the file is "
                              "damaged or crafted", [Path(path).name]) from None
