@@ -63,7 +63,7 @@ def test_dict_held_state_mutated_in_place(backend):
 
 def test_the_dict_is_a_pytree_child_not_context():
     leaves, spec = torch.utils._pytree.tree_flatten(inputs()["cache"])
-    assert len(leaves) == 1 and leaves[0].shape == (1, 4, 3)
+    assert len(leaves) == 2 and leaves[0].shape == (1, 4, 3) and leaves[1] is None  # None: torch's pytree leaf
     assert "tensor" not in repr(spec.context)  # only the flags and the kernel size stay in the context
     rebuilt = torch.utils._pytree.tree_unflatten(leaves, spec)
     assert rebuilt.conv_states[0] is leaves[0] and rebuilt.conv_states[1] is None and rebuilt.kernel == 3
