@@ -9,7 +9,14 @@ Engines and variants (``ENGINES``):
     ``inter_op_num_threads`` written into ``genai_config.json``'s ``model.decoder.session_options``;
   * ``ctranslate2`` (PyPI ``ctranslate2``), converted by ``TransformersConverter(hf_dir).convert(out,
     quantization=None|"int8")``, generated with ``Generator(out, device="cpu", intra_threads=1,
-    inter_threads=1).generate_batch(..., include_prompt_in_result=False, callback=...)``.
+    inter_threads=1).generate_batch(..., include_prompt_in_result=False, callback=...)``;
+  * ``openvino-genai`` (PyPI ``openvino-genai``), ``LLMPipeline(dir, "CPU", ATTENTION_BACKEND="SDPA",
+    INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32", INFERENCE_NUM_THREADS=threads)`` on token ids
+    (``TokenizedInputs``), each token stamped by a ``StreamerBase``; variant ``hfexport``: hfexport's own IR
+    (``hfexport.export(..., backend="openvino", task="text-generation")``, its ``decoder`` folder), variant
+    ``optimum-fp32``: optimum-intel's (``optimum-cli export openvino --task text-generation-with-past
+    --weight-format fp32``), run with the Python of ``$OPTIMUM_INTEL_PYTHON`` (a separate environment: optimum-intel
+    2.2 pins transformers < 5.6), which must have optimum-intel installed;
 
 API per engine: ``convert(engine, hf_dir, out_dir, variant) -> dict`` (runs the converter in a subprocess: wall
 seconds, that process's peak RSS, bytes on disk), ``load(engine, out_dir, threads=1)`` and
@@ -40,7 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ENGINES = {"ort-genai": ("fp32", "int4"), "ctranslate2": ("float32", "int8")}
+ENGINES = {"ort-genai": ("fp32", "int4"), "ctranslate2": ("float32", "int8"),
+           "openvino-genai": ("hfexport", "optimum-fp32")}
 INT4_BLOCK_SIZE = 32
 INT4_ACCURACY_LEVEL = 4
 PROBE_POSITIONS = (64, 1000)  # ms per token is reported near these cache positions when a run covers them
@@ -104,6 +112,20 @@ def _convert_child(engine: str, variant: str, hf_dir: str, out_dir: str) -> None
 
         quantization = None if variant == "float32" else variant
         ctranslate2.converters.TransformersConverter(hf_dir).convert(out_dir, quantization=quantization, force=True)
+    elif engine == "openvino-genai" and variant == "hfexport":
+        from transformers import AutoModelForCausalLM
+
+        import hfexport
+
+        model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        hfexport.export(model, backend="openvino", task="text-generation").save_pretrained(out_dir, overwrite=True)
+    elif engine == "openvino-genai":
+        python = os.environ.get("OPTIMUM_INTEL_PYTHON")
+        if not python:
+            raise RuntimeError("set OPTIMUM_INTEL_PYTHON to the python of an environment with optimum-intel "
+                               "(pip install 'optimum-intel[openvino]'; it pins transformers < 5.6)")
+        subprocess.run([python, "-m", "optimum.commands.optimum_cli", "export", "openvino", "-m", hf_dir, "--task",
+                        "text-generation-with-past", "--weight-format", "fp32", out_dir], check=True)
     else:
         raise ValueError(f"unknown engine {engine!r}")
     import resource
@@ -163,6 +185,13 @@ class Loaded:
 
 def load(engine: str, out_dir: str, threads: int = 1) -> Loaded:
     """Open a converted model on the CPU with ``threads`` intra-op threads and one inter-op thread."""
+    if engine == "openvino-genai":
+        import openvino_genai
+
+        directory = Path(out_dir, "decoder") if Path(out_dir, "decoder", "openvino_model.xml").exists() else out_dir
+        return Loaded(engine, out_dir, openvino_genai.LLMPipeline(
+            str(directory), "CPU", ATTENTION_BACKEND="SDPA", INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32",
+            INFERENCE_NUM_THREADS=threads))
     if engine == "ort-genai":
         import onnxruntime_genai as og
 
@@ -218,12 +247,38 @@ def _ct2_generate(loaded: Loaded, prompt_ids: list[int], new_tokens: int) -> tup
     return ids, stamps
 
 
+def _openvino_genai_generate(loaded: Loaded, prompt_ids: list[int], new_tokens: int
+                             ) -> tuple[list[int], list[float]]:
+    import numpy as np
+    import openvino
+    import openvino_genai
+
+    stamps, ids = [], []
+
+    class Stamps(openvino_genai.StreamerBase):
+        def write(self, token):
+            stamps.append(time.perf_counter())
+            ids.extend(token if isinstance(token, list) else [token])
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    config = loaded.handle.get_generation_config()
+    config.max_new_tokens = config.min_new_tokens = new_tokens
+    config.do_sample, config.ignore_eos = False, True
+    prompt = np.asarray([prompt_ids], dtype=np.int64)
+    loaded.handle.generate(openvino_genai.TokenizedInputs(openvino.Tensor(prompt), openvino.Tensor(np.ones_like(prompt))),
+                           config, Stamps())
+    return ids, stamps
+
+
 def decode_timings(loaded: Loaded, prompt_ids: list[int], new_tokens: int) -> dict:
     """Greedy generation of ``new_tokens`` after ``prompt_ids`` (batch 1), each token's time stamped as the engine
     hands it over. ``decode_tok_s``: (new_tokens - 1) decode steps / time from the first new token to the last;
     ``ms_per_token_at``: {position: median ms of the decode steps within ``PROBE_WINDOW`` of that cache position}
     for each of ``PROBE_POSITIONS`` the run covers."""
-    run = _ort_generate if loaded.engine == "ort-genai" else _ct2_generate
+    run = {"ort-genai": _ort_generate, "openvino-genai": _openvino_genai_generate}.get(loaded.engine, _ct2_generate)
     start = time.perf_counter()
     ids, stamps = run(loaded, list(map(int, prompt_ids)), new_tokens)
     steps = len(stamps) - 1

@@ -26,7 +26,8 @@ enough there).
 
 Run: HF_HUB_OFFLINE=1 uv run --group bench python benchmarks/bench_generation.py [--size toy|small|0.5b]
      [--backends onnx executorch-xnnpack dynamo] [--quantized onnx:int4 onnx:int8-dynamic]
-     [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8] [--points 32+64 512+512]
+     [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8 openvino-genai:hfexport
+      openvino-genai:optimum-fp32] [--points 32+64 512+512]
      [--repeats 3] [--threads 1] [--max-cache-len N] [--min-cosine X] [--json out.json]
      HF_HUB_OFFLINE=1 uv run python benchmarks/bench_generation.py --vlm [--backends onnx executorch-xnnpack]
 """
@@ -47,7 +48,10 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BACKENDS = ("onnx", "executorch-xnnpack", "dynamo", "openvino")
+BACKENDS = ("onnx", "executorch-xnnpack", "dynamo", "openvino", "openvino-fixed")
+# a benchmark name -> (hfexport backend, its options): openvino-fixed is openvino's kv_cache="fixed" (the layout
+# before the growing cache: max_cache_len positions, attention over all of them)
+BACKEND_OPTIONS = {"openvino-fixed": ("openvino", {"kv_cache": "fixed"})}
 FULL = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
         "intermediate_size": 1376, "vocab_size": 32000}
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -133,6 +137,8 @@ def export_child(backend: str, quantize: str, hf_dir: str, out_dir: str, max_cac
     warnings.filterwarnings("ignore")
     model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     options = {"task": "text-generation", "max_cache_len": max_cache_len or None}
+    backend, more = BACKEND_OPTIONS.get(backend, (backend, {}))
+    options.update(more)
     if quantize != "none":  # a random-weight model's logits can sit below a recipe's default threshold
         options["quantize"] = quantize if min_cosine is None else hfexport.Quantization(quantize, min_cosine=min_cosine)
     exported = hfexport.export(model, backend=backend, **options)
@@ -158,7 +164,7 @@ def load_child(out_dir: str, backend: str) -> None:
     warnings.filterwarnings("ignore")
     if backend == "onnx":
         import onnxruntime  # noqa: F401
-    elif backend == "openvino":
+    elif backend.startswith("openvino"):
         import openvino  # noqa: F401
     elif backend.startswith("executorch"):
         from executorch.runtime import Runtime
@@ -310,7 +316,8 @@ def main() -> None:
         return None
     sizes = SIZES[args.size]
     points = [tuple(int(x) for x in p.split("+")) for p in args.points]
-    versions = hfexport._artifact.versions_of(("torch", "transformers", "onnxruntime", "executorch",
+    versions = hfexport._artifact.versions_of(("torch", "transformers", "onnxruntime", "executorch", "openvino",
+                                               "openvino-genai",
                                                "onnxruntime-genai", "ctranslate2"))
     print(f"# bench_generation: {', '.join(f'{k} {v}' for k, v in versions.items())}; {os.cpu_count()} CPUs, "
           f"{args.threads} thread(s), load average {os.getloadavg()[0]:.2f}")
@@ -348,7 +355,7 @@ def main() -> None:
         exported = hfexport.load(out_dir)
         if backend == "onnx":
             set_ort_threads(exported, args.threads)
-        elif backend == "openvino":
+        elif backend.startswith("openvino"):
             set_openvino_threads(exported, args.threads)
         section = exported.manifest["generation"]
         cache_bytes = sum(section["max_batch"] * section["max_cache_len"] * (k[0] * k[2] + v[0] * v[2]) * 4

@@ -51,3 +51,71 @@ def rewrite_zip(file: Path, edit: Callable[[list[tuple[str, bytes]]], list[tuple
             for name, data in edit(members):
                 target.writestr(name, data)
     file.write_bytes(buffer.getvalue())
+
+
+def swap_after_check(monkeypatch: Any, file: Path, replacement: Path) -> None:
+    """Make ``hfexport.load`` meet a concurrent writer at its worst moment: right after ``check_integrity`` hashed
+    the files, ``file`` is replaced (``os.replace``, as a writer in a shared directory would) by a copy of
+    ``replacement``. A loader that reopens the path hands its runtime the new bytes; one that hands over the bytes
+    it checked raises ``IntegrityError`` (or runs what was checked)."""
+    import os
+
+    import hfexport._api as api
+
+    original = api.check_integrity
+
+    def check_then_swap(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        staged = file.with_name(file.name + ".swap")
+        shutil.copyfile(replacement, staged)
+        os.replace(staged, file)
+        return result
+
+    monkeypatch.setattr(api, "check_integrity", check_then_swap)
+
+
+def concurrent_swaps(file: Path, replacement: Path, attempts: int, load_and_run: Callable[[], Any],
+                     expected: Callable[[Any], bool]) -> dict[str, int]:
+    """Load and run ``attempts`` times while a thread swaps ``file`` with ``replacement`` and back (``os.replace``)
+    as fast as it can; every attempt must end in an hfexport error (the file changed) or in outputs that
+    ``expected`` accepts (those of the file the manifest hashes). Returns ``{"ok": n, "refused": n, "swaps": n}``.
+
+    Raises:
+        AssertionError: an attempt returned other outputs (a silent change), or failed with another exception.
+    """
+    import os
+    import threading
+
+    from hfexport import IntegrityError
+
+    original = file.with_name(file.name + ".original")
+    other = file.with_name(file.name + ".other")
+    shutil.copyfile(file, original)
+    shutil.copyfile(replacement, other)
+    stop, swaps = threading.Event(), [0]
+
+    def swapper() -> None:
+        while not stop.is_set():
+            for source in (other, original):
+                staged = file.with_name(file.name + ".staged")
+                shutil.copyfile(source, staged)
+                os.replace(staged, file)
+                swaps[0] += 1
+
+    thread = threading.Thread(target=swapper, daemon=True)
+    thread.start()
+    counts = {"ok": 0, "refused": 0}
+    try:
+        for _ in range(attempts):
+            try:
+                result = load_and_run()
+            except (IntegrityError, ValueError, FileNotFoundError):
+                counts["refused"] += 1
+                continue
+            assert expected(result), "a concurrent writer changed the outputs without an error"
+            counts["ok"] += 1
+    finally:
+        stop.set()
+        thread.join()
+        shutil.copyfile(original, file)
+    return {**counts, "swaps": swaps[0]}

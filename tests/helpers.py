@@ -250,3 +250,16 @@ def selected_params(request: Any, test_name: str, *names: str) -> list[tuple[Any
             if params not in found:
                 found.append(params)
     return found
+
+
+def word_tokenizer() -> Any:
+    """A word-level tokenizer over the tiny models' 100 ids (``<pad>`` 0, ``<s>`` 1, ``</s>`` 2, ``w3`` ... ``w99``),
+    built offline (a ``PreTrainedTokenizerFast``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 100)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<pad>", padding_side="left")

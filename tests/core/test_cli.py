@@ -24,9 +24,14 @@ def test_help_teaches_by_example():
 
 
 def test_backends_lists_name_distribution_version_status():
+    """The version column is the distribution's, and says so; the toolchain's version beside it (issue 48)."""
+    from importlib import metadata
+
     out = _run("backends", "--json")
     assert out.returncode == 0
     rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["openvino"]["toolchain"] == f"openvino {metadata.version('openvino')}"
+    assert rows["dynamo"]["toolchain"] == f"torch {metadata.version('torch')}"
     assert rows["dynamo"]["distribution"] == "hfexport-dynamo" and rows["dynamo"]["status"] == "ok"
     assert rows["broken"]["status"] == "error" and "vendor_sdk" in rows["broken"]["error"]
 
@@ -181,3 +186,99 @@ def test_workarounds_refuses_a_scope_or_kind_it_does_not_know_with_a_suggestion(
     err = capsys.readouterr().err
     assert "did you mean 'onnx'?" in err, err
     assert cli.main(["workarounds", "--scope", "executorch.cuda"]) == 0, capsys.readouterr().err
+
+
+# ── quantization knobs (issue 48): --group-size, --ratio, --sym/--no-sym, --qembedding ─────────────────────────────
+def test_quantize_help_lists_every_recipe_of_every_backend():
+    from hfexport_executorch._quantize import recipes_for
+    from hfexport_onnx._quantize import ONNX_QUANTIZATION_RECIPES
+    from hfexport_openvino._quantize import OPENVINO_QUANTIZATION_RECIPES
+
+    assert cli.QUANTIZE_RECIPES == {"onnx": tuple(ONNX_QUANTIZATION_RECIPES),
+                                    "executorch-xnnpack": tuple(recipes_for("xnnpack")),
+                                    "openvino": tuple(OPENVINO_QUANTIZATION_RECIPES)}
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["export"].format_help().split())
+    for backend, recipes in cli.QUANTIZE_RECIPES.items():
+        assert f"{backend}: {', '.join(recipes)}" in text
+    for flag in ("--group-size", "--ratio", "--sym, --no-sym", "--qembedding"):
+        assert flag in text
+
+
+@pytest.mark.parametrize(("argv", "backend", "expected"), [
+    (["--quantize", "int4-weights", "--group-size", "64", "--ratio", "0.8", "--sym"], "openvino",
+     {"group_size": 64, "ratio": 0.8, "symmetric": True}),
+    (["--quantize", "int4", "--group-size", "16", "--no-sym"], "onnx", {"group_size": 16, "symmetric": False}),
+    (["--quantize", "8da4w", "--group-size", "64", "--qembedding", "4w"], "executorch-xnnpack",
+     {"group_size": 64, "embedding": "4w"}),
+])
+def test_quantization_knobs_map_onto_each_backends_quantizer(argv, backend, expected):
+    from hfexport import Quantization
+    from hfexport.commands import quantization_knobs
+    from hfexport_executorch._quantize import resolve_executorch_quantization
+    from hfexport_onnx._quantize import resolve_onnx_quantization
+    from hfexport_openvino._quantize import resolve_openvino_quantization
+
+    args = cli.build_parser().parse_args(["export", "--demo", "--backend", backend, *argv])
+    resolve = {"openvino": resolve_openvino_quantization, "onnx": resolve_onnx_quantization,
+               "executorch-xnnpack": lambda q: resolve_executorch_quantization(q, "xnnpack")}[backend]
+    resolved = resolve(Quantization(args.quantize, **quantization_knobs(args)))
+    assert {name: getattr(resolved, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--group-size", "64"], "--group-size tunes a quantization recipe: pass --quantize RECIPE too"),
+    (["--backend", "onnx", "--quantize", "int4", "--ratio", "0.5"], "takes no ratio"),
+    (["--backend", "executorch-xnnpack", "--quantize", "8da4w", "--no-sym"], "8da4w quantizes weights symmetrically"),
+    (["--backend", "onnx", "--quantize", "int4", "--qembedding", "4w"], "takes no embedding"),
+    (["--backend", "openvino", "--quantize", "int4-weights", "--ratio", "1.5"], "ratio must be a number in (0, 1]"),
+])
+def test_a_quantization_knob_a_recipe_does_not_take_is_refused_before_the_model_loads(tmp_path, capsys, argv,
+                                                                                      message):
+    assert cli.main(["export", "--demo", "-o", str(tmp_path / "o"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_third_party_noise_is_dropped_inside_commands(monkeypatch, capsys):
+    """torch.utils.cpp_extension's "No CUDA runtime is found" (NNCF imports it in OpenVINO's quantized exports) and
+    torch's pytree deprecations about torchao's enums are dropped by filters on their loggers, set before the
+    module that logs is imported; other lines of those loggers pass."""
+    import logging
+
+    from hfexport.commands import VERBOSE_ENV, quiet_third_party_logs
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    saved, propagate, logger.propagate = list(logger.filters), logger.propagate, False
+    try:
+        monkeypatch.delenv(VERBOSE_ENV, raising=False)
+        quiet_third_party_logs()
+        quiet_third_party_logs()  # idempotent
+        assert len(logger.filters) == len(saved) + 1
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='/usr/local'")
+        logger.warning("something else")
+        assert capsys.readouterr().err == "something else\n"
+    finally:
+        logger.filters[:] = saved
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def test_backends_table_labels_its_version_columns(capsys):
+    assert cli.main(["backends"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == ["name", "distribution", "dist", "version", "toolchain", "status"]
+    onnx = next(row for row in rows if row.startswith("onnx "))
+    assert "hfexport-onnx" in onnx and "onnxruntime " in onnx
+
+
+def test_export_help_lists_every_task_and_the_new_options():
+    from hfexport_dynamo import TASKS
+
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["export"].format_help().split())
+    text = text.replace("- ", "-")  # argparse wraps lines at hyphens
+    for task in TASKS:
+        assert task in text, task
+    for flag in ("--dtype {fp32,fp16,bf16}", "--trust-remote-code", "--no-task", "--revision", "Hub model id"):
+        assert flag in text, flag

@@ -232,6 +232,100 @@ def test_hugging_face_cache_layout_symlinks_into_blobs_load(saved: dict[str, Any
         hfexport.load(snapshot)
 
 
+@pytest.mark.parametrize("how", ["blobs linked elsewhere", "blob linked out", "ancestor blobs"])
+def test_only_the_caches_own_blobs_count_as_a_root(saved: dict[str, Any], tmp_path: Path, how: str) -> None:
+    """Issue 43: in a Hub-style ``repo/snapshots/<rev>/`` whose ``repo/blobs`` is a symlink (to ``/`` there), every
+    file of the artifact could be a link anywhere on disk: the roots accepted any ancestor's ``blobs`` after
+    resolving it. Now only that cache's own ``blobs`` directory, not a link, and a file's link must be the
+    ``../../blobs/<blob>`` huggingface_hub writes."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    repo = tmp_path / ("outer/snapshots/r/models--org--tiny" if how == "ancestor blobs" else "models--org--tiny")
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    blobs = repo / "blobs"
+    if how == "blobs linked elsewhere":
+        blobs.symlink_to(elsewhere)
+    else:
+        blobs.mkdir()
+    if how == "ancestor blobs":  # the real repository has no blobs here; an ancestor "snapshots" has
+        shutil.rmtree(blobs)
+        (tmp_path / "outer" / "blobs").symlink_to(elsewhere)
+    for file in saved["mlp_dir"].iterdir():
+        blob = hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, elsewhere / blob)
+        if how == "blob linked out":
+            (blobs / blob).symlink_to(elsewhere / blob)  # the blob itself a link out of the cache
+            (snapshot / file.name).symlink_to(Path("../../blobs") / blob)
+        elif how == "ancestor blobs":
+            (snapshot / file.name).symlink_to(elsewhere / blob)
+        else:
+            (snapshot / file.name).symlink_to(Path("../../blobs") / blob)
+    with pytest.raises(ValueError, match="outside the artifact directory"):
+        hfexport.load(snapshot)
+
+
+def test_a_symlinked_folder_inside_the_artifact_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """No ancestor is trusted: a file named through a folder that is a symlink (here back into the artifact itself)
+    is refused, as the OS would follow it."""
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    (artifact / "real").mkdir()
+    shutil.move(artifact / "model.pt2", artifact / "real" / "model.pt2")
+    (artifact / "linked").symlink_to(artifact / "real")
+    manifest = _manifest(artifact)
+    for section in (manifest, manifest["components"]["model"]):
+        section["program_file"] = "linked/model.pt2"
+    manifest["files"] = [f if f != "model.pt2" else "linked/model.pt2" for f in manifest["files"]]
+    manifest["files_sha256"]["linked/model.pt2"] = manifest["files_sha256"].pop("model.pt2")
+    _write_manifest(artifact, manifest)
+    with pytest.raises(ValueError, match="goes through a symlink at 'linked'"):
+        hfexport.load(artifact)
+
+
+def _other_mlp_program(tmp_path: Path, inputs: dict[str, Any]) -> Path:
+    torch.manual_seed(1234)
+    return hfexport.export(TinyMLP().eval(), inputs).save_pretrained(tmp_path / "other") / "model.pt2"
+
+
+def test_a_file_swapped_after_the_check_never_reaches_the_runtime(saved: dict[str, Any], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: files were hashed by path and the runtime opened the path again; a ``.pt2`` swapped in between
+    (a concurrent writer) ran with no error. The runner reads the file once, checks those bytes, and hands them
+    over."""
+    from crafting import swap_after_check
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    swap_after_check(monkeypatch, artifact / "model.pt2", _other_mlp_program(tmp_path, saved["mlp_inputs"]))
+    with pytest.raises(IntegrityError, match="model.pt2 changed while it was loaded"):
+        hfexport.load(artifact)
+
+
+def test_a_verification_file_swapped_after_load_is_refused_by_verify(saved: dict[str, Any], tmp_path: Path) -> None:
+    """``verify_stored`` reads verification.safetensors once by descriptor and checks its hash on those bytes: one
+    rewritten after the load (other stored outputs) is an IntegrityError, not a report against other values."""
+    from safetensors.torch import load_file, save_file
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    model = hfexport.load(artifact)
+    tensors = {k: v + 1 if k.startswith("outputs.") else v
+               for k, v in load_file(str(artifact / "verification.safetensors")).items()}
+    save_file(tensors, artifact / "verification.safetensors")
+    with pytest.raises(IntegrityError, match="verification.safetensors changed while it was loaded"):
+        model.verify_stored()
+
+
+@pytest.mark.slow
+def test_a_concurrent_writer_never_changes_dynamo_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
+    from crafting import concurrent_swaps
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    x = saved["mlp_inputs"]["x"]
+    expected = saved["mlp"](x)
+    counts = concurrent_swaps(artifact / "model.pt2", _other_mlp_program(tmp_path, saved["mlp_inputs"]), 100,
+                              lambda: hfexport.load(artifact)(x=x), lambda out: torch.equal(out[0], expected[0]))
+    assert counts["ok"] + counts["refused"] == 100 and counts["swaps"] > 100, counts
+
+
 # ── integrity ─────────────────────────────────────────────────────────────────────────────────────────────
 def test_save_records_size_and_sha256_of_every_file(saved: dict[str, Any]) -> None:
     directory = saved["bert_dir"]
@@ -361,7 +455,7 @@ def test_manifest_bounds_are_a_manifest_error(saved: dict[str, Any], tmp_path: P
     artifact = _copy(saved["mlp_dir"], tmp_path)
     text = (artifact / "export.json").read_text()
     if how == "size":
-        text = text[:-2] + " " * (17 * 2**20) + text[-2:]
+        text = text[:-2] + " " * (5 * 2**20) + text[-2:]  # over the 4 MiB bound (16 MiB before issue 43)
     elif how == "depth":  # json raises a bare RecursionError past ~1,000 levels
         text = text[:-2] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + text[-2:]
     else:  # int() of 100,000 digits is refused by Python itself; 4,000 digits are not
@@ -371,6 +465,60 @@ def test_manifest_bounds_are_a_manifest_error(saved: dict[str, Any], tmp_path: P
     with pytest.raises(ManifestError, match="damaged or crafted"):
         hfexport.load(artifact)
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("how,message", [
+    ("count", r"names 303 files, over the 256 a manifest may name"),
+    ("components", r"names a file of 40 path components, over the bound of 16"),
+    ("component", r"names a file of 300 bytes in one component, over the bound of 255"),
+    ("length", r"names a file of 1,499 characters, over the bound of 1,024"),
+])
+def test_path_bounds_name_the_bound_and_the_value(saved: dict[str, Any], tmp_path: Path, how: str,
+                                                 message: str) -> None:
+    """Issue 43: 300 paths of 4,000 components took 15.6 s, then a raw ``OSError: File name too long``."""
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    names = {"count": [f"f{i}" for i in range(300)], "components": ["/".join(["d"] * 39 + ["f"])],
+             "component": ["x" * 300], "length": ["/".join(["y" * 99] * 15)]}[how]
+    manifest["files"] += names
+    manifest["files_sha256"].update({n: {"sha256": "0" * 64, "size": 1} for n in names})
+    _write_manifest(artifact, manifest)
+    start = time.perf_counter()
+    with pytest.raises(ManifestError, match=message) as caught:
+        hfexport.load(artifact)
+    assert time.perf_counter() - start < 2 and len(str(caught.value)) < 600  # not every name
+
+
+@pytest.mark.parametrize("depth", [500, 20_000])
+def test_a_deeply_nested_output_spec_names_the_depth_limit(saved: dict[str, Any], tmp_path: Path, depth: int) -> None:
+    """Issue 43: a deeply nested output spec ended in a raw ``RecursionError`` (the tracer's scan of the spec's
+    type names parsed it with ``json.loads`` and walked it recursively)."""
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    manifest = _manifest(artifact)
+    leaf = '{"type": null, "context": null, "children_spec": []}'
+    nested = '{"type": "builtins.list", "context": "null", "children_spec": [' * depth + leaf + "]}" * depth
+    spec = f"[1, {nested}]"
+    for section in (manifest, manifest["components"]["model"]):
+        section["output_spec"] = spec
+    _write_manifest(artifact, manifest)
+    with pytest.raises(ValueError, match=r"nested deeper than 128 levels") as caught:
+        hfexport.load(artifact)
+    assert not isinstance(caught.value, RecursionError)
+
+
+def test_a_verification_file_of_too_many_tensors_names_the_bound(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43: 400,000 tensors in verification.safetensors took 31 s and a message listing every name."""
+    from safetensors.torch import save_file
+
+    from hfexport._stored import STORED_MAX_TENSORS
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    save_file({f"outputs.t{i}": torch.zeros(1) for i in range(STORED_MAX_TENSORS + 1)},
+              artifact / "verification.safetensors")
+    _rehash(artifact)
+    with pytest.raises(IntegrityError, match=r"holds 4,097 tensors, over the bound of 4,096") as caught:
+        hfexport.load(artifact).verify_stored()
+    assert len(str(caught.value)) < 400
 
 
 @pytest.mark.parametrize("context", ["enum", "defaultdict"])

@@ -113,14 +113,15 @@ def test_export_task_records_the_generation_check_and_copies_the_tokenizer(artif
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
+    (["--no-task", "--max-cache-len", "16"], "--max-cache-len bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--dynamic"], "drop --dynamic"),
     (["--task", "text-generation", "--max-batch", "0"], "--max-batch must be a positive number"),
     (["--task", "text-generaton"], "unknown task 'text-generaton' (did you mean 'text-generation'?); backend "
                                    "'dynamo' exports the tasks text-generation, text2text-generation"),
-    (["--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
+    (["--no-task", "--prefill-chunk", "4"], "--prefill-chunk bounds the programs of a task export: pass --task text-generation"),
     (["--task", "text-generation", "--prefill-chunk", "1"], "prefill_chunk must be an int from 2 to max_cache_len=64"),
     (["--task", "text2text-generation", "--prefill-chunk", "4"], "--prefill-chunk bounds a decoder's prompt chunks"),
+    (["--task", "text-generation", "--no-task"], "--no-task exports one forward pass: drop it or --task"),
     (["--task", "text-generation", "--max-cache-len", "65"],
      "max_cache_len=65 exceeds the model's 64 positions (max_position_embeddings): lower it"),
 ])
@@ -269,7 +270,9 @@ def test_generate_runtime_failure_exits_1_with_one_line(artifact, tmp_path, caps
     program.write_bytes(bytes(data))
     assert cli.main(["generate", str(broken), "--input-ids", "1,2", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "decoder/" in err[0] and "--debug" in err[0]
+    assert err[0].startswith("generating with the dynamo export of LlamaForCausalLM")  # said before loading
+    errors = [line for line in err if not line.startswith(("generating ", "[hfexport "))]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "decoder/" in errors[0] and "--debug" in errors[0]
 
 
 def test_generate_help_teaches_by_example():
@@ -297,3 +300,223 @@ def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agre
     assert 0.0 <= report["token_agreement"] <= 1.0
     if report["first_difference"] is not None:  # the ids parted: said, with how much they agree
         assert "agree at" in check["text"] and "int4" in check["text"], check["text"]
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("auto_map", {"AutoTokenizer": ["evil.EvilTokenizer", None]}, "tokenizer_config.json:auto_map names"),
+    ("tokenizer_class", "EvilTokenizer", "tokenizer_config.json:tokenizer_class names 'EvilTokenizer'"),
+])
+def test_a_tokenizer_config_that_would_run_code_is_refused_by_name(artifact, tmp_path, capsys, key, value, message):
+    """Issue 43: an ``auto_map`` made transformers ask "run custom code? [y/N]" on standard input, and ``y`` ran the
+    artifact's Python. Refused by name before transformers reads it (and from_pretrained passes
+    trust_remote_code=False), unless --trust-remote-code; the artifact's module never runs."""
+    import shutil
+
+    from crafting import rehash
+
+    crafted = tmp_path / "gen"
+    shutil.copytree(artifact, crafted)
+    marker = tmp_path / "ran"
+    (crafted / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "from transformers import PreTrainedTokenizerFast as EvilTokenizer\n")
+    config = json.loads((crafted / "tokenizer_config.json").read_text())
+    config[key] = value
+    (crafted / "tokenizer_config.json").write_text(json.dumps(config))
+    rehash(crafted)
+    assert cli.main(["generate", str(crafted), "--prompt", "w5", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--trust-remote-code" in err, err
+    assert not marker.exists()
+
+
+def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
+    """A crafted tokenizer.json can make the Rust tokenizers library panic (``PanicException``, a BaseException that
+    ``except Exception`` lets through): it is turned into an error that names the directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from hfexport.commands import UsageError
+    from hfexport_dynamo.tasks.cli import _tokenizer_call
+
+    tokenizer = Tokenizer(models.WordLevel({"w": 0, "<unk>": 1}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    crafted = json.loads(tokenizer.to_str())
+    crafted["truncation"] = {"direction": "Right", "max_length": 1, "strategy": "LongestFirst", "stride": 1}
+    tokenizer = Tokenizer.from_str(json.dumps(crafted))
+    with pytest.raises(UsageError, match=rf"the tokenizer of {tmp_path} failed to tokenize .*stride.*damaged or "
+                                         "crafted"):
+        _tokenizer_call(lambda: tokenizer.encode("w w w"), tmp_path, "tokenize")
+
+
+# ── refused before any model or runtime loads (issue 48) ─────────────────────────────────────────────────────────
+_EARLY = """
+import json, sys, time
+from hfexport import cli
+results = []
+for argv in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    code = cli.main(argv)
+    results.append([code, time.perf_counter() - start])
+print(json.dumps({"results": results, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_mistakes_are_refused_within_3_s_before_any_model_or_runtime_loads(artifact, llama, tmp_path):
+    """In one new process (each case a ``cli.main`` call, timed): a read-only output directory, a model directory
+    with config.json and no weights, ``generate --prompt`` on a single-forward artifact (it said to pass
+    --tokenizer), a --prompt batch beyond max_batch and a --prompt beyond max_cache_len, a model whose config maps
+    its classes to its repository's code without --trust-remote-code, a Hub id the (empty, offline) cache lacks,
+    --revision with a local directory; exit 2 with what was wrong, each within 3 s, and neither torch nor
+    transformers imported."""
+    hfexport.export(tiny_model("bert", layers=1), backend="dynamo").save_pretrained(tmp_path / "bert")
+    (tmp_path / "noweights").mkdir()
+    shutil.copy(llama[1] / "config.json", tmp_path / "noweights")
+    readonly = "/sys/hfexport-test/out"  # sysfs takes no new file, as root too
+    (tmp_path / "remote").mkdir()
+    config = json.loads((llama[1] / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_mine.MyLlama"}
+    (tmp_path / "remote" / "config.json").write_text(json.dumps(config))
+    shutil.copy(llama[1] / "model.safetensors", tmp_path / "remote")
+    long_prompt = " ".join(f"w{i}" for i in range(3, 33))  # 30 tokens + 4 new > max_cache_len 32
+    cases = [
+        (["export", str(llama[1]), "--task", "text-generation", "-o", readonly],
+         f"output directory {readonly} cannot be written: /sys refuses new files"),
+        (["export", str(tmp_path / "noweights"), "-o", str(tmp_path / "o")],
+         f"{tmp_path / 'noweights'} has config.json but no weights"),
+        (["generate", str(tmp_path / "bert"), "--prompt", "hi", "--max-new-tokens", "4"],
+         "was exported for one forward pass and cannot generate"),
+        (["generate", str(artifact), "--prompt", "w5", "--prompt", "w6", "--prompt", "w7", "--max-new-tokens", "4"],
+         "a batch of 3 exceeds this export's max_batch=2: give at most 2 --prompt"),
+        (["generate", str(artifact), "--prompt", long_prompt, "--max-new-tokens", "4"],
+         "a prompt of 30 tokens plus max_new_tokens=4 exceeds this export's max_cache_len=32"),
+        (["export", str(tmp_path / "remote"), "-o", str(tmp_path / "o")],
+         "auto_map: modeling_mine.MyLlama): loading it runs that code; pass --trust-remote-code if you trust"),
+        (["export", "nobody-here/no-such-model", "-o", str(tmp_path / "o")],
+         "nobody-here/no-such-model is not a local directory, HF_HUB_OFFLINE is set, and the Hugging Face cache"),
+        (["export", str(llama[1]), "--revision", "v1", "-o", str(tmp_path / "o")],
+         "--revision is for a Hub model id (org/name)"),
+    ]
+    import os
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    run = subprocess.run([sys.executable, "-c", _EARLY, json.dumps([argv for argv, _ in cases])], capture_output=True,
+                         text=True, env=env)
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(cases), run.stderr
+    for (argv, message), (code, seconds), error in zip(cases, report["results"], errors, strict=True):
+        assert code == 2 and message in error, (argv, error)
+        assert seconds < 3, (argv, seconds)
+    assert not report["torch"] and not report["transformers"], report
+    assert not (tmp_path / "o").exists()
+
+
+def _first_lines(*args, count=1, env=None):
+    """The first ``count`` stderr lines of ``hfexport ARGS`` in a new process and the seconds from the start to the
+    first (the process is then stopped: only its first answers are measured)."""
+    import time
+
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "hfexport.cli", *map(str, args)], stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        lines = [process.stderr.readline().rstrip("\n")]
+        seconds = time.perf_counter() - start
+        lines += [process.stderr.readline().rstrip("\n") for _ in range(count - 1)]
+        return lines, seconds
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _first_line(*args):
+    [line], seconds = _first_lines(*args)
+    return line, seconds
+
+
+def test_the_first_line_of_export_and_generate_comes_within_2_s(llama, artifact, tmp_path):
+    """What, from where, to where and with which backend, before torch, the toolchain or the model load (a user
+    saw nothing for a minute)."""
+    line, seconds = _first_line("export", llama[1], "--task", "text-generation", "-b", "onnx", "-o", tmp_path / "o")
+    assert line == (f"exporting LlamaForCausalLM from {llama[1]} with backend 'onnx' for task 'text-generation' "
+                    f"to {tmp_path / 'o'}"), line
+    assert seconds < 2, seconds
+    line, seconds = _first_line("generate", artifact, "--input-ids", "5,6", "--max-new-tokens", "2")
+    assert line == (f"generating with the dynamo export of LlamaForCausalLM (text-generation, max_cache_len "
+                    f"{MAX_CACHE_LEN}, max_batch {MAX_BATCH}) from {artifact}"), line
+    assert seconds < 2, seconds
+
+
+def test_verify_of_a_task_export_shows_no_none_and_no_skip_as_a_pass(artifact, capsys):
+    """``hfexport verify`` printed ``✅ run skipped`` and ``max abs diff None`` for a generation artifact: a check
+    that did not run is marked as such, and the recorded verification says what it measured (token ids)."""
+    assert cli.main(["verify", str(artifact)]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "✅ run       skipped" not in out, out
+    assert "·  run       not run: component 'decoder' takes inputs whose shapes the manifest does not fix" in out
+    assert ("·  recorded  verification PASSED, greedy token ids equal LlamaForCausalLM.generate(do_sample=False) at "
+            "input_ids=[2, 5], attention_mask=[2, 5]") in out, out
+
+
+@pytest.mark.slow
+def test_export_task_on_openvino_writes_the_tokenizer_ir_for_openvino_genai(llama, tmp_path):
+    """``export DIR --task text-generation --backend openvino``: DIR's tokenizer goes to the backend's
+    ``tokenizer`` option, converted by openvino_tokenizers beside the IR (what OpenVINO GenAI's LLMPipeline reads)."""
+    out = tmp_path / "gen"
+    code = cli.main(["export", str(llama[1]), "--task", "text-generation", "--backend", "openvino",
+                     "--max-cache-len", str(MAX_CACHE_LEN), "-o", str(out)])
+    assert code == 0
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["components"]["decoder"]["openvino"]["genai"]["tokenizer"] == "converted"
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json", "config.json"):
+        assert (out / "decoder" / name).is_file(), name
+        assert f"decoder/{name}" in manifest["files"]  # hashed like every file
+
+
+def test_a_causal_lm_exports_for_text_generation_unless_told_and_says_so(llama, tmp_path):
+    (first, inferred), seconds = _first_lines("export", llama[1], "-b", "onnx", "-o", tmp_path / "o", count=2)
+    assert first.endswith("with backend 'onnx' for task 'text-generation' to " + str(tmp_path / "o")), first
+    assert inferred.startswith("task 'text-generation' inferred from LlamaForCausalLM (config.json's architectures): "
+                               "pass --no-task to export one forward pass"), inferred
+    (first, _), _ = _first_lines("export", llama[1], "-b", "onnx", "--no-task", "-o", tmp_path / "o", count=2)
+    assert first == f"exporting LlamaForCausalLM from {llama[1]} with backend 'onnx' to {tmp_path / 'o'}", first
+
+
+def _hub_cache(llama, cache):
+    """A Hugging Face cache holding ``tiny-org/tiny-llama`` at main, as snapshot_download leaves it."""
+    commit = "0" * 40
+    snapshot = cache / "models--tiny-org--tiny-llama" / "snapshots" / commit
+    shutil.copytree(llama[1], snapshot)
+    (cache / "models--tiny-org--tiny-llama" / "refs").mkdir()
+    (cache / "models--tiny-org--tiny-llama" / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def test_a_hub_model_id_is_fetched_through_huggingface_hub_offline_from_its_cache(llama, tmp_path):
+    import os
+
+    snapshot = _hub_cache(llama, tmp_path / "hub")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    lines, seconds = _first_lines("export", "tiny-org/tiny-llama", "-b", "onnx", "-o", tmp_path / "o", count=4,
+                                  env=env)
+    assert lines[0] == f"exporting tiny-org/tiny-llama from the Hugging Face Hub with backend 'onnx' to {tmp_path / 'o'}"
+    assert seconds < 2, seconds
+    assert lines[2].startswith("[hfexport ") and "fetching tiny-org/tiny-llama's config, weights and tokenizer" in \
+        lines[2] and lines[2].endswith("s") and "done in" in lines[2], lines
+    assert lines[3].startswith("exporting LlamaForCausalLM from tiny-org/tiny-llama with backend 'onnx' for task "
+                               "'text-generation'"), lines
+    assert (snapshot / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_hub_model_in_bf16_exports_and_generates_as_bf16_eager(llama, tmp_path):
+    import os
+
+    _hub_cache(llama, tmp_path / "hub")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    run = subprocess.run([sys.executable, "-m", "hfexport.cli", "export", "tiny-org/tiny-llama", "--dtype", "bf16",
+                          "--max-cache-len", "32", "-o", str(tmp_path / "o")], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("PASSED: token ids equal eager LlamaForCausalLM.generate"), run.stdout
+    manifest = json.loads((tmp_path / "o" / "export.json").read_text())
+    assert manifest["task"] == "text-generation"
+    assert "bfloat16" in json.dumps(manifest["components"]["decoder"]["outputs"]), manifest["components"]["decoder"]

@@ -105,3 +105,46 @@ def test_bad_images_exit_2_naming_what_was_wrong(llava, capsys, extra, message):
     args = [a.format(a=images[0], model=directory) for a in extra]
     assert cli.main(["generate", str(out), *args, "--max-new-tokens", "2"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_processor_config_that_resizes_past_the_bound_is_refused_before_it_runs(llava, tmp_path, capsys):
+    """Issue 43: a processor config resizing images to 12,000 px grew the process by 5.5 GiB over 112 s before the
+    prompt was refused. Here a shortest edge of 4,200 px (22 M pixels for the 40x50 image, past the 16.8 M bound:
+    cheap enough if the check is gone)."""
+    import shutil
+
+    from crafting import rehash
+
+    _, _, out, images = llava
+    artifact = tmp_path / "vlm"
+    shutil.copytree(out, artifact)
+    crafted = []
+    for file in artifact.glob("*.json"):
+        text = file.read_text()
+        if '"crop_size"' in text:
+            config = json.loads(text)
+            section = config.get("image_processor", config)
+            section["size"], section["crop_size"] = {"shortest_edge": 4200}, {"height": 4200, "width": 4200}
+            file.write_text(json.dumps(config))
+            crafted.append(file.name)
+    assert crafted
+    rehash(artifact)
+    assert cli.main(["generate", str(artifact), "--prompt", "w5", "--image", str(images[0]),
+                     "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "resizes images to 22,050,000 pixels (size.shortest_edge)" in err and "over the bound of 16,777,216" in err, err
+
+
+def test_one_prompt_and_one_image_equals_eager(llava, capsys):
+    """One --prompt with one --image (a user's run failed with IndexError where two prompts worked), in-process."""
+    from PIL import Image
+
+    model, directory, out, images = llava
+    assert cli.main(["generate", str(out), "--prompt", "w5 w6", "--image", str(images[0]), "--max-new-tokens", "4",
+                     "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    processor = _processor()
+    batch = processor(text=["<image> w5 w6"], images=[[Image.open(images[0]).convert("RGB")]], return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**batch, do_sample=False, max_new_tokens=4)
+    assert result["sequences"] == expected.tolist()

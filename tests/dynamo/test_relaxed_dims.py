@@ -68,8 +68,10 @@ class SequenceWindowsOfThree(torch.nn.Module):
 
 
 @pytest.mark.parametrize("model,x,shapes,others", [
-    (DownUpSampleSliceBack(), torch.randn(1, 2, 7, 9), {"x": {2: Dim("h", min=2, max=32), 3: Dim("w", min=2, max=32)}},
-     [(1, 2, 8, 6), (1, 2, 2, 32), (1, 2, 31, 3)]),
+    # w from 4: at h = w = 2 the program's guard (the pooled grid's 1 x 1, specialized away) refuses the input,
+    # which the smallest-shape check refuses at export (next test)
+    (DownUpSampleSliceBack(), torch.randn(1, 2, 7, 9), {"x": {2: Dim("h", min=2, max=32), 3: Dim("w", min=4, max=32)}},
+     [(1, 2, 8, 6), (1, 2, 2, 32), (1, 2, 31, 5)]),
     (SequenceWindowsOfThree(), torch.randn(2, 7, 4), {"x": {1: Dim("s", min=4, max=40)}},  # s <= 3: next test
      [(2, 9, 4), (2, 4, 4), (2, 40, 4), (2, 11, 4)]),
 ])
@@ -87,6 +89,15 @@ def test_sibling_patterns_keep_the_named_ranges(model, x, shapes, others):
         y = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
         torch.testing.assert_close(exported(x=y), model(y), atol=1e-6, rtol=0)
 
+
+def test_a_corner_of_the_named_ranges_that_the_program_refuses_fails_the_export():
+    """h and w both at 2 pool to one cell, a size torch.export specialized away (its guard ``... != 1``): the
+    ranges [2, 32] x [2, 32] claim a shape the program refuses, which the smallest-shape check finds at export."""
+    shapes = {"x": {2: Dim("h", min=2, max=32), 3: Dim("w", min=2, max=32)}}
+    with pytest.raises(hfexport.ExportError, match=r"verification at the smallest shape \(x=\[1, 2, 2, 2\]\).*"
+                                                   r"Guard failed"):
+        hfexport.export(DownUpSampleSliceBack(), {"x": torch.randn(1, 2, 7, 9)}, backend="dynamo",
+                        dynamic_shapes=shapes)
 
 
 def test_sizes_the_programs_guards_refuse_are_refused_by_range(caplog):

@@ -47,3 +47,39 @@ def test_the_second_shape_is_recorded(backend):
     assert exported.manifest["verification"]["inputs"] == {"x": [2, 7]}  # the traced shape's report stays
     static = hfexport.export(Plain().eval(), {"x": x}, backend=backend)
     assert "second_shape" not in static.manifest["verification"]
+
+
+class PerImage(torch.nn.Module):
+    """Encodes each image apart by a Python ``list()`` over the images (LLaVA's ``get_image_features`` before
+    ``_patch_llava_image_features_stay_batched``): the trace unrolls the loop for the traced count."""
+
+    def forward(self, pixel_values):  # [images, c, n]
+        return torch.cat([f.flatten() * (i + 1) for i, f in enumerate(list(pixel_values))])
+
+
+def test_a_count_fixed_at_trace_time_is_refused_at_export():
+    """Images in [1, 2], traced at 2: the move by one has nowhere to go (3 is past the range, 1 below the parity
+    check's floor), so only the smallest shape (1 image) catches the unrolled loop; the artifact that would fail
+    at one image is refused at export, and kept with verify=False, its manifest saying why."""
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    dims = {"pixel_values": {0: torch.export.Dim("images", min=1, max=2)}}
+    with pytest.raises(hfexport.ExportError, match=r"verification at the smallest shape \(pixel_values=\[1, 3, 4\]\)"
+                       ) as caught:
+        hfexport.export(PerImage().eval(), {"pixel_values": x}, backend="dynamo", dynamic_shapes=dims)
+    assert "list() or unbind over images" in str(caught.value)
+    kept = hfexport.export(PerImage().eval(), {"pixel_values": x}, backend="dynamo", dynamic_shapes=dims,
+                           verify=False)
+    verification = kept.manifest["verification"]
+    assert verification["smallest_shape"] == {"passed": False, "error": "IndexError: list index out of range",
+                                              "inputs": {"pixel_values": [1, 3, 4]}}, verification
+    assert verification["second_shape"]["passed"] is None
+    assert "no dynamic size can move by one" in verification["second_shape"]["skipped"]
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_the_smallest_shape_is_checked_below_the_example(backend):
+    """``dynamic=True`` ranges start at 2 (torch.export's 0/1 specialization): each size goes down to 2."""
+    x = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    exported = hfexport.export(Plain().eval(), {"x": x}, backend=backend, dynamic=True)
+    smallest = exported.manifest["verification"]["smallest_shape"]
+    assert smallest["passed"] is True and smallest["inputs"] == {"x": [2, 2]}, smallest

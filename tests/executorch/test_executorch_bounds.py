@@ -333,3 +333,27 @@ def test_fix_negative_constant_pad():
     assert "_fix_negative_constant_pad" in str(exported.manifest["workarounds"])
     for batch, length in ((2, 7), (3, 12), (1, 1)):
         max_diff(exported, {"x": torch.randn(batch, length, 4, generator=torch.Generator().manual_seed(length))})
+
+
+def test_the_memory_plan_message_of_given_bounds_names_options_not_symbols(caplog):
+    """A task export's dims are bounded by its options (max_batch, prefill_chunk, max_cache_len), which generate
+    checks before it runs: the plan is noted in those terms, without torch's symbols (s61 <= 64), and it is a
+    warning only when it is large (a user saw ``warning: ExecuTorch plans 9.7 MiB ... s61 <= 64 ... (raise
+    max_batch or max_seq_len ...)`` for every program, naming an option --task exports do not have)."""
+    import logging
+
+    from hfexport_executorch._bounds import DimBounds
+    from hfexport_executorch._delegation import report_planned_memory
+
+    notes: list[str] = []
+    ctx = SimpleNamespace(note=notes.append)
+    bounds = DimBounds(bounded={"s61": (1, 64), "s88": (1, 64)})
+    with caplog.at_level(logging.INFO, logger="hfexport"):
+        report_planned_memory(ctx, int(9.7 * 2**20), bounds)
+        report_planned_memory(ctx, 3 * 2**30, bounds)
+    small, large = caplog.records
+    assert small.levelno == logging.INFO and large.levelno == logging.WARNING
+    for record, note in zip((small, large), notes, strict=True):
+        assert record.getMessage() == note and "s61" not in note and "max_seq_len" not in note
+        assert "--max-cache-len" in note
+    assert "lower --prefill-chunk, --max-batch or --max-cache-len" in large.getMessage()

@@ -209,3 +209,37 @@ def test_without_check_pte_the_runtime_kills_the_process(saved: dict[str, Any], 
     proc = subprocess.run([sys.executable, "-c", _UNCHECKED, str(artifact)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == signal, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
+
+
+def _other_program(saved: dict[str, Any], tmp_path: Path) -> Path:
+    torch.manual_seed(4321)
+    return hfexport.export(TinyMLP().eval(), {"x": saved["x"]}, backend="executorch-xnnpack"
+                           ).save_pretrained(tmp_path / "other") / "model.pte"
+
+
+def test_a_pte_swapped_after_the_check_never_reaches_the_runtime(saved: dict[str, Any], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: the runtime opened the path again after the checks; a file swapped in between ran unchecked (a
+    refused ``.pte`` crashed the process, a valid other one changed the outputs). The checked bytes are what the
+    runtime loads (``load_program`` from the buffer)."""
+    from crafting import swap_after_check
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    swap_after_check(monkeypatch, artifact / "model.pte", _other_program(saved, tmp_path))
+    with pytest.raises(IntegrityError, match="model.pte changed while it was loaded"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.slow
+def test_a_concurrent_writer_never_changes_executorch_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
+    from crafting import concurrent_swaps
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    expected = hfexport.load(artifact)(x=saved["x"])[0]
+    crafted = tmp_path / "crafted.pte"
+    data = bytearray((artifact / "model.pte").read_bytes())
+    data[:16] = b"\xff" * 16  # the runtime aborts on it unchecked
+    crafted.write_bytes(bytes(data))
+    counts = concurrent_swaps(artifact / "model.pte", crafted, 200,
+                              lambda: hfexport.load(artifact)(x=saved["x"])[0], lambda out: torch.equal(out, expected))
+    assert counts["ok"] + counts["refused"] == 200 and counts["swaps"] > 200, counts

@@ -980,3 +980,22 @@ def test_patch_exact_quotient_upper_bound_plans_a_view_at_the_largest_batch():
         # (6000 - 3) // 2 + 1 = 2999 frames at most, halved
         assert sym_util.eval_upper_bound(env.create_symintnode(loose, hint=49)) == 1499
 
+
+class ChunkRows(torch.nn.Module):
+    """The row updates of Qwen3-Next's chunked gated delta rule (``torch_chunk_gated_delta_rule``), in place."""
+
+    def forward(self, x):
+        a = -(x @ x.transpose(-1, -2)).tril(-1)
+        for i in range(1, a.shape[-1]):
+            row = a[..., i, :i].clone()
+            sub = a[..., :i, :i].clone()
+            a[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        return a + torch.eye(a.shape[-1])
+
+
+def test_xnnpack_pass_through_output():
+    """``_patch_pass_through_outputs_copied``: a partition that returns one slice twice (f12's kind)."""
+    inputs = {"x": torch.randn(1, 2, 4, 3, generator=torch.Generator().manual_seed(0)) * 0.3}
+    with pytest.raises(hfexport.ExportError, match="is already in the inputs"):
+        export(ChunkRows(), inputs, disable=("_patch_pass_through_outputs_copied",))
+    assert_matches(export(ChunkRows(), inputs), ChunkRows(), inputs)

@@ -17,7 +17,7 @@ import hfexport
 
 FIELD = Path(__file__).parent  # c*: ../shared/cases round one; d*: round two; e*: round three; f*: round four;
 CASES = sorted(p.stem for p in FIELD.glob("[cdefs][0-9]*.py"))  # s*: our siblings
-BACKENDS = ["dynamo", "onnx", "executorch-xnnpack"]
+BACKENDS = ["dynamo", "onnx", "executorch-xnnpack", "openvino"]
 ATOL, RTOL = 1e-4, 1e-3
 
 
@@ -68,6 +68,11 @@ def export_options(module, inputs) -> dict:
 # Reported cases not fixed yet (issue 25), with what happens: an xfail runs and must fail (strict), a skip would
 # not finish in the suite's time.
 OPEN: dict[tuple[str, str], Any] = {
+    ("c01_repeat_interleave_tensor", "openvino"): pytest.mark.xfail(strict=True, reason=(
+        "OpenVINO's repeat_interleave.self_Tensor translation makes a Tile of dynamic rank, which the CPU plugin "
+        "refuses at compile_model (issue 46)")),
+    ("e05_roberta_bf16", "openvino"): pytest.mark.xfail(strict=True, reason=(
+        "bfloat16 Roberta: OpenVINO's logits differ from eager beyond e05's 2e-2 (issue 46)")),
 }
 
 
@@ -100,17 +105,24 @@ COVERED_ELSEWHERE = {
         "tests/executorch/test_executorch_while_loop.py::test_while_loop_is_refused_naming_the_issue_and_the_option",
     ("f05_fake_quantize_eval", "executorch-xnnpack"):  # the fake-quant ops decomposed (what ExecuTorch rejects)
         "tests/dynamo/test_fake_quant.py::test_fake_quantize_ops_are_decomposed_and_kept_without_the_patch",
+    ("f11_lfm2_conv_cache_decode", "executorch-xnnpack"):  # a dict-held state mutated in place, written back
+        "tests/dynamo/test_dict_held_states.py::test_dict_held_state_mutated_in_place",
+    ("f12_qwen3next_gated_delta_prefill", "executorch-xnnpack"):  # a partition returning a slice twice; f12's
+        "tests/executorch/test_executorch_workarounds.py::test_xnnpack_pass_through_output",  # lowering: 150 s
 }
 
 
 def _params() -> list:
-    """Every case on every backend; in the -m "not slow" loop, the reported cases (c*, d*, e*) on every backend
-    (but those of ``COVERED_ELSEWHERE``) and our siblings (s*) on dynamo only (their ONNX and ExecuTorch runs are in
+    """Every case on every backend; in the -m "not slow" loop, the reported cases (c*, d*, e*, f*) on every backend
+    but openvino (and but those of ``COVERED_ELSEWHERE``) and our siblings (s*) on dynamo only (their ONNX and ExecuTorch runs are in
     the full suite)."""
     params = []
     for case in CASES:
         for backend in BACKENDS:
-            slow = (case.startswith("s") and backend != "dynamo") or (case, backend) in COVERED_ELSEWHERE
+            # openvino: every case in the full suite; its fixes' tests are in tests/openvino/test_openvino_parity.py
+            # and tests/dynamo/test_dict_held_states.py (the default set's budget has no room for 20 conversions)
+            slow = (case.startswith("s") and backend != "dynamo") or (case, backend) in COVERED_ELSEWHERE \
+                or backend == "openvino"
             marks = [pytest.mark.slow] if slow else []
             marks += [OPEN[case, backend]] if (case, backend) in OPEN else []
             params.append(pytest.param(case, backend, marks=marks))

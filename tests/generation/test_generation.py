@@ -230,6 +230,38 @@ def test_an_empty_prompt_is_refused_before_any_program_runs(llama_generation):
         exported.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
 
 
+def _crafted_generation(manifest, edit):
+    import copy
+
+    crafted = copy.deepcopy(manifest)
+    edit(crafted["generation"], crafted["components"]["decoder"])
+    return crafted
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda g, d: g.update(max_cache_len=41), r"max_cache_len=41, beyond the decoder program's declared cache length "
+                                              r"of 40"),
+    (lambda g, d: g.update(max_batch=3), r"max_batch=3, beyond the decoder program's declared batch bound of 2"),
+    (lambda g, d: g["cache"]["row_shapes"][0][0].__setitem__(2, 2**40),
+     r"describes [\d,]+ bytes of cache and masks .* over the [\d,]+ bytes generate allocates"),
+    (lambda g, d: g["cache"]["row_shapes"].append([[2, 40, 8], [2, 40, 8]]),
+     r"3 cache layers where the decoder program's cache input has 4 leaves"),
+    (lambda g, d: g["cache"].update(row_shapes=[[[2, 40, 8]]] * 2), r"cache.row_shapes that are not, per layer"),
+    (lambda g, d: g.update(max_batch=True), r"max_batch=True, not a positive integer"),
+], ids=["cache-len", "batch", "row-bytes", "layers", "row-form", "batch-type"])
+def test_generation_sizes_from_the_manifest_are_checked_before_any_allocation(llama_generation, edit, message):
+    """A crafted ``generation`` section (sizes the cache, the masks and the batch) is refused against the decoder
+    program's own declared bounds and a memory budget before ``generate`` makes any buffer from it."""
+    _, exported = llama_generation
+    manifest = exported.manifest
+    exported.manifest = _crafted_generation(manifest, edit)
+    try:
+        with pytest.raises(ValueError, match=message):
+            exported.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=2)
+    finally:
+        exported.manifest = manifest
+
+
 def test_a_batch_beyond_max_batch_names_the_bound(llama_generation):
     _, exported = llama_generation
     with pytest.raises(ValueError, match="batch of 3 exceeds this export's max_batch=2"):
@@ -368,7 +400,9 @@ def test_executorch_keeps_the_cache_in_buffers_written_in_place(max_batch, kerne
     assert cache["in_program_buffers"] is True
     assert cache["fused_attention"] is cache["ignores_padding"] is (max_batch == 1)
     inputs = [i["name"] for i in exported.manifest["components"]["decoder"]["inputs"]]
-    assert inputs == ["input_ids", "attention_mask", "position_ids", "past_length"]
+    # with ExecuTorch's LLM kernels, its LLM runner's inputs (tests/executorch/test_llm_runner.py)
+    assert inputs == (["input_ids", "input_pos"] if max_batch == 1 else
+                      ["input_ids", "attention_mask", "position_ids", "past_length"])
     directory = exported.save_pretrained(tmp_path / "a")
     program = deserialize_pte_binary((directory / "decoder" / "model.pte").read_bytes())
     program = getattr(program, "program", program)

@@ -284,6 +284,26 @@ def test_images_that_do_not_fit_the_prompt_or_the_export_are_refused(llava_dynam
         exported.generate(ids, mask, pixel_values=pixel_values, max_new_tokens=2)
 
 
+def test_an_image_count_the_manifest_says_is_static_is_refused_by_name(llava_dynamo):
+    """Where the vision program's images dim is static (a count fixed at trace time), generate refuses another
+    count before any program runs; the same export's manifest with the dim dynamic takes it."""
+    import copy
+
+    _, exported = llava_dynamo
+    saved = copy.deepcopy(exported.manifest)
+    ids, mask, pixel_values = batch_with_images()
+    try:
+        pixels = exported.manifest["components"]["vision"]["inputs"][0]
+        pixels["dynamic_dims"], pixels["shape"][0] = {}, 1  # as if traced at one image, the count static
+        with pytest.raises(ValueError, match=r"2 images: this export's vision program takes exactly 1 per call \(its "
+                                             r"manifest's pixel_values dim 0 is static"):
+            exported.generate(ids, mask, pixel_values=pixel_values, max_new_tokens=2)
+    finally:
+        exported.manifest.clear()
+        exported.manifest.update(saved)
+    assert exported.generate(ids, mask, pixel_values=pixel_values, max_new_tokens=2).shape == (2, ids.shape[1] + 2)
+
+
 def test_a_model_of_another_family_or_task_says_what_to_do():
     with pytest.raises(hfexport.InvalidInputError, match="export its language model with task='text-generation'"):
         hfexport.export(tiny_model("llama"), backend="dynamo", task="image-text-to-text")

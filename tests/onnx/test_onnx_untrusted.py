@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 import hfexport
 from helpers import TinyMLP
 from hfexport import ManifestError
-from hfexport_onnx._untrusted import ONNX_INLINE_FACTOR, external_data_files
+from hfexport_onnx._untrusted import ONNX_INLINE_FACTOR, ONNX_MAX_NODES, external_data_files
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,83 @@ def test_local_functions_that_inline_past_the_bound_are_refused_fast(saved: dict
     with pytest.raises(ValueError, match="calls itself" if shape == "recursive" else f"{ONNX_INLINE_FACTOR} x"):
         hfexport.load(artifact)
     assert time.perf_counter() - start < 5
+
+
+def test_a_model_of_more_nodes_than_the_bound_is_refused_before_a_session(saved: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """Issue 43: 300,000 nodes under the old 2,000,000 bound took 122 s to open; ONNX Runtime's session costs
+    ~0.1-0.4 ms per node, so the bound is the largest real model's size (x2.5), refused before any session."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+
+    def edit(model: onnx.ModelProto) -> None:
+        source = model.graph.output[0].name
+        nodes = [helper.make_node("Identity", [source if i == 0 else f"pad{i - 1}"], [f"pad{i}"])
+                 for i in range(ONNX_MAX_NODES + 1)]
+        model.graph.node.extend(nodes)
+
+    _edit_model(artifact, edit)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"has {ONNX_MAX_NODES + 1 + 3:,} nodes, over the bound of 50,000"):
+        hfexport.load(artifact)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("how", ["symlinked folder", "dot component"])
+def test_an_external_data_location_through_a_symlink_is_refused(saved: dict[str, Any], tmp_path: Path,
+                                                                how: str) -> None:
+    """Issue 43: ``a/../model.onnx.data`` with ``a`` a symlink normalised (as text) to the hashed name, while the OS
+    followed the link first and ONNX Runtime read another file. The walk is the OS's, from the directory's
+    descriptor: here ``a`` links to a folder holding a different ``model.onnx.data`` beside a ``sub`` folder."""
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    data = (artifact / "model.onnx.data").read_bytes()
+    (elsewhere / "model.onnx.data").write_bytes(bytes(len(data)))  # zeros: other outputs, no error
+    if how == "symlinked folder":
+        (artifact / "a").symlink_to(elsewhere / "sub")
+        location = "a/../model.onnx.data"
+    else:
+        location = "./model.onnx.data"
+
+    def edit(model: onnx.ModelProto) -> None:
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+
+    _edit_model(artifact, edit)
+    with pytest.raises(ValueError, match=rf"reads external data from \[{location!r}\].*no '.' or '..'"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.parametrize("name", ["model.onnx.data", "model.onnx"])
+def test_a_file_swapped_after_the_check_never_reaches_onnx_runtime(saved: dict[str, Any], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Issue 43: a ``model.onnx.data`` swapped between the hash check and ONNX Runtime's own open changed the
+    outputs with no error. The session now reads the bytes that were checked (the model from memory, the weights
+    as in-memory external data)."""
+    from crafting import swap_after_check
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    other = tmp_path / "other"
+    data = (artifact / name).read_bytes()
+    other.write_bytes(bytes(len(data)) if name.endswith(".data") else data.replace(b"model", b"mode1", 1))
+    swap_after_check(monkeypatch, artifact / name, other)
+    with pytest.raises(hfexport.IntegrityError, match=rf"{name} changed while it was loaded"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.slow
+def test_a_concurrent_writer_never_changes_onnx_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
+    from crafting import concurrent_swaps
+
+    artifact = copy_artifact(saved["dir"], tmp_path)
+    expected = hfexport.load(artifact)(x=saved["x"])[0]
+    other = tmp_path / "zeros"
+    other.write_bytes(bytes((artifact / "model.onnx.data").stat().st_size))
+    counts = concurrent_swaps(artifact / "model.onnx.data", other, 200,
+                              lambda: hfexport.load(artifact)(x=saved["x"])[0], lambda out: torch.equal(out, expected))
+    assert counts["ok"] + counts["refused"] == 200 and counts["swaps"] > 200, counts
 
 
 @pytest.mark.parametrize("key", ["model_file", "data_file"])

@@ -142,8 +142,76 @@ def test_an_ir_with_entities_is_refused(saved: dict[str, Any], tmp_path: Path) -
     head, _, rest = xml.partition("\n")
     (artifact / "openvino_model.xml").write_text(f'{head}\n<!DOCTYPE net [<!ENTITY a "aaaa">]>\n{rest}')
     _rehash(artifact)
-    with pytest.raises(ValueError, match="declares a document type or entities"):
+    with pytest.raises(ValueError, match=r"declares '<!DOCTYPE '\.\.\. \(a document type, an entity or a section\)"):
         hfexport.load(artifact)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_an_ir_that_is_not_utf8_is_refused_with_its_entities(saved: dict[str, Any], tmp_path: Path,
+                                                             encoding: str) -> None:
+    """Issue 43: a UTF-16 IR passed the ``<!DOCTYPE`` byte test (its bytes are ``<\\0!\\0D\\0...``) and its entities
+    expanded (+1.2 GiB). UTF-8 only, and any declaration refused whatever the encoding."""
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_text()
+    head, _, rest = xml.partition("\n")
+    head = head.replace('encoding="UTF-8"', f'encoding="{encoding.upper()}"')
+    entities = '<!DOCTYPE net [<!ENTITY a "aaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+    (artifact / "openvino_model.xml").write_bytes(f"{head}\n{entities}\n{rest}".encode(encoding))
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=r"is UTF-(16|32) \(byte order mark|holds NUL bytes"):
+        hfexport.load(artifact)
+
+
+def test_an_ir_whose_constant_folds_past_the_bound_is_refused_before_compile(saved: dict[str, Any],
+                                                                              tmp_path: Path) -> None:
+    """Issue 43: compile_model folded a constant broadcast to 6e8 elements (73 s, +2.3 GiB); ONNX turns constant
+    folding off for untrusted files, OpenVINO has no such switch: a static tensor past the bound is refused before
+    compile. Here one output port's dims say 8,192 x 8,192 + 1 elements (past 2**26, the .bin being ~100 KB)."""
+    from hfexport_openvino._untrusted import IR_MIN_ELEMENT_BOUND
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_text()
+    xml, count = re.subn(r'(<layer [^>]*type="Const"[^>]*>\s*<data [^>]*/>\s*<output>\s*<port [^>]*[^/]>)',
+                         r"\1<dim>8192</dim><dim>8193</dim>", xml, count=1)
+    assert count
+    (artifact / "openvino_model.xml").write_text(xml)
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=rf"outputs a tensor of [\d,]+ elements, over the bound of "
+                                         rf"{IR_MIN_ELEMENT_BOUND:,}"):
+        hfexport.load(artifact)
+
+
+def test_an_ir_swapped_after_the_check_never_reaches_openvino(saved: dict[str, Any], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43 (check, then reopen by path): the IR and its weights are handed to OpenVINO as the bytes that were
+    hashed (``read_model`` from a string and a weights tensor)."""
+    from crafting import swap_after_check
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    other = tmp_path / "zeros.bin"
+    other.write_bytes(bytes((artifact / "openvino_model.bin").stat().st_size))
+    swap_after_check(monkeypatch, artifact / "openvino_model.bin", other)
+    with pytest.raises(hfexport.IntegrityError, match="openvino_model.bin changed while it was loaded"):
+        hfexport.load(artifact)
+
+
+@pytest.mark.slow
+def test_a_concurrent_writer_never_changes_openvino_outputs(saved: dict[str, Any], tmp_path: Path) -> None:
+    from crafting import concurrent_swaps
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    inputs = {"input_ids": ids(1, 5, 3), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    expected = pytree.tree_leaves(hfexport.load(artifact)(**inputs))[0]
+    other = tmp_path / "zeros.bin"
+    other.write_bytes(bytes((artifact / "openvino_model.bin").stat().st_size))
+    counts = concurrent_swaps(artifact / "openvino_model.bin", other, 100,
+                              lambda: pytree.tree_leaves(hfexport.load(artifact)(**inputs))[0],
+                              lambda out: torch.equal(out, expected))
+    assert counts["ok"] + counts["refused"] == 100 and counts["swaps"] > 100, counts
 
 
 def test_a_changed_weights_byte_is_detected(saved: dict[str, Any], tmp_path: Path) -> None:

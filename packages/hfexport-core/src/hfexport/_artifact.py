@@ -330,7 +330,11 @@ class ExportedModel:
                 if self.directory is None or not isinstance(name, str) or name not in self.manifest.get("files", []):
                     raise ValueError(f"{where}: its stored verification file {name!r} is not a file of this "
                                      "artifact's manifest")
-                tensors = read_stored(self.directory / name)
+                from ._trust import artifact_bytes
+
+                # read once by descriptor and checked against the manifest's hash: what is compared is what was hashed
+                tensors = read_stored(self.directory / name, artifact_bytes(self.directory, self.manifest, name,
+                                                                            f"{where}'s verification.stored.data_file"))
             atol, rtol = verification.get("atol"), verification.get("rtol")
             if not all(isinstance(t, int | float) and not isinstance(t, bool) and t >= 0 for t in (atol, rtol)):
                 raise ValueError(f"{where}: the stored verification has no valid atol and rtol ({atol!r}, {rtol!r})")

@@ -238,6 +238,12 @@ class RuntimeNeeds:
             as inputs and outputs (ONNX has no mutable state; a ``.pt2`` would store the buffers). ``"in_place"``: the
             runtime keeps the buffers a program mutates from one call to the next (ExecuTorch's mutable buffers,
             OpenVINO's variables), so the cache lives in the program's buffers and the batch is static.
+            ``"growing"``: the cache crosses the program boundary as inputs (``[batch, kv_heads, past, head_dim]``, any
+            ``past``) and outputs (``past + seq`` positions: the new ones concatenated), with ``attention_mask`` over
+            ``past + seq`` positions and no ``past_length``; the runtime keeps the outputs as its own state between
+            calls (OpenVINO's ``ReadValue``/``Assign`` variables, which its CPU plugin fuses with
+            ``ScaledDotProductAttention`` into a cache it appends to in place). Text generation only; the other
+            generative tasks take ``"in_place"`` then.
         attention: the op a generation program's cached attention is traced as, for the backend to lower. ``None``:
             plain ops over the cache's whole capacity. ``"hfexport::cache_attention"``: the cache write and the
             attention as one functional op (ONNX Runtime's ``GroupQueryAttention`` reads only the filled positions).
@@ -245,12 +251,12 @@ class RuntimeNeeds:
             which write the cache buffers in place (with ``cache_layout="in_place"``; capture imports them from executorch).
     """
 
-    cache_layout: Literal["io", "in_place"] = "io"
+    cache_layout: Literal["io", "in_place", "growing"] = "io"
     attention: str | None = None
 
     def __post_init__(self) -> None:
-        if self.cache_layout not in ("io", "in_place"):
-            raise ValueError(f"cache_layout must be 'io' or 'in_place', got {self.cache_layout!r}")
+        if self.cache_layout not in ("io", "in_place", "growing"):
+            raise ValueError(f"cache_layout must be 'io', 'in_place' or 'growing', got {self.cache_layout!r}")
 
 
 

@@ -71,8 +71,10 @@ class Tracer(Protocol):
 
     def reference(self, ctx: ExportContext) -> Any: ...
 
-    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Inputs at a second shape for the export's verification (each dynamic size moved within its range)."""
+    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any], *,
+                            smallest: bool = False) -> dict[str, Any] | None:
+        """Inputs at a second shape for the export's verification (each dynamic size moved within its range; with
+        ``smallest``, each at the least size of its range, below the example's); None when nothing moves."""
 
     def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None: ...
 
@@ -376,20 +378,60 @@ class Exporter:
                              atol: float, rtol: float, raise_on_mismatch: bool) -> None:
         """Run the artifact and the model once more at the tracer's second shape (each dynamic size moved by one
         within its range, so that its parity differs: :meth:`Tracer.second_shape_inputs`), which catches a
-        program that a guard on the sizes specialized to the traced ones; recorded as
-        ``verification.second_shape`` in the manifest.
+        program that a guard on the sizes specialized to the traced ones, and once at the smallest shape (each
+        dynamic size at the least of its range, 1 for a count of images: a count that a ``list()`` or ``unbind``
+        fixed at trace time); recorded as ``verification.second_shape`` and ``verification.smallest_shape`` in
+        the manifest, each ``{"passed": None, "skipped": why}`` where a program with dynamic dims cannot be
+        checked so.
 
         Raises:
-            VerificationError: the outputs differ at the second shape (with ``raise_on_mismatch``).
-            ExportError: the artifact or the model raised at the second shape (with ``raise_on_mismatch``).
+            VerificationError: the outputs differ at either shape (with ``raise_on_mismatch``).
+            ExportError: the artifact or the model raised at either shape (with ``raise_on_mismatch``).
         """
-        from ._artifact import VerificationError
-
         make = getattr(self.tracer, "second_shape_inputs", None)
-        alternate = make(ctx, inputs) if callable(make) else None
-        if not alternate:
+        if not callable(make):
             return
         component = exported.default_component
+        dynamic = any(entry.get("dynamic_dims") for entry in exported._section(component).get("inputs", ())
+                      if isinstance(entry, dict))
+        second = make(ctx, inputs)
+        try:
+            smallest = make(ctx, inputs, smallest=True)
+        except TypeError:  # a tracer of the one-shape protocol
+            smallest = None
+        checks = [("second_shape", second, "no dynamic size can move by one within its range (each range a "
+                   "single size, or inputs the program sees otherwise)"),
+                  ("smallest_shape", smallest, "every dynamic size of the example is already the least of its "
+                   "range (or the inputs cannot be resized)")]
+        from ._artifact import _shapes
+
+        done: dict[str, tuple[Any, dict[str, Any]]] = {}  # key -> (its shapes, its record)
+        for key, alternate, why_not in checks:
+            if not alternate:
+                if dynamic:
+                    self._record_shape_check(exported, component, key, {"passed": None, "skipped": why_not})
+                continue
+            shapes = _shapes(alternate)
+            same = next((record for seen, record in done.values() if seen == shapes), None)
+            if same is not None:  # the two moves met (a range [1, 2] traced at 2): checked once
+                self._record_shape_check(exported, component, key, same)
+                continue
+            done[key] = shapes, self._check_at_shape(ctx, exported, component, key, alternate, atol=atol, rtol=rtol,
+                                 raise_on_mismatch=raise_on_mismatch)
+
+    @staticmethod
+    def _record_shape_check(exported: ExportedModel, component: Any, key: str, record: dict[str, Any]) -> None:
+        for section in (exported.manifest.get("verification"), exported._section(component).get("verification")):
+            if isinstance(section, dict):
+                section[key] = record
+
+    def _check_at_shape(self, ctx: ExportContext, exported: ExportedModel, component: Any, key: str,
+                        alternate: Mapping[str, Any], *, atol: float, rtol: float,
+                        raise_on_mismatch: bool) -> dict[str, Any]:
+        """One run of the artifact and of the model at ``alternate`` (:meth:`_verify_second_shape`), recorded as
+        ``verification.<key>``."""
+        from ._artifact import VerificationError
+
         first = exported.manifest.get("verification")
         saved = _save_buffers(ctx.model)
         # the eager call at another shape may also re-fill attributes a forward caches (a rotary table for the
@@ -431,15 +473,21 @@ class Exporter:
                     delattr(module, name)
                 vars(module).update(before)
             exported.manifest["verification"] = first
-        for section in (exported.manifest.get("verification"), exported._section(component).get("verification")):
-            if isinstance(section, dict):
-                section["second_shape"] = record
+        self._record_shape_check(exported, component, key, record)
         if not raise_on_mismatch or record["passed"] is not False:
-            return
-        why = ("the traced shape matched eager, this one (every dynamic size moved by one, within its range) does "
-               "not: a guard on the sizes specialized the program to the traced ones (their parity, a multiple)")
+            return record
+        if key == "smallest_shape":
+            why = ("the traced shape matched eager, the smallest shape of the ranges the manifest claims (each "
+                   "dynamic size at its least, 1 for a count) does not: the program fixed a size at the traced one "
+                   "(a list() or unbind over images, a branch on a size)")
+            where = "verification at the smallest shape"
+        else:
+            why = ("the traced shape matched eager, this one (every dynamic size moved by one, within its range) "
+                   "does not: a guard on the sizes specialized the program to the traced ones (their parity, a "
+                   "multiple)")
+            where = "verification at a second shape"
         if error is not None:
-            raise ExportError(self.name, ctx.model_class, error, where="verification at a second shape "
+            raise ExportError(self.name, ctx.model_class, error, where=f"{where} "
                               f"({', '.join(f'{k}={v}' for k, v in record['inputs'].items())})",
                               hints=[why, "export with verify=False to keep the artifact, or give these dims "
                                      "static sizes or explicit Dim ranges"], internal=False) from error

@@ -77,8 +77,13 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
             try:
                 exported.append((part, export_program(exporter.with_config(config), part.module, part.inputs,
                                                       progress=progress, verify=verify, atol=atol, rtol=rtol)))
-            except VerificationError as exc:  # name the component, not the default one
-                raise VerificationError(exc.backend, exc.model_class, exc.report, exc.exported, part.name) from None
+            except VerificationError as exc:  # name the model and the component, not the task's wrapper module
+                raise VerificationError(exc.backend, f"{type(model).__name__} ({part.name} program)", exc.report,
+                                        exc.exported, part.name) from None
+            except ExportError as exc:  # the user's model, not the task's wrapper (CausalLMStep)
+                exc.model_class = f"{type(model).__name__} ({part.name} program)"
+                exc.args = (exc._message(),)
+                raise
     return merge_components(exporter, plan, exported, model, time.perf_counter() - start)
 
 

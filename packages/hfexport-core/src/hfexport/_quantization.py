@@ -56,7 +56,7 @@ class QuantizationRecipe:
         min_cosine: the default threshold of the verification (cosine similarity of the main output with float
             eager).
         options: the :class:`Quantization` options the recipe takes (``"group_size"``, ``"calibration"``,
-            ``"embedding"``).
+            ``"embedding"``, ``"symmetric"``, ``"ratio"``).
         default_group_size: for recipes that take ``group_size``.
     """
 
@@ -83,6 +83,11 @@ class Quantization:
         embedding: also quantize the ``nn.Embedding`` tables, weight-only, for recipes that take it (ExecuTorch's
             ``8da4w`` and ``8w``): ``"8w"`` (int8, one scale per row) or ``"4w"`` (int4, one scale per 32 weights
             of a row); default: the recipe's (those two keep embeddings float).
+        symmetric: for recipes that take it, symmetric weights (one scale, no zero point: ONNX's ``MatMulNBits``
+            ``is_symmetric``, NNCF's ``INT4_SYM``/``INT8_SYM``) or asymmetric (a zero point per group); default: the
+            recipe's (ONNX symmetric, OpenVINO asymmetric; ExecuTorch's 8da4w/8da8w are symmetric only).
+        ratio: for recipes that take it (OpenVINO ``int4-weights``), the share of the weights in int4, in ``(0, 1]``
+            (the others int8); default: the backend's.
     """
 
     recipe: str
@@ -90,6 +95,8 @@ class Quantization:
     calibration: Sequence[Mapping[str, Any]] | None = None
     min_cosine: float | None = None
     embedding: str | None = None
+    symmetric: bool | None = None
+    ratio: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.recipe, str) or not self.recipe:
@@ -111,6 +118,12 @@ class Quantization:
                             f"{self.min_cosine!r}")
         if self.embedding is not None and not isinstance(self.embedding, str):
             raise TypeError(f"embedding must be a scheme name such as '4w' or '8w', got {self.embedding!r}")
+        if self.symmetric is not None and not isinstance(self.symmetric, bool):
+            raise TypeError(f"symmetric must be True, False or None (the recipe's default), got {self.symmetric!r}")
+        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, int | float)
+                                       or not 0 < self.ratio <= 1):
+            raise TypeError(f"ratio must be a number in (0, 1] (the share of the weights in the recipe's low "
+                            f"precision), got {self.ratio!r}")
 
     def __repr__(self) -> str:  # the manifest's config records it: never the calibration tensors themselves
         parts = [repr(self.recipe)]
@@ -122,6 +135,10 @@ class Quantization:
             parts.append(f"min_cosine={self.min_cosine}")
         if self.embedding is not None:
             parts.append(f"embedding={self.embedding!r}")
+        if self.symmetric is not None:
+            parts.append(f"symmetric={self.symmetric}")
+        if self.ratio is not None:
+            parts.append(f"ratio={self.ratio}")
         return f"Quantization({', '.join(parts)})"
 
 
@@ -151,7 +168,8 @@ def resolve_quantization(value: Any, recipes: Mapping[str, QuantizationRecipe],
         offered = (f"it supports {', '.join(map(repr, recipes))}" if recipes else
                    "it supports no quantization recipe")
         raise ValueError(f"{where} does not support quantize={value.recipe!r}: {offered}")
-    given = [name for name in ("group_size", "calibration", "embedding") if getattr(value, name) is not None]
+    given = [name for name in ("group_size", "calibration", "embedding", "symmetric", "ratio")
+             if getattr(value, name) is not None]
     extra = [name for name in given if name not in recipe.options]
     if extra:
         takes = f"it takes {', '.join(recipe.options)}" if recipe.options else "it takes no options"

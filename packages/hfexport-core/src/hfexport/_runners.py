@@ -25,6 +25,11 @@ class Runner(Protocol):
     A runner whose runs change its state (a program that mutates buffers, as eager ``forward`` would) also
     implements ``reset()``, which returns that state to the program's initial value: an export's verification
     run calls it, so that the artifact an export returns starts where the model did.
+
+    A runner whose runtime keeps a generation program's growing cache as its own state
+    (``RuntimeNeeds(cache_layout="growing")``) still takes and returns the cache in ``run`` (setting its state
+    from the inputs), and also implements ``run_keeping_cache(inputs)``: ``{name: tensor}`` of the other inputs, the
+    cache kept from the last call (``reset()`` empties it); returns the ``logits`` tensor.
     """
 
     def run(self, args: tuple[Any, ...]) -> list[Any]: ...

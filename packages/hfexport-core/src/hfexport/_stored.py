@@ -35,6 +35,8 @@ VERIFICATION_FILE = "verification.safetensors"
 _ZERO_LEAF_MIN_NUMEL = 256  # smaller zero leaves are stored as they are
 _ZERO_LEAVES_MAX_BYTES = 8 * 2**30  # a 0.5-8 B model's KV cache of 4,096 positions fits
 _BUILT_INPUTS_BASE_BYTES = 512 * 2**20  # what verification may build beyond the artifact's own size
+STORED_MAX_TENSORS = 4096  # tensors of a verification.safetensors (a 100-layer model's cache is 200 leaves)
+STORED_MAX_HEADER_BYTES = 4 * 2**20  # its JSON header
 
 
 def built_inputs_budget(manifest: Mapping[str, Any]) -> int:
@@ -135,21 +137,46 @@ def write_stored(tensors: Mapping[str, Any], path: Path) -> None:
         file.write(data)
 
 
-def read_stored(path: Path) -> dict[str, Any]:
+def read_stored(path: Path, data: bytes | None = None) -> dict[str, Any]:
     """The tensors of a ``verification.safetensors`` (safetensors runs no code: header JSON and raw bytes).
 
     Raises:
         hfexport.IntegrityError: safetensors cannot read it (names the file).
     """
-    from safetensors.torch import load_file
+    import io
 
-    from ._trust import IntegrityError
+    from safetensors.torch import load, load_file
 
+    from ._trust import IntegrityError, parse_json
+
+    name = Path(path).name
+    # data: the bytes artifact_bytes read and checked (the path is not opened again)
+    with (io.BytesIO(data) if data is not None else open(path, "rb")) as file:  # the tensor count, before safetensors
+        head = file.read(8)                                                      # builds a tensor per entry
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= STORED_MAX_HEADER_BYTES:
+            raise IntegrityError(f"{name} has a header of {length:,} bytes where a safetensors file has 1 to "
+                                 f"{STORED_MAX_HEADER_BYTES:,} (hfexport._stored.STORED_MAX_HEADER_BYTES): the file "
+                                 "is damaged or crafted", [name])
+        try:
+            header = parse_json(file.read(length))
+        except ValueError as exc:
+            raise IntegrityError(f"{name}'s safetensors header is not JSON hfexport reads ({exc}): the file is "
+                                 "damaged or crafted", [name]) from None
+    count = len(header) - ("__metadata__" in header) if isinstance(header, dict) else -1
+    if count > STORED_MAX_TENSORS:
+        raise IntegrityError(f"{name} holds {count:,} tensors, over the bound of {STORED_MAX_TENSORS:,} "
+                             "(hfexport._stored.STORED_MAX_TENSORS): the file is damaged or crafted", [name])
     try:
-        return load_file(str(path))
+        return load(data) if data is not None else load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError on a malformed file
         raise IntegrityError(f"{Path(path).name} is not a safetensors file safetensors can read ({exc}): the file is "
                              "damaged or crafted", [Path(path).name]) from None
+
+
+def _some(names: list[str], shown: int = 8) -> str:
+    """``names`` for a message: the first ``shown`` and how many more (a crafted file may hold thousands)."""
+    return str(names) if len(names) <= shown else f"{names[:shown]} and {len(names) - shown:,} more"
 
 
 def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, Any], section: Mapping[str, Any],
@@ -190,8 +217,8 @@ def stored_inputs_and_outputs(stored: Mapping[str, Any], tensors: Mapping[str, A
     missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
     if missing or extra:
         raise ValueError(f"{where}: the stored tensors do not match the manifest: "
-                         + "; ".join(part for part in (f"missing {missing}" if missing else "",
-                                                       f"not named by it {extra}" if extra else "") if part))
+                         + "; ".join(part for part in (f"missing {_some(missing)}" if missing else "",
+                                                       f"not named by it {_some(extra)}" if extra else "") if part))
     inputs: dict[str, Any] = {}
     for entry in entries:
         zeros = zero_leaves[entry["name"]]

@@ -21,6 +21,7 @@ Nothing here imports torch at import time (``hfexport --help`` stays fast).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -33,14 +34,18 @@ from typing import Any
 MANIFEST_NAME = "export.json"
 SCHEMA_VERSION = 2  # 2: files_sha256 and components are required (1 is still read)
 
-__all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
-           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_file", "check_file_paths", "check_integrity", "check_treespec", "file_digests",
+__all__ = ["HASHES_KEY", "IntegrityError", "MANIFEST_MAX_BYTES", "MANIFEST_MAX_FILES", "MANIFEST_NAME", "ManifestError", "SAFE_PICKLE_GLOBALS", "SCHEMA_VERSION",
+           "UntrustedArtifactError", "allow_pytree_types", "allowed_pytree_type", "artifact_bytes", "artifact_file", "check_file_paths", "check_path_bounds", "check_integrity", "check_treespec", "file_digests", "hub_blobs", "open_beneath", "read_beneath",
            "import_type_modules", "importable_prefixes", "load_treespec", "manifest_file_refs", "parse_json", "pickle_globals",
            "read_manifest", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals",
            "validate_manifest"]
 
 HASHES_KEY = "files_sha256"
-MANIFEST_MAX_BYTES = 16 * 2**20  # a generation artifact's manifest is ~100 KB
+MANIFEST_MAX_BYTES = 4 * 2**20  # a generation artifact's manifest is ~100 KB; 4 MiB of small ints parse in ~1 s
+MANIFEST_MAX_FILES = 256  # distinct file names a manifest may name (an artifact has a handful)
+PATH_MAX_CHARS = 1024  # a named file's path, in characters
+PATH_MAX_PARTS = 16  # its components (folders and the file)
+PATH_PART_MAX_BYTES = 255  # one component, in UTF-8 bytes (NAME_MAX of Linux file systems)
 JSON_MAX_DEPTH = 64  # hfexport writes at most ~12 levels
 JSON_MAX_INT_DIGITS = 24  # a byte count or an int64 bound has at most 20 digits
 TRUST_HINT = ("hfexport.load runs no code from an artifact; pass trust_remote_code=True (CLI: --trust-remote-code) "
@@ -236,22 +241,189 @@ _RECORD_KEYS = frozenset({"files", HASHES_KEY, "config", "versions", "tested_ver
                           "notes", "verification"})
 
 
-def _allowed_roots(root: Path) -> list[Path]:
-    roots = [root]
-    # A Hugging Face cache snapshot (models--org--name/snapshots/<rev>/[subfolder/]) links its files into the
-    # repository's blobs/.
-    for snapshot in [root, *root.parents]:
+def hub_blobs(root: Path) -> Path | None:
+    """The ``blobs`` directory of the Hugging Face cache repository whose snapshot holds ``root``
+    (``models--org--name/snapshots/<rev>/[subfolder/]``), or ``None``. Only that cache's own ``blobs``: found from the
+    snapshot's real path, and refused when it is a symlink (a ``blobs`` linked to ``/`` made every file of the
+    artifact a link anywhere on disk, issue 43); no other ancestor's ``blobs`` counts."""
+    real = Path(os.path.realpath(root))
+    for snapshot in [real, *real.parents]:
         if snapshot.parent.name == "snapshots":
-            if (snapshot.parent.parent / "blobs").is_dir():
-                roots.append((snapshot.parent.parent / "blobs").resolve())
-            break
-    return roots
+            blobs = snapshot.parent.parent / "blobs"
+            try:
+                info = os.lstat(blobs)
+            except OSError:
+                return None
+            import stat
+
+            return blobs if stat.S_ISDIR(info.st_mode) else None  # a symlink is not S_ISDIR under lstat
+    return None
+
+
+def _allowed_roots(root: Path) -> list[Path]:
+    blobs = hub_blobs(root)
+    return [root] + ([blobs] if blobs is not None else [])
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _walk_open(dir_fd: int, parts: list[str], name: str) -> int:
+    """A descriptor of regular file ``parts`` beneath directory descriptor ``dir_fd``, each component opened with
+    ``O_NOFOLLOW`` relative to the one before (``openat``): no symlink, no ``..``, nothing but a regular file at
+    the end. Raises :class:`_Refused` saying which component is what."""
+    import stat
+
+    fd = os.dup(dir_fd)
+    try:
+        for i, part in enumerate(parts):
+            if part in ("", ".", ".."):
+                raise _Refused(f"{name!r} has a {part or 'empty'!r} component")
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (0 if last else os.O_DIRECTORY)
+            try:
+                info = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{name!r}: {'/'.join(parts[:i + 1])} does not exist") from None
+            if stat.S_ISLNK(info.st_mode):
+                raise _Refused(f"{name!r} goes through a symlink at {'/'.join(parts[:i + 1])!r}")
+            if last and not stat.S_ISREG(info.st_mode):
+                raise _Refused(f"{name!r} is not a regular file")
+            try:
+                next_fd = os.open(part, flags | (os.O_NONBLOCK if last else 0), dir_fd=fd)
+            except OSError as exc:  # ELOOP: it became a symlink since the lstat
+                raise _Refused(f"{name!r} changed while it was opened ({exc.strerror} at "
+                               f"{'/'.join(parts[:i + 1])!r})") from None
+            os.close(fd)
+            fd = next_fd
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Refused(f"{name!r} is not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_beneath(directory: Path, name: str) -> int:
+    """A read-only descriptor of file ``name`` (a relative path of ``/``-separated components) inside ``directory``,
+    opened by walking from the directory's own descriptor with ``O_NOFOLLOW`` on every component: no component may
+    be a symlink or ``..``, and the file must be a regular file. The one exception is a Hugging Face cache snapshot
+    (:func:`hub_blobs`): a file of the snapshot that is a symlink to ``../../blobs/<blob>`` (as huggingface_hub lays
+    it out, subfolders adding ``../``) is opened as that blob, beneath that cache's own ``blobs`` directory.
+
+    The caller owns the descriptor (close it). Checked with the OS, not by normalising text: a location
+    ``a/../model.onnx.data`` where ``a`` is a symlink is refused, where ``os.path.normpath`` made it the hashed name.
+
+    Raises:
+        ValueError: a symlink, ``..``, not a regular file (says which component).
+        FileNotFoundError: a component is missing.
+    """
+    import stat
+
+    parts = name.split("/")
+    root_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            return _walk_open(root_fd, parts, name)
+        except _Refused as refused:
+            blobs = hub_blobs(Path(directory))
+            if blobs is None or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"{Path(directory) / MANIFEST_NAME} names {refused}: hfexport opens only the "
+                                 "artifact directory's own regular files (the artifact is damaged or crafted)") from None
+            # a Hub snapshot: the folders are real, the file a link to ../(../)*blobs/<blob>
+            parent_fd = _walk_open_dir(root_fd, parts[:-1], name)
+            try:
+                info = os.stat(parts[-1], dir_fd=parent_fd, follow_symlinks=False)
+                target = os.readlink(parts[-1], dir_fd=parent_fd) if stat.S_ISLNK(info.st_mode) else None
+            finally:
+                os.close(parent_fd)
+            # from the link's folder (snapshots/<rev>/[subfolder/][folders/]) up to the repository
+            ups = len(Path(os.path.realpath(directory)).relative_to(blobs.parent).parts) + len(parts) - 1
+            expected = "../" * ups + "blobs/"
+            blob = target[len(expected):] if target and target.startswith(expected) else ""
+            if not blob or "/" in blob or blob in (".", ".."):
+                raise ValueError(f"{Path(directory) / MANIFEST_NAME} names {refused}, and it is not a link into "
+                                 f"this Hugging Face cache's own blobs ({target!r}): the artifact is damaged or "
+                                 "crafted") from None
+            blobs_fd = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            try:
+                return _walk_open(blobs_fd, [blob], name)
+            except _Refused as again:
+                raise ValueError(f"{Path(directory) / MANIFEST_NAME} names {again} (in the cache's blobs): the "
+                                 "artifact is damaged or crafted") from None
+            finally:
+                os.close(blobs_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _walk_open_dir(dir_fd: int, parts: list[str], name: str) -> int:
+    fd = os.dup(dir_fd)
+    for part in parts:
+        try:
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                              dir_fd=fd)
+        except OSError as exc:
+            os.close(fd)
+            raise ValueError(f"{name!r}: folder {part!r} is not a directory of the artifact ({exc.strerror})") from None
+        os.close(fd)
+        fd = next_fd
+    return fd
+
+
+def read_beneath(directory: Path, name: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of file ``name`` in ``directory``, read from one descriptor that :func:`open_beneath` opened (what
+    is hashed is what a runtime is then handed: no path is opened again).
+
+    Raises:
+        ValueError: as :func:`open_beneath`; or over ``max_bytes``.
+    """
+    fd = open_beneath(directory, name)
+    try:
+        size = os.fstat(fd).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise ValueError(f"{name!r} is {size:,} bytes, over the {max_bytes:,} expected")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 24)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise ValueError(f"{name!r} grew past {max_bytes:,} bytes while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _plain_relative(name: str) -> bool:
     pure = PurePosixPath(name)
     return not (not name or "\\" in name or "\x00" in name or pure.is_absolute() or os.path.isabs(name)
                 or ".." in pure.parts or re.match(r"^[A-Za-z]:", name))
+
+
+def check_path_bounds(where: Any, named: Mapping[str, Any]) -> None:
+    """Refuse more than :data:`MANIFEST_MAX_FILES` distinct file names, or a name longer than
+    :data:`PATH_MAX_CHARS` characters, of more than :data:`PATH_MAX_PARTS` components, or with a component over
+    :data:`PATH_PART_MAX_BYTES` bytes: checked before any of them reaches the file system. The message names the
+    bound and the value (and one offending name, cut short), never every name.
+
+    Raises:
+        ManifestError: the bound, the value.
+    """
+    if len(named) > MANIFEST_MAX_FILES:
+        raise ManifestError(where, [f"names {len(named):,} files, over the {MANIFEST_MAX_FILES:,} a manifest may "
+                                    "name (hfexport._trust.MANIFEST_MAX_FILES): the artifact is damaged or crafted"])
+    for name in named:
+        parts = name.split("/")
+        longest = max((len(p.encode("utf-8", "surrogatepass")) for p in parts), default=0)
+        for value, bound, what in ((len(name), PATH_MAX_CHARS, "characters"), (len(parts), PATH_MAX_PARTS,
+                                   "path components"), (longest, PATH_PART_MAX_BYTES, "bytes in one component")):
+            if value > bound:
+                raise ManifestError(where, [f"names a file of {value:,} {what}, over the bound of {bound:,} "
+                                            f"({name[:60]!r}...): the artifact is damaged or crafted"])
 
 
 def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
@@ -266,15 +438,24 @@ def check_file_paths(path: Path, manifest: Mapping[str, Any]) -> None:
     named: dict[str, list[str]] = {}
     for where, name in manifest_file_refs(manifest):
         named.setdefault(name, []).append(where)
+    check_path_bounds(Path(path) / MANIFEST_NAME, named)
     bad = []
     for name, wheres in named.items():
         if not _plain_relative(name):
             why = "absolute, '..' or not a plain relative path"
         else:
-            resolved = (root / name).resolve()
-            if any(resolved.is_relative_to(r) for r in roots):
+            try:  # walked with the OS from the directory's descriptor, O_NOFOLLOW on every component
+                os.close(open_beneath(root, name))
                 continue
-            why = f"a symlink to {resolved}"
+            except FileNotFoundError:
+                continue  # read_manifest names the missing files
+            except ValueError as exc:
+                resolved = (root / name).resolve()
+                if not str(exc).startswith(str(Path(root) / MANIFEST_NAME)) or any(resolved.is_relative_to(r)
+                                                                                  for r in roots):
+                    why = str(exc).split(" names ", 1)[-1]
+                else:
+                    why = f"a symlink to {resolved}"
         bad.append(f"{name!r} ({why}; named by {', '.join(wheres)})")
     if bad:
         raise ValueError(f"{Path(path) / 'export.json'} names files outside the artifact directory {root}: "
@@ -332,7 +513,14 @@ def check_integrity(path: Path, manifest: Mapping[str, Any], *, trust_remote_cod
     for name, entry in sorted(hashes.items()):
         if name in bad:
             continue
-        actual = _sha256(Path(path) / name)
+        fd = open_beneath(Path(path), name)  # the same walk a runner's read takes (artifact_bytes)
+        try:
+            digest = hashlib.sha256()
+            for block in iter(functools.partial(os.read, fd, 1 << 20), b""):
+                digest.update(block)
+        finally:
+            os.close(fd)
+        actual = digest.hexdigest()
         if actual != entry["sha256"]:
             problems.append(f"{name}: SHA-256 {actual[:16]}… where the manifest recorded {entry['sha256'][:16]}…")
             bad.append(name)
@@ -367,6 +555,35 @@ def artifact_file(path: Path, manifest: Mapping[str, Any], name: Any, where: str
     return Path(path) / name
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (JSON_MAX_INT_DIGITS + 1))
+
+
+def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: str) -> bytes:
+    """The bytes of file ``name`` that a runner hands its runtime, read once from a descriptor
+    (:func:`read_beneath`: ``O_NOFOLLOW`` on every component, a regular file) and checked against the manifest's
+    size and SHA-256 on those very bytes: the runtime gets what was hashed, and no path is opened again (a file
+    swapped between a check by path and the runtime's own open changed outputs silently, or crashed the process,
+    issue 43). A schema-1 manifest loaded with ``trust_remote_code`` records no hash: its bytes are handed as read.
+
+    Raises:
+        ManifestError: as :func:`artifact_file` (a name the manifest does not hash).
+        IntegrityError: the bytes differ from the manifest's size or SHA-256 (the file changed since it was checked).
+        ValueError: as :func:`open_beneath`.
+    """
+    artifact_file(path, manifest, name, where)
+    hashes = manifest.get(HASHES_KEY)
+    entry = hashes.get(name) if isinstance(hashes, dict) else None
+    data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None)
+    if isinstance(entry, dict):
+        actual = hashlib.sha256(data).hexdigest()
+        if len(data) != entry["size"] or actual != entry["sha256"]:
+            raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {len(data):,} bytes of SHA-256 "
+                                 f"{actual[:16]}… where the manifest recorded {entry['size']:,} of "
+                                 f"{entry['sha256'][:16]}… (another process writes the artifact's directory: load "
+                                 "it again once nothing does)", [name])
+    return data
+
+
 class _JsonTooLarge(ValueError):
     pass
 
@@ -388,8 +605,10 @@ def parse_json(data: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
     Raises:
         ValueError: not JSON, or beyond a bound (says which).
     """
+    # the bounded-int hook costs a Python call per integer: only when a run of digits could be a long integer
+    long_digits = _LONG_DIGITS.search(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
     try:
-        value = json.loads(data, parse_int=_bounded_int, parse_constant=_refuse_constant)
+        value = json.loads(data, parse_int=_bounded_int if long_digits else None, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
     except _JsonTooLarge as exc:
@@ -494,7 +713,9 @@ def load_treespec(spec: Any, where: str) -> Any:
     try:
         protocol, schema = parse_json(spec, max_depth=2 * JSON_MAX_DEPTH)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where} is not a serialized pytree spec: {exc}") from None
+        raise ValueError(f"{where} is not a serialized pytree spec: {exc} (the depth limit is "
+                         f"hfexport._trust.JSON_MAX_DEPTH={JSON_MAX_DEPTH} nodes): the artifact is damaged or "
+                         "crafted") from None
     if protocol != 1:
         raise ValueError(f"{where} is a pytree spec of protocol {protocol!r}; hfexport reads protocol 1")
     count = 0
@@ -536,7 +757,8 @@ def load_treespec(spec: Any, where: str) -> Any:
     try:
         return build(schema)
     except RecursionError:
-        raise ValueError(f"{where} is nested too deeply") from None
+        raise ValueError(f"{where} is nested deeper than Python's recursion allows (hfexport reads at most "
+                         f"{JSON_MAX_DEPTH} levels of a spec): the artifact is damaged or crafted") from None
 
 
 # ── output specs: only registered pytree types, no import by name ───────────────────────────────────────
@@ -546,10 +768,10 @@ def treespec_names(spec: str) -> tuple[set[str], set[str]]:
     Raises:
         ValueError: not a treespec string.
     """
-    try:
-        protocol, schema = json.loads(spec)
+    try:  # bounded: a spec nested 100,000 deep raised a bare RecursionError from json (issue 43)
+        protocol, schema = parse_json(spec, max_depth=2 * JSON_MAX_DEPTH)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"not a serialized pytree spec: {spec!r:.80}") from exc
+        raise ValueError(f"not a serialized pytree spec ({exc}): {spec!r:.80}") from None
     types: set[str] = set()
     enums: set[str] = set()
 
@@ -563,7 +785,9 @@ def treespec_names(spec: str) -> tuple[set[str], set[str]]:
             for v in value:
                 context_enums(v)
 
-    def walk(node: Any) -> None:
+    todo = [schema]
+    while todo:  # no recursion: the depth is bounded above, but the walk needs no stack either
+        node = todo.pop()
         if not isinstance(node, dict):
             raise ValueError(f"not a serialized pytree spec: {spec!r:.80}")
         if node.get("type") is not None:
@@ -571,13 +795,11 @@ def treespec_names(spec: str) -> tuple[set[str], set[str]]:
         context = node.get("context")
         if isinstance(context, str):
             try:
-                context_enums(json.loads(context))
+                context_enums(parse_json(context))
             except ValueError:
                 pass
-        for child in node.get("children_spec") or []:
-            walk(child)
-
-    walk(schema)
+        children = node.get("children_spec") or []
+        todo.extend(children if isinstance(children, list) else [])
     return types, enums
 
 

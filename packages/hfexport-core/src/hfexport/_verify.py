@@ -31,7 +31,7 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
                          max_bytes: int | None = None) -> dict[str, Any] | None:
     """Inputs of the traced shapes and dtypes a component's manifest section describes: token ids below the
     config's ``vocab_size``, masks of ones, positions ``0 .. seq - 1``, a scalar count (a decoder's
-    ``past_length``) of 0, floats from a seeded normal. ``None`` when an input is a pytree (a cache) or its shape is
+    ``past_length``, an LLM runner's ``input_pos``) of 0, floats from a seeded normal. ``None`` when an input is a pytree (a cache) or its shape is
     not known.
 
     Raises:
@@ -67,7 +67,8 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
             value = torch.randn(shape, generator=generator).to(dtype)
         elif "mask" in name:
             value = torch.ones(shape, dtype=dtype)
-        elif not shape or name == "past_length":  # a count of cached positions (a decoder's): none yet
+        elif not shape or name in ("past_length", "input_pos"):  # cached positions (a decoder's; ExecuTorch's LLM
+            # runner's first position): none yet
             value = torch.zeros(shape, dtype=dtype)
         elif "position" in name:  # positions 0 .. seq - 1 (random ids would index past the position table)
             value = torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous()
@@ -80,8 +81,9 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
     return inputs
 
 
-def _run_check(loaded: Any, config: Mapping[str, Any] | None) -> str:
-    """Run the default component on inputs from its manifest; what it found (raises on a bad output)."""
+def _run_check(loaded: Any, config: Mapping[str, Any] | None) -> str | None:
+    """Run the default component on inputs from its manifest; what it found (raises on a bad output); None when
+    the manifest does not fix its inputs' shapes (nothing ran)."""
     import torch
 
     component = loaded.default_component
@@ -90,7 +92,7 @@ def _run_check(loaded: Any, config: Mapping[str, Any] | None) -> str:
 
     inputs = inputs_from_manifest(section, config, max_bytes=built_inputs_budget(loaded.manifest))
     if inputs is None:
-        return f"skipped: component {component.name!r} takes inputs whose shapes the manifest does not fix"
+        return None
     with torch.no_grad():
         outputs = loaded.run(component.name, **inputs)
     from ._artifact import flatten_with_names
@@ -150,14 +152,14 @@ def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: 
             config = None
     status = 0
     if run:
-        out(f"✅ run       {_run_check(loaded, config)}")
+        ran = _run_check(loaded, config)
+        out(f"✅ run       {ran}" if ran is not None else
+            f"·  run       not run: component {loaded.default_component.name!r} takes inputs whose shapes the "
+            "manifest does not fix (a cache, a pytree)")
         status = _stored_check(loaded, out)
     stored = manifest.get("verification")
     if isinstance(stored, dict):
-        verdict = "PASSED" if stored.get("passed") else "FAILED"
-        shapes = ", ".join(f"{k}={v}" for k, v in (stored.get("inputs") or {}).items())
-        out(f"·  recorded  verification {verdict}, max abs diff {stored.get('max_abs_diff')}"
-            + (f" at {shapes}" if shapes else ""))
+        out(f"·  recorded  {_recorded_text(stored)}")
     if model is None:
         out("·  eager     not compared: pass --model DIR (the exported model) to compare with eager PyTorch")
         return status
@@ -179,6 +181,26 @@ def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: 
     out(f"{'✅' if report.passed else '❌'} eager     at {_shape_text(inputs)}:")
     out(str(report))
     return status if report.passed else 3
+
+
+def _recorded_text(stored: Mapping[str, Any]) -> str:
+    """The export's own verification as export.json records it, in words: its verdict and what it measured (a max
+    abs diff, token ids against eager generation, a quantized export's cosine), nothing it did not measure."""
+    verdict = "PASSED" if stored.get("passed") else "FAILED"
+    shapes = ", ".join(f"{k}={v}" for k, v in (stored.get("inputs") or {}).items()
+                       if isinstance(v, list))
+    what = ""
+    diff = stored.get("max_abs_diff")
+    if stored.get("kind") == "generation":
+        difference = stored.get("first_difference")
+        what = (f"greedy token ids {'equal' if difference is None else 'differ from'} "
+                f"{stored.get('reference') or 'eager generate'}"
+                + (f" ({difference})" if difference is not None else ""))
+        if isinstance(stored.get("token_agreement"), int | float):
+            what += f", {stored['token_agreement']:.0%} of the new tokens agree (quantized)"
+    elif isinstance(diff, int | float) and not isinstance(diff, bool):
+        what = f"max abs diff {diff:.3e}"
+    return f"verification {verdict}" + (f", {what}" if what else "") + (f" at {shapes}" if shapes else "")
 
 
 def _tolerance(recorded: Any, default: float) -> float:

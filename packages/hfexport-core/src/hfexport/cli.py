@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .commands import (
+    DTYPES,
     EXIT_ERROR,
     EXIT_MISMATCH,
     EXIT_OK,
@@ -28,12 +29,24 @@ from .commands import (
     UsageError,
     configured_exporter,
     console,
+    load_model,
+    model_summary,
     quiet_third_party_logs,
     record_verification,
     resolve_artifact,
+    say,
+    timed,
     verbose,
     write_report,
 )
+
+# The recipes of ``--quantize`` per backend, for its help (kept light: no backend imported); the tests check them
+# against each backend's recipe table.
+QUANTIZE_RECIPES = {
+    "onnx": ("int8-dynamic", "int4", "int8-dynamic-per-tensor", "int8-static"),
+    "executorch-xnnpack": ("8da4w", "8da8w", "int8", "int8-dynamic"),
+    "openvino": ("int8-weights", "int4-weights"),
+}
 
 EPILOG = """\
 examples:
@@ -48,6 +61,8 @@ examples:
   hfexport verify org/name --subfolder hfexport/dynamo    ... one on the Hub (fetches only the files it names)
   hfexport export ./my-llm --task text-generation --max-cache-len 128 -o out/gen
                                                           one decoder program, checked by generation
+  hfexport export org/my-llm --backend openvino --quantize int4-weights --group-size 64 --sym
+                                                          a Hub id; a *ForCausalLM exports for text-generation
   hfexport generate out/gen --input-ids 1,306,4966 --max-new-tokens 20
   hfexport generate out/gen --prompt "Hello" --tokenizer ./my-llm --max-new-tokens 20
 
@@ -74,15 +89,31 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     infos = list_backends(load=not args.no_load)
     if args.json:
         print(json.dumps([{"name": i.name, "distribution": i.distribution, "version": i.version,
+                           "toolchain": _toolchain(i),
                            "status": i.status, "error": i.error, "note": i.note, "entry_point": i.value}
                           for i in infos], indent=2))
         return 0
-    rows = [("name", "distribution", "version", "status")]
-    rows += [(i.name, i.distribution, i.version, i.status + (f": {i.error}" if i.error else "")
+    rows = [("name", "distribution", "dist version", "toolchain", "status")]
+    rows += [(i.name, i.distribution, i.version, _toolchain(i), i.status + (f": {i.error}" if i.error else "")
               + (f" ({i.note})" if i.note else "")) for i in infos]
-    widths = [max(len(r[c]) for r in rows[:]) for c in range(3)]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
     for r in rows:
-        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+        print("  ".join(f"{cell:<{width}}" for cell, width in zip(r[:4], widths, strict=True)) + f"  {r[4]}")
+    return 0
+
+
+def _toolchain(info: Any) -> str:
+    """The toolchain a backend lowers with and its installed version (``openvino 2025.3.0``): the last of its
+    declared requirements other than transformers (torch for dynamo), read from the installed distributions'
+    metadata; ``-`` unknown (``--no-load``)."""
+    requires = getattr(info.backend, "requires", None) or ()
+    if not requires:
+        return "-"
+    name = next((r for r in reversed(requires) if r != "transformers"), requires[-1])
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return f"{name} (missing)"
     return 0
 
 
@@ -216,7 +247,29 @@ def _unresolved(registration: Any) -> list[str]:
     return problems
 
 
+def _check_writable(path: Path) -> None:
+    """Refuse, before any model loads, an output directory that cannot be written: the nearest existing directory
+    above ``path`` (where the save makes the missing directories, its lock and its staging folder) must take a new
+    file (a probe file is made and removed: permissions, a read-only file system, a file in the way)."""
+    import tempfile
+
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"output directory {path} cannot be made: {ancestor} is a file, not a directory; choose "
+                         "another --output")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hfexport-write-check-", dir=ancestor)
+    except OSError as exc:
+        raise UsageError(f"output directory {path} cannot be written: {ancestor} refuses new files "
+                         f"({exc.strerror or exc}); choose another --output (a directory you can write)") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _check_output(path: Path, overwrite: bool) -> None:
+    _check_writable(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise UsageError(f"output directory {path} exists and is not empty; pass --overwrite to replace "
                          "it, or choose another --output")
@@ -225,6 +278,80 @@ def _check_output(path: Path, overwrite: bool) -> None:
     if overwrite and path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_NAME).is_file():
         raise UsageError(f"--overwrite replaces only an earlier export, and {path} is not one (it has no "
                          f"{MANIFEST_NAME}); choose another --output, or empty the directory yourself")
+
+
+# The weight files Transformers' from_pretrained reads from a local directory (one of them, or a sharded index).
+_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+                    "tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
+
+
+def _check_weights(directory: Path) -> None:
+    """Refuse, before any model loads, a model directory with ``config.json`` and no weight file (a download that
+    stopped early, a config copied alone): ``from_pretrained`` would fail after the imports, or build random weights."""
+    if not any(next(directory.glob(pattern), None) is not None for pattern in _WEIGHT_PATTERNS):
+        raise UsageError(f"{directory} has config.json but no weights (model.safetensors, pytorch_model.bin or a "
+                         "sharded *.index.json): give the directory model.save_pretrained(path) wrote, with its "
+                         "weight files")
+
+
+# --dtype's default verification tolerances (atol and rtol): a few roundings of the dtype (eps: fp16 9.8e-4, bf16
+# 7.8e-3); a seeded tiny Llama's bf16 logits differ from bf16 eager by 2e-3 on dynamo.
+_HALF_TOLERANCE = {"fp16": 1e-2, "bf16": 5e-2}
+
+
+def _download_model(repo_id: str, revision: str | None, trust_remote_code: bool) -> Path:
+    """The local snapshot of Hub model ``repo_id`` (config, safetensors weights, tokenizer and processor files; the
+    model's own code with ``trust_remote_code``), through ``huggingface_hub`` into its cache; ``HF_HUB_OFFLINE=1``
+    reads the cache alone.
+
+    Raises:
+        UsageError: no such repository or revision, or nothing cached offline (the message says which).
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    if trust_remote_code:
+        patterns.append("*.py")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    except RepositoryNotFoundError:
+        raise UsageError(f"{repo_id} is neither a local directory nor a Hub model you can read (a typo? private or "
+                         "gated: log in with `hf auth login`)") from None
+    except RevisionNotFoundError:
+        raise UsageError(f"Hub model {repo_id} has no revision {revision!r}") from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        raise UsageError(f"{repo_id} is not a local directory, {why}, and the Hugging Face cache "
+                         f"({constants.HF_HUB_CACHE}) holds no snapshot of it: download it once online, or give "
+                         "the model's directory") from None
+
+
+def _infer_task(args: argparse.Namespace, backend: Any) -> str | None:
+    """``"text-generation"`` for a model directory whose config.json names a ``*ForCausalLM`` when the backend
+    exports that task and nothing asks for one forward pass (``--no-task``, ``--dynamic``); else None."""
+    if getattr(args, "no_task", False) or args.dynamic or "text-generation" not in (backend.tasks or ()):
+        return None
+    architecture = model_summary(args.model)
+    if architecture.endswith("ForCausalLM"):
+        args.task = "text-generation"
+        return "text-generation"
+    return None
+
+
+def _check_remote_code(directory: Path, trust_remote_code: bool) -> None:
+    """Refuse, before any import, a model whose code lives in its repository (config.json's ``auto_map``) without
+    ``--trust-remote-code``: loading it runs that code."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and config.get("auto_map") and not trust_remote_code:
+        classes = ", ".join(sorted(str(v) for v in config["auto_map"].values()))[:200]
+        raise UsageError(f"{directory}'s config.json maps its classes to code in the model's repository (auto_map: "
+                         f"{classes}): loading it runs that code; pass --trust-remote-code if you trust its source")
 
 
 def _check_report(report: str | None) -> None:
@@ -274,9 +401,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not demo and not args.model:
         raise UsageError("give a model directory (or --demo where a plugin provides one, e.g. hfexport-dynamo; "
                          "see `hfexport export --help`)")
+    hub = None
     if not demo and not Path(args.model).is_dir():
-        raise UsageError(f"model directory {args.model} does not exist (a local Transformers model directory: "
-                         "config.json + weights)")
+        from ._hub import is_hub_reference
+
+        if not is_hub_reference(args.model):
+            raise UsageError(f"model directory {args.model} does not exist (a local Transformers model directory: "
+                             "config.json + weights, or a Hub model id org/name)")
+        hub = args.model
+        print(f"exporting {hub} from the Hugging Face Hub with backend {args.backend!r} to "
+              f"{args.output or f'out/{args.backend}'}", file=sys.stderr, flush=True)
+        with timed(f"fetching {hub}'s config, weights and tokenizer (huggingface_hub, into its cache)"):
+            args.model = str(_download_model(hub, getattr(args, "revision", None), args.trust_remote_code))
+    elif getattr(args, "revision", None) is not None:
+        raise UsageError(f"--revision is for a Hub model id (org/name); {args.model or '--demo'} is local")
     if not demo and not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"{args.model} has no config.json: give a Transformers model directory (config.json + "
                          "weights), e.g. one written by model.save_pretrained(path)")
@@ -287,6 +425,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
         backend = get_backend(args.backend)
     except (UnknownBackendError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
+    inferred = None
+    if task is None and not demo:
+        task = inferred = _infer_task(args, backend)
+    if not demo:
+        _check_remote_code(Path(args.model), args.trust_remote_code)
     if task is not None and backend.tasks and task not in backend.tasks:  # before any model or toolchain loads
         close = difflib.get_close_matches(task, backend.tasks, n=1, cutoff=0.8)
         raise UsageError(f"unknown task {task!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
@@ -295,16 +438,30 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if getattr(args, "check_task_options", None) is not None:
         args.check_task_options(args, task, demo)
 
+    dtype = getattr(args, "dtype", None)
+    if dtype in _HALF_TOLERANCE:  # a half-precision export differs from half eager by its rounding, not 1e-4
+        args.atol = _HALF_TOLERANCE[dtype] if args.atol is None else args.atol
+        args.rtol = _HALF_TOLERANCE[dtype] if args.rtol is None else args.rtol
     quiet_third_party_logs()
     from ._artifact import MANIFEST_NAME
 
     output = Path(args.output or f"out/{args.backend}")
     if demo and args.output is None and (output / MANIFEST_NAME).is_file():
         args.overwrite = True  # the demo's own directory: running the README's first command again replaces it
+    if not demo:
+        _check_weights(Path(args.model))  # the arguments first (a mistyped task), then the files
     _check_output(output, args.overwrite)  # before the toolchain loads
     _check_report(args.report)
+    # the first line: what, from where, to where, with which backend (before the toolchain and the model load)
+    what = "the demo model" if demo else f"{model_summary(args.model)} from {hub or args.model}"
+    out.print(f"exporting {what} with backend {args.backend!r}{f' for task {task!r}' if task else ''} to {output}",
+              markup=False)
+    if inferred:
+        out.print(f"task {inferred!r} inferred from {model_summary(args.model)} (config.json's architectures): pass "
+                  "--no-task to export one forward pass instead, or --task to choose another", markup=False)
     try:
-        exporter_class = backend.load_exporter()
+        with timed(f"importing the {args.backend} backend and its toolchain"):
+            exporter_class = backend.load_exporter()
     except (UnknownBackendError, ImportError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     exporter_class = _with_backend_options(exporter_class, args)
@@ -316,15 +473,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ._stages import ExportError
 
     start = time.perf_counter()
-    if demo:
-        model, inputs, check_inputs, source = demo()
-    else:
-        model = exporter_class.load_model(args.model)
-        inputs, check_inputs = None, None
-        source = str(args.model)
+    with timed("loading the model"):
+        if demo:
+            model, inputs, check_inputs, source = demo()
+        else:
+            model = load_model(exporter_class, args)
+            inputs, check_inputs = None, None
+            source = str(args.model)
     dynamic = args.dynamic or bool(demo)
-    out.print(f"exporting {type(model).__name__} from {source} with backend {args.backend!r}"
-                  f"{' (dynamic shapes)' if dynamic else ''}")
+    say(f"exporting {type(model).__name__} from {source}{' with dynamic shapes' if dynamic else ''}")
     progress = Progress(out)
     try:  # verified on the traced inputs (a mismatch exits 3; --no-verify records it in export.json instead)
         exported = configured_exporter(exporter_class, args, dynamic=dynamic).export(
@@ -334,23 +491,28 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise  # main() prints it on one line (the traceback with --debug) and exits 1
     finally:
         progress.stop()
-    path = exported.save_pretrained(output, overwrite=args.overwrite)
-    out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s")
+    with timed(f"saving to {output}"):
+        path = exported.save_pretrained(output, overwrite=args.overwrite)
+    out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s",
+              markup=False)
     if args.no_verify:
         return 0
     from ._api import load
 
-    reloaded = load(path)
+    with timed("loading the artifact back from disk"):
+        reloaded = load(path)
     if check_inputs is None:
         check_inputs = exporter_class.sample_inputs(model, reloaded.manifest)
     if check_inputs is None:
         out.print("this backend gives no sample inputs for verification: skipped (use the Python API)")
         return 0
     shapes = ", ".join(f"{k}={list(v.shape)}" for k, v in check_inputs.items() if hasattr(v, "shape"))
-    out.print(f"verifying the artifact loaded back from disk at {shapes}")
+    out.print(f"verifying the artifact loaded back from disk at {shapes}", markup=False)
     recorded = reloaded.manifest.get("verification") or {}  # the tolerances the export verified with
-    report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
-                             rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol, reference=model)
+    with timed("running the artifact and eager PyTorch"):
+        report = reloaded.verify(check_inputs, atol=recorded.get("atol", 1e-4) if args.atol is None else args.atol,
+                                 rtol=recorded.get("rtol", 1e-3) if args.rtol is None else args.rtol,
+                                 reference=model)
     # The saved export.json keeps the report of the check of the files on disk (written atomically).
     exported.manifest = record_verification(path, reloaded.manifest["verification"])
     print(report)
@@ -403,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a model directory (or the demo model), save it and verify it",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    p.add_argument("model", nargs="?", help="a local Transformers model directory (config.json + weights)")
+    p.add_argument("model", nargs="?", help="a local Transformers model directory (config.json + weights), or a Hub "
+                   "model id org/name (fetched through huggingface_hub into its cache: config, safetensors, "
+                   "tokenizer); a *ForCausalLM exports for --task text-generation unless told otherwise")
     p.add_argument("--backend", "-b", default="dynamo", help="backend name, see `hfexport backends` (default: dynamo)")
     p.add_argument("--output", "-o", help="artifact directory (default: out/<backend>)")
     p.add_argument("--dynamic", action="store_true", help="dynamic batch and sequence dims (Dim.AUTO on every dim)")
@@ -417,13 +581,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", "--traceback", dest="debug", action="store_true", default=argparse.SUPPRESS,
                    help="on an error, show the full (chained) traceback, not only the one-line message")
     p.add_argument("--report", metavar="FILE", help="also write the stages, workarounds and verification as markdown")
-    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: int8-dynamic, "
-                   "int4, int8-dynamic-per-tensor, int8-static; executorch-xnnpack: 8da4w, 8da8w, int8, int8-dynamic); "
-                   "verified against float eager by cosine similarity")
+    p.add_argument("--quantize", metavar="RECIPE", help="quantize with a recipe of the backend (onnx: "
+                   f"{', '.join(QUANTIZE_RECIPES['onnx'])}; executorch-xnnpack: "
+                   f"{', '.join(QUANTIZE_RECIPES['executorch-xnnpack'])}; openvino: "
+                   f"{', '.join(QUANTIZE_RECIPES['openvino'])}); verified against float eager by cosine similarity")
+    p.add_argument("--group-size", type=int, metavar="N", help="with --quantize: weights per scale of a grouped "
+                   "recipe (onnx int4 / int8-dynamic: MatMulNBits block_size, 16-256, default 32 / 128; "
+                   "executorch-xnnpack 8da4w: a multiple of 32, default 32; openvino int4-weights: default 128, a "
+                   "layer whose width N does not divide gets the largest power of two >= 32 that does)")
+    p.add_argument("--ratio", type=float, metavar="R", help="with --quantize int4-weights (openvino): the share "
+                   "of the MatMul weights in int4, in (0, 1] (the others int8; default 1)")
+    p.add_argument("--sym", action=argparse.BooleanOptionalAction, default=None, help="with --quantize: symmetric "
+                   "weights, one scale and no zero point (--no-sym: a zero point per group). Defaults: openvino "
+                   "int4-weights / int8-weights asymmetric (NNCF's INT4_ASYM; --sym: INT4_SYM), onnx int4 / "
+                   "int8-dynamic symmetric (MatMulNBits is_symmetric), executorch-xnnpack 8da4w / 8da8w symmetric only")
+    p.add_argument("--qembedding", choices=("4w", "8w"), help="with --quantize 8da4w or 8da8w (executorch-xnnpack): "
+                   "also quantize the embedding tables, weight-only: 4w int4 (one scale per 32 weights of a row), "
+                   "8w int8 (one scale per row); the other recipes quantize embedding tables int8 already")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="cast the model's weights to this dtype before the "
+                   "export (fp16, bf16; default: as the model loads, float32); verified against eager in that dtype, with "
+                   "atol and rtol 1e-2 (fp16) or 5e-2 (bf16) unless --atol/--rtol")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a model whose config.json maps its "
+                   "classes to code in its repository (auto_map): loading it runs that code; off by default, only "
+                   "for a model from a source you trust")
+    p.add_argument("--revision", help="with a Hub model id: the branch, tag or commit (default main)")
     p.set_defaults(func=_cmd_export, demo=None)
 
 
-    p = sub.add_parser("backends", help="list installed backends: name, distribution, version, status")
+    p = sub.add_parser("backends", help="list installed backends: name, the distribution that provides it and its "
+                                        "version, the toolchain it lowers with and that one's version, status")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-load", action="store_true", help="read entry point metadata only (no plugin import)")
     p.set_defaults(func=_cmd_backends)

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError",
-           "configured_exporter", "console", "quiet_third_party_logs", "record_verification", "resolve_artifact",
-           "verbose", "write_report"]
+__all__ = ["DTYPES", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError",
+           "configured_exporter", "console", "load_model", "model_summary", "quantization_knobs", "quiet_third_party_logs",
+           "record_verification", "resolve_artifact", "say", "timed", "verbose", "write_report"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -41,12 +41,38 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
+# Third-party log lines a user can do nothing about, dropped inside hfexport's commands: logger -> message parts.
+# torchao (imported by transformers and executorch) registers Enum constants as pytree nodes, and torch logs a
+# deprecation warning for each on every run; torch.utils.cpp_extension (imported by NNCF, OpenVINO's weight
+# compression) says at import that there is no CUDA runtime on a CPU machine.
+_NOISE = {"torch.utils._pytree": ("is an Enum subclass", "register_constant"),
+          "torch.utils.cpp_extension": ("No CUDA runtime is found",)}
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, parts: tuple[str, ...]):
+        super().__init__()
+        self.parts = parts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that does not format is not ours to drop
+            return True
+        return not any(part in message for part in self.parts)
+
+
 def quiet_third_party_logs() -> None:
-    """Inside a command: torch's ``torch.utils._pytree`` logger shows errors only (torchao, imported by transformers
-    and executorch, registers Enum constants as pytree nodes, and torch logs a deprecation warning for each on every
-    run); nothing is changed when :func:`verbose`."""
-    if not verbose():
-        logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    """Inside a command: drop the third-party log lines of :data:`_NOISE` (torch's pytree deprecation warnings
+    about torchao's enums, torch.utils.cpp_extension's "No CUDA runtime is found"), by filters on their loggers
+    that hold before the module that logs is imported and whatever level torch's logging sets later; idempotent;
+    nothing is changed when :func:`verbose`."""
+    if verbose():
+        return
+    for name, parts in _NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise(parts))
 
 
 class UsageError(Exception):
@@ -59,17 +85,58 @@ def console() -> Any:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+_STARTED = time.perf_counter()  # when the command began (this module is imported first thing by the CLI)
+
+
+def say(text: str) -> None:
+    """A progress line on stderr, led by the seconds since the command started: ``[hfexport 41.2s] saving ...``;
+    between stage lines, so that saving, loading back and verifying are never silent."""
+    print(f"[hfexport {time.perf_counter() - _STARTED:.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+class timed:  # noqa: N801 - used as a function: ``with timed("saving to out/x"):``
+    """``with timed("loading the model"):`` says ``loading the model ...`` and, at the end, ``... done in 3.2s``."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self) -> timed:
+        say(f"{self.what} ...")
+        self._began = time.perf_counter()
+        return self
+
+    def __exit__(self, kind: Any, *rest: Any) -> None:
+        if kind is None:
+            say(f"{self.what} done in {time.perf_counter() - self._began:.1f}s")
+
+
+def model_summary(directory: str | Path) -> str:
+    """What ``config.json`` of ``directory`` names, read as JSON alone (no transformers): its first architecture,
+    else its ``model_type``, else ``"the model"``."""
+    import json
+
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "the model"
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    return f"a {model_type} model" if isinstance(model_type, str) else "the model"
+
+
 class Progress:
     """Progress of an export on stderr: on a terminal, a spinner on the running stage and one line per stage and
     toolchain step when it ends (✅/❌ with seconds); elsewhere (a log file, CI), plain lines when a stage starts and
-    when a stage or step ends, each led by the seconds since the export began, so that a long lowering is never
+    when a stage or step ends, each led by the seconds since the command started, so that a long lowering is never
     silent. Keeps the stage lines for --report."""
 
     def __init__(self, console: Any):
         self.console = console
         self.enabled = console.is_terminal
         self._status: Any = None
-        self._began = time.perf_counter()
+        self._began = _STARTED  # the seconds since the command started, as say() counts them
         self.lines: list[str] = []
 
     def _log(self, text: str) -> None:
@@ -121,16 +188,74 @@ class Progress:
 
 
 def configured_exporter(exporter_class: Any, args: argparse.Namespace, **options: Any) -> Any:
-    """The backend's exporter with the command's options (``--quantize``); an option it refuses is a usage error."""
+    """The backend's exporter with the command's options (``--quantize`` and its knobs ``--group-size``,
+    ``--ratio``, ``--sym``, ``--qembedding``, as a :class:`hfexport.Quantization`); an option it refuses is a usage
+    error."""
+    knobs = quantization_knobs(args)
     if getattr(args, "quantize", None):
         if "quantize" not in exporter_class.config_class.option_names():
             raise UsageError(f"backend {args.backend!r} does not quantize (--quantize {args.quantize}): export with a "
                              "backend that does (`hfexport backends` lists them; each documents its recipes)")
-        options["quantize"] = args.quantize
+        if knobs:
+            from ._quantization import Quantization
+
+            try:
+                options["quantize"] = Quantization(args.quantize, **knobs)
+            except TypeError as exc:
+                raise UsageError(f"--quantize {args.quantize}: {exc}") from exc
+        else:
+            options["quantize"] = args.quantize
     try:
         return exporter_class(**options)
     except (TypeError, ValueError) as exc:  # a recipe the backend does not support names those it does
         raise UsageError(str(exc)) from exc
+
+
+# ``export``'s quantization knobs: flag -> Quantization field
+_QUANTIZATION_FLAGS = {"group_size": "--group-size", "ratio": "--ratio", "sym": "--sym", "qembedding": "--qembedding"}
+
+
+def quantization_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`hfexport.Quantization` options ``args`` give (``--group-size`` -> ``group_size``, ``--ratio``,
+    ``--sym`` -> ``symmetric``, ``--qembedding`` -> ``embedding``).
+
+    Raises:
+        UsageError: a knob given without ``--quantize``.
+    """
+    given = {name: getattr(args, name, None) for name in _QUANTIZATION_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if given and not getattr(args, "quantize", None):
+        raise UsageError(f"{', '.join(_QUANTIZATION_FLAGS[n] for n in given)} tune{'s' if len(given) == 1 else ''} a "
+                         "quantization recipe: pass --quantize RECIPE too (e.g. --quantize int4-weights on openvino)")
+    names = {"group_size": "group_size", "ratio": "ratio", "sym": "symmetric", "qembedding": "embedding"}
+    return {names[name]: value for name, value in given.items()}
+
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def load_model(exporter_class: Any, args: argparse.Namespace) -> Any:
+    """The model of ``args.model`` as the backend's loader gives it, with ``--trust-remote-code`` (the model's own
+    code, when the loader takes it) and cast to ``--dtype`` (fp16, bf16; default: as loaded, float32)."""
+    import inspect
+
+    options = {}
+    if args.trust_remote_code:
+        try:
+            takes = "trust_remote_code" in inspect.signature(exporter_class.tracer.load_model).parameters
+        except (AttributeError, TypeError, ValueError):
+            takes = False
+        if not takes:
+            raise UsageError(f"backend {args.backend!r} loads models without trust_remote_code")
+        options["trust_remote_code"] = True
+    model = exporter_class.tracer.load_model(args.model, **options) if options else exporter_class.load_model(
+        args.model)
+    dtype = getattr(args, "dtype", None)
+    if dtype and dtype != "fp32":
+        import torch
+
+        model = model.to(getattr(torch, DTYPES[dtype]))
+    return model
 
 
 def write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,

@@ -5,12 +5,16 @@ from ._trust import (
     SAFE_PICKLE_GLOBALS,
     allow_pytree_types,
     allowed_pytree_type,
+    artifact_bytes,
     check_treespec,
+    hub_blobs,
     import_type_modules,
     importable_prefixes,
     load_treespec,
+    open_beneath,
     parse_json,
     pickle_globals,
+    read_beneath,
     torch_dtype,
     treespec_names,
     unregistered,
@@ -18,7 +22,7 @@ from ._trust import (
 )
 
 __all__ = [
-    "SAFE_PICKLE_GLOBALS", "allow_pytree_types", "allowed_pytree_type", "check_treespec", "import_type_modules",
-    "importable_prefixes", "load_treespec", "parse_json", "pickle_globals", "torch_dtype", "treespec_names",
-    "unregistered", "unsafe_pickle_globals"
+    "SAFE_PICKLE_GLOBALS", "allow_pytree_types", "allowed_pytree_type", "artifact_bytes", "check_treespec", "hub_blobs",
+    "import_type_modules", "importable_prefixes", "load_treespec", "open_beneath", "parse_json", "pickle_globals",
+    "read_beneath", "torch_dtype", "treespec_names", "unregistered", "unsafe_pickle_globals"
 ]

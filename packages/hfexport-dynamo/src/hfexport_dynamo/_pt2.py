@@ -681,7 +681,7 @@ def _check_program(node: Any, what: str, symbols: dict[str, Any], key: str = "")
             _check_program(value, what, symbols, key)
 
 
-def read_pt2(file: str | Path) -> torch.export.ExportedProgram:
+def read_pt2(file: str | Path, data: bytes | None = None) -> torch.export.ExportedProgram:
     """The ``ExportedProgram`` of a ``.pt2``, read as untrusted input (see the module docstring): hfexport's zip
     reader, raw weights, a restricted unpickler, a checked and canonical program JSON without guards, then torch's
     deserializer on those objects.
@@ -697,8 +697,8 @@ def read_pt2(file: str | Path) -> torch.export.ExportedProgram:
 
     file = Path(file)
     what = file.name
-    size = file.stat().st_size
-    with open(file, "rb") as stream:
+    size = len(data) if data is not None else file.stat().st_size
+    with (io.BytesIO(data) if data is not None else open(file, "rb")) as stream:
         members = _Members(stream, what, _PT2_FIXED, _LAYOUT, size)
         fixed = {record: members.read(record) for record in _PT2_FIXED if record in members.records}
         if fixed.get("archive_format", b"").decode(errors="replace") != ARCHIVE_FORMAT_VALUE \
@@ -798,9 +798,15 @@ def save_program(program: torch.export.ExportedProgram, file: str | Path) -> Non
         stream.flush()
 
 
-def load_program(file: str | Path, *, trust_remote_code: bool = False) -> torch.export.ExportedProgram:
+def load_program(file: str | Path, *, trust_remote_code: bool = False, data: bytes | None = None
+                 ) -> torch.export.ExportedProgram:
     """The program of a ``.pt2``: :func:`read_pt2` (nothing from the file runs), or ``torch.export.load(file)``
     with ``trust_remote_code`` (the caller trusts the file: torch may unpickle anything in it).
+
+    Args:
+        file: the ``.pt2`` (its name names it in messages when ``data`` is given).
+        data: the file's bytes as they were checked (``hfexport.trust.artifact_bytes``): read from memory, the
+            path is not opened again.
 
     Raises:
         hfexport.UntrustedArtifactError: what would run, and how to opt in.
@@ -808,10 +814,10 @@ def load_program(file: str | Path, *, trust_remote_code: bool = False) -> torch.
     """
     file = Path(file)
     if not trust_remote_code:
-        return read_pt2(file)
+        return read_pt2(file, data=data)
     logger.warning("loading %s with trust_remote_code=True: torch.export.load may unpickle anything in it", file)
     try:
-        return torch.export.load(file)
+        return torch.export.load(io.BytesIO(data) if data is not None else file)
     except Exception as exc:
         raise ValueError(f"torch.export.load cannot read {file} ({type(exc).__name__}: {exc}); it was written by "
                          "another torch version, or is damaged") from exc

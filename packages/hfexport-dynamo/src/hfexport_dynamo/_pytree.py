@@ -26,10 +26,17 @@ _REGISTERED: dict[type, tuple[str, ...] | None] = {}
 
 
 def _is_child(value: Any) -> bool:
+    """A tensor, a registered object, or a list, tuple or dict of them (``None`` entries allowed, at least one
+    tensor or registered object; nested containers too). A dict of tensors is a child so that its tensors are
+    inputs of the program: ``LinearAttentionLayer.conv_states`` (``{state_idx: tensor}``, LFM2, Qwen3-Next, Mamba2
+    hybrids), kept in the context, was a constant that forward mutates in place (f11)."""
     if isinstance(value, torch.Tensor):
         return True
-    if isinstance(value, list | tuple):
-        return bool(value) and all(_is_child(v) or type(v) in _REGISTERED for v in value)
+    if isinstance(value, list | tuple | dict):
+        values = list(value.values()) if isinstance(value, dict) else list(value)
+        if isinstance(value, dict) and not all(type(k) in (int, str) for k in value):
+            return False
+        return any(v is not None for v in values) and all(v is None or _is_child(v) for v in values)
     return type(value) in _REGISTERED
 
 
@@ -126,9 +133,9 @@ def _to_json(context: Any) -> str:
 
 
 def _from_json(text: str) -> Any:
-    import json
+    from hfexport.trust import parse_json
 
-    data = json.loads(text)
+    data = parse_json(text)  # bounded depth and integers: a saved context is the artifact's text
     cls = _decode(data["cls"])
     if cls not in _REGISTERED:  # the class the context rebuilds must be one registered here
         raise ValueError(f"a saved cache context rebuilds {cls!r}, which is not a registered cache type")

@@ -37,6 +37,7 @@ from . import (  # the workarounds of stage 2 (Model patches) and of the backend
     _associative_scan,  # noqa: F401  associative_scan as a scan op
     _common_patches,  # noqa: F401  torch ops and transformers' shared code
     _fake_quant,  # noqa: F401  fake-quant modules and ops of QAT models
+    _media_patches,  # noqa: F401  media dims: images per call, image sizes
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
     _rnn_layers,  # noqa: F401  nn.RNN/GRU/LSTM as scan ops
@@ -220,7 +221,7 @@ def forward_signature(ctx: ExportContext) -> None:
 
 # ── Stage 2: Model patches ──
 # ``ctx.install_patches(("dynamo",))`` in :func:`capture`; the patches are in ``_common_patches.py``,
-# ``_model_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
+# ``_model_patches.py``, ``_media_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
 
 
 # ── Stage 3: Pytree registration ──

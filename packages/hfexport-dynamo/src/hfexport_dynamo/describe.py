@@ -34,8 +34,8 @@ def _resized(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def second_shape_inputs(program: torch.export.ExportedProgram | None,
-                        inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+def second_shape_inputs(program: torch.export.ExportedProgram | None, inputs: Mapping[str, Any], *,
+                        smallest: bool = False) -> dict[str, Any] | None:
     """See :meth:`DynamoTracer.second_shape_inputs`."""
     if program is None:
         return None
@@ -61,12 +61,17 @@ def second_shape_inputs(program: torch.export.ExportedProgram | None,
     moved: dict[Any, int] = {}
     for symbol, hint in symbols.items():
         rng = program.range_constraints.get(symbol)
+        if smallest:  # the range's least size (1 for a count of images, chunks, rows), where below the example
+            moved[symbol] = min(hint, max(1, int(rng.lower))) if rng is not None else hint
+            continue
         lower = max(2, int(rng.lower)) if rng is not None else 2
         try:
             upper = int(rng.upper) if rng is not None else hint + 1
         except (TypeError, OverflowError, AttributeError):  # int_oo
             upper = hint + 1
         moved[symbol] = hint + 1 if hint + 1 <= upper else hint - 1 if hint - 1 >= lower else hint
+    if smallest:
+        _raise_to_derived_ranges(moved, symbols, vals, program)
     if all(moved[s] == symbols[s] for s in moved):
         return None
     out = []
@@ -74,10 +79,27 @@ def second_shape_inputs(program: torch.export.ExportedProgram | None,
         if isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor):
             for dim, size in enumerate(val.shape):
                 if _is_dynamic(size):
-                    leaf = _resized(leaf, dim, int(size.node.expr.xreplace(moved)))
+                    leaf = _resized(leaf, dim, max(0, int(size.node.expr.xreplace(moved))))
         out.append(leaf)
     return pytree.tree_unflatten(out, spec)
 
+
+def _raise_to_derived_ranges(moved: dict[Any, int], hints: Mapping[Any, int], vals: list[Any],
+                             program: torch.export.ExportedProgram) -> None:
+    """Raise the symbols of ``moved`` (each at its own least size) until every dim that is an expression of several
+    (a growing cache's ``attention_mask`` of ``past + seq`` positions) is within the range torch.export recorded for
+    that expression; each symbol goes up by one at a time and never past its example size (``hints``), which is in
+    range."""
+    exprs = {size.node.expr for val in vals if isinstance(val, torch.Tensor) for size in val.shape
+             if _is_dynamic(size) and len(size.node.expr.free_symbols) > 1}
+    for _ in range(sum(hints.values()) + 1):
+        low = [e for e in exprs if (rng := program.range_constraints.get(e)) is not None
+               and int(e.xreplace(moved)) < int(rng.lower)]
+        if not low:
+            return
+        for symbol in low[0].free_symbols:
+            if symbol in moved and moved[symbol] < hints[symbol]:
+                moved[symbol] += 1
 
 
 def _spec_modules(spec: Any) -> set[str]:

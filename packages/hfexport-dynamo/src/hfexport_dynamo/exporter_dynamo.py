@@ -28,6 +28,7 @@ from hfexport.plugin import (
     artifact_file,
     component_manifest,
 )
+from hfexport.trust import artifact_bytes
 
 from ._config import DynamoConfig
 from ._pt2 import load_program, mutated_buffer_names, own_mutated_buffers, runnable_module, save_program
@@ -88,8 +89,10 @@ class DynamoExporter(Exporter):
         the file (pickles beyond tensors, shape expressions and guards beyond sizes, non-operator targets; see
         :func:`hfexport_dynamo.load_program`), unless ``trust_remote_code``."""
         section = component_manifest(manifest, component)
-        program = artifact_file(path, manifest, section.get("program_file"), f"components[{component!r}].program_file")
-        return DynamoRunner(load_program(program, trust_remote_code=trust_remote_code))
+        where = f"components[{component!r}].program_file"
+        program = artifact_file(path, manifest, section.get("program_file"), where)
+        data = artifact_bytes(path, manifest, section.get("program_file"), where)  # read once, checked, handed over
+        return DynamoRunner(load_program(program, trust_remote_code=trust_remote_code, data=data))
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:

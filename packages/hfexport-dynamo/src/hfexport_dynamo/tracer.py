@@ -156,11 +156,13 @@ class DynamoTracer:
         from ._cache_attention import attention_for
         from .tasks import plan_task
 
-        stateful = needs.cache_layout == "in_place"
+        # a growing cache is text generation's only; the other tasks keep theirs in place on such a runtime
+        stateful = needs.cache_layout in ("in_place", "growing")
         return plan_task(model, task, inputs, max_cache_len=options.max_cache_len, max_batch=options.max_batch,
                          prefill_chunk=getattr(options, "prefill_chunk", None),
                          max_images=getattr(options, "max_images", None),
-                         stateful=stateful, fused_cache_attention=attention_for(needs.attention, stateful))
+                         stateful=stateful, fused_cache_attention=attention_for(needs.attention, stateful),
+                         growing=needs.cache_layout == "growing")
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
         """Greedy decoding over a task artifact's programs (see :func:`hfexport_dynamo.tasks.generate`)."""
@@ -172,11 +174,20 @@ class DynamoTracer:
         model, fixed = ctx.model, dict(trace_state(ctx).fixed_kwargs)
         return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
 
-    def load_model(self, path: str | Path) -> torch.nn.Module:
-        """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``."""
+    def load_model(self, path: str | Path, trust_remote_code: bool = False) -> torch.nn.Module:
+        """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``. With
+        ``trust_remote_code``, a model whose config maps its classes to the repository's code (``auto_map``) loads
+        through that code (its ``AutoModelForCausalLM`` where it maps one, else its first auto class); without it,
+        Transformers refuses such a model."""
         import transformers
 
-        config = transformers.AutoConfig.from_pretrained(path)
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        auto_map = getattr(config, "auto_map", None) or {}
+        if trust_remote_code and auto_map:
+            name = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else next(
+                (k for k in auto_map if k.startswith("AutoModel")), "AutoModel")
+            with no_loading_bar():
+                return getattr(transformers, name).from_pretrained(path, trust_remote_code=True).eval()
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_cls = getattr(transformers, arch, None) if arch else None
         with no_loading_bar():
@@ -197,12 +208,15 @@ class DynamoTracer:
                             seq=seq + 5 if "1" in dynamic and ids["name"] == "input_ids" else seq, seed=1)
 
 
-    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any], *,
+                            smallest: bool = False) -> dict[str, Any] | None:
         """``inputs`` at a second shape for the export's verification: each symbol of the program's dynamic input
-        dims moved by one (up, else down) within its range, so that its parity differs from the traced one; each
-        tensor resized along those dims by truncating or by repeating its own leading slices, so that token ids
-        and masks stay valid. None when nothing can move (static, or every range a single size)."""
-        return second_shape_inputs(ctx.program, inputs)
+        dims moved by one (up, else down) within its range, so that its parity differs from the traced one; with
+        ``smallest``, each symbol at the least size of its range (at least 1: a count of images or rows goes to
+        1), so that a size below the example is checked too. Each tensor is resized along those dims by truncating
+        or by repeating its own leading slices, so that token ids and masks stay valid. None when nothing can move
+        (static, or every range a single size; with ``smallest``, every example size already its range's least)."""
+        return second_shape_inputs(ctx.program, inputs, smallest=smallest)
 
 
 DYNAMO_TRACER = DynamoTracer()

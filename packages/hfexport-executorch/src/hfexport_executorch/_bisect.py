@@ -137,7 +137,7 @@ def bisect_delegates(ctx: ExportContext, exported: ExportedModel, inputs: Mappin
         counts of that partition), ``culprit_ops`` (the op whose exclusion alone makes the program match; empty if none was found),
         ``lowerings``, ``complete`` (False when the time budget ran out), ``summary``.
     """
-    from ._runner import ExecutorchRunner, input_dtypes
+    from ._runner import ExecutorchRunner, input_dtypes, input_mutations
 
     component = exported.default_component
     original_runner = component.runner
@@ -159,7 +159,8 @@ def bisect_delegates(ctx: ExportContext, exported: ExportedModel, inputs: Mappin
             trials.append({"delegated": "all" if keep is None else sorted(keep, key=_natural),
                            "refused_op": refuse, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
             return None
-        component.runner = ExecutorchRunner.from_program_manager(manager, input_dtypes=input_dtypes(ctx.inputs))
+        component.runner = ExecutorchRunner.from_program_manager(
+            manager, input_dtypes=input_dtypes(ctx.inputs), input_mutations=input_mutations(manager.exported_program()))
         try:
             with torch.no_grad():
                 actual = exported(**copy.deepcopy(dict(inputs)))

@@ -175,13 +175,27 @@ def report_planned_memory(ctx: ExportContext, planned: int, bounds: Any) -> None
     """
     if not bounds.roles and not bounds.bounded:
         return
-    chosen = bounds.summary() or ", ".join(f"{k} <= {v[1]}" for k, v in sorted(bounds.bounded.items()))
-    message = f"ExecuTorch plans {planned / 2**20:.1f} MiB for the upper bounds of the dynamic dims: {chosen}"
+    size = f"{planned / 2**20:.1f} MiB"
+    if not bounds.roles:
+        # Every bound is one the caller gave (an explicit Dim(max=...), a task export's max_batch, prefill_chunk and
+        # max_cache_len, which generate checks before it runs): said in those terms, not by torch's symbols (the
+        # manifest's note "dynamic dims given a finite upper bound" keeps them), and a warning only when the plan
+        # is large enough to matter where the program loads.
+        message = (f"ExecuTorch plans {size} for the upper bounds given to the dynamic dims (a task export's "
+                   "--max-batch, --prefill-chunk and --max-cache-len; an explicit Dim(name, max=...) in "
+                   "dynamic_shapes)")
+        if planned > PLANNED_MEMORY_WARNING_BYTES:
+            message += ("; the runtime allocates it when it loads the program: lower --prefill-chunk, --max-batch "
+                        "or --max-cache-len (or the Dim max) to shrink it")
+        ctx.note(message)
+        (logger.warning if planned > PLANNED_MEMORY_WARNING_BYTES else logger.info)(message)
+        return
+    message = f"ExecuTorch plans {size} for the upper bounds of the dynamic dims: {bounds.summary()}"
     if planned > PLANNED_MEMORY_WARNING_BYTES:
         message += "; the runtime allocates it when it loads the program. " + _how_to_lower(bounds)
     else:
-        message += ("; larger inputs are refused (raise max_batch or max_seq_len for more, or give explicit "
-                    "Dim(name, max=...) bounds in dynamic_shapes)")
+        message += ("; larger inputs are refused (raise them with ExecutorchConfig(max_batch=..., max_seq_len=...) "
+                    "in Python, or give explicit Dim(name, max=...) bounds in dynamic_shapes)")
     ctx.note(message)
     log = logger.info if bounds.user_given() and planned <= PLANNED_MEMORY_WARNING_BYTES else logger.warning
     log(message)

@@ -209,7 +209,8 @@ def _printable(text: bytes | None, what: str) -> None:
 
 # ── the checks ──
 
-def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: bool = False) -> None:
+def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: bool = False,
+              data: bytes | None = None) -> None:
     """Read ``path`` (a ``.pte``) and ``data_path`` (its ``.ptd``, if any) with ExecuTorch's schemas, and refuse
     what the runtime would act on unchecked (see the module docstring for the list).
 
@@ -223,7 +224,10 @@ def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: b
         raise _integrity(data_path, exc, files) from None
     data_bytes = data_path.stat().st_size if data_path is not None else 0
     try:
-        _check_program(_mapped(path), named_sizes, data_bytes, trust_remote_code=trust_remote_code)
+        if data is not None and len(data) < 48:
+            raise _Bad(f"{len(data)} bytes, shorter than its headers")
+        program = memoryview(data) if data is not None else _mapped(path)  # data: the bytes the runtime gets
+        _check_program(program, named_sizes, data_bytes, trust_remote_code=trust_remote_code)
     except (_Bad, KeyError) as exc:
         raise _integrity(path, exc, files) from None
 

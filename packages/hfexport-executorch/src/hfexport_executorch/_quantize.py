@@ -62,11 +62,11 @@ QUANTIZATION_RECIPES: dict[str, dict[str, QuantizationRecipe]] = {
     "xnnpack": {
         "8da4w": QuantizationRecipe(
             "8da4w", "torchao source transform: linear layers with int4 weights in groups of group_size (symmetric) "
-            "and int8 activations per token at run time", min_cosine=0.9, options=("group_size", "embedding"),
+            "and int8 activations per token at run time", min_cosine=0.9, options=("group_size", "embedding", "symmetric"),
             default_group_size=32),
         "8da8w": QuantizationRecipe(
             "8da8w", "torchao source transform: linear layers with int8 weights per output channel (symmetric) "
-            "and int8 activations per token at run time", min_cosine=0.98, options=("embedding",)),
+            "and int8 activations per token at run time", min_cosine=0.98, options=("embedding", "symmetric")),
         "int8": QuantizationRecipe(
             "int8", "PT2E static int8 with the XNNPACK quantizer: linear layers with int8 weights per output channel "
             "and int8 activations per tensor calibrated on the export's inputs (or calibration=); embedding tables "
@@ -99,6 +99,9 @@ def resolve_executorch_quantization(value: Any, variant: str) -> Quantization | 
     if quantization is not None and quantization.recipe == "8da4w" and quantization.group_size % 32:
         raise ValueError(f"8da4w group_size must be a multiple of 32 (XNNPACK's blockwise int4 kernels take no "
                          f"other), got {quantization.group_size}")
+    if quantization is not None and quantization.symmetric is False:
+        raise ValueError(f"{quantization.recipe} quantizes weights symmetrically only (XNNPACK's int4/int8 weight "
+                         "kernels take no zero point): drop symmetric=False (--sym is its default)")
     if quantization is not None and quantization.embedding not in (None, *EMBEDDING_SCHEMES):
         raise ValueError(f"embedding={quantization.embedding!r} is not an embedding scheme: "
                          f"{', '.join(f'{k!r} ({v})' for k, v in EMBEDDING_SCHEMES.items())}")

@@ -20,7 +20,8 @@ from ._attention import register_llm_kernels
 from ._pte_check import check_pte
 from ._quiet import without_cpuinfo_lines, without_temp_allocator_lines
 
-__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes", "program_writer"]
+__all__ = ["DATA_FILE_SUFFIX", "ExecutorchRunner", "PROGRAM_FILE", "check_pte_header", "input_dtypes",
+           "input_mutations", "program_writer"]
 
 PROGRAM_FILE = "model.pte"
 DATA_FILE_SUFFIX = ".ptd"
@@ -38,6 +39,23 @@ def _collect_if_large(files: Sequence[Path]) -> None:
         release_free_memory()
 
 
+def input_mutations(program: Any) -> list[int]:
+    """The input leaf index of each input that the lowered ``program`` (an ``ExportedProgram`` after
+    ``to_executorch``) mutates, in the order of the outputs that carry their new values: ExecuTorch's emitter drops
+    the outputs of mutated buffers but keeps those of mutated user inputs, before the user outputs.
+
+    Raises:
+        NotImplementedError: such an output comes after a user output (not seen; the runner could not tell them).
+    """
+    signature = program.graph_signature
+    user_inputs = [spec.arg.name for spec in signature.input_specs if spec.kind.name == "USER_INPUT"]
+    kinds = [spec for spec in signature.output_specs if spec.kind.name != "BUFFER_MUTATION"]
+    mutated = [spec for spec in kinds if spec.kind.name == "USER_INPUT_MUTATION"]
+    if kinds[:len(mutated)] != mutated:
+        raise NotImplementedError("the lowered program returns the new value of a mutated input after a user output")
+    return [user_inputs.index(spec.target) for spec in mutated]
+
+
 def input_dtypes(inputs: Mapping[str, Any]) -> list[str | None]:
     """The dtype of every input leaf, in the order the runner flattens them (``None`` for non-tensor leaves)."""
     return [str(leaf.dtype).removeprefix("torch.") if isinstance(leaf, torch.Tensor) else None
@@ -47,7 +65,7 @@ def input_dtypes(inputs: Mapping[str, Any]) -> list[str | None]:
 _PTE_IDENTIFIER = re.compile(rb"ET[0-9]{2}")
 
 
-def check_pte_header(path: Path) -> None:
+def check_pte_header(path: Path, data: bytes | None = None) -> None:
     """Check a ``.pte``'s headers before the runtime reads it: a crafted header aborts the interpreter inside the
     runtime (``0xff`` over the first 16 bytes: SIGABRT, measured on executorch 1.5.1). The flatbuffer's root offset
     lies inside the program, its file identifier is ``ET<nn>``, and the extended header (``eh00``, written by
@@ -57,9 +75,12 @@ def check_pte_header(path: Path) -> None:
     Raises:
         hfexport.IntegrityError: names the file and what does not fit.
     """
-    size = path.stat().st_size
-    with open(path, "rb") as file:
-        head = file.read(40)
+    if data is not None:  # the checked bytes the runtime is handed
+        size, head = len(data), data[:40]
+    else:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            head = file.read(40)
     problem = None
     if len(head) < 40:
         problem = f"{size} bytes, shorter than its headers"
@@ -93,6 +114,9 @@ class ExecutorchRunner(FileRunner):
         data_path: the ``.ptd`` file holding the weights, for variants that keep them outside the program (CUDA).
         input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
         method: the method to run.
+        program_bytes: the ``.pte``'s bytes as a loaded artifact's check read them (``hfexport.trust.
+            artifact_bytes``): checked and handed to the runtime from memory, the path not opened again (the
+            ``.ptd`` of a CUDA variant is still read by path).
         untrusted: read the files as untrusted input before the runtime does (:func:`check_pte`): ``True`` for a
             loaded artifact, ``"trusted"`` for one loaded with ``trust_remote_code=True`` (delegates other than
             XNNPACK allowed), ``False`` for a program hfexport has just written itself.
@@ -105,7 +129,13 @@ class ExecutorchRunner(FileRunner):
 
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *,
                  input_dtypes: Sequence[str | None] | None = None, method: str = "forward",
-                 untrusted: bool | str = False):
+                 untrusted: bool | str = False, input_mutations: Sequence[int] = (),
+                 program_bytes: bytes | None = None):
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in input_mutations):
+            raise ManifestError("export.json", [f"executorch.input_mutations {list(input_mutations)!r:.200} is not a "
+                                                "list of input leaf indices"])
+        self.input_mutations = list(input_mutations)
+        self.program_bytes = program_bytes  # a loaded artifact's checked .pte bytes: the runtime reads these
         self.input_dtypes = [torch_dtype(d) if d else None for d in (input_dtypes or [])]
         if any(d and t is None for d, t in zip(input_dtypes or [], self.input_dtypes, strict=True)):
             raise ManifestError("export.json", [f"executorch.input_dtypes {list(input_dtypes or [])} names a dtype "
@@ -119,11 +149,12 @@ class ExecutorchRunner(FileRunner):
         from executorch.runtime import Runtime
 
         register_llm_kernels()  # generation programs call ExecuTorch's LLM kernels (_attention.py)
-        check_pte_header(self.path)
+        check_pte_header(self.path, self.program_bytes)
         if self.untrusted:
-            check_pte(self.path, self.data_path, trust_remote_code=self.untrusted == "trusted")
+            check_pte(self.path, self.data_path, trust_remote_code=self.untrusted == "trusted", data=self.program_bytes)
+        source = self.program_bytes if self.program_bytes is not None else self.path
         try:  # the runtime verifies the flatbuffer (Verification.InternalConsistency, its default) before use
-            self.program = Runtime.get().load_program(self.path, data_path=self.data_path)
+            self.program = Runtime.get().load_program(source, data_path=self.data_path)
             if self.method_name not in self.program.method_names:  # load_method would raise a bare KeyError
                 raise IntegrityError(f"{self.path.name} has no method {self.method_name!r} (it has "
                                      f"{sorted(self.program.method_names)}): the file is damaged or crafted, or "
@@ -173,7 +204,28 @@ class ExecutorchRunner(FileRunner):
         with without_temp_allocator_lines():
             outputs = self.method.execute(flat)
         # The outputs live in the method's planned memory: copy them out before the next call reuses it.
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+        outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+        return self.write_back_input_mutations(args, outputs)
+
+    def write_back_input_mutations(self, args: tuple[Any, ...], outputs: list[Any]) -> list[Any]:
+        """The method's outputs without its leading new values of the inputs the program mutates in place
+        (``input_mutations``: their input leaf indices), which are copied into the caller's input tensors, as eager
+        ``forward`` would have changed them (a cache's conv state updated with ``copy_``: LFM2)."""
+        count = len(self.input_mutations)
+        if not count:
+            return outputs
+        if len(outputs) < count:
+            raise RuntimeError(f"the program returned {len(outputs)} outputs; it mutates {count} inputs, whose new "
+                               "values come first")
+        import torch.utils._pytree as pytree
+
+        leaves = pytree.tree_leaves(tuple(args))
+        for index, value in zip(self.input_mutations, outputs[:count], strict=True):
+            leaf = leaves[index] if index < len(leaves) else None
+            if isinstance(leaf, torch.Tensor) and isinstance(value, torch.Tensor) and leaf.shape == value.shape:
+                with torch.no_grad():
+                    leaf.copy_(value)
+        return outputs[count:]
 
 
 def program_writer(manager: Any) -> Callable[[Path], Path | None]:

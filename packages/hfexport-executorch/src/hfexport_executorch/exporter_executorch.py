@@ -52,6 +52,7 @@ from hfexport.plugin import (
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport.workarounds import is_disabled
 from hfexport_dynamo import DYNAMO_TRACER
 
@@ -71,7 +72,7 @@ from ._quantize import (
     register_quantized_kernels,
 )
 from ._quiet import quiet_torchao_pytree_warnings, without_lowering_notices
-from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, program_writer
+from ._runner import PROGRAM_FILE, ExecutorchRunner, input_dtypes, input_mutations, program_writer
 from ._state import ExecutorchState, executorch_state
 from ._variants import (
     BackendPreparation,
@@ -190,9 +191,11 @@ class ExecutorchExporter(Exporter):
             ctx, ctx.program, bounds, lambda: lower_program(ctx, preparation.partitioners, ctx.step),
             lambda lowered: planned_memory_bytes(lowered[1]))
         dtypes, write = input_dtypes(ctx.inputs), program_writer(manager)
+        mutations = input_mutations(manager.exported_program())
         del edge, manager  # the lowered programs and their weights' bytes go before the runtime loads the file
         with ctx.step("executorch runtime: Program.load_method"):
-            runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes)
+            runner = state.runner = ExecutorchRunner.from_writer(write, input_dtypes=dtypes,
+                                                                 input_mutations=mutations)
         state.manifest = {
             "program_file": PROGRAM_FILE, "data_file": runner.data_file, "variant": config.backend,
             "partitioners": [type(p).__name__ for p in preparation.partitioners], **delegation.as_manifest(),
@@ -203,7 +206,7 @@ class ExecutorchExporter(Exporter):
             "max_batch": bounds.roles.get("batch", {}).get("max", config.max_batch or DEFAULT_MAX_BATCH),
             "max_seq_len": config.max_seq_len, "dim_bounds": bounds.roles,
             "bounded_dims": {sym: list(rng) for sym, rng in sorted(bounds.bounded.items())},
-            "input_dtypes": dtypes, "device": preparation.device,
+            "input_dtypes": dtypes, "input_mutations": mutations, "device": preparation.device,
         }
         report_planned_memory(ctx, planned, bounds)
         if preparation.partitioners:
@@ -258,12 +261,14 @@ class ExecutorchExporter(Exporter):
         if section.get("quantization"):
             register_quantized_kernels()
         where = f"components[{component!r}]"
-        program = artifact_file(path, manifest, executorch.get("program_file", section.get("program_file")),
-                                f"{where}.executorch.program_file")
+        name = executorch.get("program_file", section.get("program_file"))
+        program = artifact_file(path, manifest, name, f"{where}.executorch.program_file")
         data = executorch.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.executorch.data_file") if data is not None else None
+        checked = artifact_bytes(path, manifest, name, f"{where}.executorch.program_file")  # read once, checked
         return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"),
-                                untrusted="trusted" if trust_remote_code else True)
+                                input_mutations=executorch.get("input_mutations", ()),
+                                untrusted="trusted" if trust_remote_code else True, program_bytes=checked)
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"
@@ -297,9 +302,13 @@ def lower_program(ctx: ExportContext, partitioners: list[Any],
     # a weight that a delegate and a portable kernel both read (a tied LM head) is stored once, in model.ptd
     weights = external_weights(ctx.program) if config.backend == "xnnpack" and partitioners \
         and shares_weights_with_portable_kernels(ctx.program) else False
+    # a decoder with ExecuTorch's LLM runner's inputs carries the constant methods the runner reads (get_max_seq_len,
+    # get_eos_ids, ...: hfexport_dynamo.tasks.causal_lm.LLMRunnerStep.llm_metadata)
+    metadata = getattr(ctx.model, "llm_metadata", None)
     with timed("to_edge_transform_and_lower"), torch.no_grad():
         edge = to_edge_transform_and_lower(ctx.program, transform_passes=list(preparation.transform_passes),
                                            partitioner=list(partitioners) or None,
+                                           constant_methods=dict(metadata) if metadata else None,
                                            compile_config=EdgeCompileConfig(**preparation.edge_compile_options))
     delegation = delegation_report(edge)  # before to_executorch, which rewrites the edge graph in place
     delegation.check_kernels()

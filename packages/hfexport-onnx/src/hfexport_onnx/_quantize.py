@@ -95,11 +95,11 @@ ONNX_QUANTIZATION_RECIPES: dict[str, QuantizationRecipe] = {
     "int8-dynamic": QuantizationRecipe(
         "int8-dynamic", "ONNX Runtime MatMulNBits (bits=8, accuracy_level=4): MatMul weights int8 in blocks of "
         "group_size input weights, activations int8 per row and block at run time; embedding tables int8",
-        min_cosine=0.98, options=("group_size",), default_group_size=128),
+        min_cosine=0.98, options=("group_size", "symmetric"), default_group_size=128),
     "int4": QuantizationRecipe(
         "int4", "ONNX Runtime MatMulNBits (bits=4, accuracy_level=4), as ONNX Runtime GenAI's model builder writes "
         "it: MatMul weights int4 in blocks of group_size input weights, activations int8 per row and block at run "
-        "time; embedding tables int8", min_cosine=0.9, options=("group_size",), default_group_size=32),
+        "time; embedding tables int8", min_cosine=0.9, options=("group_size", "symmetric"), default_group_size=32),
     "int8-dynamic-per-tensor": QuantizationRecipe(
         "int8-dynamic-per-tensor", "ONNX Runtime dynamic int8 (QOperator): MatMul weights int8 per output channel, "
         "activations uint8 per tensor at run time, embedding tables int8", min_cosine=0.95),
@@ -315,13 +315,15 @@ def _dynamic(ctx: ExportContext, quantization: Quantization, source: Path, targe
     if bits is not None:
         nbits_quantizer = _import_matmul_nbits_quantizer()
         block, nbits = int(quantization.group_size or 128), source.with_name("nbits.onnx")
+        symmetric = quantization.symmetric is not False  # MatMulNBits' is_symmetric; default True
         with ctx.step(_NBITS):
-            config = nbits_quantizer.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True,
+            config = nbits_quantizer.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=symmetric,
                                                                   accuracy_level=4, bits=bits)
             quantizer = nbits_quantizer.MatMulNBitsQuantizer(str(source), algo_config=config)
             quantizer.process()
             quantizer.model.save_model_to_file(str(nbits), use_external_data_format=True)
-        source, steps = nbits, [f"{_NBITS}(bits={bits}, block_size={block}, is_symmetric=True, accuracy_level=4)"]
+        source, steps = nbits, [f"{_NBITS}(bits={bits}, block_size={block}, is_symmetric={symmetric}, "
+                                f"accuracy_level=4)"]
     with ctx.step(_DYNAMIC):
         quantize_dynamic(source, target, per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
                          use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
@@ -330,7 +332,8 @@ def _dynamic(ctx: ExportContext, quantization: Quantization, source: Path, targe
         return {"steps": steps, "group_size": block,
                 "format": f"MatMulNBits (contrib op, bits={bits}, accuracy_level=4: MLAS int8 GEMM); QOperator "
                           "(DynamicQuantizeLinear + MatMulInteger) for a Gemm; int8 tables dequantized after Gather",
-                "weights": f"int{bits}, symmetric, one scale per {block} input weights of each output channel; "
+                "weights": f"int{bits}, {'symmetric' if symmetric else 'asymmetric (a zero point per block)'}, one "
+                           f"scale per {block} input weights of each output channel; "
                            "embedding tables int8, a table tied to the head read from the head's weights",
                 "activations": f"int8, per row and per block of {block}, at run time (accuracy_level=4)"}
     return {"steps": steps,

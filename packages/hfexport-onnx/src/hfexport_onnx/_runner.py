@@ -116,11 +116,14 @@ class OnnxRunner(NamedIORunner):
 
     def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
                  io: Mapping[str, Any] | None = None, session_options: Any = None, *,
-                 data_path: str | Path | None = None, untrusted: bool = False):
+                 data_path: str | Path | None = None, untrusted: bool = False, model_bytes: bytes | None = None,
+                 data_bytes: bytes | None = None):
         self.providers = list(providers)
         self.untrusted = untrusted
         self.session_options = session_options
-        if data_path is None:
+        # a loaded artifact's checked bytes (hfexport.trust.artifact_bytes): the session reads these, not the paths
+        self.model_bytes, self.data_bytes = model_bytes, data_bytes
+        if data_path is None and model_bytes is None:
             beside = Path(path).with_name(Path(path).name + ".data")
             data_path = beside if beside.exists() else None
         super().__init__(path, data_path, io=io)
@@ -154,8 +157,18 @@ class OnnxRunner(NamedIORunner):
         disabled = list((self.io.get("fusions") or {}).get("session_disabled_optimizers") or [])
         if self.untrusted:
             disabled.append("ConstantFolding")
+        source: Any = str(self.path)
+        if self.model_bytes is not None:
+            source = self.model_bytes
+            if self.data_bytes is not None and self.data_path is not None:
+                import numpy as np
+
+                self._data_array = np.frombuffer(self.data_bytes, dtype=np.uint8)  # alive as long as the session
+                # external-data locations are relative to the model's folder; the checked ones are plain names
+                options.add_external_initializers_from_files_in_memory(
+                    [self.data_path.name], [self._data_array], [len(self.data_bytes)])
         try:
-            self.session = onnxruntime.InferenceSession(str(self.path), options, providers=self.providers,
+            self.session = onnxruntime.InferenceSession(source, options, providers=self.providers,
                                                         disabled_optimizers=disabled or None)
         except Exception as exc:
             raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc

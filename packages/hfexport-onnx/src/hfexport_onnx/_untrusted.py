@@ -23,15 +23,20 @@ from typing import Any
 __all__ = ["ONNX_INLINE_FACTOR", "ONNX_INLINE_SLACK", "ONNX_MAX_NODES", "check_external_data", "check_onnx_file",
            "external_data_files", "onnx_tensors"]
 
-ONNX_MAX_NODES = 2_000_000  # a 70 B decoder exported by hfexport has ~20k nodes
+# A 70 B decoder exported by hfexport has ~20k nodes. ONNX Runtime's session creation costs ~0.1-0.4 ms per node
+# (a chain of 20,000 nodes: 1.9 s, 60,000: 8 s, on 2 shared cores; 300,000: 122 s): the bound keeps a crafted file
+# near the cost of the largest real one. It bounds the nodes written and the nodes after inlining alike.
+ONNX_MAX_NODES = 50_000
 ONNX_INLINE_FACTOR = 16
 ONNX_INLINE_SLACK = 100_000
 
 
-def _load(model_path: str | Path) -> Any:
+def _load(model_path: str | Path, data: bytes | None = None) -> Any:
     import onnx
 
     try:
+        if data is not None:  # the checked bytes (hfexport.trust.artifact_bytes): the path is not opened again
+            return onnx.load_model_from_string(data)
         return onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RecursionError, ...
         raise ValueError(f"{Path(model_path).name} is not an ONNX model onnx can read ({type(exc).__name__}: "
@@ -92,14 +97,35 @@ def external_data_files(model_path: str | Path) -> set[str]:
 
 
 def _check_locations(model: Any, model_path: Path, root: str | Path, listed: Sequence[str]) -> None:
+    """Every external-data location is a file the manifest hashes, as the OS will open it: no ``..`` or ``.``
+    component and no symlink on the way (walked from the artifact directory's descriptor with ``O_NOFOLLOW``,
+    :func:`hfexport.trust.open_beneath`), not text normalised to a hashed name (``a/../model.onnx.data`` with ``a``
+    a symlink read another file, issue 43)."""
+    from hfexport.trust import open_beneath
+
     folder = os.path.relpath(model_path.parent, root)
-    known = {os.path.normpath(name) for name in listed}
-    unlisted = sorted(location for location in _locations(model)
-                      if not location or os.path.isabs(location)
-                      or os.path.normpath(os.path.join(folder, location)) not in known)
+    prefix = "" if folder == "." else folder.replace(os.sep, "/") + "/"
+    known = set(listed)
+    unlisted, linked = [], []
+    for location in sorted(_locations(model)):
+        parts = location.split("/")
+        name = prefix + location
+        if not location or os.path.isabs(location) or "\\" in location \
+                or any(p in ("", ".", "..") for p in parts) or name not in known:
+            unlisted.append(location)
+            continue
+        try:
+            os.close(open_beneath(Path(root), name))
+        except FileNotFoundError:
+            continue  # the manifest check names a missing file
+        except ValueError as exc:
+            linked.append(f"{location!r} ({str(exc).split(' names ', 1)[-1]})")
     if unlisted:
         raise ValueError(f"{model_path.name} reads external data from {unlisted}, which the artifact's "
-                         f"manifest does not hash (it hashes {sorted(listed)}): the artifact is damaged or crafted")
+                         f"manifest does not hash as such (it hashes {sorted(listed)}; a location is a plain path, "
+                         "no '.' or '..'): the artifact is damaged or crafted")
+    if linked:
+        raise ValueError(f"{model_path.name} reads external data through a symlink: {'; '.join(linked)}")
 
 
 def check_external_data(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
@@ -160,7 +186,8 @@ def _written_nodes(model: Any) -> int:
     return count
 
 
-def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[str]) -> None:
+def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[str], data: bytes | None = None
+                    ) -> set[str]:
     """Check an ONNX file of an artifact before ONNX Runtime opens it (see the module docstring): external data
     only from files the manifest hashes, at most :data:`ONNX_MAX_NODES` nodes written, and an inlined size of at
     most ``ONNX_INLINE_FACTOR * nodes written + ONNX_INLINE_SLACK``.
@@ -170,20 +197,25 @@ def check_onnx_file(model_path: str | Path, root: str | Path, listed: Sequence[s
         root: the artifact directory.
         listed: the files the manifest hashes (``files_sha256``'s names), relative to ``root``.
 
+    Returns:
+        The external-data locations its tensors name.
+
     Raises:
         ValueError: what is refused, with the bound it exceeds.
     """
     model_path = Path(model_path)
-    model = _load(model_path)
+    model = _load(model_path, data)
     _check_locations(model, model_path, root, listed)
+    locations = _locations(model)
     written = _written_nodes(model)
     if written > ONNX_MAX_NODES:
         raise ValueError(f"{model_path.name} has {written:,} nodes, over the bound of {ONNX_MAX_NODES:,} "
                          "(hfexport_onnx._untrusted.ONNX_MAX_NODES): the artifact is damaged or crafted")
-    bound = ONNX_INLINE_FACTOR * written + ONNX_INLINE_SLACK
+    bound = min(ONNX_INLINE_FACTOR * written + ONNX_INLINE_SLACK, ONNX_MAX_NODES)
     inlined = _inlined_size(model, bound, model_path.name)
     if inlined > bound:
-        raise ValueError(f"{model_path.name}'s local functions inline to over {bound:,} nodes ({ONNX_INLINE_FACTOR} "
-                         f"x the {written:,} nodes it holds + {ONNX_INLINE_SLACK:,}; hfexport_onnx._untrusted."
-                         "ONNX_INLINE_FACTOR): ONNX Runtime would build them at session creation; the artifact is "
-                         "damaged or crafted")
+        raise ValueError(f"{model_path.name}'s local functions inline to over {bound:,} nodes (the lesser of "
+                         f"{ONNX_INLINE_FACTOR} x the {written:,} nodes it holds + {ONNX_INLINE_SLACK:,} and "
+                         f"ONNX_MAX_NODES={ONNX_MAX_NODES:,}; hfexport_onnx._untrusted): ONNX Runtime would build them "
+                         "at session creation; the artifact is damaged or crafted")
+    return locations

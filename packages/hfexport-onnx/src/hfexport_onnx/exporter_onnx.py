@@ -49,6 +49,7 @@ from hfexport.plugin import (
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport.workarounds import apply_fx_node_fixes, workarounds_for
 from hfexport_dynamo import DYNAMO_TRACER
 
@@ -64,6 +65,7 @@ from ._errors import (
     quiet_torch_onnx,
 )
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_open
+from ._genai import GENAI_CONFIG, GENAI_MODEL, GenaiDecoder, genai_decoder
 from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, drop_machine_metadata, node_count
 from ._naming import io_names, name_graph_io
 from ._quantize import quantization_section, quantize_model
@@ -132,6 +134,8 @@ class OnnxExporter(Exporter):
         Step(5, "fuse", "onnxscript ort_fusions"),
         Step(5, "quantize", "onnxruntime.quantization (with quantize=)"),
         Step(5, "open", "onnxruntime.InferenceSession"),
+        # package: a text-generation decoder also gets ORT GenAI's files (_genai.py); other programs none
+        Step(5, "genai", "genai_config.json (ORT GenAI, text-generation decoders)"),
     )
 
     @property
@@ -280,7 +284,14 @@ class OnnxExporter(Exporter):
         if runner is None:
             raise RuntimeError("package() runs after lower(), which opens the runner")
         section = {"program_file": MODEL_FILE, "onnx": state.manifest, **quantization_section(state.quantization)}
-        return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, runner.write_files,
+        write = runner.write_files
+        with ctx.step("genai_config.json (ORT GenAI, text-generation decoders)"):
+            genai = _genai_files(ctx, state.manifest)
+            if genai is not None:  # written beside model.onnx on save; its graph shares model.onnx.data
+                write = genai.writer(runner.write_files)
+                section["genai"] = {"config_file": GENAI_CONFIG, "model_file": GENAI_MODEL,
+                                    "max_length": genai.max_cache_len}
+        return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, write,
                                              section, ctx.program)])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
@@ -305,10 +316,18 @@ class OnnxExporter(Exporter):
         model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
         data = section.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.data_file") if data is not None else None
-        check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []))
-        return OnnxRunner(model_path, providers_for(section), section,
-                          data_path=data_path if data_path is not None and data_path.is_file() else None,
-                          untrusted=not trust_remote_code)
+        # each file read once by descriptor and checked; ONNX Runtime gets those bytes (the model from memory, the
+        # weights as in-memory external data), never the paths again
+        model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
+        locations = check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []),
+                                    data=model_bytes)
+        served = {data_path.name} if data_path is not None and data_path.parent == model_path.parent else set()
+        if locations - served:  # a session over bytes has no folder: every location must be the data file served
+            raise ValueError(f"{model_path.name} reads external data from {sorted(locations - served)}, other than "
+                             f"its manifest's data_file {data!r}: the artifact is damaged or crafted")
+        data_bytes = artifact_bytes(path, manifest, data, f"{where}.data_file") if data is not None else None
+        return OnnxRunner(model_path, providers_for(section), section, data_path=data_path,
+                          untrusted=not trust_remote_code, model_bytes=model_bytes, data_bytes=data_bytes)
 
     @classmethod
     def known_failures(cls) -> dict[str, dict[str, str]]:
@@ -326,6 +345,26 @@ class OnnxExporter(Exporter):
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         return onnx_hints(exc) or super().hints_for(stage, exc)
+
+
+def _genai_files(ctx: ExportContext, section: Mapping[str, Any]) -> GenaiDecoder | None:
+    """ORT GenAI's files for the program of ``ctx`` when it is a text-generation decoder (``None`` otherwise): the
+    cache shapes from the example inputs, the model's facts from the ``config`` and ``generation_config`` the
+    decoder program carries (``hfexport_dynamo.tasks.causal_lm.CausalLMStep``)."""
+    config = getattr(ctx.model, "config", None)
+    cache = ctx.inputs.get("cache")
+    if config is None or cache is None or not hasattr(config, "get_text_config"):
+        return None
+    text = config.get_text_config(decoder=True)
+    generation = getattr(ctx.model, "generation_config", None)
+    fields = generation.to_dict() if generation is not None else {
+        k: getattr(text, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    shapes = [list(leaf.shape) for leaf in torch.utils._pytree.tree_leaves(cache) if isinstance(leaf, torch.Tensor)]
+    try:
+        return genai_decoder(section, shapes, vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+                             num_attention_heads=text.num_attention_heads, generation=fields)
+    except AttributeError:  # a config without the head counts ORT GenAI's config names
+        return None
 
 
 # ── Stage 1: Torch patches ──

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hfexport import Quantization
 from hfexport_dynamo import DynamoConfig
 
 from ._quantize import resolve_openvino_quantization
+from ._runner import INFERENCE_PRECISIONS, KV_CACHE_PRECISIONS
 
 __all__ = ["OpenVINOConfig"]
 
@@ -33,6 +35,10 @@ class OpenVINOConfig(DynamoConfig):
     compress_to_fp16: bool = False
     quantize: str | Quantization | None = None
     int4_ratio: float = 1.0
+    kv_cache: str = "growing"
+    inference_precision: str = "f32"
+    kv_cache_precision: str = "f32"
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,3 +53,12 @@ class OpenVINOConfig(DynamoConfig):
             raise ValueError(f"int4_ratio must be a number in (0, 1] (the share of weights in int4), got "
                              f"{self.int4_ratio!r}")
         self.quantize = resolve_openvino_quantization(self.quantize)
+        if self.kv_cache not in ("growing", "fixed"):
+            raise ValueError(f"kv_cache must be 'growing' (variables that grow, OpenVINO GenAI's layout) or 'fixed' "
+                             f"(max_cache_len positions), got {self.kv_cache!r}")
+        if self.inference_precision not in INFERENCE_PRECISIONS:
+            raise ValueError(f"inference_precision must be one of {INFERENCE_PRECISIONS} (the CPU plugin's "
+                             f"INFERENCE_PRECISION_HINT), got {self.inference_precision!r}")
+        if self.kv_cache_precision not in KV_CACHE_PRECISIONS:
+            raise ValueError(f"kv_cache_precision must be one of {KV_CACHE_PRECISIONS} (the CPU plugin's "
+                             f"KV_CACHE_PRECISION), got {self.kv_cache_precision!r}")

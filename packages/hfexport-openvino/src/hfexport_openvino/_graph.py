@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProgramState", "call_with_meta", "constants_inlined", "make_stateful", "model_io_names", "scan_as_while_loop"]
+__all__ = ["INPUT_MUTATION", "ProgramState", "call_with_meta", "constants_inlined", "make_growing_stateful",
+           "make_stateful", "model_io_names", "scan_as_while_loop"]
 
 STATE_INPUT = "state_in."  # the OpenVINO input name of a mutable buffer's value before a call (then a variable)
 STATE_OUTPUT = "state_out."  # the output name of its value after the call
+INPUT_MUTATION = "input_mutation."  # + an input leaf's name: the new value of an input the program mutates in place
 
 
 @dataclass
@@ -49,10 +51,12 @@ def constants_inlined(program: Any) -> tuple[Any, list[ProgramState]]:
     parameters, non-mutated buffers and constants as ``get_attr`` nodes, and the mutable buffers it writes.
 
     The module's placeholders are then the mutated buffers (in the signature's order) followed by the user inputs;
-    its outputs are the buffers' new values followed by the user outputs.
+    its outputs are the buffers' new values, the new values of the user inputs it mutates in place (named
+    ``input_mutation.<input leaf>`` by :func:`model_io_names`; the runner copies them into the caller's tensors, as
+    eager ``forward`` changes them), then the user outputs (the signature's order).
 
     Raises:
-        NotImplementedError: the program mutates a user input, or a constant is not a tensor.
+        NotImplementedError: a constant is not a tensor.
     """
     import torch
 
@@ -60,14 +64,16 @@ def constants_inlined(program: Any) -> tuple[Any, list[ProgramState]]:
     gm = program.graph_module
     graph = gm.graph
     mutated = dict(signature.buffers_to_mutate)  # output name -> buffer
-    if signature.user_inputs_to_mutate:
-        raise NotImplementedError(f"the program mutates its inputs {sorted(signature.user_inputs_to_mutate.values())}"
-                                  "; OpenVINO's frontend returns no mutated input: return the new value instead")
     placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
     states: list[ProgramState] = []
     mutated_buffers = set(mutated.values())
     for index, spec in enumerate(signature.input_specs):
         kind = spec.kind.name
+        if kind == "USER_INPUT" and type(spec.arg).__name__ == "ConstantArgument":
+            node = placeholders[spec.arg.name]  # a None leaf (a cache's unused state slot, {0: t, 1: None}):
+            if not node.users:                   # the decoder made it a model input that no leaf name matches
+                graph.erase_node(node)
+            continue
         if kind in ("USER_INPUT", "TOKEN"):
             continue
         node = placeholders[spec.arg.name]
@@ -143,15 +149,21 @@ def call_with_meta(graph: Any, op: Any, args: tuple[Any, ...], kwargs: dict[str,
 
 def model_io_names(program: Any, states: list[ProgramState], io: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The names of the converted model's inputs and outputs, in the order of :func:`constants_inlined`'s graph:
-    the mutable buffers' (``state_in.<buffer>`` / ``state_out.<buffer>``) and the tensor leaves of ``io``."""
+    the mutable buffers' (``state_in.<buffer>`` / ``state_out.<buffer>``), the mutated user inputs'
+    (``input_mutation.<input leaf>``) and the tensor leaves of ``io``."""
     from torch.export.graph_signature import SymIntArgument, TensorArgument
 
-    inputs = [state.input_name for state in states] + [name for name in io["input_leaves"] if name is not None]
+    named_inputs = [name for name in io["input_leaves"] if name is not None]
+    inputs = [state.input_name for state in states] + named_inputs
+    user_inputs = [spec.arg.name for spec in program.graph_signature.input_specs
+                   if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ != "ConstantArgument"]
     user = iter(name for name in io["output_leaves"] if name is not None)
     outputs = []
     for spec in program.graph_signature.output_specs:
         if spec.kind.name == "BUFFER_MUTATION":
             outputs.append(STATE_OUTPUT + spec.target)
+        elif spec.kind.name == "USER_INPUT_MUTATION":  # the user inputs are the named leaves, in order
+            outputs.append(INPUT_MUTATION + named_inputs[user_inputs.index(spec.target)])
         elif spec.kind.name == "USER_OUTPUT" and isinstance(spec.arg, TensorArgument | SymIntArgument):
             outputs.append(next(user))
     return inputs, outputs
@@ -182,8 +194,12 @@ def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
     parameters, results = model.get_parameters(), model.get_results()
     made: dict[str, str] = {}
     for state in states:
-        parameter = parameters[next(i for i, names in enumerate(inputs) if state.input_name in names)]
+        found = [i for i, names in enumerate(inputs) if state.input_name in names]
         result = results[next(i for i, names in enumerate(outputs) if state.output_name in names)]
+        if not found:  # the program writes the buffer and never reads its old value (a rotary inv_freq set by
+            model.remove_result(result)  # copy_ at each call): the decoder dropped its input, and its value
+            continue  # between calls reaches no output, so no variable keeps it
+        parameter = parameters[found[0]]
         element_type = parameter.get_output_element_type(0)
         info = VariableInfo()
         info.variable_id, info.data_type = state.buffer, element_type
@@ -204,6 +220,60 @@ def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
         made[state.buffer] = state.buffer
     model.validate_nodes_and_infer_types()
     return made
+
+
+def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list[tuple[int, int]],
+                          tokens: str = "input_ids") -> dict[str, dict[str, str]]:
+    """Make each ``(input, output)`` pair of ``model`` (an ``openvino.Model``, changed in place) a cache that grows:
+    one OpenVINO variable, as OpenVINO GenAI and the CPU plugin expect of a stateful LLM (the layout
+    optimum-intel's export has). The input ``[batch, kv_heads, past, head_dim]`` becomes a ``ReadValue`` that
+    starts empty (``past = 0``), reordered along the batch by a new input ``beam_idx`` ``int32 [batch]`` (a
+    ``Gather``; ``arange(batch)`` keeps the rows), and the output (the input with the new positions concatenated)
+    its ``Assign`` (``openvino._offline_transformations.apply_make_stateful_transformation``). Where the concat feeds
+    a ``ScaledDotProductAttention``, the CPU plugin fuses the three into its own cache, appended to in place and
+    read only over the positions held.
+
+    Args:
+        pairs: the input and output names of each cache tensor (``past_key_values.<i>.key``, ``present.<i>.key``).
+        shapes: per pair, ``(kv_heads, head_dim)``, set as static dims of the variable.
+        tokens: the input whose dim 0 is the batch.
+
+    Returns:
+        ``{variable id: {"input": name, "output": name}}``.
+    """
+    import numpy as np
+    import openvino
+    import openvino.opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    batch_dim = model.input(tokens).get_partial_shape()[0]
+    for (name, _), (heads, dim) in zip(pairs, shapes, strict=True):
+        model.input(name).get_node().set_partial_shape(openvino.PartialShape(
+            [batch_dim, openvino.Dimension(heads), openvino.Dimension(), openvino.Dimension(dim)]))
+    beam_idx = ops.parameter(openvino.PartialShape([batch_dim]), openvino.Type.i32, name="beam_idx")
+    beam_idx.output(0).get_tensor().set_names({"beam_idx"})
+    model.add_parameters([beam_idx])
+    for name, _ in pairs:
+        port = model.input(name)
+        consumers = list(port.get_target_inputs())
+        reordered = ops.gather(port, beam_idx, ops.constant(np.int64(0)))
+        for consumer in consumers:
+            consumer.replace_source_output(reordered.output(0))
+    model.validate_nodes_and_infer_types()
+    apply_make_stateful_transformation(model, dict(pairs))
+    batch = ops.gather(ops.shape_of(model.input(tokens), output_type="i64"), ops.constant(np.array([0], np.int64)),
+                       ops.constant(np.int64(0)))
+    for op in model.get_ops():  # each variable starts as [batch, kv_heads, 0, head_dim] zeros
+        if op.get_type_name() == "ReadValue":
+            dims = list(op.get_output_partial_shape(0))[1:]
+            shape = ops.concat([batch, ops.constant(np.array([0 if d.is_dynamic else d.get_length() for d in dims],
+                                                             np.int64))], 0)
+            op.set_arguments([ops.broadcast(ops.constant(np.zeros((), op.get_output_element_type(0).to_dtype())),
+                                            shape)])
+    model.validate_nodes_and_infer_types()
+    ids = {variable.get_info().variable_id for variable in model.get_variables()}
+    # MakeStateful names a variable by its input's name and its output's, joined
+    return {name + output: {"input": name, "output": output} for name, output in pairs if name + output in ids}
 
 
 def distinct_outputs(gm: Any) -> None:

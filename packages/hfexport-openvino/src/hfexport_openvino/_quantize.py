@@ -29,9 +29,11 @@ OPENVINO_QUANTIZATION_RECIPES: dict[str, QuantizationRecipe] = {
     "int4-weights": QuantizationRecipe(
         "int4-weights", "NNCF compress_weights INT4_ASYM: MatMul weights int4 in groups of group_size input weights "
         "(OpenVINOConfig.int4_ratio of them; the others, the embedding table and the last MatMul int8 per channel); "
-        "activations float32", min_cosine=0.9, options=("group_size",), default_group_size=128),
+        "activations float32; a layer whose input width group_size does not divide gets the largest power of two "
+        "(>= 32) that does (NNCF's group-size fallback ADJUST), else int8", min_cosine=0.9,
+        options=("group_size", "ratio", "symmetric"), default_group_size=128),
 }
-_MODES = {"int8-weights": "INT8_ASYM", "int4-weights": "INT4_ASYM"}
+_MODES = {"int8-weights": "INT8", "int4-weights": "INT4"}  # + _SYM or _ASYM (Quantization.symmetric; default ASYM)
 
 
 def resolve_openvino_quantization(value: Any) -> Quantization | None:
@@ -55,18 +57,29 @@ def _weights(model: Any) -> Counter[str]:
 def compress_weights(model: Any, quantization: Quantization, ratio: float) -> tuple[Any, dict[str, Any]]:
     """``nncf.compress_weights`` of ``model`` (an ``openvino.Model``) with ``quantization``'s recipe.
 
+    ``int4-weights`` runs with NNCF's ``group_size_fallback_mode=ADJUST``: a MatMul whose input width
+    ``group_size`` does not divide (SmolLM2's 576 with the default 128) is compressed in groups of the largest
+    power of two >= 32 that divides it, and int8 where none does, instead of NNCF's default ``InvalidGroupSizeError``.
+    ``quantization.ratio`` (when set) overrides ``ratio`` (``OpenVINOConfig.int4_ratio``); ``quantization.symmetric``
+    picks ``INT4_SYM``/``INT8_SYM`` (default: the ``_ASYM`` modes).
+
     Returns:
         the compressed model and the component manifest's ``quantization`` section: the recipe, NNCF's mode, group
         size and ratio, the verification threshold, and the bytes of the model's constants by element type before
         and after.
     """
     import nncf
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
 
     before = _weights(model)
-    mode = getattr(nncf.CompressWeightsMode, _MODES[quantization.recipe])
+    mode = getattr(nncf.CompressWeightsMode,
+                   _MODES[quantization.recipe] + ("_SYM" if quantization.symmetric else "_ASYM"))
     options: dict[str, Any] = {"mode": mode}
     if quantization.recipe == "int4-weights":
-        options.update(group_size=quantization.group_size, ratio=ratio)
+        options.update(group_size=quantization.group_size,
+                       ratio=quantization.ratio if quantization.ratio is not None else ratio,
+                       advanced_parameters=AdvancedCompressionParameters(
+                           group_size_fallback_mode=GroupSizeFallbackMode.ADJUST))
     nncf_logger = logging.getLogger("nncf")
     level = nncf_logger.level
     nncf_logger.setLevel(logging.ERROR)  # its bit-width statistics table at every call (the manifest has the sizes)
@@ -78,6 +91,7 @@ def compress_weights(model: Any, quantization: Quantization, ratio: float) -> tu
     after = _weights(compressed)
     section = {"recipe": quantization.recipe, "tool": "nncf.compress_weights", "nncf": nncf.__version__,
                "mode": mode.value, "group_size": options.get("group_size"), "ratio": options.get("ratio"),
+               **({"group_size_fallback": "adjust"} if "advanced_parameters" in options else {}),
                "min_cosine": quantization.min_cosine, "weights": "compressed per the recipe; activations float32",
                "constant_bytes_before": dict(before), "constant_bytes_after": dict(after)}
     return compressed, section

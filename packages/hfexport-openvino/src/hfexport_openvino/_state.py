@@ -25,6 +25,8 @@ class OpenVINOState:
         io: the model's input and output names per flattened leaf (``_naming.io_names``).
         model: the ``openvino.Model`` that ``openvino.convert_model`` made (stage 4), taken by stage 5.
         states: ``{variable: buffer}``: the OpenVINO variables stage 5 made of the mutable buffers (a KV cache).
+        growing_states: ``{variable: {"input": name, "output": name}}``: the variables stage 3 made of a growing
+            cache's inputs and outputs (``_graph.make_growing_stateful``).
         runner: the compiled model over the saved IR (stage 5).
         manifest: the component manifest's ``openvino`` section (stage 5).
         quantization: the component manifest's ``quantization`` section (``nncf.compress_weights``, stage 5); None
@@ -37,6 +39,7 @@ class OpenVINOState:
     io: dict[str, Any] = field(default_factory=dict)
     model: Any = None
     states: dict[str, str] = field(default_factory=dict)
+    growing_states: dict[str, dict[str, str]] = field(default_factory=dict)
     runner: OpenVINORunner | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None

@@ -40,10 +40,12 @@ from hfexport.plugin import (
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
+from hfexport.trust import artifact_bytes
 from hfexport_dynamo import DYNAMO_TRACER
 
 from ._config import OpenVINOConfig
-from ._graph import constants_inlined, make_stateful, model_io_names
+from ._genai import GenAIFiles
+from ._graph import constants_inlined, make_growing_stateful, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
 from ._runner import DATA_FILE, MODEL_FILE, OpenVINORunner
@@ -61,9 +63,13 @@ class OpenVINOExporter(Exporter):
     config_class: ClassVar[type[ExportConfig]] = OpenVINOConfig
     tracer = DYNAMO_TRACER
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "openvino")
-    # The CPU plugin keeps OpenVINO variables (ReadValue/Assign) between the calls of one infer request: a program's
-    # mutable buffers (a generation task's KV cache) become variables, updated on the runtime (stage 5).
-    needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place")
+    @property  # type: ignore[override]
+    def needs(self) -> RuntimeNeeds:
+        """The CPU plugin keeps OpenVINO variables (ReadValue/Assign) between the calls of one infer request. With
+        ``kv_cache="growing"`` (default) a text-generation cache grows: the program takes and returns it
+        (``cache_layout="growing"``) and stage 3 makes each a variable that its ``ScaledDotProductAttention`` appends
+        to; otherwise a program's mutable buffers (a fixed cache) become variables (``"in_place"``)."""
+        return RuntimeNeeds(cache_layout="growing" if self.openvino_config.kv_cache == "growing" else "in_place")
     toolchain: ClassVar[tuple[str, ...]] = (*DYNAMO_TRACER.toolchain, "openvino", "hfexport-openvino")
     tested_versions: ClassVar[dict[str, str]] = {**DYNAMO_TRACER.tested_versions, "openvino": "2026.4.1"}
     stages: ClassVar[tuple[Stage, ...]] = (
@@ -104,26 +110,36 @@ class OpenVINOExporter(Exporter):
         with ctx.stage(2):
             ctx.apply_fx_node_fixes(prepared.graph_module, ("openvino",))
         state.io = io_names(ctx.program, ctx.inputs)
+        growing = growing_cache_pairs(ctx.model, ctx.inputs, state.io)
         graph, program_states = constants_inlined(prepared)  # mutable buffers stay inputs/outputs
+        placeholders = [node.name for node in graph.graph.nodes if node.op == "placeholder"]
         with ctx.step("openvino.convert_model"), torch.no_grad(), _root_logger_kept():
             # convert_model(ExportedProgram) decodes program.module(), where a mutated buffer is lost (_graph.py)
             model = openvino.convert_model(TorchFXPythonDecoder(graph, dynamic_shapes=True))
         del graph
         inputs, outputs = model_io_names(prepared, program_states, state.io)
         del prepared
-        name_model_io(model, inputs, outputs)
+        dropped = set(name_model_io(model, inputs, outputs, placeholders))
+        if dropped:  # inputs no node reads: the runner feeds nothing for them
+            state.io["input_leaves"] = [None if n in dropped else n for n in state.io["input_leaves"]]
         with ctx.stage(3):
             if program_states:
                 state.states = make_stateful(model, program_states)
+            if growing:
+                state.growing_states = make_growing_stateful(model, growing["pairs"], growing["shapes"])
         if isinstance(config.quantize, Quantization):
             with ctx.step("nncf.compress_weights"):
                 model, state.quantization = compress_weights(model, config.quantize, config.int4_ratio)
+        state.quantization = with_runtime_precision(state.quantization, config)
 
         properties: dict[str, str] = {}
         for registration in ctx.workarounds(_CPU_PROPERTIES, ("openvino",)):
             properties.update(registration.func())
             ctx.record_applied(registration.qualified_name)
-        io = {**state.io, "num_threads": config.num_threads, "cpu_properties": properties}
+        precisions = {"inference_precision": config.inference_precision,
+                      "kv_cache_precision": config.kv_cache_precision}
+        io = {**state.io, "num_threads": config.num_threads, "cpu_properties": properties, **precisions,
+              "growing_states": state.growing_states}
         with ctx.step("openvino.save_model, Core.compile_model"), \
                 OpenVINORunner.temporary_directory("openvino") as directory:
             openvino.save_model(model, directory / MODEL_FILE, compress_to_fp16=config.compress_to_fp16)
@@ -131,6 +147,7 @@ class OpenVINOExporter(Exporter):
         state.manifest = {"model_file": MODEL_FILE, "data_file": DATA_FILE, "device": "CPU",
                           "num_threads": config.num_threads, "cpu_properties": properties,
                           "compress_to_fp16": config.compress_to_fp16,
+                          **precisions, "growing_states": state.growing_states,
                           "states": state.states, "node_count": len(model.get_ordered_ops()), **state.io}
 
     # ── artifact, loading ─────────────────────────────────────────────────────────────────────────────
@@ -138,10 +155,18 @@ class OpenVINOExporter(Exporter):
         state = openvino_state(ctx)
         if state.runner is None:
             raise RuntimeError("package() runs after lower(), which compiles the model")
+        write = state.runner.write_files
+        if state.growing_states:  # OpenVINO GenAI's LLMPipeline runs the component's folder as it is
+            genai = GenAIFiles(getattr(ctx.model, "model", ctx.model), self.openvino_config.tokenizer)
+            state.manifest["genai"] = genai.manifest
+            runner = state.runner
+
+            def write(directory: Path) -> list[str]:
+                return [*runner.write_files(directory), *genai.write(directory)]
         section = {"program_file": MODEL_FILE, "openvino": state.manifest,
                    **({"quantization": state.quantization} if state.quantization else {})}
         return self.artifact(ctx, [Component("model", state.runner, ctx.program.call_spec.out_spec,
-                                             state.runner.write_files, section, ctx.program)])
+                                             write, section, ctx.program)])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""
@@ -169,8 +194,48 @@ class OpenVINOExporter(Exporter):
         where = f"components[{component!r}].openvino"
         model_path = artifact_file(path, manifest, section.get("model_file"), f"{where}.model_file")
         data_path = artifact_file(path, manifest, section.get("data_file"), f"{where}.data_file")
-        check_ir_file(model_path)
-        return OpenVINORunner(model_path, data_path, io=section, untrusted=True)
+        # each file read once by descriptor and checked; OpenVINO gets those bytes, never the paths again
+        model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
+        weights_bytes = artifact_bytes(path, manifest, section.get("data_file"), f"{where}.data_file")
+        check_ir_file(model_path, model_bytes, len(weights_bytes))
+        return OpenVINORunner(model_path, data_path, io=section, untrusted=True, model_bytes=model_bytes,
+                              weights_bytes=weights_bytes)
+
+
+PRECISION_MIN_COSINE = 0.98  # the verification's threshold for logits computed or cached below float32
+
+
+def with_runtime_precision(quantization: dict[str, Any] | None, config: OpenVINOConfig) -> dict[str, Any] | None:
+    """The component manifest's ``quantization`` section with the CPU plugin's precisions where either is below
+    float32 (``inference_precision``, ``kv_cache_precision``): the export is then verified by cosine similarity
+    against float eager, with the top-1 agreement of its logits reported (``hfexport.quantization.
+    compare_quantized``), as a weight-quantized one. ``quantization`` unchanged at float32."""
+    if config.inference_precision == "f32" and config.kv_cache_precision == "f32":
+        return quantization
+    precisions = {"inference_precision": config.inference_precision,
+                  "kv_cache_precision": config.kv_cache_precision}
+    if quantization is None:
+        recipe = f"inference-{config.inference_precision}, kv-cache-{config.kv_cache_precision}"
+        return {"recipe": recipe, "min_cosine": PRECISION_MIN_COSINE, **precisions}
+    return {**quantization, **precisions}
+
+
+def growing_cache_pairs(program_module: Any, inputs: Any, io: dict[str, Any]) -> dict[str, Any] | None:
+    """For a generation program whose cache grows (``CausalLMStep.growing_cache``), its cache leaves renamed in
+    ``io`` (in place) as OpenVINO GenAI and optimum-intel name them: inputs ``past_key_values.<layer>.key`` /
+    ``.value``, outputs ``present.<layer>.key`` / ``.value``, and the ``(input, output)`` pairs with each tensor's
+    ``(kv_heads, head_dim)``; None for any other program."""
+    if not getattr(program_module, "growing_cache", False):
+        return None
+    cache = inputs["cache"]
+    names = [f"{i}.{kind}" for i in range(len(cache)) for kind in ("key", "value")]
+    shapes = [(int(t.shape[1]), int(t.shape[3])) for layer in cache for t in layer]
+    leaves = io["input_leaves"]
+    first = len(leaves) - len(names)  # the cache is the program's last input
+    io["input_leaves"] = [*leaves[:first], *(f"past_key_values.{n}" for n in names)]
+    outputs = io["output_leaves"]  # {"logits", "cache"}: the logits, then the cache's leaves
+    io["output_leaves"] = [outputs[0], *(f"present.{n}" for n in names)]
+    return {"pairs": [(f"past_key_values.{n}", f"present.{n}") for n in names], "shapes": shapes}
 
 
 @contextlib.contextmanager

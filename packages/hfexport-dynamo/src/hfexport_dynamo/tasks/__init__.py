@@ -9,6 +9,8 @@ programs (``generate``), for every task of :data:`TASKS`.
   ``embed`` programs beside the text ``decoder``, and the merge of the media into the prompt;
 * :mod:`.decoding`: the greedy loop and what it shares with transformers (the generation config, logits
   processors, stopping criteria);
+* :mod:`.transformers_model`: a text-generation artifact as a transformers model (:func:`as_transformers`), for
+  ``GenerationMixin.generate`` and ``pipeline("text-generation", ...)``;
 * :mod:`.cli`: ``hfexport export --task`` and ``hfexport generate``.
 
 Importing this package is light (the backends' declarations and the CLI read :data:`TASKS`): torch is imported when
@@ -23,17 +25,27 @@ from typing import Any
 from .names import IMAGE_TEXT_TO_TEXT, MEDIA_TASKS, TASKS, TEXT_GENERATION
 from .options import GenerationOptions, ImageTextOptions, TaskOptions, options_for_task
 
-__all__ = ["TASKS", "GenerationOptions", "ImageTextOptions", "TaskOptions", "generate", "options_for_task",
-           "plan_task"]
+__all__ = ["TASKS", "GenerationOptions", "ImageTextOptions", "TaskOptions", "as_transformers", "generate",
+           "options_for_task", "plan_task"]
+
+
+def as_transformers(exported: Any, config: Any = None) -> Any:
+    """``exported`` (a ``"text-generation"`` artifact) as a transformers ``PreTrainedModel`` + ``GenerationMixin``:
+    :func:`.transformers_model.as_transformers` (imports transformers)."""
+    from .transformers_model import as_transformers as wrap
+
+    return wrap(exported, config)
 
 
 def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
               max_batch: int | None = None, prefill_chunk: int | None = None, max_images: int | None = None,
-              stateful: bool = False, fused_cache_attention: Any = False) -> Any:
+              stateful: bool = False, fused_cache_attention: Any = False, growing: bool = False) -> Any:
     """The components (a ``TaskPlan``) to export for ``task``, bounded as asked (the arguments are documented by
     each task's planner): ``"text-generation"``: :func:`.causal_lm.plan_causal_lm`; ``"text2text-generation"``,
     ``"automatic-speech-recognition"``: :func:`.seq2seq.plan_seq2seq` (``max_cache_len`` and ``max_batch`` only);
-    ``"image-text-to-text"``, ``"audio-text-to-text"``: :func:`.image_text.plan_image_text`.
+    ``"image-text-to-text"``, ``"audio-text-to-text"``: :func:`.image_text.plan_image_text`. ``growing``
+    (``RuntimeNeeds(cache_layout="growing")``): ``"text-generation"``'s cache grows with the sequence and the runtime
+    keeps it (:func:`.causal_lm.plan_causal_lm`); the other tasks take ``stateful`` then.
 
     Raises:
         ValueError: an unknown task (lists them), or bounds the model cannot take (says which).
@@ -54,6 +66,9 @@ def plan_task(model: Any, task: str, inputs: Mapping[str, Any] | None = None, *,
     if task == TEXT_GENERATION:
         from .causal_lm import plan_causal_lm
 
+        if growing:
+            return plan_causal_lm(model, inputs, **{**decoder, "stateful": False, "fused_cache_attention": False},
+                                  growing=True)
         return plan_causal_lm(model, inputs, **decoder)
     from .seq2seq import plan_seq2seq
 

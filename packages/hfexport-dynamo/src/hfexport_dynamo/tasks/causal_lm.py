@@ -42,6 +42,7 @@ from .kv_cache import (
     RotaryTables,
     capacity_layer,
     grouped_sdpa,
+    growing_layer,
     recording_rotary,
     rotary_tables,
 )
@@ -54,7 +55,8 @@ from .planning import (
     generation_manifest,
 )
 
-__all__ = ["CausalLMStep", "DecoderPrograms", "decoder_run", "new_cache", "plan_causal_lm", "plan_decoder",
+__all__ = ["CausalLMStep", "DecoderPrograms", "GrowingDecoderPrograms", "LLMRunnerStep", "decoder_run", "new_cache",
+           "plan_causal_lm", "plan_decoder",
            "prepare_decoder"]
 
 # a decode step's value of a per-position decoder input (image-text-to-text: a new token is in no image block)
@@ -80,6 +82,11 @@ class CausalLMStep(torch.nn.Module):
             its tables at every cache position (buffers ``rotary_cos``/``rotary_sin``, :func:`rotary_tables`), to the
             query and keys the model's ``apply_rotary_pos_emb`` received. Off where the model has no such tables; a
             forward raises :class:`FusedRotaryUnusable` where its RoPE differs from them.
+        growing: the cache grows with the sequence (``RuntimeNeeds(cache_layout="growing")``): the ``cache`` input
+            holds ``[batch, kv_heads, past, head_dim]`` per layer (any ``past``, 0 included) and the output
+            ``past + seq`` positions; ``attention_mask`` is ``int64 [batch, past + seq]``; there is no
+            ``past_length``; attention is the model's own ``sdpa``; ``logits`` is ``[batch, 1, vocab]`` (the layout
+            OpenVINO GenAI reads). ``cache_shapes`` is then unused.
 
     Forward:
         input_ids: ``int64 [batch, seq]``.
@@ -98,8 +105,9 @@ class CausalLMStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
                  dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
-                 fused_rotary: bool = False):
+                 fused_rotary: bool = False, growing: bool = False):
         super().__init__()
+        self.growing_cache = growing
         # with in_buffers, a kernel (InPlaceCacheAttention) or nothing; otherwise a bool
         self.fused_attention = fused_attention if not in_buffers or callable(fused_attention) else False
         tables = None
@@ -111,6 +119,8 @@ class CausalLMStep(torch.nn.Module):
             self.register_buffer("rotary_sin", tables[1], persistent=False)
         self.model = model
         self.config = model.config  # the tracer writes config.json and reads the model's facts from it
+        # the token ids and search defaults a backend writes for its deployment engine (ORT GenAI's genai_config.json)
+        self.generation_config = getattr(model, "generation_config", None)
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
         self.in_buffers = in_buffers
         if in_buffers:
@@ -138,6 +148,8 @@ class CausalLMStep(torch.nn.Module):
         from transformers.cache_utils import Cache
 
         seq_len = next(iter(tokens.values())).shape[1]
+        if self.growing_cache:
+            return self._growing_step(tokens, attention_mask, position_ids, cache)
 
         if self.in_buffers:
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
@@ -172,6 +184,63 @@ class CausalLMStep(torch.nn.Module):
             result["cache"] = tuple((layer.keys, layer.values) for layer in kv.layers)
         return result
 
+    def _growing_step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
+        """:meth:`_step` over a cache that grows (``growing``): the new positions concatenated, the model's own
+        attention."""
+        from transformers.cache_utils import Cache
+
+        seq_len = next(iter(tokens.values())).shape[1]
+        # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
+        torch._check(attention_mask.shape[1] == cache[0][0].shape[2] + seq_len)
+        kv = Cache(layers=[growing_layer(k, v) for k, v in cache])
+        extra = {"position_ids": position_ids} if self.takes_position_ids else {}
+        out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1, **extra)
+        return {"logits": out.logits, "cache": tuple((layer.keys, layer.values) for layer in kv.layers)}
+
+
+class LLMRunnerStep(torch.nn.Module):
+    """A :class:`CausalLMStep` over ExecuTorch's LLM kernels (cache in buffers, one row) with the inputs ExecuTorch's
+    LLM runner (``executorch.extension.llm.runner.TextLLMRunner``, its C++ ``TextLLMRunner``) passes to ``forward``.
+
+    Forward:
+        input_ids: ``int64 [1, seq]``, the new tokens.
+        input_pos: ``int64 [1]``, the position of the first of them (the positions already cached).
+
+    Returns:
+        ``{"logits": float [1, vocab]}`` (the last position's).
+
+    Attributes:
+        llm_metadata: the constant methods the runner reads (``get_max_seq_len``: the most tokens one call takes;
+            ``get_max_context_len``: the cache's capacity; ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``,
+            ``use_kv_cache``, ``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``), for the backend to write.
+    """
+
+    def __init__(self, step: CausalLMStep, max_cache_len: int, prefill_chunk: int):
+        super().__init__()
+        self.step = step
+        self.config, self.generation_config = step.config, step.generation_config
+        self.max_cache_len = max_cache_len
+        text = step.config.get_text_config(decoder=True)
+        generation = step.generation_config
+        eos = getattr(generation, "eos_token_id", None)
+        eos = getattr(text, "eos_token_id", None) if eos is None else eos
+        bos = getattr(generation, "bos_token_id", None)
+        bos = getattr(text, "bos_token_id", None) if bos is None else bos
+        self.llm_metadata = {
+            "get_max_seq_len": int(prefill_chunk), "get_max_context_len": int(max_cache_len),
+            "get_vocab_size": int(text.vocab_size), "get_bos_id": int(bos) if bos is not None else 0,
+            "get_eos_ids": [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos] if eos is not None else [])],
+            "use_kv_cache": True, "use_sdpa_with_kv_cache": True, "enable_dynamic_shape": True,
+        }
+
+    def forward(self, input_ids: torch.Tensor, input_pos: torch.Tensor) -> dict[str, Any]:
+        seq = input_ids.shape[1]
+        past_length = input_pos.reshape(())
+        positions = (input_pos + torch.arange(seq, dtype=torch.long))[None]
+        mask = (torch.arange(self.max_cache_len, dtype=torch.long) < past_length + seq).long()[None]
+        return self.step(input_ids, mask, positions if self.step.takes_position_ids else None, past_length)
+
 
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
                  takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
@@ -201,7 +270,7 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
 def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
                    max_batch: int | None = None, prefill_chunk: int | None = None, stateful: bool = False,
-                   fused_cache_attention: Any = False) -> Any:
+                   fused_cache_attention: Any = False, growing: bool = False) -> Any:
     """The one ``decoder`` program of a :class:`CausalLMStep` (see the module docstring for its inputs, outputs and
     cache; :func:`plan_decoder` for its dynamic dims) and the manifest's ``generation`` section.
 
@@ -222,6 +291,9 @@ def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_c
             kernel over the cache buffers (used at ``max_batch=1``: it attends causally without a padding mask).
             Either applies where the model's attention allows it (checked by one eager forward; otherwise the write
             and the attention stay apart).
+        growing: the cache grows with the sequence and the runtime keeps it (``RuntimeNeeds(cache_layout=
+            "growing")``, :class:`CausalLMStep`'s ``growing``); ``max_cache_len`` is then the most positions a
+            sequence may hold, not a capacity held.
 
     Raises:
         ValueError: bounds the model cannot take (says which).
@@ -237,7 +309,7 @@ def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_c
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
     component, cache = plan_decoder(model, ids, mask, max_cache_len=max_cache_len, max_batch=max_batch,
                                     prefill_chunk=prefill_chunk, stateful=stateful,
-                                    fused_cache_attention=fused_cache_attention)
+                                    fused_cache_attention=fused_cache_attention, growing=growing)
     manifest = generation_manifest(model, max_cache_len, max_batch, len(cache["row_shapes"]))
     manifest.update(prefill_chunk=prefill_chunk, cache=cache)
     return TaskPlan(TEXT_GENERATION, [component], manifest={"generation": manifest}, model=model)
@@ -247,7 +319,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                  prefill_chunk: int, stateful: bool = False, fused_cache_attention: Any = False,
                  embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
                  step_class: type[CausalLMStep] = CausalLMStep,
-                 position_rows: int | None = None) -> tuple[Any, dict[str, Any]]:
+                 position_rows: int | None = None, growing: bool = False) -> tuple[Any, dict[str, Any]]:
     """The ``decoder`` component of a generation task and its manifest's ``cache`` section (see :func:`plan_causal_lm`
     for the arguments; ``ids``/``mask`` are the example prompt, ``[batch, prompt]``).
 
@@ -271,6 +343,9 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     shapes = [(torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
               for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if growing and embed is None and position_rows is None:
+        return _plan_growing(model, ids, mask, shapes, dtype, rows, max_batch, max_cache_len, prefill_chunk,
+                             takes_position_ids)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -306,6 +381,18 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     if step is None:
         step = step_class(model, shapes, dtype, in_buffers=stateful)
 
+    if in_place_kernel and embed is None and callable(step.fused_attention):
+        # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries
+        # its metadata, so that the runner runs it as it is (LLMRunnerStep)
+        runner_step = LLMRunnerStep(step, max_cache_len, prefill_chunk)
+        example = {"input_ids": ids, "input_pos": torch.zeros(1, dtype=torch.long)}
+        seq = Dim("seq", min=1, max=prefill_chunk)
+        kv = {"layout": "[batch, max_cache_len, kv_heads, head_dim]", "in_program_buffers": True,
+              "static_batch": True, "dtype": str(dtype).removeprefix("torch."), "fused_attention": True,
+              "fused_rotary": step.fused_rotary, "ignores_padding": True, "signature": "llm_runner",
+              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+        return ComponentPlan(DECODER, runner_step, example, {"input_ids": {1: seq}, "input_pos": None}), kv
+
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 and not stateful else {}
     seq = Dim("seq", min=1, max=prefill_chunk)
     dynamic_shapes: dict[str, Any] = {**{name: {**batch, 1: seq} for name in _tokens(ids[:, :1], embed)},
@@ -324,6 +411,42 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
              "static_batch": stateful or rows == 1, "dtype": str(dtype).removeprefix("torch."),
              "fused_attention": bool(step.fused_attention), "fused_rotary": step.fused_rotary,
              "ignores_padding": kernel,
+             "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
+
+
+def _plan_growing(model: Any, ids: torch.Tensor, mask: torch.Tensor, shapes: list[tuple[torch.Size, torch.Size]],
+                  dtype: torch.dtype, rows: int, max_batch: int, max_cache_len: int, prefill_chunk: int,
+                  takes_position_ids: bool) -> tuple[Any, dict[str, Any]]:
+    """:func:`plan_decoder` for a cache that grows (``growing``). The example holds a past of 2 positions (the
+    eager cache of the prompt's first two tokens; torch.export specializes a dim of size 0 or 1) and the prompt after
+    it; the past is dynamic from 0 to ``max_cache_len - 1`` positions."""
+    from torch.export import Dim
+    from transformers import DynamicCache
+
+    from hfexport.plugin import ComponentPlan
+
+    past_ids, past_mask = ids[:, :2], mask[:, :2]
+    extra = {"position_ids": positions_from_mask(past_mask)} if takes_position_ids else {}
+    with torch.no_grad():
+        out = model(input_ids=past_ids, attention_mask=past_mask, cache=DynamicCache(config=model.config),
+                    use_cache=True, logits_to_keep=1, **extra)
+    past = tuple((layer.keys.detach().clone(), layer.values.detach().clone()) for layer in out.cache.layers)
+    full_mask = torch.cat([past_mask, mask], -1)
+    example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
+    if takes_position_ids:
+        example["position_ids"] = positions_from_mask(full_mask)[:, 2:]
+    example["cache"] = past
+    step = CausalLMStep(model, shapes, dtype, growing=True)
+    batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
+    seq, held = Dim("seq", min=1, max=prefill_chunk), Dim("past", min=0, max=max_cache_len - 1)
+    dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": {**batch, 1: Dim.AUTO}}
+    if takes_position_ids:
+        dynamic_shapes["position_ids"] = {**batch, 1: seq}
+    dynamic_shapes["cache"] = tuple(({**batch, 2: held}, {**batch, 2: held}) for _ in past)
+    cache = {"layout": "[batch, kv_heads, past, head_dim]", "in_program_buffers": False, "growing": True,
+             "static_batch": rows == 1, "dtype": str(dtype).removeprefix("torch."), "fused_attention": False,
+             "fused_rotary": False, "ignores_padding": False,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
@@ -362,8 +485,11 @@ def decoder_run(exported: Any, section: Mapping[str, Any], config: Any, input_id
         if prompt_embeds is not None:
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
             per_position = {k: v[..., padding.shape[1]:] for k, v in (per_position or {}).items()}
-    programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,
-                               per_position)
+    if section["cache"].get("growing"):
+        programs: Any = GrowingDecoderPrograms(exported, section, input_ids, attention_mask)
+    else:
+        programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,
+                                   per_position)
 
     def finish(sequences: torch.Tensor, stats: GenerationStats) -> torch.Tensor:
         return torch.cat([padding, sequences], -1)
@@ -450,6 +576,7 @@ class DecoderPrograms:
         self.mask[:, :prompt] = attention_mask
         self.cache = new_cache(section, batch) if "cache" in self.names else None
         self.past_length = torch.zeros((), dtype=torch.long)
+        self.input_pos = self.past_length.view(1)  # an LLM-runner program's input_pos [1]: the same memory
         self.rerun: Callable[[], list[Any]] | None = None  # the runner's repeat of the last decode step
         self.logits_leaf = 0
         # the decode steps' inputs: the next position (written at self.past), its ids, embeddings and other inputs
@@ -490,7 +617,7 @@ class DecoderPrograms:
         if self.rerun is not None:
             return self.rerun()[self.logits_leaf][:self.rows]
         feed = {self.token_name: tokens, **(extra or {}), "attention_mask": self.mask, "position_ids": position_ids,
-                "past_length": self.past_length, "cache": self.cache}
+                "past_length": self.past_length, "input_pos": self.input_pos, "cache": self.cache}
         out = self.exported.run(DECODER, **{k: v for k, v in feed.items() if k in self.names})
         returned = out.get("cache", self.cache)
         if (decoding and hasattr(self.runner, "rerun") and returned is not None
@@ -502,3 +629,54 @@ class DecoderPrograms:
             self.logits_leaf = next(i for i, leaf in enumerate(pytree.tree_leaves(out)) if leaf is out["logits"])
         self.cache = returned
         return out["logits"][:self.rows]
+
+
+class GrowingDecoderPrograms:
+    """The ``decoder`` program of a cache that grows (``generation.cache.growing``) under the greedy loop
+    (:class:`~hfexport_dynamo.tasks.decoding.TaskPrograms`): the runtime keeps the cache as its own state, so each
+    call feeds only the new positions' ``input_ids``, ``position_ids`` and the ``attention_mask`` over the positions
+    held and new; the prompt is prefilled in chunks of ``prefill_chunk``.
+
+    The runner keeps the cache: it implements ``reset()`` (an empty cache) and ``run_keeping_cache(inputs)``, which
+    takes ``{name: tensor}`` of the program's inputs but the cache and returns the ``logits`` ``[batch, seq, vocab]``
+    (:class:`hfexport.plugin.Runner`).
+    """
+
+    def __init__(self, exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor):
+        self.runner = exported.components[DECODER].runner
+        if not callable(getattr(self.runner, "run_keeping_cache", None)):
+            raise TypeError(f"this artifact's decoder has a growing cache, which {type(self.runner).__name__} does "
+                            "not keep (it has no run_keeping_cache())")
+        self.takes_positions = "position_ids" in input_names(exported, DECODER)
+        rows, prompt = input_ids.shape
+        self.rows, self.prompt_ids = rows, input_ids
+        # the mask over every position a sequence may hold; a call reads its first past + seq columns
+        self.mask = torch.zeros(rows, prompt + section["max_cache_len"], dtype=torch.long)
+        self.mask[:, :prompt] = attention_mask
+        self.positions = positions_from_mask(attention_mask)
+        self.prefill_spans = [slice(past, past + section["prefill_chunk"])
+                              for past in range(0, prompt, section["prefill_chunk"])]
+        self.past, self.position = prompt, self.positions[:, -1:].clone()
+        self.ids = torch.zeros(rows, 1, dtype=torch.long)
+
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        self.runner.reset()
+        return contextlib.nullcontext()
+
+    def prefill(self, span: slice) -> torch.Tensor:
+        ids = self.prompt_ids[:, span]
+        return self._run(ids, self.positions[:, span], span.start + ids.shape[1])
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask[:, self.past] = 1
+        self.position += 1
+        self.ids[:, 0] = tokens
+        self.past += 1
+        return self._run(self.ids, self.position, self.past)
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, held: int) -> torch.Tensor:
+        feed = {"input_ids": ids, "attention_mask": self.mask[:, :held]}
+        if self.takes_positions:
+            feed["position_ids"] = positions
+        return self.runner.run_keeping_cache(feed)[:, -1]

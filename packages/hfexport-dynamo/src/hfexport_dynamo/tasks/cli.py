@@ -25,9 +25,11 @@ from hfexport.commands import (
     Progress,
     UsageError,
     configured_exporter,
+    load_model,
     quiet_third_party_logs,
     record_verification,
     resolve_artifact,
+    timed,
     write_report,
 )
 
@@ -43,8 +45,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
             "positions, written in place on ONNX Runtime and ExecuTorch; a prompt is prefilled in chunks of "
             "--prefill-chunk tokens), text2text-generation, automatic-speech-recognition (encoder-decoders: encoder, "
             "prefill and decode programs), image-text-to-text (vision-language models: vision, embed and decoder "
-            "programs, the image size the config's); verified by greedy generation against eager model.generate. Run "
-            "it with `hfexport generate`")
+            "programs, the image size the config's), audio-text-to-text (audio-language models: audio, embed and "
+            "decoder programs); verified by greedy generation against eager model.generate. Run it with `hfexport "
+            "generate`. Default: text-generation for a model whose config.json names a *ForCausalLM (--no-task: one "
+            "forward pass), else one forward pass")
         export.add_argument(
             "--max-cache-len", type=int, metavar="N", help="with --task: the most tokens a sequence may hold, prompt "
             "and new ones: the KV cache's capacity (default: max_position_embeddings, capped at 4096 and at a "
@@ -59,6 +63,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         export.add_argument(
             "--max-images", type=int, metavar="N", help="with --task image-text-to-text: the most images one "
             "generate call takes, the whole batch's (default: --max-batch)")
+        export.add_argument(
+            "--no-task", action="store_true", help="export one forward pass of a *ForCausalLM (which exports for "
+            "--task text-generation by default)")
         export.set_defaults(check_task_options=_check_task_options, export_task=_export_task)
 
     p = subparsers.add_parser(
@@ -165,15 +172,53 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
                          "'text2text-generation' (encoder-decoders) or 'automatic-speech-recognition' (Whisper), or "
                          "`hfexport export MODEL --task ...`")
     batch, cache = section.get("max_batch"), section.get("max_cache_len")
-    if rows and isinstance(batch, int) and len(rows) > batch:
-        raise UsageError(f"a batch of {len(rows)} exceeds this export's max_batch={batch}: give at most {batch} "
-                         "--input-ids, or re-export with a larger --max-batch")
+    size = len(rows) or len(args.prompt or ())
+    if isinstance(batch, int) and size > batch:
+        flag = "--input-ids" if rows else "--prompt"
+        raise UsageError(f"a batch of {size} exceeds this export's max_batch={batch}: give at most {batch} "
+                         f"{flag}, or re-export with a larger --max-batch")
+    images = len(getattr(args, "image", None) or ())
+    most = (section.get("vision") or {}).get("max_images")
+    if images and isinstance(most, int) and images > most:
+        raise UsageError(f"{images} --image exceed this export's max_images={most}: give at most {most}, or "
+                         "re-export with a larger --max-images")
     longest = max((len(r) for r in rows), default=0)
     if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
             and longest + args.max_new_tokens > cache:
         raise UsageError(f"a prompt of {longest} tokens plus max_new_tokens={args.max_new_tokens} exceeds this "
                          f"export's max_cache_len={cache}: give at most {cache - longest} new tokens, or re-export "
                          "with a larger --max-cache-len")
+
+
+def _say_generating(directory: Path) -> None:
+    """``generating with the onnx export of LlamaForCausalLM (text-generation, max_cache_len 32, max_batch 2) from
+    DIR`` on stderr, from export.json alone."""
+    from hfexport.artifact import read_manifest
+
+    try:
+        manifest = read_manifest(directory)
+    except (OSError, ValueError):
+        manifest = {}
+    bounds = manifest.get("generation") or {}
+    print(f"generating with the {manifest.get('backend')} export of {manifest.get('model_class')} "
+          f"({manifest.get('task')}, max_cache_len {bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')})"
+          f" from {directory}", file=sys.stderr, flush=True)
+
+
+def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[int]]:
+    """The token ids of ``prompts`` by ``directory``'s ``tokenizer.json`` with the ``tokenizers`` library alone
+    (special tokens added as its post-processor says), for the bounds check before the runtime and transformers
+    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs)."""
+    path = directory / "tokenizer.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return []
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+        return [tokenizer.encode(text).ids for text in prompts]
+    except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
+        return []
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -211,16 +256,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not (directory / MANIFEST_NAME).is_file():
         raise UsageError(f"{artifact} holds no {MANIFEST_NAME}: give the directory of a saved export (`hfexport "
                          "export MODEL --task text-generation -o DIR` writes one)")
+    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else directory if _has_tokenizer(directory) else None
     if args.prompt and tokenizer_dir is None:
         raise UsageError(f"--prompt needs a tokenizer, and {args.artifact} holds no tokenizer files: pass --tokenizer "
                          "DIR (the exported model's directory), or the prompt as token ids with --input-ids 1,2,3")
-    _check_generation_bounds(directory, args, rows)  # from export.json, before any runtime loads
+    if args.prompt and not images:  # the prompts' lengths by the tokenizer.json alone (no transformers import)
+        _check_generation_bounds(directory, args, _quick_token_rows(tokenizer_dir, args.prompt))
+    _say_generating(directory)  # the first line, before transformers and the runtime load
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_third_party_logs()
     from hfexport import load
 
-    exported = load(directory, trust_remote_code=args.trust_remote_code)
+    with timed("loading the artifact and its runtime"):
+        exported = load(directory, trust_remote_code=args.trust_remote_code)
     task = exported.manifest.get("task")
     if exported.generator is None:  # its message says which task to export with
         try:
@@ -238,21 +287,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     tokenizer = None
     media: dict[str, Any] = {}
     if images:
-        tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds)
+        tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds,
+                                                                     bool(args.trust_remote_code))
     else:
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+            check_configs_run_no_code(tokenizer_dir, args.trust_remote_code)
+            tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(
+                tokenizer_dir, trust_remote_code=bool(args.trust_remote_code)), tokenizer_dir, "load")
         if args.prompt:
-            rows = [list(tokenizer(text)["input_ids"]) for text in args.prompt]
+            rows = [list(_tokenizer_call(lambda text=text: tokenizer(text)["input_ids"], tokenizer_dir, "tokenize"))
+                    for text in args.prompt]
             empty = [text for text, ids in zip(args.prompt, rows, strict=True) if not ids]
             if empty:
                 raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
         input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(args.pad_token_id, tokenizer, bounds))
-    print(f"generating with the {exported.backend} export of {exported.manifest.get('model_class')} "
-          f"({task}, max_cache_len {bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')}) from "
-          f"{directory}", file=sys.stderr)
     options: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if eos is not None:
         options["eos_token_id"] = eos[0] if len(eos) == 1 else eos
@@ -281,8 +331,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any]
-                   ) -> tuple[Any, Any, Any, dict[str, Any]]:
+def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any],
+                   trust_remote_code: bool = False) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``(tokenizer, input_ids, attention_mask, {"pixel_values": ..., ...})`` of ``prompts`` with ``images`` (read
     with Pillow), as the model's own processor (``AutoProcessor`` over the artifact's copied processor files, no code
     from them) makes them, left-padded. With one prompt every image goes to it, else one each; a prompt without
@@ -297,7 +347,9 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
         raise UsageError("--image reads images with Pillow: pip install 'hfexport-dynamo[vision]'") from exc
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(directory)
+    check_configs_run_no_code(directory, trust_remote_code)
+    processor = _tokenizer_call(lambda: AutoProcessor.from_pretrained(directory, trust_remote_code=trust_remote_code),
+                                directory, "load")
     processor.tokenizer.padding_side = "left"
     pictures = []
     for path in images:
@@ -306,6 +358,7 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
                 pictures.append(image.convert("RGB"))
         except (UnidentifiedImageError, OSError) as exc:
             raise UsageError(f"--image {path} does not read as an image: {exc}") from exc
+    check_resize_bound(getattr(processor, "image_processor", None), [p.size for p in pictures], directory)
     groups = [pictures] if len(prompts) == 1 else [[picture] for picture in pictures]
     token = getattr(processor, "image_token", None)
     texts = [text if token is None or token in text else f"{token * len(group)} {text}"
@@ -314,6 +367,116 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
     vision = bounds.get("vision") or {}
     media = {name: batch[name] for name in vision.get("inputs", ("pixel_values",)) if name in batch}
     return processor.tokenizer, batch["input_ids"], batch["attention_mask"], media
+
+
+# Config files of a tokenizer or processor that transformers reads from the artifact's directory.
+_CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+                 "image_processor_config.json", "video_preprocessor_config.json", "feature_extractor_config.json")
+# keys that name a class transformers would look up (a custom one is the artifact's own Python)
+_CLASS_KEYS = ("tokenizer_class", "processor_class", "image_processor_type", "feature_extractor_type",
+               "video_processor_type")
+IMAGE_MAX_PIXELS = 2**24  # a processor may resize an image to at most 4,096 x 4,096 (float32 RGB: 192 MiB)
+
+
+def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False) -> None:
+    """Refuse, unless ``trust_remote_code``, a tokenizer or processor config of ``directory`` that would make
+    transformers run the artifact's own Python: an ``auto_map`` (``AutoTokenizer``/``AutoProcessor`` import the
+    module it names, after asking on standard input), or a class name (``tokenizer_class``, ``processor_class``,
+    ``image_processor_type``, ...) that transformers does not define. Every ``from_pretrained`` on artifact files
+    also passes ``trust_remote_code=False``, so transformers itself refuses rather than prompts.
+
+    Raises:
+        UsageError: the file, the key and the name; and that ``--trust-remote-code`` allows it.
+    """
+    if trust_remote_code:
+        return
+    import transformers
+
+    for name in _CONFIG_FILES:
+        file = Path(directory) / name
+        if not file.is_file():
+            continue
+        if file.stat().st_size > 2**22:
+            raise UsageError(f"{file} is {file.stat().st_size:,} bytes, over the 4 MiB a config may have: the "
+                             "artifact is damaged or crafted")
+        try:  # json, not parse_json: tokenizer configs hold 31-digit ints (model_max_length = 1e30); size-bounded
+            config = json.loads(file.read_bytes())
+        except RecursionError:
+            raise UsageError(f"{file} is JSON nested too deeply for Python: the artifact is damaged or "
+                             "crafted") from None
+        except ValueError as exc:
+            raise UsageError(f"{file} is not JSON hfexport reads ({exc}): the artifact is damaged or crafted") from None
+        if not isinstance(config, dict):
+            continue
+        found = [(f"{name}:auto_map", config["auto_map"])] if "auto_map" in config else []
+        for key in _CLASS_KEYS:
+            value = config.get(key)
+            if value is not None and not (isinstance(value, str) and value.isidentifier()
+                                          and isinstance(getattr(transformers, value, None), type)):
+                found.append((f"{name}:{key}", value))
+        if found:
+            where, value = found[0]
+            raise UsageError(f"{where} names {value!r:.120}, code of the artifact's own (transformers defines no "
+                             "such class): hfexport runs no code from an artifact; pass --trust-remote-code only "
+                             "for an artifact from a source you trust")
+
+
+def _tokenizer_call(call: Any, directory: Path, what: str) -> Any:
+    """``call()``, with a panic of the Rust tokenizers library (``pyo3_runtime.PanicException``, a
+    ``BaseException``: a crafted ``tokenizer.json``, a catastrophic regex) turned into an error that names the
+    files."""
+    try:
+        return call()
+    except Exception as exc:
+        if what == "load":
+            raise UsageError(f"the tokenizer or processor files of {directory} do not load ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}): the artifact is damaged or crafted") from None
+        raise
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise UsageError(f"the tokenizer of {directory} failed to {what} ({str(exc)[:200]}): its tokenizer.json is "
+                         "damaged or crafted; give another with --tokenizer DIR, or the prompt as --input-ids") from None
+
+
+def check_resize_bound(image_processor: Any, sizes: list[tuple[int, int]], directory: Path) -> None:
+    """Refuse, before the processor runs, an image processor config that resizes an image past
+    :data:`IMAGE_MAX_PIXELS` (a crafted ``size`` of 12,000 px grew the process by 5.5 GiB in 112 s): the fixed
+    target sizes it names (``size``: ``height`` x ``width``, ``shortest_edge`` / ``longest_edge``, ``crop_size``),
+    the least it upscales to (``min_pixels``), and what ``shortest_edge`` makes of the given images' aspect ratios.
+
+    Raises:
+        UsageError: the key, the pixels it asks for, and the bound.
+    """
+    if image_processor is None:
+        return
+    widest = max((max(w, h) / max(1, min(w, h)) for w, h in sizes), default=1.0)
+    targets: list[tuple[str, float]] = []
+    for key in ("size", "crop_size"):
+        size = getattr(image_processor, key, None)
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = {"height": size, "width": size}
+        elif not isinstance(size, dict):  # transformers' SizeDict: attributes
+            size = {k: getattr(size, k, None) for k in ("height", "width", "shortest_edge", "longest_edge",
+                                                        "min_pixels", "max_pixels")}
+        numbers = {k: v for k, v in size.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if "height" in numbers and "width" in numbers:
+            targets.append((f"{key}.height x {key}.width", numbers["height"] * numbers["width"]))
+        if "shortest_edge" in numbers:
+            longest = numbers.get("longest_edge", numbers["shortest_edge"] * widest)
+            targets.append((f"{key}.shortest_edge", numbers["shortest_edge"] * longest))
+        elif "longest_edge" in numbers:
+            targets.append((f"{key}.longest_edge", numbers["longest_edge"] ** 2))
+        if "min_pixels" in numbers:  # max_pixels only shrinks an image; min_pixels grows a small one
+            targets.append((f"{key}.min_pixels", numbers["min_pixels"]))
+    least = getattr(image_processor, "min_pixels", None)
+    if isinstance(least, int | float) and not isinstance(least, bool):
+        targets.append(("min_pixels", least))
+    for where, pixels in targets:
+        if pixels > IMAGE_MAX_PIXELS:
+            raise UsageError(f"the image processor of {directory} resizes images to {int(pixels):,} pixels "
+                             f"({where}), over the bound of {IMAGE_MAX_PIXELS:,} (hfexport_dynamo.tasks.cli."
+                             "IMAGE_MAX_PIXELS): the artifact is damaged or crafted")
 
 
 def _prompt_pad_id(pad_token_id: int | None, tokenizer: Any, bounds: dict[str, Any]) -> int:
@@ -364,10 +527,12 @@ def _has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in _TOKENIZER_MARKERS)
 
 
-def _load_for_task(exporter_class: Any, path: str, task: str) -> Any:
-    """The model of ``path`` as the backend's loader gives it (the class ``config.architectures`` names); a
-    usage error when that class cannot generate (a base model would need a head the checkpoint lacks)."""
-    model = exporter_class.load_model(path)
+def _load_for_task(exporter_class: Any, args: argparse.Namespace) -> Any:
+    """The model of ``args.model`` as the backend's loader gives it (the class ``config.architectures`` names,
+    with ``--dtype`` and ``--trust-remote-code``); a usage error when that class cannot generate (a base model would
+    need a head the checkpoint lacks)."""
+    path, task = args.model, args.task
+    model = load_model(exporter_class, args)
     from transformers import GenerationMixin
 
     if not isinstance(model, GenerationMixin):
@@ -386,20 +551,22 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     from hfexport import InvalidInputError
 
     start = time.perf_counter()
-    model = _load_for_task(exporter_class, args.model, args.task)
+    with timed("loading the model"):
+        model = _load_for_task(exporter_class, args)
     options = {name: value for name, value in (("max_cache_len", args.max_cache_len), ("max_batch", args.max_batch),
                                                ("prefill_chunk", args.prefill_chunk),
                                                ("max_images", getattr(args, "max_images", None)))
                if value is not None}
-    console.print(f"exporting {type(model).__name__} from {args.model} with backend {args.backend!r} for task "
-                  f"{args.task!r}")
     try:
         task_options = exporter_class.tracer.task_options(args.task)(**options)
     except (ValueError, TypeError) as exc:  # an unknown task, an option of another task or of the wrong type
         raise UsageError(str(exc)) from exc
     progress = Progress(console)
+    # a backend that writes the tokenizer for its runtime (OpenVINO GenAI's tokenizer IR) takes the model's
+    backend_options = {"tokenizer": str(args.model)} if _has_tokenizer(Path(args.model)) \
+        and "tokenizer" in exporter_class.config_class.option_names() else {}
     try:
-        exported = configured_exporter(exporter_class, args).export(model, None, progress=progress, task=args.task,
+        exported = configured_exporter(exporter_class, args, **backend_options).export(model, None, progress=progress, task=args.task,
                                                                     task_options=task_options,
                                                                     verify=not args.no_verify, atol=args.atol,
                                                                     rtol=args.rtol)  # each program verified
@@ -411,18 +578,22 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     for name in (*_TOKENIZER_FILES, *_PROCESSOR_FILES):
         if (source / name).is_file() and name not in exported.extra_files:
             exported.extra_files[name] = lambda d, f=source / name: _copy_into(f, d)
-    path = exported.save_pretrained(output, overwrite=args.overwrite)
+    with timed(f"saving to {output}"):
+        path = exported.save_pretrained(output, overwrite=args.overwrite)
     bounds = exported.manifest.get("generation", {})
     console.print(f"saved to {path} ({', '.join(exported.manifest['components'])}; max_cache_len "
                   f"{bounds.get('max_cache_len')}, max_batch {bounds.get('max_batch')}) in "
-                  f"{time.perf_counter() - start:.1f}s")
+                  f"{time.perf_counter() - start:.1f}s", markup=False)
     if args.no_verify:
         return 0
     from hfexport import load
 
-    reloaded = load(path)
-    check = _generation_check(model, reloaded)
-    console.print(f"verifying the artifact loaded back from disk by greedy generation at {check['shapes']}")
+    with timed("loading the artifact back from disk"):
+        reloaded = load(path)
+    with timed("generating greedily with the artifact and with eager PyTorch"):
+        check = _generation_check(model, reloaded)
+    console.print(f"verifying the artifact loaded back from disk by greedy generation at {check['shapes']}",
+                  markup=False)
     print(check["text"])
     exported.manifest = record_verification(path, check["report"])
     if args.report:
@@ -559,6 +730,8 @@ def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -
     bounds = [flag for flag, value in (("--max-cache-len", args.max_cache_len), ("--max-batch", args.max_batch),
                                        ("--prefill-chunk", args.prefill_chunk),
                                        ("--max-images", getattr(args, "max_images", None))) if value is not None]
+    if task is not None and getattr(args, "no_task", False) and args.task is not None:
+        raise UsageError(f"--no-task exports one forward pass: drop it or --task {task}")
     if task is None:
         if bounds:
             raise UsageError(f"{' and '.join(bounds)} bound{'s' if len(bounds) == 1 else ''} the programs of a task export: pass --task "

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["GenerationStats", "GreedyRun", "TaskPrograms", "check_bounds", "check_prompt", "generate", "greedy",
+__all__ = ["GenerationStats", "GreedyRun", "TaskPrograms", "check_bounds", "check_prompt", "check_section_bounds",
+           "generate", "greedy",
            "input_names", "logits_processors", "merged_generation_config", "next_greedy", "stopping_criteria",
            "token_id_list"]
 
@@ -131,6 +132,7 @@ def generate(exported: Any, prepare: Prepare, input_ids: Any, attention_mask: An
         TypeError: ``input_ids`` is not an integer tensor of rank 2, or an option is no ``GenerationConfig`` field.
     """
     section = exported.manifest["generation"]
+    check_section_bounds(exported, section)  # before any cache, mask or prompt buffer is made from it
     options = dict(generation_options)  # an option passed as None sets it to None, as in model.generate
     if max_new_tokens is not None:
         options["max_new_tokens"] = max_new_tokens
@@ -145,6 +147,108 @@ def generate(exported: Any, prepare: Prepare, input_ids: Any, attention_mask: An
     sequences, stats = greedy(run, section)
     exported.generation_stats = stats
     return run.finish(sequences, stats) if run.finish is not None else sequences
+
+
+# The most bytes of caches and masks a manifest's ``generation`` section may make ``generate`` allocate: 512 MiB
+# beyond the artifact's own hashed bytes, at most 8 GiB (a 0.5-8 B model's cache of 4,096 positions fits; an
+# artifact under 1 MB cannot make generate allocate a GiB). As ``hfexport._stored.built_inputs_budget``.
+_SECTION_BASE_BYTES = 512 * 2**20
+_SECTION_MAX_BYTES = 8 * 2**30
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _declared_dim(entry: Mapping[str, Any] | None, dim: int) -> tuple[int | None, bool]:
+    """``(bound, static)`` of dim ``dim`` of a manifest input entry: its static size, or its dynamic max."""
+    shape = entry.get("shape") if isinstance(entry, Mapping) else None
+    if not isinstance(shape, list) or len(shape) <= dim:
+        return None, False
+    spec = shape[dim]
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return spec, True
+    if isinstance(spec, str) and spec.isdigit():
+        return int(spec), True
+    info = (entry.get("dynamic_dims") or {}).get(str(dim)) if isinstance(entry.get("dynamic_dims"), dict) else None
+    high = info.get("max") if isinstance(info, dict) else None
+    return (high if _positive_int(high) else None), False
+
+
+def check_section_bounds(exported: Any, section: Mapping[str, Any]) -> None:
+    """Check the sizes the manifest's ``generation`` section gives (``max_batch``, ``max_cache_len``,
+    ``prefill_chunk``, the cache's ``row_shapes`` and ``dtype``) before :func:`generate` allocates anything from
+    them: each a positive int of the right form, ``max_batch`` and ``max_cache_len`` within the ``decoder``
+    program's own declared bounds (its ``attention_mask`` input ``[batch, max_cache_len]``), as many cache rows
+    as the program's ``cache`` input has leaves, and the cache plus the mask within a memory budget (512 MiB
+    beyond the artifact's hashed bytes, at most 8 GiB).
+
+    Raises:
+        ValueError: the value and the bound it breaks (the artifact is damaged or crafted).
+    """
+    from hfexport.trust import torch_dtype
+
+    def refuse(what: str) -> ValueError:
+        return ValueError(f"this artifact's export.json generation section {what}: the artifact is damaged or "
+                          "crafted (re-export it)")
+
+    if not isinstance(section, Mapping):
+        raise refuse("is not an object")
+    for key in ("max_batch", "max_cache_len", "vocab_size"):
+        if not _positive_int(section.get(key)):
+            raise refuse(f"has {key}={section.get(key)!r}, not a positive integer")
+    max_batch, max_cache_len = section["max_batch"], section["max_cache_len"]
+    if "prefill_chunk" in section and not (_positive_int(section["prefill_chunk"])
+                                           and section["prefill_chunk"] <= max_cache_len):
+        raise refuse(f"has prefill_chunk={section['prefill_chunk']!r}, not an int from 1 to max_cache_len="
+                     f"{max_cache_len}")
+    if "max_source_len" in section and not _positive_int(section["max_source_len"]):
+        raise refuse(f"has max_source_len={section['max_source_len']!r}, not a positive integer")
+    components = exported.manifest.get("components") or {}
+    decoder = components.get("decoder") if isinstance(components, Mapping) else None
+    entries = decoder.get("inputs") if isinstance(decoder, Mapping) else None
+    by_name = {e.get("name"): e for e in entries or [] if isinstance(e, Mapping)}
+    mask = by_name.get("attention_mask")
+    batch_bound, _ = _declared_dim(mask, 0)
+    length_bound, _ = _declared_dim(mask, 1)
+    if batch_bound is not None and max_batch > batch_bound:
+        raise refuse(f"has max_batch={max_batch:,}, beyond the decoder program's declared batch bound of "
+                     f"{batch_bound:,} (its attention_mask input)")
+    if length_bound is not None and max_cache_len > length_bound:
+        raise refuse(f"has max_cache_len={max_cache_len:,}, beyond the decoder program's declared cache length of "
+                     f"{length_bound:,} (its attention_mask input)")
+    hashed = exported.manifest.get("files_sha256")
+    artifact_bytes = sum(e["size"] for e in hashed.values() if isinstance(e, Mapping) and _positive_int(e.get("size"))) \
+        if isinstance(hashed, Mapping) else 0
+    budget = min(_SECTION_MAX_BYTES, _SECTION_BASE_BYTES + artifact_bytes)
+    total = 2 * max_batch * max_cache_len * 8  # the mask over the cache and the prompt's own, int64
+    cache = section.get("cache")
+    if decoder is not None and not isinstance(cache, Mapping):
+        raise refuse("has no cache object")
+    if isinstance(cache, Mapping):
+        rows = cache.get("row_shapes")
+        if not isinstance(rows, list) or not all(
+                isinstance(layer, list) and len(layer) == 2 and all(
+                    isinstance(shape, list) and len(shape) == 3 and all(_positive_int(d) for d in shape)
+                    for shape in layer) for layer in rows):
+            raise refuse("has cache.row_shapes that are not, per layer, two shapes of three positive integers")
+        dtype = torch_dtype(cache.get("dtype"))
+        if dtype is None:
+            raise refuse(f"has cache.dtype={cache.get('dtype')!r:.40}, not a torch dtype")
+        leaves = by_name.get("cache", {}).get("leaves")
+        if "cache" in by_name and leaves != 2 * len(rows):
+            raise refuse(f"has {len(rows):,} cache layers where the decoder program's cache input has {leaves!r} "
+                         "leaves (two per layer)")
+        lengths = {d for layer in rows for shape in layer for d in shape if d == max_cache_len}
+        if rows and not lengths:
+            raise refuse(f"has cache.row_shapes without a dim of max_cache_len={max_cache_len:,}")
+        for layer in rows:  # a static batch holds max_batch rows; a dynamic one at most that many
+            for shape in layer:
+                total += max_batch * shape[0] * shape[1] * shape[2] * dtype.itemsize
+    if total > budget:
+        raise refuse(f"describes {total:,} bytes of cache and masks (max_batch={max_batch:,}, max_cache_len="
+                     f"{max_cache_len:,}), over the {budget:,} bytes generate allocates for an artifact of "
+                     f"{artifact_bytes:,} bytes")
 
 
 def greedy(run: GreedyRun, section: Mapping[str, Any]) -> tuple[torch.Tensor, GenerationStats]:

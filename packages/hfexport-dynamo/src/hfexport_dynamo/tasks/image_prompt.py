@@ -16,7 +16,7 @@ from .causal_lm import decoder_run
 from .decoding import GreedyRun, check_prompt
 from .names import AUDIO, EMBED, VISION
 
-__all__ = ["audio_prompt", "image_prompt", "prepare_media", "rope_positions"]
+__all__ = ["audio_prompt", "image_prompt", "prepare_media", "rope_positions", "static_count"]
 
 
 def prepare_media(exported: Any, section: Mapping[str, Any], config: Any, input_ids: Any, attention_mask: Any,
@@ -68,7 +68,8 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
         ValueError: another image size than the export's, more images than ``max_images``, an image with masked
             pixels, a number of image tokens that is not ``images x tokens_per_image``, an ``image_grid_thw`` that
             is not the export's grid or missing, an image's tokens not in one run (``mrope``), or (``token_types``)
-            a prompt longer than ``prefill_chunk`` (each says which), before any program runs.
+            a prompt longer than ``prefill_chunk``, or another number of images than the static one where the
+            manifest says the ``vision`` program's count is static (each says which), before any program runs.
     """
     vision = section["vision"]
     token, per_image = vision["image_token_id"], vision["tokens_per_image"]
@@ -105,6 +106,7 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
     if images > vision["max_images"]:
         raise ValueError(f"{images} images exceed this export's max_images={vision['max_images']}: pass fewer, "
                          "or export again with a larger max_images")
+    _check_count(exported, VISION, "pixel_values", images, "images")
     if image_tokens != images * per_image:
         raise ValueError(f"input_ids hold {image_tokens} image tokens (id {token}) for {images} image(s) of "
                          f"{per_image} tokens each: put {per_image} image tokens per image in the prompt, as the "
@@ -167,6 +169,7 @@ def audio_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
     if chunks > audio["max_audio_chunks"]:
         raise ValueError(f"{chunks} audio chunks exceed this export's max_audio_chunks={audio['max_audio_chunks']}: "
                          "pass fewer, or export again with a larger max_batch")
+    _check_count(exported, AUDIO, "input_features", chunks, "audio chunks")
     is_audio = input_ids == token
     if int(is_audio.sum()) != chunks * per_chunk:
         raise ValueError(f"input_ids hold {int(is_audio.sum())} audio tokens (id {token}) for {chunks} chunk(s) of "
@@ -174,6 +177,29 @@ def audio_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
                          "model's processor does")
     embeds, embed = _merged(exported, input_ids, is_audio, AUDIO, {"input_features": features} if chunks else {})
     return embeds, embed, {}
+
+
+def static_count(exported: Any, program: str, name: str) -> int | None:
+    """The number of items (images, audio chunks) the ``program`` component takes per call where its manifest says
+    that count is static (``name``'s dim 0 not among its ``dynamic_dims``: ``max_images=1``, or a count the
+    model's code fixed at trace time), else None (a dynamic count, or a manifest without the component)."""
+    section = exported.manifest.get("components", {}).get(program) or {}
+    entry = next((i for i in section.get("inputs", ()) if i.get("name") == name), None)
+    if entry is None or "0" in (entry.get("dynamic_dims") or {}) or not entry.get("shape"):
+        return None
+    count = entry["shape"][0]
+    return count if isinstance(count, int) else None
+
+
+def _check_count(exported: Any, program: str, name: str, count: int, what: str) -> None:
+    """Refuse, before any program runs, ``count`` items where the manifest says the program takes a static other
+    number (:func:`static_count`); 0 (a prompt without them) runs no such program."""
+    static = static_count(exported, program, name)
+    if count and static is not None and count != static:
+        raise ValueError(f"{count} {what}: this export's {program} program takes exactly {static} per call (its "
+                         f"manifest's {name} dim 0 is static, not a range), so another count would fail inside it; "
+                         f"pass {static}, or export again with a range of {what} (max_images, or max_batch for "
+                         "audio chunks)")
 
 
 def _merged(exported: Any, input_ids: torch.Tensor, at: torch.Tensor, program: str, encoded: Mapping[str, Any]

@@ -12,6 +12,10 @@ any (``RuntimeNeeds.attention``):
   positions; otherwise the write is one ``ScatterND`` from the input to the output and attention reads the whole
   capacity under the mask. The ONNX Runtime runner binds each output to its input's memory
   (``manifest["components"]["decoder"]["onnx"]["in_place_outputs"]``), so nothing but the new positions is written;
+* as program inputs of ``past`` positions and outputs of ``past + seq`` (``RuntimeNeeds(cache_layout="growing")``,
+  OpenVINO): :func:`growing_layer` concatenates the new positions, attention is the model's own ``sdpa`` (one
+  ``scaled_dot_product_attention`` per layer over the positions held), and the runtime keeps the outputs as its
+  state, which its kernel appends to in place;
 * in the program's mutable buffers (ExecuTorch); the batch is then static (``max_batch``: the loop pads a smaller
   batch with copies of a row). With the runtime's in-place kernel (:class:`InPlaceCacheAttention`, ExecuTorch's
   ``llama::update_cache`` + ``llama::custom_sdpa``) at ``max_batch=1``: buffers ``[batch, max_cache_len, kv_heads,
@@ -34,7 +38,7 @@ import torch
 
 from .. import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 
-__all__ = ["FUSED_CACHE", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
+__all__ = ["FUSED_CACHE", "growing_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
            "capacity_layer", "grouped_query_attention", "grouped_sdpa", "recording_rotary", "rotary_tables"]
 
 
@@ -94,6 +98,18 @@ def capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.
     layer.batch_size, layer.num_heads, _, layer.k_head_dim = keys.shape
     layer.v_head_dim, layer.device, layer.dtype = values.shape[-1], keys.device, keys.dtype
     layer.is_initialized = True
+    return layer
+
+
+def growing_layer(keys: torch.Tensor, values: torch.Tensor) -> Any:
+    """A transformers ``DynamicLayer`` holding ``keys``/``values`` ``[batch, kv_heads, past, head_dim]`` (``past`` may
+    be 0): its ``update`` returns them with the new positions concatenated (``[.., past + seq, ..]``), its
+    ``get_seq_length`` is ``past``, so the mask code reads ``past + seq`` positions of ``attention_mask``."""
+    from transformers.cache_utils import DynamicLayer
+
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
     return layer
 
 

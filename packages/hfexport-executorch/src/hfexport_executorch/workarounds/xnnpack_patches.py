@@ -320,6 +320,48 @@ def _patch_preprocess_copy_shares_weights(original: Any) -> Any:
     return classmethod(functools.wraps(original)(copy_exported_program_for_preprocess))
 
 
+@register_patch("executorch.xnnpack.internals",
+                "executorch.backends.xnnpack.xnnpack_preprocess.generate_node_to_external_map")
+def _patch_pass_through_outputs_copied(original: Any) -> Any:
+    """Gives each output of an XNNPACK partition that is one of its inputs, or an output twice, its own copy
+    (``aten.clone``, XNNPACK's ``XNNCopy``) before the partition's inputs and outputs are numbered.
+
+    **Why**: a partition returned one ``slice_copy`` twice (read again by the next in-place row update of a Python
+    loop, ``a[..., i, :i] = row + ...``: Qwen3-Next's chunked gated delta rule, f12), and ``preprocess`` refused it:
+    ``Output node 'aten_slice_copy_tensor' is already in the inputs ... not supported in XNNPACK Delegate``.
+    **Upstream**: pytorch/executorch#14937 (the assert, "temporary until we allow passthrough args in the delegate"),
+    pytorch/executorch#19152 (a permute with two consumers).
+    **Remove when**: the delegate takes pass-through outputs (``test_xnnpack_pass_through_output`` lowers with it
+    disabled).
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    @functools.wraps(original)
+    def generate_node_to_external_map(exported_program: Any, edge_graph_module: torch.fx.GraphModule) -> Any:
+        graph = edge_graph_module.graph
+        output = graph.output_node()
+        inputs = {n for n in graph.nodes if n.op == "placeholder"}
+        seen: set[torch.fx.Node] = set()
+        changed = False
+        flat = list(output.args[0]) if isinstance(output.args[0], list | tuple) else [output.args[0]]
+        for i, value in enumerate(flat):
+            if isinstance(value, torch.fx.Node) and (value in inputs or value in seen):
+                with graph.inserting_before(output):
+                    copy_node = graph.call_function(exir_ops.edge.aten.clone.default, (value,))
+                copy_node.meta = {k: v for k, v in value.meta.items() if k in ("val", "tensor_meta")}
+                flat[i] = copy_node
+                changed = True
+            elif isinstance(value, torch.fx.Node):
+                seen.add(value)
+        if changed:
+            output.args = (type(output.args[0])(flat) if isinstance(output.args[0], list | tuple) else flat[0],
+                           *output.args[1:])
+            edge_graph_module.recompile()
+        return original(exported_program, edge_graph_module)
+
+    return generate_node_to_external_map
+
+
 @register_patch("executorch.quantization",
                 "executorch.backends.xnnpack.quantizer.xnnpack_quantizer._convert_scalars_to_attrs")
 def _patch_xnnpack_quantizer_integer_scalars(original: Any) -> Any:

@@ -70,6 +70,51 @@ def _aten_searchsorted(sorted_sequence: Any, self: Any, *, out_int32: bool = Fal
     return op.Cast(count, to=ir.DataType.INT32) if out_int32 else count
 
 
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+_INTS = {ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8}
+
+
+def _is_integral_value(value: Any) -> bool:
+    if isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return False
+    return getattr(value, "dtype", None) in _INTS
+
+
+@register_workaround("onnx_translation", "onnx", target=aten.arange.start_step)
+def _aten_arange_float_in_float64(start: Any, end: Any, step: Any = 1, dtype: int = -1, layout: str = "",
+                                  device: str = "", pin_memory: bool = False) -> Any:
+    """A floating ``aten.arange.start_step`` → ``Cast(Range(start, end, step) in float64, dtype)``, as torch counts it.
+
+    **Why**: torchlib casts a floating arange's bounds to float32 and ranges there; ONNX ``Range`` counts
+    ``ceil((end - start) / step)`` elements in the inputs' type, torch in float64 (its scalars are doubles).
+    ``arange(1/6, 1.0, 1/6)`` (Idefics3/SmolVLM's position boundaries at 6 patches a side: a 48x48 image of 8-pixel
+    patches) is 6 elements in torch (``5.000000000000001`` rounds up) and 5 in float32 (``4.9999998``): the
+    program, traced with 6, ``bucketize``d over 5 and failed with ``GatherND ... invalid index found, index = 5``.
+    The Python scalar bounds become float64 constants (a cast of the float32 constant onnxscript would make of
+    them counts 5 again). In float64 the count and the values (``start + i * step``, computed in double by torch's CPU kernel) are
+    torch's; integral aranges are torchlib's unchanged.
+    **Upstream**: model-side trigger (transformers ``modeling_smolvlm.py`` ranges floats); torchlib's float32 range
+    is its own (microsoft/onnxscript ``aten_arange_start_step``), no issue filed.
+    **Remove when**: torchlib ranges floating aranges in float64 (``test_float_arange_counts_as_torch`` passes
+    with ``disable=("_aten_arange_float_in_float64",)``).
+    """
+    from onnxscript.function_libs.torch_lib.ops.core import aten_arange_start_step
+
+    floating = dtype in _FLOATS if dtype not in (-1, None) else not all(
+        _is_integral_value(v) for v in (start, end, step))
+    if not floating:
+        return aten_arange_start_step(start, end, step, dtype=-1 if dtype is None else dtype)
+    def double(value: Any) -> Any:  # a Python scalar as a float64 constant (not via float32), a value cast
+        if isinstance(value, bool | int | float):
+            return op.Constant(value=ir.tensor(float(value), dtype=ir.DataType.DOUBLE))
+        return op.Cast(value, to=ir.DataType.DOUBLE)
+
+    values = op.Range(double(start), double(end), double(step))
+    return op.Cast(values, to=ir.DataType.FLOAT if dtype in (-1, None) else dtype)
+
+
 @register_workaround("onnx_translation", "onnx", target=aten.sym_numel.default)
 def _aten_sym_numel(self: Any) -> Any:
     """``aten.sym_numel`` → ``Size(x)``: the element count as a 0-d int64, as torchlib gives ``sym_size.int``.
