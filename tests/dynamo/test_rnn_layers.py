@@ -1,6 +1,7 @@
 """The patch of ``hfexport_dynamo._rnn_layers``: ``nn.RNN``/``nn.GRU``/``nn.LSTM`` run as one scan op per layer and
 direction, so that the time axis stays dynamic; disabling the patch brings back the original failure (the time axis
-is specialized: ``Constraints violated``). A ``PackedSequence`` is refused with the layer's name."""
+is specialized: ``Constraints violated``). A ``PackedSequence`` is refused with the layer's name, and cells stepped in a Python loop (which torch.export unrolls) with
+a dynamic time axis are refused naming the cells."""
 
 from __future__ import annotations
 
@@ -85,3 +86,20 @@ def test_a_packed_sequence_is_refused_with_the_layer_name():
     inputs = {"x": torch.randn(2, 5, 3), "lengths": torch.tensor([5, 3])}
     with pytest.raises(hfexport.ExportError, match=r"nn\.LSTM 'encoder' got a PackedSequence.*padded"):
         hfexport.export(Packed().eval(), inputs, backend="dynamo")
+
+
+def test_cells_in_a_python_loop_with_a_dynamic_time_axis_are_refused_by_name():
+    class CellLoop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = torch.nn.GRUCell(3, 4)
+
+        def forward(self, x):
+            h = x.new_zeros(x.shape[0], 4)
+            for t in range(x.shape[1]):
+                h = self.step(x[:, t], h)
+            return h
+
+    with pytest.raises(hfexport.ExportError, match=r"nn\.GRUCell 'step' in a Python loop.*nn\.GRU"):
+        hfexport.export(CellLoop().eval(), {"x": torch.randn(2, 5, 3)}, backend="dynamo",
+                        dynamic_shapes={"x": {1: Dim("time", min=2, max=32)}})

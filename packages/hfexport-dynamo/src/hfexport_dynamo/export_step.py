@@ -152,7 +152,11 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
         if exc.error_type is not UserErrorType.CONSTRAINT_VIOLATION:
             raise
         if auto is None:
-            program = _export_with_ranges_as_hints(ctx, module, make_args, strict, exc)
+            try:
+                program = _export_with_ranges_as_hints(ctx, module, make_args, strict, exc)
+            except UserError as refused:
+                _refuse_recurrent_cells(ctx, refused)
+                raise
         else:
             reason = next((line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
             ctx.note(f"torch.export refused the dims shared across inputs (batch, sequence): {reason}; traced "
@@ -160,6 +164,21 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
             state.dynamic_shapes = auto
             program = torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
     return _widen_narrowed_dims(ctx, module, make_args, strict, program)
+
+
+def _refuse_recurrent_cells(ctx: ExportContext, exc: Exception) -> None:
+    """Raise a ValueError naming the model's recurrent cells (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``) when a
+    dynamic dim was specialized and the model holds any: stepped in a Python loop over the time axis (the only way a
+    cell runs over a sequence), they are unrolled for the traced length, which no rewrite can undo."""
+    cells = [f"nn.{type(m).__name__} {name!r}" for name, m in ctx.model.named_modules()
+             if isinstance(m, torch.nn.RNNCellBase)]
+    if not cells or "Constraints violated" not in str(exc):
+        return
+    raise ValueError(
+        f"{str(exc).splitlines()[0]} The model steps {', '.join(cells)} in a Python loop, which torch.export unrolls "
+        "for the traced length, so the time axis cannot stay dynamic. Keep it static (drop it from dynamic_shapes), "
+        "or use nn.GRU/nn.LSTM/nn.RNN over the whole sequence (exported as a scan over a dynamic time axis) or "
+        "torch._higher_order_ops.scan") from exc
 
 
 def narrowed_dims(program: torch.export.ExportedProgram, inputs: Mapping[str, Any], dynamic_shapes: Any,
