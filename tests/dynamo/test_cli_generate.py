@@ -224,6 +224,8 @@ def test_generate_prompt_prints_the_decoded_text(llama, artifact, bare_artifact,
     (["--input-ids", "1,100"], "input_ids holds ids outside the vocabulary [0, 100)"),
     (["--input-ids", "1,2", "--revision", "main"], "--revision is for a Hub repository id"),
     (["--prompt", "w5", "--tokenizer", "/nonexistent/tok"], "--tokenizer /nonexistent/tok is not a directory"),
+    (["--prompt", "w5", "--audio", "/nonexistent.wav"], "--audio /nonexistent.wav is not a file"),
+    (["--input-ids", "5", "--audio", "/nonexistent.wav"], "--audio needs the prompt as text"),
 ])
 def test_generate_usage_errors(artifact, capsys, args, message):
     if None in args:

@@ -86,6 +86,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pad-token-id", type=int, metavar="ID",
                    help="the id after a row's EOS and of the prompt's left padding (default: the generation "
                         "config's pad, else its first EOS)")
+    p.add_argument("--audio", action="append", metavar="WAV",
+                   help="an audio file (PCM WAV at the feature extractor's sampling rate) for an audio-text-to-text "
+                        "export, with one --prompt per --audio: cut into the export's chunks, turned into log-mel "
+                        "features by the model's feature extractor (the artifact's copied preprocessor_config.json), "
+                        "its audio tokens put in front of the prompt's text")
     p.add_argument("--image", action="append", metavar="PATH",
                    help="an image for an image-text-to-text export (repeat it: with one --prompt, every image goes to "
                         "it; with several, one image each), read with Pillow and preprocessed by the model's own "
@@ -232,6 +237,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     rows = [_parse_ids(text, "--input-ids") for text in args.input_ids or ()]
     eos = _parse_ids(args.eos_token_id, "--eos-token-id") if args.eos_token_id is not None else None
     images = list(getattr(args, "image", None) or ())
+    audios = list(getattr(args, "audio", None) or ())
+    if audios:
+        if not args.prompt or images:
+            raise UsageError("--audio needs the prompt as text (--prompt TEXT, one per --audio) and no --image")
+        missing = [path for path in audios if not Path(path).is_file()]
+        if missing:
+            raise UsageError(f"--audio {missing[0]} is not a file: give the path of a PCM WAV file")
+        if len(audios) != len(args.prompt):
+            raise UsageError(f"{len(audios)} --audio for {len(args.prompt)} --prompt: give one audio per prompt")
     if images:
         if not args.prompt:
             raise UsageError("--image needs the prompt as text (--prompt TEXT): the model's processor puts the "
@@ -284,9 +298,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if images and task != "image-text-to-text":
         raise UsageError(f"--image needs an image-text-to-text export, and {args.artifact} was exported for task "
                          f"{task!r}: export the vision-language model with --task image-text-to-text")
+    audios = list(getattr(args, "audio", None) or ())
+    if audios and task != "audio-text-to-text":
+        raise UsageError(f"--audio needs an audio-text-to-text export, and {args.artifact} was exported for task "
+                         f"{task!r}: export the audio-language model with --task audio-text-to-text")
     tokenizer = None
     media: dict[str, Any] = {}
-    if images:
+    if audios:
+        tokenizer, input_ids, attention_mask, media = _audio_prompts(tokenizer_dir, args.prompt, audios, bounds,
+                                                                     args.pad_token_id, bool(args.trust_remote_code))
+    elif images:
         tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds,
                                                                      bool(args.trust_remote_code))
     else:
@@ -479,6 +500,69 @@ def check_resize_bound(image_processor: Any, sizes: list[tuple[int, int]], direc
                              "IMAGE_MAX_PIXELS): the artifact is damaged or crafted")
 
 
+def _read_wav(path: str) -> tuple[Any, int]:
+    """``(float32 samples in [-1, 1], sampling rate)`` of a PCM WAV file (channels averaged), by the standard
+    library's ``wave``."""
+    import wave
+
+    import numpy as np
+
+    try:
+        with wave.open(path, "rb") as wav:
+            rate, width, channels = wav.getframerate(), wav.getsampwidth(), wav.getnchannels()
+            frames = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError, OSError) as exc:
+        raise UsageError(f"--audio {path} does not read as a PCM WAV file: {exc}") from exc
+    kinds = {1: (np.uint8, 128.0, 128.0), 2: (np.int16, 0.0, 32768.0), 4: (np.int32, 0.0, 2147483648.0)}
+    if width not in kinds:
+        raise UsageError(f"--audio {path} holds {8 * width}-bit samples: give 8-, 16- or 32-bit PCM")
+    kind, offset, scale = kinds[width]
+    samples = (np.frombuffer(frames, dtype=kind).astype(np.float32) - offset) / scale
+    return samples.reshape(-1, channels).mean(axis=1), rate
+
+
+def _audio_prompts(directory: Path, prompts: list[str], audios: list[str], bounds: dict[str, Any],
+                   pad_token_id: int | None, trust_remote_code: bool = False) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """``(tokenizer, input_ids, attention_mask, {"input_features": [chunks, mels, frames]})`` of ``prompts`` with one
+    audio each: each audio cut into chunks of the export's length, the model's feature extractor (the artifact's
+    ``preprocessor_config.json``) making each chunk's log-mel features, and ``chunks x tokens_per_chunk`` audio
+    tokens put in front of the prompt's text (after its BOS), left-padded."""
+    if not (directory / "preprocessor_config.json").is_file():
+        raise UsageError(f"--audio needs the model's feature extractor, and {directory} holds no "
+                         "preprocessor_config.json: export from a model directory that holds it, or pass --tokenizer "
+                         "DIR (that directory)")
+    from transformers import AutoFeatureExtractor, AutoTokenizer
+
+    check_configs_run_no_code(directory, trust_remote_code)
+    extractor = _tokenizer_call(lambda: AutoFeatureExtractor.from_pretrained(directory,
+                                                                             trust_remote_code=trust_remote_code),
+                                directory, "load")
+    tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code),
+                                directory, "load")
+    audio = bounds["audio"]
+    token, per_chunk = audio["audio_token_id"], audio["tokens_per_chunk"]
+    length = int(getattr(extractor, "n_samples", 0)) or int(extractor.chunk_length * extractor.sampling_rate)
+    rows, chunks = [], []
+    for text, path in zip(prompts, audios, strict=True):
+        samples, rate = _read_wav(path)
+        if rate != extractor.sampling_rate:
+            raise UsageError(f"--audio {path} is sampled at {rate} Hz; the model's feature extractor takes "
+                             f"{extractor.sampling_rate} Hz: resample it first")
+        pieces = [samples[i:i + length] for i in range(0, max(len(samples), 1), length)]
+        chunks += pieces
+        ids = list(tokenizer(text)["input_ids"])
+        at = 1 if ids and ids[0] == tokenizer.bos_token_id else 0
+        rows.append(ids[:at] + [token] * (len(pieces) * per_chunk) + ids[at:])
+    features = extractor(chunks, sampling_rate=extractor.sampling_rate, return_tensors="pt", padding="max_length",
+                         max_length=length)["input_features"]
+    input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(pad_token_id, tokenizer, bounds))
+    if attention_mask is None:
+        import torch
+
+        attention_mask = torch.ones_like(input_ids)
+    return tokenizer, input_ids, attention_mask, {"input_features": features}
+
+
 def _prompt_pad_id(pad_token_id: int | None, tokenizer: Any, bounds: dict[str, Any]) -> int:
     """The id shorter prompts are left-padded with (masked out, so it only needs to be a valid id): --pad-token-id,
     the tokenizer's, the generation config's pad, its first EOS, else 0."""
@@ -618,7 +702,7 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
     section = exported.manifest["generation"]
     batch = min(2, section["max_batch"])
     generator = torch.Generator().manual_seed(0)
-    features = _example_features(exported, batch, generator)
+    features = None if section.get("audio") else _example_features(exported, batch, generator)
     config = model.generation_config
     eos = config.eos_token_id if isinstance(config.eos_token_id, int) else (config.eos_token_id or [None])[0]
     pad = config.pad_token_id if config.pad_token_id is not None else (eos if eos is not None else 0)
@@ -628,6 +712,11 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
         ours = exported.generate(features, max_new_tokens=new, pad_token_id=pad)
     else:
         # image-text-to-text: one image per row, its image tokens after 3 text tokens
+        audio = section.get("audio")  # audio-text-to-text: one chunk per row, its audio tokens after 3 text tokens
+        if audio and audio["max_audio_chunks"] >= batch:
+            vision = {"tokens_per_image": audio["tokens_per_chunk"], "max_images": audio["max_audio_chunks"],
+                      "image_token_id": audio["audio_token_id"], "pixel_values_shape": audio["input_features_shape"],
+                      "media_input": "input_features"}
         image_tokens = vision["tokens_per_image"] if vision and vision["max_images"] >= batch else 0
         length = 5 + image_tokens
         new = max(1, min(max_new_tokens, section["max_cache_len"] - length))
@@ -640,7 +729,7 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
             ids[:, 3:3 + image_tokens] = vision["image_token_id"]
             shape = (batch, 1, *vision["pixel_values_shape"]) if vision.get("per_row") else \
                 (batch, *vision["pixel_values_shape"])
-            media["pixel_values"] = torch.randn(shape, generator=generator)
+            media[vision.get("media_input", "pixel_values")] = torch.randn(shape, generator=generator)
         if batch > 1:
             ids[0, :2], mask[0, :2] = pad, 0
         if image_tokens and vision.get("patches"):  # Qwen2-VL: the processor's packed patches, grid, token types
