@@ -62,8 +62,7 @@ class Family:
         inner: the attribute of the ``...ForConditionalGeneration`` that holds the parts (``"model"``).
         vision: the inner model's vision modules (tower, projector or connector): the ``vision`` program's weights.
         language: the inner model's language model (a transformers ``...Model`` taking ``inputs_embeds``).
-        encode: ``"get_image_features"`` (the model's own, on ``[images, C, H, W]``), ``"tower_projector"`` (LLaVA's
-            get_image_features step by step, without its ``list()`` of the images), ``"tower_connector"``
+        encode: ``"get_image_features"`` (the model's own, on ``[images, C, H, W]``), ``"tower_connector"``
             (``connector(vision_model(pixel_values).last_hidden_state)``: Idefics3/SmolVLM's
             ``get_image_features`` without its data-dependent removal of padding images, which ``generate`` does),
             or ``"patches"`` (Qwen2-VL: the vision model on each image's flattened patches ``[images, patches,
@@ -94,8 +93,7 @@ class Family:
 
 _SPLITTING = Family("model", ("vision_model", "connector"), "text_model", "tower_connector", per_row=True)
 FAMILIES: dict[str, Family] = {
-    "LlavaForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model",
-                                            "tower_projector"),
+    "LlavaForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model"),
     "Idefics3ForConditionalGeneration": _SPLITTING,
     "SmolVLMForConditionalGeneration": _SPLITTING,
     "Gemma3ForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model",
@@ -159,18 +157,6 @@ class VisionStep(_Holding):
         if self.encode == "tower_connector":
             hidden = self.vision_model(pixel_values=pixel_values, return_dict=True).last_hidden_state
             features = self.connector(hidden)
-            return {"image_embeds": features.reshape(-1, features.shape[-1])}
-        if self.encode == "tower_projector":
-            # LLaVA's get_image_features step by step: it ends with list(image_features), which torch.export
-            # unrolls at the traced number of images (a vision program traced with 2 images failed on 1 with
-            # IndexError in unbind); the same feature layer(s), selection and projector, kept a tensor
-            config = self.inner.config
-            layer, strategy = config.vision_feature_layer, config.vision_feature_select_strategy
-            states = self.vision_tower(pixel_values, output_hidden_states=True, return_dict=True).hidden_states
-            pool = [states[i] for i in ([layer] if isinstance(layer, int) else layer)]
-            if strategy == "default":  # without the CLS token
-                pool = [hidden[:, 1:] for hidden in pool]
-            features = self.multi_modal_projector(torch.cat(pool, dim=-1))
             return {"image_embeds": features.reshape(-1, features.shape[-1])}
         features = self.inner.get_image_features(pixel_values=pixel_values, return_dict=True).pooler_output
         if isinstance(features, torch.Tensor):
