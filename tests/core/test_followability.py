@@ -136,8 +136,11 @@ NOT_YET_MET = {
     ("onnx", "forward"): {"interfaces": 42, "files": 45, "lines": 3000},
     ("executorch-xnnpack", "text-generation"): {"bounce_depth": 5, "interfaces": 48, "files": 58, "lines": 4101},
     ("executorch-xnnpack", "forward"): {"bounce_depth": 5, "interfaces": 45, "files": 51, "lines": 3192},
-    ("openvino", "text-generation"): {"bounce_depth": 4, "interfaces": 40, "files": 45, "lines": 3392},
-    ("openvino", "forward"): {"bounce_depth": 4, "interfaces": 39, "files": 38, "lines": 2507},
+    # openvino raised by issue 45 (branch issue-45): the growing cache's stage-3 transformation, the runner's kept
+    # cache and precisions, and OpenVINO GenAI's files (_genai.py, text generation only): files 45 -> 46, and
+    # forward's lines 2507 -> 2592 (the same modules, longer)
+    ("openvino", "text-generation"): {"bounce_depth": 4, "interfaces": 40, "files": 46, "lines": 3392},
+    ("openvino", "forward"): {"bounce_depth": 4, "interfaces": 38, "files": 38, "lines": 2592},
 }
 
 

@@ -53,12 +53,9 @@ class OpenVINOConfig(DynamoConfig):
             raise ValueError(f"int4_ratio must be a number in (0, 1] (the share of weights in int4), got "
                              f"{self.int4_ratio!r}")
         self.quantize = resolve_openvino_quantization(self.quantize)
-        if self.kv_cache not in ("growing", "fixed"):
-            raise ValueError(f"kv_cache must be 'growing' (variables that grow, OpenVINO GenAI's layout) or 'fixed' "
-                             f"(max_cache_len positions), got {self.kv_cache!r}")
-        if self.inference_precision not in INFERENCE_PRECISIONS:
-            raise ValueError(f"inference_precision must be one of {INFERENCE_PRECISIONS} (the CPU plugin's "
-                             f"INFERENCE_PRECISION_HINT), got {self.inference_precision!r}")
-        if self.kv_cache_precision not in KV_CACHE_PRECISIONS:
-            raise ValueError(f"kv_cache_precision must be one of {KV_CACHE_PRECISIONS} (the CPU plugin's "
-                             f"KV_CACHE_PRECISION), got {self.kv_cache_precision!r}")
+        for name, allowed, what in (("kv_cache", ("growing", "fixed"), "growing variables (OpenVINO GenAI's layout) "
+                                     "or fixed max_cache_len positions"),
+                                    ("inference_precision", INFERENCE_PRECISIONS, "INFERENCE_PRECISION_HINT"),
+                                    ("kv_cache_precision", KV_CACHE_PRECISIONS, "KV_CACHE_PRECISION")):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed} ({what}), got {getattr(self, name)!r}")

@@ -44,7 +44,6 @@ from hfexport.trust import artifact_bytes
 from hfexport_dynamo import DYNAMO_TRACER
 
 from ._config import OpenVINOConfig
-from ._genai import GenAIFiles
 from ._graph import constants_inlined, make_growing_stateful, make_stateful, model_io_names
 from ._naming import io_names, name_model_io
 from ._quantize import compress_weights
@@ -157,6 +156,8 @@ class OpenVINOExporter(Exporter):
             raise RuntimeError("package() runs after lower(), which compiles the model")
         write = state.runner.write_files
         if state.growing_states:  # OpenVINO GenAI's LLMPipeline runs the component's folder as it is
+            from ._genai import GenAIFiles
+
             genai = GenAIFiles(getattr(ctx.model, "model", ctx.model), self.openvino_config.tokenizer)
             state.manifest["genai"] = genai.manifest
             runner = state.runner
