@@ -132,7 +132,8 @@ def test_profiles_a_real_call(bench):
 NOT_YET_MET = {
     ("dynamo", "text-generation"): {"files": 36, "lines": 2757},
     ("dynamo", "forward"): {"files": 29, "lines": 1918},
-    ("onnx", "text-generation"): {"interfaces": 44, "files": 52, "lines": 4017},
+    # + the package step writing ORT GenAI's files (hfexport_onnx/_genai.py, issue 48): one file, ~80 lines
+    ("onnx", "text-generation"): {"interfaces": 44, "files": 53, "lines": 4175},
     ("onnx", "forward"): {"interfaces": 42, "files": 45, "lines": 3000},
     ("executorch-xnnpack", "text-generation"): {"bounce_depth": 5, "interfaces": 48, "files": 58, "lines": 4101},
     ("executorch-xnnpack", "forward"): {"bounce_depth": 5, "interfaces": 45, "files": 51, "lines": 3192},

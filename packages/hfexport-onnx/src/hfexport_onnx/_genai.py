@@ -17,8 +17,9 @@ position's. So ``genai_model.onnx`` is the decoder's graph with:
 * the cache inputs and outputs renamed, and ``logits`` unsqueezed to ``[batch, 1, vocab]``.
 
 Its weights are the decoder's: the initializers keep pointing into ``model.onnx.data`` (stored once). The files are
-written by the component's writer when the artifact is saved (``OnnxExporter.package``'s step
-``onnxruntime-genai config``), and run with ``onnxruntime_genai.Model("<artifact>/decoder")``.
+written by the component's writer when the artifact is saved (planned by ``OnnxExporter.package``'s step
+``genai_config.json (ORT GenAI, text-generation decoders)``), and run with
+``onnxruntime_genai.Model("<artifact>/decoder")``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class GenaiDecoder:
     config: dict[str, Any]
     renames: dict[str, str]
 
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The component's manifest section ``genai``: the files (relative to the component's folder) and the
+        cache's capacity."""
+        return {"config_file": GENAI_CONFIG, "model_file": GENAI_MODEL, "max_length": self.max_cache_len}
+
     def writer(self, write: Callable[[Path], Any]) -> Callable[[Path], list[str]]:
         """``write`` (the component's writer of ``model.onnx`` and its data) followed by the ORT GenAI files."""
         def write_with_genai(directory: Path) -> list[str]:
@@ -75,8 +82,7 @@ class GenaiDecoder:
 
 
 def genai_decoder(io: Mapping[str, Any], cache_shapes: Sequence[Sequence[int]], *, vocab_size: int,
-                  num_attention_heads: int, hidden_size: int, generation: Mapping[str, Any],
-                  max_batch: int | None = None) -> GenaiDecoder | None:
+                  num_attention_heads: int, hidden_size: int, generation: Mapping[str, Any]) -> GenaiDecoder | None:
     """The ORT GenAI files of a decoder program, or ``None`` when the program is not one ORT GenAI can run.
 
     Args:
@@ -86,7 +92,6 @@ def genai_decoder(io: Mapping[str, Any], cache_shapes: Sequence[Sequence[int]], 
         vocab_size, num_attention_heads, hidden_size: the model's.
         generation: the generation config's fields (``eos_token_id`` int or list, ``bos_token_id``, ``pad_token_id``,
             ``do_sample``, ``top_k``, ``top_p``, ``temperature``, ``repetition_penalty``).
-        max_batch: the batch the program was exported for (``search.batch_size`` defaults to 1).
 
     Returns:
         ``None`` for a program ORT GenAI has no names for: not ``input_ids`` + ``attention_mask`` + ``past_length``
@@ -167,7 +172,6 @@ def genai_decoder(io: Mapping[str, Any], cache_shapes: Sequence[Sequence[int]], 
     }
     if config["model"]["bos_token_id"] is None:
         del config["model"]["bos_token_id"]
-    del max_batch  # the graph's batch dim is what ORT GenAI checks; search.batch_size is the caller's
     return GenaiDecoder(layers, int(max_cache_len), config, renames)
 
 

@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import onnx_ir as ir
 import torch
@@ -65,7 +65,6 @@ from ._errors import (
     quiet_torch_onnx,
 )
 from ._fusions import ORT_FUSIONS_DISABLE, OrtFusionFallbackWarning, fuse_and_open
-from ._genai import GENAI_CONFIG, GENAI_MODEL, GenaiDecoder, genai_decoder
 from ._model import TORCHLIB_OPSET, UnsupportedOpsetError, check_opset, drop_machine_metadata, node_count
 from ._naming import io_names, name_graph_io
 from ._quantize import quantization_section, quantize_model
@@ -92,6 +91,9 @@ from .workarounds import (  # noqa: F401 - registers the workarounds of stages 1
     torch_patches,
     translations,
 )
+
+if TYPE_CHECKING:
+    from ._genai import GenaiDecoder
 
 __all__ = ["MODEL_FILE", "ONNX_DISABLE_OPTIMIZE", "ORT_FUSIONS_DISABLE", "OnnxConfig", "OnnxConversionError",
            "OnnxExporter", "OnnxRunner", "OnnxSessionError", "OptimizerFallbackWarning", "OrtFusionFallbackWarning",
@@ -289,8 +291,7 @@ class OnnxExporter(Exporter):
             genai = _genai_files(ctx, state.manifest)
             if genai is not None:  # written beside model.onnx on save; its graph shares model.onnx.data
                 write = genai.writer(runner.write_files)
-                section["genai"] = {"config_file": GENAI_CONFIG, "model_file": GENAI_MODEL,
-                                    "max_length": genai.max_cache_len}
+                section["genai"] = genai.manifest
         return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, write,
                                              section, ctx.program)])
 
@@ -355,6 +356,8 @@ def _genai_files(ctx: ExportContext, section: Mapping[str, Any]) -> GenaiDecoder
     cache = ctx.inputs.get("cache")
     if config is None or cache is None or not hasattr(config, "get_text_config"):
         return None
+    from ._genai import genai_decoder  # a decoder's export only
+
     text = config.get_text_config(decoder=True)
     generation = getattr(ctx.model, "generation_config", None)
     fields = generation.to_dict() if generation is not None else {
