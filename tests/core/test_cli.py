@@ -47,7 +47,7 @@ def test_stages_lists_the_steps_between_the_stages_in_running_order():
     out = [line.split()[:2] for line in _run("stages", "onnx").stdout.splitlines()[1:]]
     assert out == [["1.", "Torch"], ["2.", "ONNX"], ["→", "capture"], ["3.", "FX"], ["4.", "ONNX"],
                    ["→", "decompose"], ["→", "convert"], ["5.", "ONNX"], ["→", "optimize"], ["→", "fuse"],
-                   ["→", "quantize"], ["→", "open"]]
+                   ["→", "quantize"], ["→", "open"], ["→", "genai"]]
 
 
 def test_export_refuses_non_empty_output_without_overwrite(tmp_path, capsys):

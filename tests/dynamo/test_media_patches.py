@@ -45,7 +45,7 @@ def test_llava_without_the_patch_is_refused_at_export_at_one_image():
     """The field case: traced at 2 images in [1, 2], the program failed at 1 (``unbind[1]``) although its manifest
     claimed [1, 2]; the second-shape check's smallest shape now refuses it at export."""
     with pytest.raises(hfexport.ExportError, match=r"verification at the smallest shape \(pixel_values=\[1, 3, 32, "
-                                                   r"32\]\) failed for VisionStep: IndexError") as caught:
+                                                   r"32\]\) failed for LlavaForConditionalGeneration \(vision program\): IndexError") as caught:
         hfexport.export(tiny_model("llava"), backend="dynamo", task="image-text-to-text", max_batch=2,
                         max_cache_len=40, disable=("_patch_llava_image_features_stay_batched",))
     assert "list() or unbind over images" in str(caught.value)

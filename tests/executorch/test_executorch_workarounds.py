@@ -593,7 +593,8 @@ def test_every_workaround_has_a_test_here():
               "_patch_unbacked_size_upper_bound", "_patch_assertions_on_python_sym_functions",
               "_patch_cse_keys_nodes_apart_from_ints", "_patch_exact_quotient_upper_bound",
               "_patch_unsqueeze_one_dynamic_dim", "_patch_gelu_tanh_not_delegated",
-              "_patch_rank_above_xnnpack_limit_not_delegated", "_patch_max_dim_serializable"}
+              "_patch_rank_above_xnnpack_limit_not_delegated", "_patch_max_dim_serializable",
+              "_patch_pass_through_outputs_copied"}
     registered = {r.name for r in hfexport.list_workarounds() if r.module.startswith("hfexport_executorch.")}
     untestable_here = {"prepare_for_cuda"}  # needs a GPU: test_executorch.py checks its error without one
     tested_elsewhere = {
@@ -993,7 +994,7 @@ class ChunkRows(torch.nn.Module):
         return a + torch.eye(a.shape[-1])
 
 
-def test_xnnpack_pass_through_output():
+def test_patch_pass_through_outputs_copied():
     """``_patch_pass_through_outputs_copied``: a partition that returns one slice twice (f12's kind)."""
     inputs = {"x": torch.randn(1, 2, 4, 3, generator=torch.Generator().manual_seed(0)) * 0.3}
     with pytest.raises(hfexport.ExportError, match="is already in the inputs"):

@@ -73,7 +73,7 @@ def test_the_plan_for_executorchs_llm_kernels_takes_the_runners_inputs_and_carri
     LLMRunnerStep whose forward on (tokens, input_pos) gives eager's logits, prefill then a decode step."""
     from hfexport_dynamo._cache_attention import attention_for
     from hfexport_dynamo.tasks import plan_task
-    from hfexport_dynamo.tasks.causal_lm import LLMRunnerStep
+    from hfexport_dynamo.tasks.llm_runner import LLMRunnerStep
     from hfexport_executorch import XnnpackExporter
 
     model = tiny_model("llama", layers=1)

@@ -300,7 +300,10 @@ def test_the_backend_is_listed_with_its_distribution() -> None:
     command = Path(sys.executable).with_name("hfexport")
     out = subprocess.run([str(command), "backends"], capture_output=True, text=True, timeout=120)
     line = next(line for line in out.stdout.splitlines() if line.startswith("openvino "))
-    assert line.split()[:4] == ["openvino", "hfexport-openvino", "0.1.0", "ok"], line
+    from importlib.metadata import version
+
+    toolchain = version("openvino")  # the toolchain column: "openvino 2026.4.1", the installed distribution's
+    assert line.split() == ["openvino", "hfexport-openvino", "0.1.0", "openvino", toolchain, "ok"], line
 
 
 class LastTokenPerRow(torch.nn.Module):

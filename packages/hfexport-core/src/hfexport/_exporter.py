@@ -481,6 +481,10 @@ class Exporter:
                    "dynamic size at its least, 1 for a count) does not: the program fixed a size at the traced one "
                    "(a list() or unbind over images, a branch on a size)")
             where = "verification at the smallest shape"
+            if error is not None and "Guard failed" in str(error):  # the program's own input guard, not a crash
+                why = ("the program's guard refuses the least sizes of the ranges the manifest would claim (torch."
+                       "export kept a condition on them, such as a size of 1 it specializes): start the Dim ranges "
+                       "above the sizes the guard names")
         else:
             why = ("the traced shape matched eager, this one (every dynamic size moved by one, within its range) "
                    "does not: a guard on the sizes specialized the program to the traced ones (their parity, a "

@@ -303,7 +303,7 @@ def lower_program(ctx: ExportContext, partitioners: list[Any],
     weights = external_weights(ctx.program) if config.backend == "xnnpack" and partitioners \
         and shares_weights_with_portable_kernels(ctx.program) else False
     # a decoder with ExecuTorch's LLM runner's inputs carries the constant methods the runner reads (get_max_seq_len,
-    # get_eos_ids, ...: hfexport_dynamo.tasks.causal_lm.LLMRunnerStep.llm_metadata)
+    # get_eos_ids, ...: hfexport_dynamo.tasks.llm_runner.LLMRunnerStep.llm_metadata)
     metadata = getattr(ctx.model, "llm_metadata", None)
     with timed("to_edge_transform_and_lower"), torch.no_grad():
         edge = to_edge_transform_and_lower(ctx.program, transform_passes=list(preparation.transform_passes),

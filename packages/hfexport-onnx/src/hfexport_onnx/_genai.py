@@ -18,7 +18,7 @@ position's. So ``genai_model.onnx`` is the decoder's graph with:
 
 Its weights are the decoder's: the initializers keep pointing into ``model.onnx.data`` (stored once). The files are
 written by the component's writer when the artifact is saved (planned by ``OnnxExporter.package``'s step
-``genai_config.json (ORT GenAI, text-generation decoders)``), and run with
+``genai``: ``onnx.save of genai_model.onnx + genai_config.json for onnxruntime-genai``), and run with
 ``onnxruntime_genai.Model("<artifact>/decoder")``.
 """
 

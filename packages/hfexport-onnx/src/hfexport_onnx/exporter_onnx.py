@@ -137,7 +137,7 @@ class OnnxExporter(Exporter):
         Step(5, "quantize", "onnxruntime.quantization (with quantize=)"),
         Step(5, "open", "onnxruntime.InferenceSession"),
         # package: a text-generation decoder also gets ORT GenAI's files (_genai.py); other programs none
-        Step(5, "genai", "genai_config.json (ORT GenAI, text-generation decoders)"),
+        Step(5, "genai", "onnx.save of genai_model.onnx + genai_config.json for onnxruntime-genai (text-generation decoders)"),
     )
 
     @property
@@ -287,7 +287,7 @@ class OnnxExporter(Exporter):
             raise RuntimeError("package() runs after lower(), which opens the runner")
         section = {"program_file": MODEL_FILE, "onnx": state.manifest, **quantization_section(state.quantization)}
         write = runner.write_files
-        with ctx.step("genai_config.json (ORT GenAI, text-generation decoders)"):
+        with ctx.step("onnx.save of genai_model.onnx + genai_config.json for onnxruntime-genai (text-generation decoders)"):
             genai = _genai_files(ctx, state.manifest)
             if genai is not None:  # written beside model.onnx on save; its graph shares model.onnx.data
                 write = genai.writer(runner.write_files)

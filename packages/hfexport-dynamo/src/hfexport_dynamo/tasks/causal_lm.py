@@ -46,6 +46,7 @@ from .kv_cache import (
     recording_rotary,
     rotary_tables,
 )
+from .llm_runner import LLMRunnerStep
 from .names import DECODER, TEXT_GENERATION
 from .planning import (
     check_generative,
@@ -55,8 +56,7 @@ from .planning import (
     generation_manifest,
 )
 
-__all__ = ["CausalLMStep", "DecoderPrograms", "GrowingDecoderPrograms", "LLMRunnerStep", "decoder_run", "new_cache",
-           "plan_causal_lm", "plan_decoder",
+__all__ = ["CausalLMStep", "DecoderPrograms", "decoder_run", "new_cache", "plan_causal_lm", "plan_decoder",
            "prepare_decoder"]
 
 # a decode step's value of a per-position decoder input (image-text-to-text: a new token is in no image block)
@@ -199,49 +199,6 @@ class CausalLMStep(torch.nn.Module):
         return {"logits": out.logits, "cache": tuple((layer.keys, layer.values) for layer in kv.layers)}
 
 
-class LLMRunnerStep(torch.nn.Module):
-    """A :class:`CausalLMStep` over ExecuTorch's LLM kernels (cache in buffers, one row) with the inputs ExecuTorch's
-    LLM runner (``executorch.extension.llm.runner.TextLLMRunner``, its C++ ``TextLLMRunner``) passes to ``forward``.
-
-    Forward:
-        input_ids: ``int64 [1, seq]``, the new tokens.
-        input_pos: ``int64 [1]``, the position of the first of them (the positions already cached).
-
-    Returns:
-        ``{"logits": float [1, vocab]}`` (the last position's).
-
-    Attributes:
-        llm_metadata: the constant methods the runner reads (``get_max_seq_len``: the most tokens one call takes;
-            ``get_max_context_len``: the cache's capacity; ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``,
-            ``use_kv_cache``, ``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``), for the backend to write.
-    """
-
-    def __init__(self, step: CausalLMStep, max_cache_len: int, prefill_chunk: int):
-        super().__init__()
-        self.step = step
-        self.config, self.generation_config = step.config, step.generation_config
-        self.max_cache_len = max_cache_len
-        text = step.config.get_text_config(decoder=True)
-        generation = step.generation_config
-        eos = getattr(generation, "eos_token_id", None)
-        eos = getattr(text, "eos_token_id", None) if eos is None else eos
-        bos = getattr(generation, "bos_token_id", None)
-        bos = getattr(text, "bos_token_id", None) if bos is None else bos
-        self.llm_metadata = {
-            "get_max_seq_len": int(prefill_chunk), "get_max_context_len": int(max_cache_len),
-            "get_vocab_size": int(text.vocab_size), "get_bos_id": int(bos) if bos is not None else 0,
-            "get_eos_ids": [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos] if eos is not None else [])],
-            "use_kv_cache": True, "use_sdpa_with_kv_cache": True, "enable_dynamic_shape": True,
-        }
-
-    def forward(self, input_ids: torch.Tensor, input_pos: torch.Tensor) -> dict[str, Any]:
-        seq = input_ids.shape[1]
-        past_length = input_pos.reshape(())
-        positions = (input_pos + torch.arange(seq, dtype=torch.long))[None]
-        mask = (torch.arange(self.max_cache_len, dtype=torch.long) < past_length + seq).long()[None]
-        return self.step(input_ids, mask, positions if self.step.takes_position_ids else None, past_length)
-
-
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
                  takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
     """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
@@ -344,8 +301,10 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
               for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if growing and embed is None and position_rows is None:
-        return _plan_growing(model, ids, mask, shapes, dtype, rows, max_batch, max_cache_len, prefill_chunk,
-                             takes_position_ids)
+        from .growing_cache import plan_growing_decoder  # it builds this module's CausalLMStep
+
+        return plan_growing_decoder(model, ids, mask, shapes, dtype, rows, max_batch, max_cache_len, prefill_chunk,
+                                    takes_position_ids)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -415,42 +374,6 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
 
-def _plan_growing(model: Any, ids: torch.Tensor, mask: torch.Tensor, shapes: list[tuple[torch.Size, torch.Size]],
-                  dtype: torch.dtype, rows: int, max_batch: int, max_cache_len: int, prefill_chunk: int,
-                  takes_position_ids: bool) -> tuple[Any, dict[str, Any]]:
-    """:func:`plan_decoder` for a cache that grows (``growing``). The example holds a past of 2 positions (the
-    eager cache of the prompt's first two tokens; torch.export specializes a dim of size 0 or 1) and the prompt after
-    it; the past is dynamic from 0 to ``max_cache_len - 1`` positions."""
-    from torch.export import Dim
-    from transformers import DynamicCache
-
-    from hfexport.plugin import ComponentPlan
-
-    past_ids, past_mask = ids[:, :2], mask[:, :2]
-    extra = {"position_ids": positions_from_mask(past_mask)} if takes_position_ids else {}
-    with torch.no_grad():
-        out = model(input_ids=past_ids, attention_mask=past_mask, cache=DynamicCache(config=model.config),
-                    use_cache=True, logits_to_keep=1, **extra)
-    past = tuple((layer.keys.detach().clone(), layer.values.detach().clone()) for layer in out.cache.layers)
-    full_mask = torch.cat([past_mask, mask], -1)
-    example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
-    if takes_position_ids:
-        example["position_ids"] = positions_from_mask(full_mask)[:, 2:]
-    example["cache"] = past
-    step = CausalLMStep(model, shapes, dtype, growing=True)
-    batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
-    seq, held = Dim("seq", min=1, max=prefill_chunk), Dim("past", min=0, max=max_cache_len - 1)
-    dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": {**batch, 1: Dim.AUTO}}
-    if takes_position_ids:
-        dynamic_shapes["position_ids"] = {**batch, 1: seq}
-    dynamic_shapes["cache"] = tuple(({**batch, 2: held}, {**batch, 2: held}) for _ in past)
-    cache = {"layout": "[batch, kv_heads, past, head_dim]", "in_program_buffers": False, "growing": True,
-             "static_batch": rows == 1, "dtype": str(dtype).removeprefix("torch."), "fused_attention": False,
-             "fused_rotary": False, "ignores_padding": False,
-             "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
-    return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
-
-
 def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None
             ) -> dict[str, torch.Tensor]:
     if embed is None:
@@ -486,6 +409,8 @@ def decoder_run(exported: Any, section: Mapping[str, Any], config: Any, input_id
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
             per_position = {k: v[..., padding.shape[1]:] for k, v in (per_position or {}).items()}
     if section["cache"].get("growing"):
+        from .growing_cache import GrowingDecoderPrograms  # it imports this module
+
         programs: Any = GrowingDecoderPrograms(exported, section, input_ids, attention_mask)
     else:
         programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,
@@ -629,54 +554,3 @@ class DecoderPrograms:
             self.logits_leaf = next(i for i, leaf in enumerate(pytree.tree_leaves(out)) if leaf is out["logits"])
         self.cache = returned
         return out["logits"][:self.rows]
-
-
-class GrowingDecoderPrograms:
-    """The ``decoder`` program of a cache that grows (``generation.cache.growing``) under the greedy loop
-    (:class:`~hfexport_dynamo.tasks.decoding.TaskPrograms`): the runtime keeps the cache as its own state, so each
-    call feeds only the new positions' ``input_ids``, ``position_ids`` and the ``attention_mask`` over the positions
-    held and new; the prompt is prefilled in chunks of ``prefill_chunk``.
-
-    The runner keeps the cache: it implements ``reset()`` (an empty cache) and ``run_keeping_cache(inputs)``, which
-    takes ``{name: tensor}`` of the program's inputs but the cache and returns the ``logits`` ``[batch, seq, vocab]``
-    (:class:`hfexport.plugin.Runner`).
-    """
-
-    def __init__(self, exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor):
-        self.runner = exported.components[DECODER].runner
-        if not callable(getattr(self.runner, "run_keeping_cache", None)):
-            raise TypeError(f"this artifact's decoder has a growing cache, which {type(self.runner).__name__} does "
-                            "not keep (it has no run_keeping_cache())")
-        self.takes_positions = "position_ids" in input_names(exported, DECODER)
-        rows, prompt = input_ids.shape
-        self.rows, self.prompt_ids = rows, input_ids
-        # the mask over every position a sequence may hold; a call reads its first past + seq columns
-        self.mask = torch.zeros(rows, prompt + section["max_cache_len"], dtype=torch.long)
-        self.mask[:, :prompt] = attention_mask
-        self.positions = positions_from_mask(attention_mask)
-        self.prefill_spans = [slice(past, past + section["prefill_chunk"])
-                              for past in range(0, prompt, section["prefill_chunk"])]
-        self.past, self.position = prompt, self.positions[:, -1:].clone()
-        self.ids = torch.zeros(rows, 1, dtype=torch.long)
-
-    def running(self) -> contextlib.AbstractContextManager[Any]:
-        self.runner.reset()
-        return contextlib.nullcontext()
-
-    def prefill(self, span: slice) -> torch.Tensor:
-        ids = self.prompt_ids[:, span]
-        return self._run(ids, self.positions[:, span], span.start + ids.shape[1])
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.mask[:, self.past] = 1
-        self.position += 1
-        self.ids[:, 0] = tokens
-        self.past += 1
-        return self._run(self.ids, self.position, self.past)
-
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, held: int) -> torch.Tensor:
-        feed = {"input_ids": ids, "attention_mask": self.mask[:, :held]}
-        if self.takes_positions:
-            feed["position_ids"] = positions
-        return self.runner.run_keeping_cache(feed)[:, -1]

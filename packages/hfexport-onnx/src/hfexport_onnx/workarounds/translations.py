@@ -93,10 +93,10 @@ def _aten_arange_float_in_float64(start: Any, end: Any, step: Any = 1, dtype: in
     patches) is 6 elements in torch (``5.000000000000001`` rounds up) and 5 in float32 (``4.9999998``): the
     program, traced with 6, ``bucketize``d over 5 and failed with ``GatherND ... invalid index found, index = 5``.
     The Python scalar bounds become float64 constants (a cast of the float32 constant onnxscript would make of
-    them counts 5 again). In float64 the count and the values (``start + i * step``, computed in double by torch's CPU kernel) are
-    torch's; integral aranges are torchlib's unchanged.
-    **Upstream**: model-side trigger (transformers ``modeling_smolvlm.py`` ranges floats); torchlib's float32 range
-    is its own (microsoft/onnxscript ``aten_arange_start_step``), no issue filed.
+    them counts 5 again). In float64 the count and the values (``start + i * step``, computed in double by torch's
+    CPU kernel) are torch's; integral aranges are torchlib's unchanged.
+    **Upstream**: none found (torchlib's ``aten_arange_start_step`` ranges in float32 by design; the trigger is
+    transformers' ``modeling_smolvlm.py`` ranging floats).
     **Remove when**: torchlib ranges floating aranges in float64 (``test_float_arange_counts_as_torch`` passes
     with ``disable=("_aten_arange_float_in_float64",)``).
     """
@@ -106,6 +106,7 @@ def _aten_arange_float_in_float64(start: Any, end: Any, step: Any = 1, dtype: in
         _is_integral_value(v) for v in (start, end, step))
     if not floating:
         return aten_arange_start_step(start, end, step, dtype=-1 if dtype is None else dtype)
+
     def double(value: Any) -> Any:  # a Python scalar as a float64 constant (not via float32), a value cast
         if isinstance(value, bool | int | float):
             return op.Constant(value=ir.tensor(float(value), dtype=ir.DataType.DOUBLE))
