@@ -35,6 +35,7 @@ from hfexport.plugin import InvalidInputError
 from hfexport.trust import torch_dtype
 
 from .decoding import GenerationStats, GreedyRun, check_prompt, input_names
+from .growing_cache import GrowingDecoderPrograms, plan_growing_decoder
 from .kv_cache import (
     FUSED_CACHE,
     FusedAttentionUnused,
@@ -54,6 +55,7 @@ from .planning import (
     checked_bounds,
     example_prompt,
     generation_manifest,
+    positions_from_mask,
 )
 
 __all__ = ["CausalLMStep", "DecoderPrograms", "decoder_run", "new_cache", "plan_causal_lm", "plan_decoder",
@@ -218,11 +220,6 @@ def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: 
 
 
 
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of a left-padded prompt, as transformers' generate makes them (0 at padding)."""
-    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
-
-
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
 def plan_causal_lm(model: Any, inputs: Mapping[str, Any] | None = None, *, max_cache_len: int | None = None,
@@ -301,10 +298,8 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
               for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if growing and embed is None and position_rows is None:
-        from .growing_cache import plan_growing_decoder  # it builds this module's CausalLMStep
-
-        return plan_growing_decoder(model, ids, mask, shapes, dtype, rows, max_batch, max_cache_len, prefill_chunk,
-                                    takes_position_ids)
+        return plan_growing_decoder(model, CausalLMStep(model, shapes, dtype, growing=True), ids, mask, shapes,
+                                    dtype, rows, max_batch, max_cache_len, prefill_chunk, takes_position_ids)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -409,8 +404,6 @@ def decoder_run(exported: Any, section: Mapping[str, Any], config: Any, input_id
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
             per_position = {k: v[..., padding.shape[1]:] for k, v in (per_position or {}).items()}
     if section["cache"].get("growing"):
-        from .growing_cache import GrowingDecoderPrograms  # it imports this module
-
         programs: Any = GrowingDecoderPrograms(exported, section, input_ids, attention_mask)
     else:
         programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,

@@ -11,17 +11,19 @@ from typing import Any
 
 import torch
 
-from .causal_lm import CausalLMStep, positions_from_mask
 from .decoding import input_names
 from .names import DECODER
+from .planning import positions_from_mask
 
 __all__ = ["GrowingDecoderPrograms", "plan_growing_decoder"]
 
 
-def plan_growing_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, shapes: list[tuple[torch.Size, torch.Size]],
-                  dtype: torch.dtype, rows: int, max_batch: int, max_cache_len: int, prefill_chunk: int,
-                  takes_position_ids: bool) -> tuple[Any, dict[str, Any]]:
-    """:func:`plan_decoder` for a cache that grows (``growing``). The example holds a past of 2 positions (the
+def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                         shapes: list[tuple[torch.Size, torch.Size]], dtype: torch.dtype, rows: int, max_batch: int,
+                         max_cache_len: int, prefill_chunk: int, takes_position_ids: bool
+                         ) -> tuple[Any, dict[str, Any]]:
+    """:func:`~hfexport_dynamo.tasks.causal_lm.plan_decoder` for a cache that grows (``growing``): ``step`` is the
+    ``CausalLMStep(model, shapes, dtype, growing=True)`` the program traces. The example holds a past of 2 positions (the
     eager cache of the prompt's first two tokens; torch.export specializes a dim of size 0 or 1) and the prompt after
     it; the past is dynamic from 0 to ``max_cache_len - 1`` positions."""
     from torch.export import Dim
@@ -40,7 +42,6 @@ def plan_growing_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, shap
     if takes_position_ids:
         example["position_ids"] = positions_from_mask(full_mask)[:, 2:]
     example["cache"] = past
-    step = CausalLMStep(model, shapes, dtype, growing=True)
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
     seq, held = Dim("seq", min=1, max=prefill_chunk), Dim("past", min=0, max=max_cache_len - 1)
     dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": {**batch, 1: Dim.AUTO}}

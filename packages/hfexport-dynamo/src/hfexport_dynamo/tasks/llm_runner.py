@@ -6,12 +6,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:  # causal_lm imports this module
-    from .causal_lm import CausalLMStep
 
 __all__ = ["LLMRunnerStep"]
 
@@ -33,7 +30,7 @@ class LLMRunnerStep(torch.nn.Module):
             ``use_kv_cache``, ``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``), for the backend to write.
     """
 
-    def __init__(self, step: CausalLMStep, max_cache_len: int, prefill_chunk: int):
+    def __init__(self, step: torch.nn.Module, max_cache_len: int, prefill_chunk: int):
         super().__init__()
         self.step = step
         self.config, self.generation_config = step.config, step.generation_config

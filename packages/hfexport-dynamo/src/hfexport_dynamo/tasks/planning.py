@@ -13,7 +13,8 @@ from hfexport.plugin import InvalidInputError
 
 from .names import TEXT_GENERATION
 
-__all__ = ["check_generative", "check_prefill_chunk", "checked_bounds", "example_prompt", "generation_manifest"]
+__all__ = ["check_generative", "check_prefill_chunk", "checked_bounds", "example_prompt", "generation_manifest",
+           "positions_from_mask"]
 
 DEFAULT_MAX_CACHE_LEN = 4096  # the cap of the default (the model's positions, else this)
 SEQ2SEQ_DEFAULT_MAX_CACHE_LEN = 256  # encoder-decoders still export prefill + decode with a growing cache
@@ -114,3 +115,8 @@ def generation_manifest(model: Any, max_cache_len: int, max_batch: int, cache_la
         "generation_config": model.generation_config.to_diff_dict() if getattr(model, "generation_config", None)
         else {},
     }
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded prompt, as transformers' generate makes them (0 at padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)

@@ -331,7 +331,7 @@ def _patch_pass_through_outputs_copied(original: Any) -> Any:
     ``Output node 'aten_slice_copy_tensor' is already in the inputs ... not supported in XNNPACK Delegate``.
     **Upstream**: pytorch/executorch#14937 (the assert, "temporary until we allow passthrough args in the delegate"),
     pytorch/executorch#19152 (a permute with two consumers).
-    **Remove when**: the delegate takes pass-through outputs (``test_xnnpack_pass_through_output`` lowers with it
+    **Remove when**: the delegate takes pass-through outputs (``test_patch_pass_through_outputs_copied`` lowers with it
     disabled).
     """
     from executorch.exir.dialects._ops import ops as exir_ops

@@ -87,18 +87,11 @@ def _aten_arange_float_in_float64(start: Any, end: Any, step: Any = 1, dtype: in
                                   device: str = "", pin_memory: bool = False) -> Any:
     """A floating ``aten.arange.start_step`` → ``Cast(Range(start, end, step) in float64, dtype)``, as torch counts it.
 
-    **Why**: torchlib casts a floating arange's bounds to float32 and ranges there; ONNX ``Range`` counts
-    ``ceil((end - start) / step)`` elements in the inputs' type, torch in float64 (its scalars are doubles).
-    ``arange(1/6, 1.0, 1/6)`` (Idefics3/SmolVLM's position boundaries at 6 patches a side: a 48x48 image of 8-pixel
-    patches) is 6 elements in torch (``5.000000000000001`` rounds up) and 5 in float32 (``4.9999998``): the
-    program, traced with 6, ``bucketize``d over 5 and failed with ``GatherND ... invalid index found, index = 5``.
-    The Python scalar bounds become float64 constants (a cast of the float32 constant onnxscript would make of
-    them counts 5 again). In float64 the count and the values (``start + i * step``, computed in double by torch's
-    CPU kernel) are torch's; integral aranges are torchlib's unchanged.
-    **Upstream**: none found (torchlib's ``aten_arange_start_step`` ranges in float32 by design; the trigger is
-    transformers' ``modeling_smolvlm.py`` ranging floats).
-    **Remove when**: torchlib ranges floating aranges in float64 (``test_float_arange_counts_as_torch`` passes
-    with ``disable=("_aten_arange_float_in_float64",)``).
+    **Why**: torchlib ranges in float32; torch counts in float64: ``arange(1/6, 1.0, 1/6)`` (SmolVLM at 6x6 patches)
+    is 6 elements in torch, 5 in float32, and the program failed with ``GatherND ... invalid index ... 5``.
+    **Upstream**: none found (torchlib's ``aten_arange_start_step`` ranges in float32; the trigger is transformers'
+    ``modeling_smolvlm.py``).
+    **Remove when**: ``test_float_arange_counts_as_torch`` passes with ``disable=("_aten_arange_float_in_float64",)``.
     """
     from onnxscript.function_libs.torch_lib.ops.core import aten_arange_start_step
 
