@@ -109,6 +109,10 @@ COVERED_ELSEWHERE = {
         "tests/dynamo/test_dict_held_states.py::test_dict_held_state_mutated_in_place",
     ("f12_qwen3next_gated_delta_prefill", "executorch-xnnpack"):  # a partition returning a slice twice; f12's
         "tests/executorch/test_executorch_workarounds.py::test_patch_pass_through_outputs_copied",  # lowering: 150 s
+    # f12 exported on ONNX before issue 46 (no ONNX-side change); 14 s here: its run on ONNX is in the full suite,
+    # and the Qwen3-Next states' ONNX export is in the default set
+    ("f12_qwen3next_gated_delta_prefill", "onnx"):
+        "tests/dynamo/test_dict_held_states.py::test_dict_held_state_mutated_in_place",
 }
 
 
