@@ -35,7 +35,6 @@ from hfexport.plugin import InvalidInputError
 from hfexport.trust import torch_dtype
 
 from .decoding import GenerationStats, GreedyRun, check_prompt, input_names
-from .growing_cache import GrowingDecoderPrograms, plan_growing_decoder
 from .kv_cache import (
     FUSED_CACHE,
     FusedAttentionUnused,
@@ -47,7 +46,6 @@ from .kv_cache import (
     recording_rotary,
     rotary_tables,
 )
-from .llm_runner import LLMRunnerStep
 from .names import DECODER, TEXT_GENERATION
 from .planning import (
     check_generative,
@@ -298,6 +296,9 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
               for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if growing and embed is None and position_rows is None:
+        # imported here: only an export whose backend keeps a growing cache reads growing_cache.py
+        from .growing_cache import plan_growing_decoder
+
         return plan_growing_decoder(model, CausalLMStep(model, shapes, dtype, growing=True), ids, mask, shapes,
                                     dtype, rows, max_batch, max_cache_len, prefill_chunk, takes_position_ids)
     prompt = ids.shape[1]
@@ -338,6 +339,9 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     if in_place_kernel and embed is None and callable(step.fused_attention):
         # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries
         # its metadata, so that the runner runs it as it is (LLMRunnerStep)
+        # imported here: only an export whose backend declares ExecuTorch's LLM kernels reads llm_runner.py
+        from .llm_runner import LLMRunnerStep
+
         runner_step = LLMRunnerStep(step, max_cache_len, prefill_chunk)
         example = {"input_ids": ids, "input_pos": torch.zeros(1, dtype=torch.long)}
         seq = Dim("seq", min=1, max=prefill_chunk)
@@ -404,6 +408,8 @@ def decoder_run(exported: Any, section: Mapping[str, Any], config: Any, input_id
             prompt_embeds = prompt_embeds[:, padding.shape[1]:]
             per_position = {k: v[..., padding.shape[1]:] for k, v in (per_position or {}).items()}
     if section["cache"].get("growing"):
+        from .growing_cache import GrowingDecoderPrograms
+
         programs: Any = GrowingDecoderPrograms(exported, section, input_ids, attention_mask)
     else:
         programs = DecoderPrograms(exported, section, input_ids, attention_mask, prompt_embeds, embed_tokens,
