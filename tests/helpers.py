@@ -126,6 +126,26 @@ class ComplexRope(torch.nn.Module):
         return torch.view_as_real(z * freqs_cis.unsqueeze(1)).flatten(-2)
 
 
+class WhileLoopRefine(torch.nn.Module):
+    """``while_loop`` whose body calls a ``Linear(4, 4)``, the trip count from the ``iters`` input (field case f04's
+    kind, small): ``forward(iters: int64 [], x: float32 [batch, 4]) -> float32 [batch, 4]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.refine = torch.nn.Linear(4, 4)
+
+    def forward(self, iters, x):
+        from torch._higher_order_ops import while_loop
+
+        def cond_fn(it, h):
+            return it > 0
+
+        def body_fn(it, h):
+            return it - 1, torch.tanh(self.refine(h)) + h
+
+        return while_loop(cond_fn, body_fn, (iters, x))[1]
+
+
 class TinyMLP(torch.nn.Module):
     """A plain ``nn.Module`` (no Transformers): two linear layers, a tuple output."""
 

@@ -5,24 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._higher_order_ops import while_loop
 
 import hfexport
-
-
-class _Refine(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.refine = torch.nn.Linear(4, 4)
-
-    def forward(self, iters, x):
-        def cond_fn(it, h):
-            return it > 0
-
-        def body_fn(it, h):
-            return it - 1, torch.tanh(self.refine(h)) + h
-
-        return while_loop(cond_fn, body_fn, (iters, x))[1]
+from helpers import WhileLoopRefine as _Refine
 
 
 def test_while_loop_is_refused_naming_the_issue_and_the_option():
