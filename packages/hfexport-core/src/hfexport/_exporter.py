@@ -1,5 +1,6 @@
 """The exporter base class (what a backend implements: ``prepare``, ``lower``, ``package``, ``load_runner``), the
-tracer protocol, option and input checks, and the verification of a packaged artifact against eager PyTorch."""
+tracer protocol, and the checks of an exporter's config, options, inputs and workaround scopes. The verification
+of the packaged artifact against eager PyTorch is :mod:`hfexport._verification`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import copy
 import dataclasses
 import datetime
 import difflib
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -22,14 +21,10 @@ from ._context import (
     _as_json,
     _Config,
     _config_as,
-    _restore_buffers,
-    _save_buffers,
 )
 from ._patching import UnresolvedPatchWarning, is_user_registration
 from ._registry import list_workarounds
-from ._stages import ExportError, ProgressCallback, Stage, Step, running_order
-
-logger = logging.getLogger("hfexport")
+from ._stages import ProgressCallback, Stage, Step, running_order
 
 if TYPE_CHECKING:
     pass
@@ -305,216 +300,6 @@ class Exporter:
 
         return export(self, model, inputs, progress=progress, task=task, task_options=task_options, verify=verify,
                       atol=atol, rtol=rtol)
-
-    def _check_verify_options(self, verify: Any, atol: Any, rtol: Any) -> tuple[float, float]:
-        """The verification's tolerances (the backend's defaults where ``None``); refuses options of the wrong type."""
-        if not isinstance(verify, bool):  # "no" is truthy
-            raise TypeError(f"verify must be True or False, got {verify!r} ({type(verify).__name__})")
-        out = []
-        for name, value, default in (("atol", atol, self.verify_atol), ("rtol", rtol, self.verify_rtol)):
-            if value is None:
-                value = default
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise TypeError(f"{name} must be a non-negative number (the verification's tolerance), got "
-                                f"{value!r} ({type(value).__name__})")
-            out.append(float(value))
-        return out[0], out[1]
-
-    def verify_export(self, exported: ExportedModel, ctx: ExportContext, inputs: Mapping[str, Any], *,
-                      atol: float, rtol: float, raise_on_mismatch: bool = True) -> None:
-        """Run the packaged artifact once on its runtime and the model once in eager PyTorch, on deep copies of
-        the traced ``inputs`` (the export's constants are baked in and added to the eager call), and record the
-        report in the manifest (:meth:`ExportedModel.verify_export`; ``timings_s.verification``).
-
-        The model's buffers are put back afterwards; when the eager call changed one (a forward that mutates
-        buffers), the artifact's runner is ``reset()`` too, so that both start where they were.
-
-        Raises:
-            VerificationError: the outputs differ beyond ``atol``/``rtol`` (only with ``raise_on_mismatch``).
-            ExportError: the artifact or the eager model raised (only with ``raise_on_mismatch``; otherwise the
-                error is recorded as ``manifest["verification"]["error"]``).
-        """
-        from ._artifact import VerificationError
-
-        start = time.perf_counter()
-        fixed = exported.manifest.get("fixed_kwargs") or {}
-        checked = {k: v for k, v in inputs.items() if k not in fixed}
-        component = exported.default_component
-        saved = _save_buffers(ctx.model)
-        try:
-            report = exported.verify_export(checked, atol=atol, rtol=rtol)
-        except Exception as exc:
-            if raise_on_mismatch:
-                raise ExportError(self.name, ctx.model_class, exc, where="verification (running the artifact and "
-                                  "the eager model on the traced inputs)", hints=[
-                                      "export with verify=False to get the artifact without this check, and call "
-                                      "it to see the error", "see the full traceback (the error is chained)"]
-                                  ) from exc
-            failed = {"backend": self.name, "passed": False, "atol": atol, "rtol": rtol,
-                      "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
-            exported.manifest["verification"] = failed
-            exported._section(component)["verification"] = dict(failed, stored=None)
-            return
-        finally:
-            # An eager call that changed a buffer means a program whose runs change their state: reset it.
-            mutated = _restore_buffers(saved)
-            reset = getattr(component.runner, "reset", None)
-            if mutated and callable(reset):
-                reset()
-            elif mutated:
-                import warnings
-
-                warnings.warn(f"the {self.name} runner has no reset(): its program mutates buffers, so the "
-                              "verification run advanced the artifact's state by one call", stacklevel=4)
-            exported.manifest.setdefault("timings_s", {})["verification"] = round(time.perf_counter() - start, 4)
-        if not report.passed and raise_on_mismatch:  # verify=False stays one run of each: no diagnosis
-            self._diagnose(ctx, exported, checked, report)
-            raise VerificationError(self.name, ctx.model_class, report, exported, component.name)
-        if report.passed:
-            self._verify_second_shape(ctx, exported, checked, atol=atol, rtol=rtol,
-                                      raise_on_mismatch=raise_on_mismatch)
-
-    def _verify_second_shape(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any], *,
-                             atol: float, rtol: float, raise_on_mismatch: bool) -> None:
-        """Run the artifact and the model once more at the tracer's second shape (each dynamic size moved by one
-        within its range, so that its parity differs: :meth:`Tracer.second_shape_inputs`), which catches a
-        program that a guard on the sizes specialized to the traced ones, and once at the smallest shape (each
-        dynamic size at the least of its range, 1 for a count of images: a count that a ``list()`` or ``unbind``
-        fixed at trace time); recorded as ``verification.second_shape`` and ``verification.smallest_shape`` in
-        the manifest, each ``{"passed": None, "skipped": why}`` where a program with dynamic dims cannot be
-        checked so.
-
-        Raises:
-            VerificationError: the outputs differ at either shape (with ``raise_on_mismatch``).
-            ExportError: the artifact or the model raised at either shape (with ``raise_on_mismatch``).
-        """
-        make = getattr(self.tracer, "second_shape_inputs", None)
-        if not callable(make):
-            return
-        component = exported.default_component
-        dynamic = any(entry.get("dynamic_dims") for entry in exported._section(component).get("inputs", ())
-                      if isinstance(entry, dict))
-        second = make(ctx, inputs)
-        try:
-            smallest = make(ctx, inputs, smallest=True)
-        except TypeError:  # a tracer of the one-shape protocol
-            smallest = None
-        checks = [("second_shape", second, "no dynamic size can move by one within its range (each range a "
-                   "single size, or inputs the program sees otherwise)"),
-                  ("smallest_shape", smallest, "every dynamic size of the example is already the least of its "
-                   "range (or the inputs cannot be resized)")]
-        from ._artifact import _shapes
-
-        done: dict[str, tuple[Any, dict[str, Any]]] = {}  # key -> (its shapes, its record)
-        for key, alternate, why_not in checks:
-            if not alternate:
-                if dynamic:
-                    self._record_shape_check(exported, component, key, {"passed": None, "skipped": why_not})
-                continue
-            shapes = _shapes(alternate)
-            same = next((record for seen, record in done.values() if seen == shapes), None)
-            if same is not None:  # the two moves met (a range [1, 2] traced at 2): checked once
-                self._record_shape_check(exported, component, key, same)
-                continue
-            done[key] = shapes, self._check_at_shape(ctx, exported, component, key, alternate, atol=atol, rtol=rtol,
-                                 raise_on_mismatch=raise_on_mismatch)
-
-    @staticmethod
-    def _record_shape_check(exported: ExportedModel, component: Any, key: str, record: dict[str, Any]) -> None:
-        for section in (exported.manifest.get("verification"), exported._section(component).get("verification")):
-            if isinstance(section, dict):
-                section[key] = record
-
-    def _check_at_shape(self, ctx: ExportContext, exported: ExportedModel, component: Any, key: str,
-                        alternate: Mapping[str, Any], *, atol: float, rtol: float,
-                        raise_on_mismatch: bool) -> dict[str, Any]:
-        """One run of the artifact and of the model at ``alternate`` (:meth:`_verify_second_shape`), recorded as
-        ``verification.<key>``."""
-        from ._artifact import VerificationError
-
-        first = exported.manifest.get("verification")
-        saved = _save_buffers(ctx.model)
-        # the eager call at another shape may also re-fill attributes a forward caches (a rotary table for the
-        # last length): the modules' attributes are put back as they were, shallowly
-        attributes = [(m, dict(vars(m))) for m in ctx.model.modules()]
-        import copy
-
-        import torch
-
-        from ._artifact import _shapes
-
-        error, report = None, None
-        shapes = _shapes(alternate)
-
-        def first_line(exc: BaseException) -> str:
-            return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-
-        try:
-            with torch.no_grad():
-                try:
-                    expected = exported.reference(**copy.deepcopy(dict(alternate)))
-                except Exception as exc:  # inputs the model itself refuses (sizes tied to values): no check
-                    expected, record = None, {"passed": None, "inputs": shapes,
-                                              "skipped": f"the eager model raised at this shape: {first_line(exc)}"}
-                if expected is not None:
-                    try:
-                        actual = exported(**copy.deepcopy(dict(alternate)))
-                        report = exported._comparison(expected, actual, atol, rtol, exported._section(component))
-                        report.inputs = shapes
-                        record = report.as_dict()
-                    except Exception as exc:
-                        error, record = exc, {"passed": False, "error": first_line(exc), "inputs": shapes}
-        finally:
-            reset = getattr(component.runner, "reset", None)
-            if _restore_buffers(saved) and callable(reset):  # a forward that mutates buffers: start again
-                reset()
-            for module, before in attributes:
-                for name in set(vars(module)) - set(before):
-                    delattr(module, name)
-                vars(module).update(before)
-            exported.manifest["verification"] = first
-        self._record_shape_check(exported, component, key, record)
-        if not raise_on_mismatch or record["passed"] is not False:
-            return record
-        if key == "smallest_shape":
-            why = ("the traced shape matched eager, the smallest shape of the ranges the manifest claims (each "
-                   "dynamic size at its least, 1 for a count) does not: the program fixed a size at the traced one "
-                   "(a list() or unbind over images, a branch on a size)")
-            where = "verification at the smallest shape"
-            if error is not None and "Guard failed" in str(error):  # the program's own input guard, not a crash
-                why = ("the program's guard refuses the least sizes of the ranges the manifest would claim (torch."
-                       "export kept a condition on them, such as a size of 1 it specializes): start the Dim ranges "
-                       "above the sizes the guard names")
-        else:
-            why = ("the traced shape matched eager, this one (every dynamic size moved by one, within its range) "
-                   "does not: a guard on the sizes specialized the program to the traced ones (their parity, a "
-                   "multiple)")
-            where = "verification at a second shape"
-        if error is not None:
-            raise ExportError(self.name, ctx.model_class, error, where=f"{where} "
-                              f"({', '.join(f'{k}={v}' for k, v in record['inputs'].items())})",
-                              hints=[why, "export with verify=False to keep the artifact, or give these dims "
-                                     "static sizes or explicit Dim ranges"], internal=False) from error
-        report.diagnosis = {"summary": why}
-        raise VerificationError(self.name, ctx.model_class, report, exported, component.name)
-
-    def _diagnose(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
-                  report: Any) -> None:
-        """Ask :meth:`diagnose_mismatch` where the failing export goes wrong; record its answer in the report and
-        in the manifest (``verification.diagnosis``). A diagnosis that fails is logged, never raised."""
-        start = time.perf_counter()
-        try:
-            diagnosis = self.diagnose_mismatch(ctx, exported, inputs, report)
-        except Exception as exc:  # the verification's own answer stands; say why there is no diagnosis
-            logger.warning("%s: the diagnosis of the failed verification failed: %s: %s", self.name,
-                           type(exc).__name__, exc)
-            diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
-        if not diagnosis:
-            return
-        diagnosis = {**diagnosis, "seconds": round(time.perf_counter() - start, 2)}
-        report.diagnosis = diagnosis
-        exported.manifest.setdefault("verification", {})["diagnosis"] = diagnosis
-        exported._section(exported.default_component).setdefault("verification", {})["diagnosis"] = diagnosis
 
     def diagnose_mismatch(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
                           report: Any) -> dict[str, Any] | None:

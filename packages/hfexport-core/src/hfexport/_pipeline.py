@@ -7,7 +7,8 @@
    component;
 2. for each component, :func:`export_program`: ``exporter.prepare`` (the backend's stages before the trace),
    ``tracer.capture`` (the dynamo stages, then ``torch.export.export``), ``exporter.lower`` (the backend's stages and
-   toolchain steps), ``exporter.package`` (the artifact), then the verification against eager PyTorch;
+   toolchain steps), ``exporter.package`` (the artifact), then the verification against eager PyTorch
+   (:func:`hfexport._verification.verify_export`);
 3. a task's components are merged into one artifact (:func:`hfexport._tasks.merge_components`).
 
 Nothing below calls back into this module: data flows down.
@@ -25,6 +26,7 @@ from ._artifact import ExportedModel, VerificationError
 from ._context import ExportContext, InvalidInputError, _model_lock, _snapshot_modes, warn_version_drift
 from ._stages import ExportError, ProgressCallback
 from ._tasks import ComponentPlan, TaskPlan, merge_components
+from ._verification import check_verify_options, verify_export
 
 __all__ = ["export", "export_program"]
 
@@ -49,7 +51,7 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
     """
     import torch
 
-    atol, rtol = exporter._check_verify_options(verify, atol, rtol)
+    atol, rtol = check_verify_options(exporter, verify, atol, rtol)
     if not isinstance(model, torch.nn.Module):
         raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
                                 "load it first, e.g. AutoModel.from_pretrained(path)")
@@ -128,7 +130,7 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
             raise ExportError(exporter.name, model_class, exc, where="packaging (after the last stage)",
                               internal=True) from exc
         # In eval mode still, with every patch reverted and the model back on its device and dtype.
-        exporter.verify_export(exported, ctx, inputs, atol=atol, rtol=rtol, raise_on_mismatch=verify)
+        verify_export(exporter, exported, ctx, inputs, atol=atol, rtol=rtol, raise_on_mismatch=verify)
         return exported
     finally:
         for module, training in modes:
