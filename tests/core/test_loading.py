@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 import hfexport
 from helpers import TinyMLP, load_in_fresh_process, tiny_model
 from hfexport import IntegrityError, ManifestError, UntrustedArtifactError, cli
-from hfexport._trust import pickle_globals, unsafe_pickle_globals
+from hfexport._pickle_globals import pickle_globals, unsafe_pickle_globals
 
 # ── fixtures: one tiny BERT and one plain module, exported once ─────────────────────────────────────────────
 

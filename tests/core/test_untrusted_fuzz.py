@@ -88,12 +88,12 @@ def from_codegen():
 
 
 def beneath_a_checked_descriptor():
-    """Whether hfexport's descriptor walk (hfexport._trust.open_beneath) makes this open: it opens each component
+    """Whether hfexport's descriptor walk (hfexport._artifact_files.open_beneath) makes this open: it opens each component
     relative to the descriptor of the folder before it (openat), starting from the artifact directory, whose own
     open is absolute and checked here; the audit event gives the relative name only."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_filename.endswith(os.path.join("hfexport", "_trust.py")) \
+        if frame.f_code.co_filename.endswith(os.path.join("hfexport", "_artifact_files.py")) \
                 and frame.f_code.co_name in ("_walk_open", "_walk_open_dir"):
             return True
         frame = frame.f_back
@@ -364,7 +364,7 @@ def _saved_zip(pickled: bytes) -> bytes:
 
 def _unpickle_property(pieces: list[bytes]) -> None:
     from hfexport import UntrustedArtifactError
-    from hfexport_dynamo._pt2 import unpickle_sample_inputs
+    from hfexport_dynamo._pt2_archive import unpickle_sample_inputs
 
     buffer = io.BytesIO()
     torch.save(((torch.arange(8.0),), {}), buffer)
@@ -396,7 +396,7 @@ def test_restricted_unpickler_refuses_or_returns_tensors_long(pieces: list[bytes
 
 
 def test_a_real_sample_inputs_pickle_is_read() -> None:
-    from hfexport_dynamo._pt2 import unpickle_sample_inputs
+    from hfexport_dynamo._pt2_archive import unpickle_sample_inputs
 
     buffer = io.BytesIO()
     torch.save(((torch.arange(8.0),), {}), buffer)

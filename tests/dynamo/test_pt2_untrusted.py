@@ -23,13 +23,9 @@ from crafting import copy_artifact, rehash, rewrite_zip
 import hfexport
 from helpers import TinyMLP
 from hfexport import UntrustedArtifactError
-from hfexport_dynamo._pt2 import (
-    RestrictedUnpickler,
-    _Members,
-    parse_sym_expr,
-    read_pt2,
-    unpickle_sample_inputs,
-)
+from hfexport_dynamo._pt2 import read_pt2
+from hfexport_dynamo._pt2_archive import RestrictedUnpickler, _Members, unpickle_sample_inputs
+from hfexport_dynamo._pt2_grammar import parse_sym_expr
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ._artifact import DEFAULT_COMPONENT, Component, ExportedModel, read_manifest
+from ._artifact_files import check_integrity
 from ._discovery import get_backend
 from ._exporter import ExportConfig
+from ._named_types import import_type_modules, load_treespec, treespec_names, unregistered
 from ._pipeline import export as export_with
 from ._stages import ProgressCallback
-from ._trust import check_integrity, import_type_modules, load_treespec, treespec_names, unregistered
 
 __all__ = ["export", "load"]
 
@@ -147,7 +148,7 @@ def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder
 
 def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> ExportedModel:
     """Open every component of an artifact whose manifest :func:`read_manifest` read and
-    :func:`~hfexport._trust.check_integrity` checked (what :func:`load` does after those two)."""
+    :func:`~hfexport._artifact_files.check_integrity` checked (what :func:`load` does after those two)."""
     exporter_class = get_backend(manifest["backend"]).load_exporter()
     if exporter_class.tracer is not None:
         exporter_class.tracer.prepare_load(manifest, trust_remote_code=trust_remote_code)
@@ -168,7 +169,7 @@ def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bo
 def _out_spec(name: str, section: Mapping[str, Any], trust_remote_code: bool) -> Any:
     """The component's output ``TreeSpec`` from its manifest section (``None`` without an ``output_spec``).
 
-    Read by :func:`hfexport._trust.load_treespec` (allow-listed types, nothing imported); with
+    Read by :func:`hfexport._named_types.load_treespec` (allow-listed types, nothing imported); with
     ``trust_remote_code`` by torch's ``treespec_loads``, after importing the modules its type names give."""
     spec = section.get("output_spec")
     if spec is None:

@@ -17,6 +17,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ._artifact_files import (  # read_manifest: re-exported here, an artifact's name
+    file_digests,
+    read_manifest,
+)
 from ._comparison import (  # re-exported: the artifact's names
     COMPARISONS,
     DEFAULT_COMPONENT,
@@ -28,6 +32,7 @@ from ._comparison import (  # re-exported: the artifact's names
     flatten_with_names,
 )
 from ._input_check import check_call_inputs
+from ._named_types import load_treespec
 from ._runners import FileRunner, Runner  # re-exported: the artifact's names
 from ._saving import (
     check_free_space,
@@ -40,13 +45,10 @@ from ._saving import (
     save_lock,
     tree_size,
 )
-from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION, read_manifest: re-exported here, the artifact's names
+from ._trust import (  # MANIFEST_NAME, SCHEMA_VERSION: re-exported here, the artifact's names
     HASHES_KEY,
     MANIFEST_NAME,
     SCHEMA_VERSION,
-    file_digests,
-    load_treespec,
-    read_manifest,
 )
 
 __all__ = ["Component", "component_manifest", "DEFAULT_COMPONENT", "ExportedModel", "FileRunner", "MANIFEST_NAME", "OutputDiff",
@@ -330,7 +332,7 @@ class ExportedModel:
                 if self.directory is None or not isinstance(name, str) or name not in self.manifest.get("files", []):
                     raise ValueError(f"{where}: its stored verification file {name!r} is not a file of this "
                                      "artifact's manifest")
-                from ._trust import artifact_bytes
+                from ._artifact_files import artifact_bytes
 
                 # read once by descriptor and checked against the manifest's hash: what is compared is what was hashed
                 tensors = read_stored(self.directory / name, artifact_bytes(self.directory, self.manifest, name,

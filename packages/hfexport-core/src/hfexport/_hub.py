@@ -112,7 +112,8 @@ def download_artifact(repo_id: str, *, revision: str | None = None, subfolder: s
     """
     from huggingface_hub import hf_hub_download
 
-    from ._trust import MANIFEST_NAME, manifest_file_refs, read_manifest
+    from ._artifact_files import read_manifest
+    from ._trust import MANIFEST_NAME, manifest_file_refs
 
     sub = str(PurePosixPath(subfolder.strip("/"))) if subfolder and subfolder.strip("/") else None
     if sub is not None and (".." in PurePosixPath(sub).parts or "\\" in sub):

@@ -73,7 +73,7 @@ def check_call_inputs(entries: Sequence[Mapping[str, Any]], inputs: Mapping[str,
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"input {name!r} is a {type(value).__name__}, not a tensor; {expected}: pass "
                             f"torch.as_tensor({name})")
-        from ._trust import torch_dtype
+        from ._named_types import torch_dtype
 
         want = torch_dtype(dtype)
         have = str(value.dtype).replace("torch.", "")

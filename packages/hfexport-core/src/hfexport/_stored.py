@@ -17,7 +17,7 @@ the ``cache`` a decoder returns) is compared when the model is exported but not 
 stored outputs computed from it (the logits) check it on a re-run.
 
 Loading it runs no code: safetensors holds only tensors; a pytree input's structure is a ``treespec_dumps`` string
-read by hfexport's own reader (:func:`hfexport._trust.load_treespec`: allow-listed types, nothing imported); every key, input name and
+read by hfexport's own reader (:func:`hfexport._named_types.load_treespec`: allow-listed types, nothing imported); every key, input name and
 output name is checked against the manifest before the runtime runs.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._trust import load_treespec, torch_dtype
+from ._named_types import load_treespec, torch_dtype
 
 __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "verification_tensors", "write_stored"]
 

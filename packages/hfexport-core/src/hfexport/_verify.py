@@ -39,7 +39,7 @@ def inputs_from_manifest(section: Mapping[str, Any], config: Mapping[str, Any] |
     """
     import torch
 
-    from ._trust import torch_dtype
+    from ._named_types import torch_dtype
 
     generator = torch.Generator().manual_seed(0)
     vocab = int((config or {}).get("vocab_size") or 2)
@@ -128,7 +128,8 @@ def verify_artifact(path: str | Path, *, model: str | Path | None = None, atol: 
     """
     from ._api import open_artifact
     from ._artifact import read_manifest
-    from ._trust import check_integrity, manifest_file_refs
+    from ._artifact_files import check_integrity
+    from ._trust import manifest_file_refs
 
     path = Path(path)
     manifest = read_manifest(path)

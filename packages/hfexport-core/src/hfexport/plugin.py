@@ -33,6 +33,7 @@ Example (a vendor backend that decomposes to Core ATen)::
 """
 
 from ._artifact import Component, ExportedModel, component_manifest
+from ._artifact_files import artifact_file
 from ._context import ExportConfig, ExportContext, InvalidInputError, RuntimeNeeds
 from ._discovery import Backend
 from ._exporter import Exporter, Tracer
@@ -47,7 +48,6 @@ from ._registry import (
 from ._runners import FileRunner, Runner
 from ._stages import ExportError, Stage, StageEvent, Step
 from ._tasks import ComponentPlan, TaskPlan
-from ._trust import artifact_file
 
 __all__ = [
     # the exporter and what it declares
