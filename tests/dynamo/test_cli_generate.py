@@ -290,7 +290,7 @@ def test_a_quantized_task_export_is_checked_by_cosine_and_reports_its_token_agre
     """``export --task ... --quantize int4`` must not fail its check because its greedy ids part from float eager's
     (a fresh user's int4 and 8da4w task exports exited 3 at position 5 while every program passed its cosine): the
     check passes on the programs' recorded verification and reports the share of new positions that agree."""
-    from hfexport_dynamo.tasks.cli import _generation_check
+    from hfexport_dynamo.tasks.export_command import _generation_check
 
     torch.manual_seed(0)
     model = tiny_model("llama", vocab_size=256)
@@ -337,7 +337,7 @@ def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from hfexport.commands import UsageError
-    from hfexport_dynamo.tasks.cli import _tokenizer_call
+    from hfexport_dynamo.tasks.tokenizer_files import _tokenizer_call
 
     tokenizer = Tokenizer(models.WordLevel({"w": 0, "<unk>": 1}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

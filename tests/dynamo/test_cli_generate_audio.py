@@ -24,7 +24,7 @@ AUDIO_TOKEN, TOKENS_PER_CHUNK, RATE = 99, 4, 5120  # the tiny Voxtral's 16 mels 
 def test_generate_with_audio_equals_eager(tmp_path):
     from transformers import WhisperFeatureExtractor
 
-    from hfexport_dynamo.tasks.cli import _read_wav
+    from hfexport_dynamo.tasks.generate_command import _read_wav
 
     model = tiny_model("voxtral")
     model.save_pretrained(tmp_path / "model")

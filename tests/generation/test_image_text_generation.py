@@ -398,7 +398,7 @@ def test_qwen2vl_images_of_another_grid_or_without_it_are_refused_by_name(qwen2v
 def test_qwen2vl_export_check_of_the_cli_generates_with_packed_patches(qwen2vl_dynamo):
     """``hfexport export --task image-text-to-text``'s generation check: one seeded image per row, as the processor
     gives them (packed patches, ``image_grid_thw``, ``mm_token_type_ids``), against eager."""
-    from hfexport_dynamo.tasks.cli import _generation_check
+    from hfexport_dynamo.tasks.export_command import _generation_check
 
     model, exported = qwen2vl_dynamo
     check = _generation_check(model, exported)
