@@ -1,6 +1,6 @@
 """The exporter base class (what a backend implements: ``prepare``, ``lower``, ``package``, ``load_runner``), the
 tracer protocol, and the checks of an exporter's config, options, inputs and workaround scopes. The verification
-of the packaged artifact against eager PyTorch is :mod:`hfexport._verification`."""
+of the packaged artifact against eager PyTorch is :func:`hfexport._pipeline.verify_export`."""
 
 from __future__ import annotations
 

@@ -8,8 +8,13 @@
 2. for each component, :func:`export_program`: ``exporter.prepare`` (the backend's stages before the trace),
    ``tracer.capture`` (the dynamo stages, then ``torch.export.export``), ``exporter.lower`` (the backend's stages and
    toolchain steps), ``exporter.package`` (the artifact), then the verification against eager PyTorch
-   (:func:`hfexport._verification.verify_export`);
+   (:func:`verify_export`, below);
 3. a task's components are merged into one artifact (:func:`hfexport._tasks.merge_components`).
+
+The verification every export ends with (:func:`verify_export`): the packaged artifact on its runtime against the
+model in eager PyTorch, at the traced shape, at a second shape (each dynamic size moved by one) and at the smallest
+shape of the ranges the manifest claims, recorded in the manifest's ``verification``; on a mismatch, the backend's
+diagnosis (:meth:`~hfexport._exporter.Exporter.diagnose_mismatch`).
 
 Nothing below calls back into this module: data flows down.
 """
@@ -18,17 +23,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ._artifact import ExportedModel, VerificationError
-from ._context import ExportContext, InvalidInputError, _model_lock, _snapshot_modes, warn_version_drift
+from ._context import (
+    ExportContext,
+    InvalidInputError,
+    _model_lock,
+    _restore_buffers,
+    _save_buffers,
+    _snapshot_modes,
+    warn_version_drift,
+)
 from ._stages import ExportError, ProgressCallback
 from ._tasks import ComponentPlan, TaskPlan, merge_components
-from ._verification import check_verify_options, verify_export
 
-__all__ = ["export", "export_program"]
+__all__ = ["check_verify_options", "export", "export_program", "verify_export"]
+
+logger = logging.getLogger("hfexport")
 
 
 def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *,
@@ -135,3 +150,219 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
     finally:
         for module, training in modes:
             module.training = training
+
+
+# ── the verification against eager PyTorch ───────────────────────────────────────────────────────────────────
+def check_verify_options(exporter: Any, verify: Any, atol: Any, rtol: Any) -> tuple[float, float]:
+    """The verification's tolerances (the backend's defaults where ``None``); refuses options of the wrong type."""
+    if not isinstance(verify, bool):  # "no" is truthy
+        raise TypeError(f"verify must be True or False, got {verify!r} ({type(verify).__name__})")
+    out = []
+    for name, value, default in (("atol", atol, exporter.verify_atol), ("rtol", rtol, exporter.verify_rtol)):
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise TypeError(f"{name} must be a non-negative number (the verification's tolerance), got "
+                            f"{value!r} ({type(value).__name__})")
+        out.append(float(value))
+    return out[0], out[1]
+
+
+def verify_export(exporter: Any, exported: ExportedModel, ctx: ExportContext, inputs: Mapping[str, Any], *,
+                  atol: float, rtol: float, raise_on_mismatch: bool = True) -> None:
+    """Run the packaged artifact once on its runtime and the model once in eager PyTorch, on deep copies of
+    the traced ``inputs`` (the export's constants are baked in and added to the eager call), and record the
+    report in the manifest (:meth:`ExportedModel.verify_export`; ``timings_s.verification``).
+
+    The model's buffers are put back afterwards; when the eager call changed one (a forward that mutates
+    buffers), the artifact's runner is ``reset()`` too, so that both start where they were.
+
+    Raises:
+        VerificationError: the outputs differ beyond ``atol``/``rtol`` (only with ``raise_on_mismatch``).
+        ExportError: the artifact or the eager model raised (only with ``raise_on_mismatch``; otherwise the
+            error is recorded as ``manifest["verification"]["error"]``).
+    """
+    from ._artifact import VerificationError
+
+    start = time.perf_counter()
+    fixed = exported.manifest.get("fixed_kwargs") or {}
+    checked = {k: v for k, v in inputs.items() if k not in fixed}
+    component = exported.default_component
+    saved = _save_buffers(ctx.model)
+    try:
+        report = exported.verify_export(checked, atol=atol, rtol=rtol)
+    except Exception as exc:
+        if raise_on_mismatch:
+            raise ExportError(exporter.name, ctx.model_class, exc, where="verification (running the artifact and "
+                              "the eager model on the traced inputs)", hints=[
+                                  "export with verify=False to get the artifact without this check, and call "
+                                  "it to see the error", "see the full traceback (the error is chained)"]
+                              ) from exc
+        failed = {"backend": exporter.name, "passed": False, "atol": atol, "rtol": rtol,
+                  "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+        exported.manifest["verification"] = failed
+        exported._section(component)["verification"] = dict(failed, stored=None)
+        return
+    finally:
+        # An eager call that changed a buffer means a program whose runs change their state: reset it.
+        mutated = _restore_buffers(saved)
+        reset = getattr(component.runner, "reset", None)
+        if mutated and callable(reset):
+            reset()
+        elif mutated:
+            import warnings
+
+            warnings.warn(f"the {exporter.name} runner has no reset(): its program mutates buffers, so the "
+                          "verification run advanced the artifact's state by one call", stacklevel=4)
+        exported.manifest.setdefault("timings_s", {})["verification"] = round(time.perf_counter() - start, 4)
+    if not report.passed and raise_on_mismatch:  # verify=False stays one run of each: no diagnosis
+        _diagnose(exporter, ctx, exported, checked, report)
+        raise VerificationError(exporter.name, ctx.model_class, report, exported, component.name)
+    if report.passed:
+        _verify_second_shape(exporter, ctx, exported, checked, atol=atol, rtol=rtol,
+                                  raise_on_mismatch=raise_on_mismatch)
+
+
+def _verify_second_shape(exporter: Any, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any], *,
+                         atol: float, rtol: float, raise_on_mismatch: bool) -> None:
+    """Run the artifact and the model once more at the tracer's second shape (each dynamic size moved by one
+    within its range, so that its parity differs: :meth:`Tracer.second_shape_inputs`), which catches a
+    program that a guard on the sizes specialized to the traced ones, and once at the smallest shape (each
+    dynamic size at the least of its range, 1 for a count of images: a count that a ``list()`` or ``unbind``
+    fixed at trace time); recorded as ``verification.second_shape`` and ``verification.smallest_shape`` in
+    the manifest, each ``{"passed": None, "skipped": why}`` where a program with dynamic dims cannot be
+    checked so.
+
+    Raises:
+        VerificationError: the outputs differ at either shape (with ``raise_on_mismatch``).
+        ExportError: the artifact or the model raised at either shape (with ``raise_on_mismatch``).
+    """
+    make = getattr(exporter.tracer, "second_shape_inputs", None)
+    if not callable(make):
+        return
+    component = exported.default_component
+    dynamic = any(entry.get("dynamic_dims") for entry in exported._section(component).get("inputs", ())
+                  if isinstance(entry, dict))
+    second = make(ctx, inputs)
+    try:
+        smallest = make(ctx, inputs, smallest=True)
+    except TypeError:  # a tracer of the one-shape protocol
+        smallest = None
+    checks = [("second_shape", second, "no dynamic size can move by one within its range (each range a "
+               "single size, or inputs the program sees otherwise)"),
+              ("smallest_shape", smallest, "every dynamic size of the example is already the least of its "
+               "range (or the inputs cannot be resized)")]
+    from ._artifact import _shapes
+
+    done: dict[str, tuple[Any, dict[str, Any]]] = {}  # key -> (its shapes, its record)
+    for key, alternate, why_not in checks:
+        if not alternate:
+            if dynamic:
+                _record_shape_check(exported, component, key, {"passed": None, "skipped": why_not})
+            continue
+        shapes = _shapes(alternate)
+        same = next((record for seen, record in done.values() if seen == shapes), None)
+        if same is not None:  # the two moves met (a range [1, 2] traced at 2): checked once
+            _record_shape_check(exported, component, key, same)
+            continue
+        done[key] = shapes, _check_at_shape(exporter, ctx, exported, component, key, alternate, atol=atol, rtol=rtol,
+                             raise_on_mismatch=raise_on_mismatch)
+
+
+def _record_shape_check(exported: ExportedModel, component: Any, key: str, record: dict[str, Any]) -> None:
+    for section in (exported.manifest.get("verification"), exported._section(component).get("verification")):
+        if isinstance(section, dict):
+            section[key] = record
+
+
+def _check_at_shape(exporter: Any, ctx: ExportContext, exported: ExportedModel, component: Any, key: str,
+                    alternate: Mapping[str, Any], *, atol: float, rtol: float,
+                    raise_on_mismatch: bool) -> dict[str, Any]:
+    """One run of the artifact and of the model at ``alternate`` (:func:`_verify_second_shape`), recorded as
+    ``verification.<key>``."""
+    from ._artifact import VerificationError
+
+    first = exported.manifest.get("verification")
+    saved = _save_buffers(ctx.model)
+    # the eager call at another shape may also re-fill attributes a forward caches (a rotary table for the
+    # last length): the modules' attributes are put back as they were, shallowly
+    attributes = [(m, dict(vars(m))) for m in ctx.model.modules()]
+    import copy
+
+    import torch
+
+    from ._artifact import _shapes
+
+    error, report = None, None
+    shapes = _shapes(alternate)
+
+    def first_line(exc: BaseException) -> str:
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+    try:
+        with torch.no_grad():
+            try:
+                expected = exported.reference(**copy.deepcopy(dict(alternate)))
+            except Exception as exc:  # inputs the model itself refuses (sizes tied to values): no check
+                expected, record = None, {"passed": None, "inputs": shapes,
+                                          "skipped": f"the eager model raised at this shape: {first_line(exc)}"}
+            if expected is not None:
+                try:
+                    actual = exported(**copy.deepcopy(dict(alternate)))
+                    report = exported._comparison(expected, actual, atol, rtol, exported._section(component))
+                    report.inputs = shapes
+                    record = report.as_dict()
+                except Exception as exc:
+                    error, record = exc, {"passed": False, "error": first_line(exc), "inputs": shapes}
+    finally:
+        reset = getattr(component.runner, "reset", None)
+        if _restore_buffers(saved) and callable(reset):  # a forward that mutates buffers: start again
+            reset()
+        for module, before in attributes:
+            for name in set(vars(module)) - set(before):
+                delattr(module, name)
+            vars(module).update(before)
+        exported.manifest["verification"] = first
+    _record_shape_check(exported, component, key, record)
+    if not raise_on_mismatch or record["passed"] is not False:
+        return record
+    if key == "smallest_shape":
+        why = ("the traced shape matched eager, the smallest shape of the ranges the manifest claims (each "
+               "dynamic size at its least, 1 for a count) does not: the program fixed a size at the traced one "
+               "(a list() or unbind over images, a branch on a size)")
+        where = "verification at the smallest shape"
+        if error is not None and "Guard failed" in str(error):  # the program's own input guard, not a crash
+            why = ("the program's guard refuses the least sizes of the ranges the manifest would claim (torch."
+                   "export kept a condition on them, such as a size of 1 it specializes): start the Dim ranges "
+                   "above the sizes the guard names")
+    else:
+        why = ("the traced shape matched eager, this one (every dynamic size moved by one, within its range) "
+               "does not: a guard on the sizes specialized the program to the traced ones (their parity, a "
+               "multiple)")
+        where = "verification at a second shape"
+    if error is not None:
+        raise ExportError(exporter.name, ctx.model_class, error, where=f"{where} "
+                          f"({', '.join(f'{k}={v}' for k, v in record['inputs'].items())})",
+                          hints=[why, "export with verify=False to keep the artifact, or give these dims "
+                                 "static sizes or explicit Dim ranges"], internal=False) from error
+    report.diagnosis = {"summary": why}
+    raise VerificationError(exporter.name, ctx.model_class, report, exported, component.name)
+
+
+def _diagnose(exporter: Any, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
+              report: Any) -> None:
+    """Ask :meth:`diagnose_mismatch` where the failing export goes wrong; record its answer in the report and
+    in the manifest (``verification.diagnosis``). A diagnosis that fails is logged, never raised."""
+    start = time.perf_counter()
+    try:
+        diagnosis = exporter.diagnose_mismatch(ctx, exported, inputs, report)
+    except Exception as exc:  # the verification's own answer stands; say why there is no diagnosis
+        logger.warning("%s: the diagnosis of the failed verification failed: %s: %s", exporter.name,
+                       type(exc).__name__, exc)
+        diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
+    if not diagnosis:
+        return
+    diagnosis = {**diagnosis, "seconds": round(time.perf_counter() - start, 2)}
+    report.diagnosis = diagnosis
+    exported.manifest.setdefault("verification", {})["diagnosis"] = diagnosis
+    exported._section(exported.default_component).setdefault("verification", {})["diagnosis"] = diagnosis
