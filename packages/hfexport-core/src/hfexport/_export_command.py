@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import sys
 import time
@@ -127,6 +126,7 @@ def _infer_task(args: argparse.Namespace, backend: Any) -> str | None:
 def _check_remote_code(directory: Path, trust_remote_code: bool) -> None:
     """Refuse, before any import, a model whose code lives in its repository (config.json's ``auto_map``) without
     ``--trust-remote-code``: loading it runs that code."""
+    import json
 
     try:
         config = json.loads((directory / "config.json").read_text())
