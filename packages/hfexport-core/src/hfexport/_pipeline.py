@@ -220,11 +220,11 @@ def verify_export(exporter: Any, exported: ExportedModel, ctx: ExportContext, in
         raise VerificationError(exporter.name, ctx.model_class, report, exported, component.name)
     if report.passed:
         _verify_second_shape(exporter, ctx, exported, checked, atol=atol, rtol=rtol,
-                                  raise_on_mismatch=raise_on_mismatch)
+                             raise_on_mismatch=raise_on_mismatch)
 
 
-def _verify_second_shape(exporter: Any, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any], *,
-                         atol: float, rtol: float, raise_on_mismatch: bool) -> None:
+def _verify_second_shape(exporter: Any, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
+                         *, atol: float, rtol: float, raise_on_mismatch: bool) -> None:
     """Run the artifact and the model once more at the tracer's second shape (each dynamic size moved by one
     within its range, so that its parity differs: :meth:`Tracer.second_shape_inputs`), which catches a
     program that a guard on the sizes specialized to the traced ones, and once at the smallest shape (each
@@ -265,8 +265,8 @@ def _verify_second_shape(exporter: Any, ctx: ExportContext, exported: ExportedMo
         if same is not None:  # the two moves met (a range [1, 2] traced at 2): checked once
             _record_shape_check(exported, component, key, same)
             continue
-        done[key] = shapes, _check_at_shape(exporter, ctx, exported, component, key, alternate, atol=atol, rtol=rtol,
-                             raise_on_mismatch=raise_on_mismatch)
+        done[key] = shapes, _check_at_shape(exporter, ctx, exported, component, key, alternate, atol=atol,
+                                            rtol=rtol, raise_on_mismatch=raise_on_mismatch)
 
 
 def _record_shape_check(exported: ExportedModel, component: Any, key: str, record: dict[str, Any]) -> None:
