@@ -25,7 +25,7 @@ from helpers import TinyMLP
 from hfexport import UntrustedArtifactError
 from hfexport_dynamo._pt2 import read_pt2
 from hfexport_dynamo._pt2_archive import RestrictedUnpickler, _Members, unpickle_sample_inputs
-from hfexport_dynamo._pt2_grammar import parse_sym_expr
+from hfexport_dynamo._pt2_program import parse_sym_expr
 
 
 @pytest.fixture(scope="module")

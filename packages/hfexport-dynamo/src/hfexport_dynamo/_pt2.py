@@ -17,12 +17,12 @@ matches names case-insensitively and takes any member under ``models/`` as a pro
   ``find_class``, torch's storages read from the same archive, no ``BUILD``/``INST``/``OBJ``/``NEWOBJ``/extension
   opcodes), never ``torch.load``;
 - reads the program JSON with bounds (:func:`hfexport.trust.parse_json`), parses every shape expression with its
-  own small grammar into sympy objects (:func:`hfexport_dynamo._pt2_grammar.parse_sym_expr`: size symbols,
+  own small grammar into sympy objects (:func:`hfexport_dynamo._pt2_program.parse_sym_expr`: size symbols,
   integers below 2**64, ``+ - * / // %``, comparisons, ``Min``/``Max`` and torch's size functions, a bounded
   ``Pow``; torch's ``sympify`` then returns them as they are: nothing is parsed or evaluated from text), drops
   ``guards_code`` (hfexport checks inputs against the manifest itself) and every node's metadata (stack traces
   reach the code torch.fx generates), refuses a name with characters a name has not, a node target that is not an
-  operator (:func:`~hfexport_dynamo._pt2_grammar.safe_target`) and a pytree spec outside the allow-list
+  operator (:func:`~hfexport_dynamo._pt2_program.safe_target`) and a pytree spec outside the allow-list
   (:func:`hfexport.trust.load_treespec`);
 - and hands those objects to torch's ``ExportedProgramDeserializer``.
 
@@ -44,18 +44,8 @@ from typing import Any
 import torch
 
 from hfexport import UntrustedArtifactError
-from hfexport.trust import import_type_modules, load_treespec, parse_json, unregistered
+from hfexport.trust import import_type_modules, parse_json, unregistered
 
-from ._pt2_archive import (
-    _IDENTIFIER_TEXT,
-    _LAYOUT,
-    _PT2_FIXED,
-    TRUST_HINT,
-    _Members,
-    _payloads,
-    unpickle_sample_inputs,
-)
-from ._pt2_grammar import parse_sym_expr, safe_target
 from ._pytree import register_transformers_pytrees
 
 __all__ = ["admit_types", "allowed_type_module", "load_program", "mutated_buffer_names", "own_mutated_buffers",
@@ -101,42 +91,7 @@ def admit_types(types: set[str], enum_modules: set[str] = frozenset(), *,  # typ
     return unregistered(types)
 
 
-# ── the program JSON ──────────────────────────────────────────────────────────────────────────────────────
-def _check_program(node: Any, what: str, symbols: dict[str, Any], key: str = "") -> None:
-    """Check the program JSON in place: every ``expr_str`` replaced by its sympy object
-    (:func:`~hfexport_dynamo._pt2_grammar.parse_sym_expr`), node targets operators, pytree specs allow-listed,
-    every node's ``metadata`` dropped (stack traces reach the code torch.fx generates and ``exec``-s, and lookups
-    resolve the rest; none is needed to run), and every name (``name``, ``*_name``, ``fqn``, graph signature
-    strings) of the characters a name has: they reach that code too."""
-    if isinstance(node, dict):
-        is_node = "target" in node and "inputs" in node
-        if is_node and "metadata" in node:
-            node["metadata"] = {}
-        for child_key, value in list(node.items()):
-            if child_key == "expr_str":
-                try:
-                    node[child_key] = parse_sym_expr(value, symbols)
-                except ValueError as exc:
-                    raise UntrustedArtifactError(f"{what}: {exc} (torch would sympify it: eval). "
-                                                 f"{TRUST_HINT}") from None
-            elif (child_key == "target" and is_node) or child_key == "as_operator":
-                if not safe_target(value):
-                    raise UntrustedArtifactError(f"{what}: node target {value!r:.120} is not an operator (running "
-                                                 f"the program would call it). {TRUST_HINT}")
-            elif child_key in ("in_spec", "out_spec") and isinstance(value, str) and value:
-                load_treespec(value, f"{what}: a module call {child_key}")
-            elif (child_key in ("name", "fqn") or child_key.endswith(("_name", "_names")) or key == "graph_signature") \
-                    and any(isinstance(v, str) and not _IDENTIFIER_TEXT.fullmatch(v)
-                            for v in (value if isinstance(value, list) else [value])):
-                raise UntrustedArtifactError(f"{what}: {child_key} {value!r:.120} is not a name (torch writes names into "
-                                             f"the code it generates: fx's forward, the input guards). {TRUST_HINT}")
-            else:
-                _check_program(value, what, symbols, key if key == "graph_signature" else child_key)
-    elif isinstance(node, list):
-        for value in node:
-            _check_program(value, what, symbols, key)
-
-
+# ── reading, writing and loading a .pt2 ───────────────────────────────────────────────────────────────────
 def read_pt2(file: str | Path, data: bytes | None = None) -> torch.export.ExportedProgram:
     """The ``ExportedProgram`` of a ``.pt2``, read as untrusted input (see the module docstring): hfexport's zip
     reader, raw weights, a restricted unpickler, a checked and canonical program JSON without guards, then torch's
@@ -150,6 +105,9 @@ def read_pt2(file: str | Path, data: bytes | None = None) -> torch.export.Export
     from torch._export.serde import schema
     from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
     from torch.export.pt2_archive.constants import ARCHIVE_FORMAT_VALUE, ARCHIVE_VERSION_VALUE
+
+    from ._pt2_archive import _LAYOUT, _PT2_FIXED, _Members, _payloads, unpickle_sample_inputs
+    from ._pt2_program import _check_program
 
     file = Path(file)
     what = file.name

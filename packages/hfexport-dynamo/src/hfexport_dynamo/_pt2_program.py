@@ -1,7 +1,8 @@
-"""The parts of a ``.pt2``'s program JSON that torch would evaluate or call, read by hfexport's own rules (see
-:mod:`hfexport_dynamo._pt2` for the whole reader): shape expressions parsed by a small grammar into sympy objects
-(:func:`parse_sym_expr`: no ``sympify``, no ``eval``), and node targets admitted only when they resolve to an
-operator (:func:`safe_target`).
+"""The program JSON of a ``.pt2``, checked in place before torch deserializes it (see :mod:`hfexport_dynamo._pt2`
+for the whole reader; :func:`_check_program`): the shape expressions torch would ``sympify`` parsed by a small
+grammar into sympy objects (:func:`parse_sym_expr`: no ``sympify``, no ``eval``), node targets admitted only when
+they resolve to an operator (:func:`safe_target`), names of the characters a name has, pytree specs allow-listed,
+node metadata dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import re
 from typing import Any
 
 import torch
+
+from hfexport import UntrustedArtifactError
+from hfexport.trust import load_treespec
+
+from ._pt2_archive import _IDENTIFIER_TEXT, TRUST_HINT
 
 __all__ = ["EXPR_MAX_CHARS", "parse_sym_expr", "safe_target"]
 
@@ -315,3 +321,38 @@ def safe_target(target: Any) -> bool:
         return True
     return any(resolved is f for f in _SAFE_CALLABLES)
 
+
+# ── the program JSON ──────────────────────────────────────────────────────────────────────────────────────
+def _check_program(node: Any, what: str, symbols: dict[str, Any], key: str = "") -> None:
+    """Check the program JSON in place: every ``expr_str`` replaced by its sympy object (:func:`parse_sym_expr`),
+    node targets operators, pytree specs allow-listed, every node's ``metadata`` dropped (stack traces reach the
+    code torch.fx generates and ``exec``-s, and lookups resolve the rest; none is needed to run), and every name
+    (``name``, ``*_name``, ``fqn``, graph signature strings) of the characters a name has: they reach that code
+    too."""
+    if isinstance(node, dict):
+        is_node = "target" in node and "inputs" in node
+        if is_node and "metadata" in node:
+            node["metadata"] = {}
+        for child_key, value in list(node.items()):
+            if child_key == "expr_str":
+                try:
+                    node[child_key] = parse_sym_expr(value, symbols)
+                except ValueError as exc:
+                    raise UntrustedArtifactError(f"{what}: {exc} (torch would sympify it: eval). "
+                                                 f"{TRUST_HINT}") from None
+            elif (child_key == "target" and is_node) or child_key == "as_operator":
+                if not safe_target(value):
+                    raise UntrustedArtifactError(f"{what}: node target {value!r:.120} is not an operator (running "
+                                                 f"the program would call it). {TRUST_HINT}")
+            elif child_key in ("in_spec", "out_spec") and isinstance(value, str) and value:
+                load_treespec(value, f"{what}: a module call {child_key}")
+            elif (child_key in ("name", "fqn") or child_key.endswith(("_name", "_names")) or key == "graph_signature") \
+                    and any(isinstance(v, str) and not _IDENTIFIER_TEXT.fullmatch(v)
+                            for v in (value if isinstance(value, list) else [value])):
+                raise UntrustedArtifactError(f"{what}: {child_key} {value!r:.120} is not a name (torch writes names into "
+                                             f"the code it generates: fx's forward, the input guards). {TRUST_HINT}")
+            else:
+                _check_program(value, what, symbols, key if key == "graph_signature" else child_key)
+    elif isinstance(node, list):
+        for value in node:
+            _check_program(value, what, symbols, key)
