@@ -245,7 +245,7 @@ def _patch_contiguous_without_size_guard(original: Any) -> Any:
 
 
 
-@register_patch("dynamo", "torch._prims_common.check_contiguous_sizes_strides")
+@register_patch("dynamo.trace", "torch._prims_common.check_contiguous_sizes_strides")
 def _patch_layout_queries_without_size_guard(original: Any) -> Any:
     """torch's layout queries meant not to guard answer without a guard on a dynamic size.
 
