@@ -151,9 +151,30 @@ def test_every_patch_names_why_upstream_and_when_it_can_go():
         "_patch_patch_embeddings_pad_without_divisibility_guard", "_patch_contiguous_without_size_guard",
         "_patch_layout_queries_without_size_guard", "_patch_tf_same_padding_without_size_guard"}
     for registration in patches:
-        assert registration.scope == "dynamo" and registration.kind == "patch", registration.name
+        assert registration.kind == "patch", registration.name
+        # torch's layout queries: for the trace only (its own scope); the others for the whole export
+        expected = "dynamo.trace" if registration.name == "_patch_layout_queries_without_size_guard" else "dynamo"
+        assert registration.scope == expected, registration.name
         doc = registration.func.__doc__
         for part in ("**Why**", "**Upstream**", "**Remove when**"):
             assert part in doc, (registration.name, part)
         assert re.search(r"[\w-]+/[\w-]+#\d+|huggingface/transformers", doc), registration.name
         assert f'disable=("{registration.name}",)' in doc, registration.name  # how its test shows the failure
+
+
+def test_the_layout_query_patch_is_installed_for_the_trace_only():
+    """Installed by capture's stage 2 and restored when ``torch.export.export`` returns: a backend's lowering (its
+    retraces, its fixes' fake metadata) runs torch's own queries; the lowering needs no guard-free answer (e11, s60
+    and s61 pass on every backend)."""
+    import torch._prims_common as prims
+
+    seen = []
+
+    def progress(event):
+        patched = hasattr(prims.check_contiguous_sizes_strides, "__wrapped__")
+        seen.append((event.backend, event.stage.number if event.stage else event.step, event.status, patched))
+
+    hfexport.export(torch.nn.Linear(3, 2), {"input": torch.ones(2, 3)}, backend="onnx", progress=progress)
+    assert ("dynamo", 5, "start", True) in seen
+    assert ("onnx", 3, "start", False) in seen
+    assert not hasattr(prims.check_contiguous_sizes_strides, "__wrapped__")

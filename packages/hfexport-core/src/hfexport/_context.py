@@ -185,10 +185,12 @@ class ExportContext:
         """The registrations of ``kind`` for ``scopes``, minus those this export's config disables."""
         return workarounds_for(kind, scopes, self.config.disable)
 
-    def install_patches(self, scopes: Sequence[str]) -> PatchReport:
-        """Install the patches of ``scopes`` until the export ends (factories with a ``ctx`` parameter get this
-        context); record what was installed or skipped."""
-        report = self.stack.enter_context(patch_context(tuple(scopes), self.config.disable, ctx=self))
+    def install_patches(self, scopes: Sequence[str], until: contextlib.ExitStack | None = None) -> PatchReport:
+        """Install the patches of ``scopes`` until the export ends, or until ``until`` closes (capture's patches that
+        only the trace needs); factories with a ``ctx`` parameter get this context. Record what was installed or
+        skipped."""
+        stack = self.stack if until is None else until
+        report = stack.enter_context(patch_context(tuple(scopes), self.config.disable, ctx=self))
         self.report["patches"].extend(r.as_dict() | {"path": p} for r, p in report.installed)
         self.report["skipped_patches"].extend(r.as_dict() | {"path": p, "reason": why}
                                               for r, p, why in report.skipped)

@@ -119,16 +119,6 @@ def _constants(module: torch.nn.Module) -> dict[str, Any]:
     return constants
 
 
-def _module_constants(ctx: Any, base: type) -> weakref.WeakKeyDictionary:
-    """``{module: (name, constants)}`` for every ``base`` module of the exported model, read before the trace."""
-    known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    model = getattr(ctx, "model", None)
-    for name, module in model.named_modules() if model is not None else ():
-        if isinstance(module, base):
-            known[module] = (name or type(module).__name__, _constants(module))
-    return known
-
-
 def _constants_of(known: weakref.WeakKeyDictionary, module: torch.nn.Module) -> tuple[str, dict[str, Any]]:
     if module in known:
         return known[module]
@@ -165,7 +155,13 @@ def _patch_fake_quantize_modules(original: Any, ctx: Any = None) -> Any:
     """
     from torch.ao.quantization.fake_quantize import FakeQuantizeBase
 
-    known = _module_constants(ctx, FakeQuantizeBase)
+    # {module: (name, constants)} for every fake-quant module of the exported model, read before the trace; a scan
+    # of the model, nothing else, where it holds none
+    known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    model = getattr(ctx, "model", None)
+    for name, module in model.named_modules() if model is not None else ():
+        if isinstance(module, FakeQuantizeBase):
+            known[module] = (name or type(module).__name__, _constants(module))
 
     def fake_quantize(self: Any, X: torch.Tensor) -> torch.Tensor:  # noqa: N803
         name, constants = _constants_of(known, self)

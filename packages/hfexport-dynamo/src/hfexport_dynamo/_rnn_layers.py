@@ -112,15 +112,6 @@ def rnn_forward_as_scan(module: torch.nn.RNNBase, input: torch.Tensor, hx: Any =
     return (output, (h_out, c_out)) if lstm else (output, h_out)
 
 
-def _names(ctx: Any) -> weakref.WeakKeyDictionary:
-    names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    model = getattr(ctx, "model", None)
-    for name, module in model.named_modules() if model is not None else ():
-        if isinstance(module, torch.nn.RNNBase):
-            names[module] = name
-    return names
-
-
 @register_patch("dynamo", "torch.nn.modules.rnn.RNN.forward", "torch.nn.modules.rnn.GRU.forward",
                 "torch.nn.modules.rnn.LSTM.forward")
 def _patch_rnn_layers_as_scan(original: Any, ctx: Any = None) -> Any:
@@ -137,7 +128,9 @@ def _patch_rnn_layers_as_scan(original: Any, ctx: Any = None) -> Any:
     **Remove when**: torch.export keeps the recurrent ops with a symbolic time axis and every backend lowers them
     (f01 passes with ``disable=("_patch_rnn_layers_as_scan",)``).
     """
-    names = _names(ctx)
+    model = getattr(ctx, "model", None)  # the layers' names, for the refusal: a scan of the model, nothing else
+    names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary(
+        {m: n for n, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)} if model is not None else {})
 
     def forward(self: Any, input: Any, hx: Any = None) -> Any:
         if isinstance(input, torch.nn.utils.rnn.PackedSequence):

@@ -3,7 +3,8 @@ without asking torch.export the parity of the size: three for shifted-window vis
 that copy its layers, FocalNet's patch embeddings), one for MobileNet's TensorFlow-style "SAME" padding, two for torch
 itself (``contiguous()`` of such a slice, and the layout queries that
 elementwise ops, ``layer_norm``, ``clone`` and each node's ``tensor_meta`` make on it), which every model that pads
-and slices back needs (odd/even grids, pixel shuffles).
+and slices back needs (odd/even grids, pixel shuffles). The layout queries' patch has the scope ``"dynamo.trace"``:
+installed for ``torch.export.export`` only, not for the backend's lowering (its retraces and fixes run torch's own).
 
 Importing this module registers the patches (``exporter_dynamo`` imports it).
 """
@@ -245,35 +246,17 @@ def _patch_contiguous_without_size_guard(original: Any) -> Any:
 
 
 
-@register_patch("dynamo", "torch._prims_common.check_contiguous_sizes_strides")
+@register_patch("dynamo.trace", "torch._prims_common.check_contiguous_sizes_strides")
 def _patch_layout_queries_without_size_guard(original: Any) -> Any:
-    """torch's layout queries meant not to guard answer without a guard on a dynamic size.
+    """torch's layout queries meant not to guard (``is_contiguous_or_false``, ...): no guard on a dynamic size.
 
-    The queries: ``is_contiguous_or_false``, ``is_contiguous_for_memory_format_or_false``,
-    ``is_non_overlapping_and_dense_or_false``.
-
-    **Why**: these queries pick a short cut while tracing: an elementwise op's output layout
-    (``fake_impls.make_fast_binary_impl`` and ``compute_elementwise_output_logical_to_physical_perm``), a
-    decomposition's ``contiguous()`` (``_refs.contiguous``: ``layer_norm``), ``clone``'s output strides, and the
-    memory format recorded in every node's ``tensor_meta`` (``shape_prop._extract_tensor_metadata``). They all
-    end in ``check_contiguous_sizes_strides(..., false_if_dde=True)``, whose ``guard_or_true``/``guard_or_false``
-    fall back only on data-dependent sizes: on a backed dynamic size they record a guard. A slice back to the
-    unpadded size (``padded[:, :height, :width] * 2``, ``layer_norm`` or ``clone`` of it: odd/even grids, window
-    padding, pixel shuffles) is contiguous exactly when nothing was padded, so the op guarded the parity of the
-    size (``Ne(3*Max(1, 2*((w + 1)//2)), 3*w)``; e11, after the window patches:
-    ``Ne(32*Max(1, ((s4//4) + 1)//2), 16*(s4//4))`` from recording ``tensor_meta``) and the program refused the
-    other half of the sizes. The
-    replacement evaluates such a query as torch evaluates it for data-dependent sizes (``backed_size_oblivious``:
-    the answer the solver proves for every size, else the query's default), so the caller takes its general path
-    (strides ordered like the input's, a copy where a view was possible): the same values. Queries that must be
-    exact (``false_if_dde=False``) and static sizes keep the original.
-    **Upstream**: pytorch/pytorch#123592 (ezyang: the guard comes from "trying to query contiguity on every
-    intermediate result"); pytorch/pytorch#185084 removed the size-1 part of it for the metadata path, not the
-    stride comparison that guards here; the ``_or_false`` helpers avoid guards on unbacked sizes only (torch 2.15,
-    ``symbolic_shapes._guard_or``).
-    **Remove when**: these queries add no guard on a backed dynamic size; the tests trace a slice of a padded
-    tensor (rolled, made contiguous and viewed; or an elementwise op, ``layer_norm`` and ``clone`` straight on it)
-    at an odd size and run it at an even one with ``disable=("_patch_layout_queries_without_size_guard",)``.
+    **Why**: an elementwise op's output layout, ``layer_norm``'s and ``clone``'s, each node's ``tensor_meta`` end in
+    ``check_contiguous_sizes_strides(..., false_if_dde=True)``, which guards a backed size: a slice back from padding
+    guarded its parity (e11) and the program refused the other half of the sizes. Evaluated as for unbacked sizes
+    (``backed_size_oblivious``): the general path, the same values. Trace only (scope ``dynamo.trace``).
+    **Upstream**: pytorch/pytorch#123592 (pytorch/pytorch#185084 removed only the size-1 part of it).
+    **Remove when**: the tests trace such a slice at an odd size, run it at an even one and pass with
+    ``disable=("_patch_layout_queries_without_size_guard",)``.
     """
     from torch.fx.experimental import _config as shape_config
 

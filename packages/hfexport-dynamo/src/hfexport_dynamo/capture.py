@@ -169,6 +169,7 @@ def capture(ctx: ExportContext) -> torch.export.ExportedProgram:
             forward_signature(ctx)
         with ctx.capture_stage(2):
             ctx.install_patches(("dynamo",))
+            ctx.install_patches(("dynamo.trace",), until=trace_only)  # torch's own tracing: not the lowering's
         with ctx.capture_stage(3):
             pytree_registration(ctx)
         with ctx.capture_stage(4):
@@ -222,6 +223,8 @@ def forward_signature(ctx: ExportContext) -> None:
 # ── Stage 2: Model patches ──
 # ``ctx.install_patches(("dynamo",))`` in :func:`capture`; the patches are in ``_common_patches.py``,
 # ``_model_patches.py``, ``_media_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
+# Those of scope ``"dynamo.trace"`` (torch's own layout queries) are restored right after ``torch.export.export``:
+# the backend's lowering retraces the program without them.
 
 
 # ── Stage 3: Pytree registration ──

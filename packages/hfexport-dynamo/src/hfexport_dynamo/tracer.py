@@ -40,7 +40,7 @@ class DynamoTracer:
     toolchain: tuple[str, ...] = ("torch", "transformers", "hfexport-core", "hfexport-dynamo")
     name: str = "dynamo"
     stages: tuple[Stage, ...] = CAPTURE_STAGES
-    scopes: tuple[str, ...] = ("dynamo",)  # the workaround scope every capture installs (stage 2)
+    scopes: tuple[str, ...] = ("dynamo", "dynamo.trace")  # the scopes every capture installs (stage 2)
     tested_versions: dict[str, str] = {"torch": "2.15.0", "transformers": "5.24.0"}
 
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None:
