@@ -243,11 +243,8 @@ def _verify_second_shape(exporter: Any, ctx: ExportContext, exported: ExportedMo
     component = exported.default_component
     dynamic = any(entry.get("dynamic_dims") for entry in exported._section(component).get("inputs", ())
                   if isinstance(entry, dict))
-    second = make(ctx, inputs)
-    try:
-        smallest = make(ctx, inputs, smallest=True)
-    except TypeError:  # a tracer of the one-shape protocol
-        smallest = None
+    # both calls as the Tracer protocol gives them: a TypeError is the tracer's (or the model's), never swallowed
+    second, smallest = make(ctx, inputs), make(ctx, inputs, smallest=True)
     checks = [("second_shape", second, "no dynamic size can move by one within its range (each range a "
                "single size, or inputs the program sees otherwise)"),
               ("smallest_shape", smallest, "every dynamic size of the example is already the least of its "
