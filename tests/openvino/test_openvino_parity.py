@@ -109,6 +109,34 @@ def test_integer_shifts():
         assert actual.dtype == wanted.dtype and torch.equal(actual, wanted), (actual, wanted)
 
 
+class RepeatByCounts(torch.nn.Module):
+    """c01's kind with two siblings: rows repeated by a counts tensor (c01), the last axis of a 3-D tensor, and
+    Qwen3-VL's / GLM-4V's ``repeat_interleave(video_grid_thw, video_grid_thw[:, 0], dim=0)`` (int64 rows)."""
+
+    def forward(self, x, counts, grid_thw):
+        return (torch.repeat_interleave(x, counts, dim=0) * 2.0,
+                torch.repeat_interleave(x.unsqueeze(0), counts.flip(0)[:x.shape[-1]], dim=-1),
+                torch.repeat_interleave(grid_thw, grid_thw[:, 0], dim=0))
+
+
+def test_repeat_interleave_tensor_along_dim():
+    """``_fix_repeat_interleave_tensor_along_dim`` (c01's kind): data-dependent lengths (6 then 9 rows) from one
+    program; without it ``compile_model`` refuses the ``Tile`` of dynamic rank the translation makes."""
+    g = torch.Generator().manual_seed(0)
+    first = {"x": torch.randn(4, 4, generator=g), "counts": torch.tensor([2, 1, 3, 0]),
+             "grid_thw": torch.tensor([[2, 4, 6], [1, 2, 2]])}
+    second = {"x": torch.randn(4, 4, generator=g), "counts": torch.tensor([1, 4, 0, 4]),
+              "grid_thw": torch.tensor([[1, 2, 2], [3, 4, 4], [2, 6, 8]])}
+    with pytest.raises(hfexport.ExportError, match="Tile operation with dynamic rank"):
+        hfexport.export(RepeatByCounts(), first, backend="openvino",
+                        disable=("_fix_repeat_interleave_tensor_along_dim",))
+    exported = hfexport.export(RepeatByCounts(), first, backend="openvino",
+                               dynamic_shapes={"x": {}, "counts": {}, "grid_thw": {0: torch.export.Dim.AUTO}})
+    for inputs in (first, second):
+        for actual, wanted in zip(exported(**inputs), RepeatByCounts()(**inputs), strict=True):
+            assert actual.shape == wanted.shape and actual.dtype == wanted.dtype, (actual, wanted)
+            torch.testing.assert_close(actual, wanted, atol=0, rtol=0)
+
 class Threshold(torch.nn.Module):
     def forward(self, scores):
         return scores.masked_select(scores > 0.5) * 1.5

@@ -112,8 +112,12 @@ class OpenVINORunner(NamedIORunner):
             self.compiled = core.compile_model(model, DEVICE, compile_options(self.num_threads, self.cpu_properties,
                                                                               *self.precisions))
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RuntimeError(f"OpenVINO ({DEVICE}) cannot read or compile {self.path.name}: {first}") from exc
+            # OpenVINO's message: "Exception from <file>:<line>:" per frame, then the check and its reason (c01:
+            # "Unexpected: CPU plug-in doesn't support Tile operation with dynamic rank"): the reason is kept
+            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+            reason = [line for line in lines if not line.startswith("Exception from ")] or lines
+            said = reason[-1] if reason else type(exc).__name__
+            raise RuntimeError(f"OpenVINO ({DEVICE}) cannot read or compile {self.path.name}: {said}") from exc
         # a compiled port may hold several tensor names (the CPU plugin keeps a fused node's), get_any_name()
         # one of them: a leaf is found by any (Gemma 3's scaled token embedding answered '3' for inputs_embeds)
         kept = {s["input"] for s in self.growing_states.values()}  # inputs the IR keeps as variables
