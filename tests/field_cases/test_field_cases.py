@@ -67,10 +67,7 @@ def export_options(module, inputs) -> dict:
 
 # Reported cases not fixed yet (issue 25), with what happens: an xfail runs and must fail (strict), a skip would
 # not finish in the suite's time.
-OPEN: dict[tuple[str, str], Any] = {
-    ("e05_roberta_bf16", "openvino"): pytest.mark.xfail(strict=True, reason=(
-        "bfloat16 Roberta: OpenVINO's logits differ from eager beyond e05's 2e-2 (issue 46)")),
-}
+OPEN: dict[tuple[str, str], Any] = {}  # none open (issue 46 closed c01's and e05's on openvino)
 
 
 # Cases a runtime cannot express without an option: the export without it must be refused with an error that names
