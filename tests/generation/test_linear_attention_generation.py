@@ -17,23 +17,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NEW_TOKENS = 12
 
 
-def tiny_lfm2() -> torch.nn.Module:
-    from transformers import Lfm2Config, Lfm2ForCausalLM
+def tiny_lfm2(kind: str = "lfm2") -> torch.nn.Module:
+    """A tiny LFM2 (conv, full attention), or its siblings of the same conv-state cache: LFM2-MoE (experts after
+    the conv layer) and LFM3 (conv, sliding and full attention)."""
+    import transformers
 
     torch.manual_seed(0)  # initializer_range 0.3: the greedy ids vary (at 0.02 they repeat one token)
-    config = Lfm2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                        layer_types=["conv", "full_attention"], conv_L_cache=3, initializer_range=0.3,
-                        pad_token_id=0)
-    return Lfm2ForCausalLM(config).eval()
+    common = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "max_position_embeddings": 64, "conv_L_cache": 3, "initializer_range": 0.3,
+              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    config, model_class = {
+        "lfm2": (lambda: transformers.Lfm2Config(num_hidden_layers=2, layer_types=["conv", "full_attention"],
+                                                 **common), transformers.Lfm2ForCausalLM),
+        "lfm2_moe": (lambda: transformers.Lfm2MoeConfig(num_hidden_layers=2, layer_types=["conv", "full_attention"],
+                                                        moe_intermediate_size=16, num_experts=4,
+                                                        num_experts_per_tok=2, num_dense_layers=1, **common),
+                     transformers.Lfm2MoeForCausalLM),
+        "lfm3": (lambda: transformers.Lfm3Config(num_hidden_layers=3, sliding_window=32,
+                                                 layer_types=["conv", "sliding_attention", "full_attention"],
+                                                 **common), transformers.Lfm3ForCausalLM),
+    }[kind]
+    return model_class(config()).eval()
 
 
-@pytest.mark.parametrize("backend", ["dynamo", pytest.param("onnx", marks=pytest.mark.slow)])
-def test_lfm2_generates_eagers_ids(backend):
+@pytest.mark.parametrize("backend,kind", [
+    ("dynamo", "lfm2"), *(pytest.param(*case, marks=pytest.mark.slow)
+                          for case in (("onnx", "lfm2"), ("dynamo", "lfm2_moe"), ("dynamo", "lfm3")))])
+def test_lfm2_generates_eagers_ids(backend, kind):
     """One row and a batch whose second row is left-padded by 2, a prompt of 7 prefilled in chunks of 4, then
     decode steps of one token: the conv states go from call to call as the KV cache does. Before, planning failed
     on ``'LinearAttentionLayer' object has no attribute 'keys'``."""
-    model = tiny_lfm2()
+    model = tiny_lfm2(kind)
     exported = hfexport.export(model, backend=backend, task="text-generation", max_cache_len=32, max_batch=2,
                                prefill_chunk=4)
     ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
