@@ -67,13 +67,7 @@ def export_options(module, inputs) -> dict:
 
 # Reported cases not fixed yet (issue 25), with what happens: an xfail runs and must fail (strict), a skip would
 # not finish in the suite's time.
-OPEN: dict[tuple[str, str], Any] = {
-    ("c01_repeat_interleave_tensor", "openvino"): pytest.mark.xfail(strict=True, reason=(
-        "OpenVINO's repeat_interleave.self_Tensor translation makes a Tile of dynamic rank, which the CPU plugin "
-        "refuses at compile_model (issue 46)")),
-    ("e05_roberta_bf16", "openvino"): pytest.mark.xfail(strict=True, reason=(
-        "bfloat16 Roberta: OpenVINO's logits differ from eager beyond e05's 2e-2 (issue 46)")),
-}
+OPEN: dict[tuple[str, str], Any] = {}  # none open (issue 46 closed c01's and e05's on openvino)
 
 
 # Cases a runtime cannot express without an option: the export without it must be refused with an error that names

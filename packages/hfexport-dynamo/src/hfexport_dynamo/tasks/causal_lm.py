@@ -44,7 +44,9 @@ from .kv_cache import (
     grouped_sdpa,
     growing_layer,
     recording_rotary,
+    recurrent_mask_at,
     rotary_tables,
+    state_layer,
 )
 from .names import DECODER, TEXT_GENERATION
 from .planning import (
@@ -103,6 +105,10 @@ class CausalLMStep(torch.nn.Module):
         hfexport.InvalidInputError: the model returned no cache (it was not loaded as a decoder).
     """
 
+    # the layers whose cache is a linear-attention layer's state (LFM2's conv layers): ``(conv_state
+    # [batch, channels, kernel], [batch, 1] unused)``, carried whole (kv_cache.state_layer); set by plan_decoder
+    state_layers: frozenset[int] = frozenset()
+
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
                  dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
                  fused_rotary: bool = False, growing: bool = False):
@@ -155,9 +161,10 @@ class CausalLMStep(torch.nn.Module):
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
                           for i in range(len(self.cache_shapes)))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
-        kv = Cache(layers=[capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
-                                           fused=bool(self.fused_attention))
-                           for (k, v), shapes in zip(cache, self.cache_shapes, strict=True)])
+        kv = Cache(layers=[state_layer(k, v) if i in self.state_layers else
+                           capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
+                                          fused=bool(self.fused_attention))
+                           for i, ((k, v), shapes) in enumerate(zip(cache, self.cache_shapes, strict=True))])
         if self.in_buffers and self.fused_attention:
             start = past_length.item()  # the kernel's start position, a SymInt bounded by the capacity
             torch._check(start >= 0)
@@ -167,6 +174,8 @@ class CausalLMStep(torch.nn.Module):
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         token = FUSED_CACHE.set(kv if self.fused_attention else None)
         rotary = contextlib.nullcontext()
+        if self.state_layers:  # LFM2's conv layers: their padding mask at the new positions
+            rotary = recurrent_mask_at(self.model, attention_mask, past_length)
         if self.fused_rotary and position_ids is not None:
             rotary = recording_rotary(self.model, RotaryTables(self.rotary_cos, self.rotary_sin, position_ids))
         try:
@@ -175,13 +184,15 @@ class CausalLMStep(torch.nn.Module):
                                  logits_to_keep=1, **extra)
         finally:
             FUSED_CACHE.reset(token)
-        unwritten = [i for i, layer in enumerate(kv.layers) if layer.pending is not None]
+        unwritten = [i for i, layer in enumerate(kv.layers) if getattr(layer, "pending", None) is not None]
         if unwritten:
             raise FusedAttentionUnused(f"layers {unwritten} of {type(self.model).__name__} attend without "
                                        "transformers' sdpa attention function; export without fused_attention")
         result = {"logits": out.logits[:, -1, :]}
         if not self.in_buffers:
-            result["cache"] = tuple((layer.keys, layer.values) for layer in kv.layers)
+            result["cache"] = tuple((layer.conv_states[0], layer.recurrent_states[0].clone())
+                                    if i in self.state_layers else (layer.keys, layer.values)
+                                    for i, layer in enumerate(kv.layers))
         return result
 
     def _growing_step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
@@ -200,11 +211,18 @@ class CausalLMStep(torch.nn.Module):
 
 
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
-                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size]]:
+                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size, bool]]:
     """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
-    their own head dims or layer kinds report theirs); ``tokens``: ``{"input_ids": ...}`` or ``{"inputs_embeds":
-    ...}``."""
+    their own head dims or layer kinds report theirs), and whether the layer holds a linear-attention state instead
+    (LFM2's conv layers: ``(conv_state, [batch, 1])``); ``tokens``: ``{"input_ids": ...}`` or ``{"inputs_embeds":
+    ...}``.
+
+    Raises:
+        hfexport.InvalidInputError: a linear-attention layer with a recurrent state (Qwen3-Next's gated delta
+            rule), which the decoder program does not carry yet.
+    """
     from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
     extra = {"position_ids": positions_from_mask(mask)} if takes_position_ids else {}
     with torch.no_grad():
@@ -214,7 +232,19 @@ def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: 
         raise InvalidInputError(f"{type(model).__name__} returned no KV cache with use_cache=True, so "
                                 "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
                                 "for BERT-like models) or export it without a task")
-    return [(layer.keys.shape, layer.values.shape) for layer in out.cache.layers]
+    shapes = []
+    for i, layer in enumerate(out.cache.layers):
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            shapes.append((layer.keys.shape, layer.values.shape, False))
+            continue
+        if layer.number_of_states != 1 or layer.recurrent_states[0] is not None or layer.conv_states[0] is None \
+                or hasattr(layer, "keys"):
+            raise InvalidInputError(f"{type(model).__name__}'s layer {i} holds a linear-attention cache "
+                                    f"({type(layer).__name__}) with a recurrent state or attention beside it: "
+                                    "task='text-generation' carries conv states only (LFM2); export without a task")
+        conv = layer.conv_states[0].shape
+        shapes.append((conv, torch.Size((conv[0], 1)), True))
+    return shapes
 
 
 
@@ -292,8 +322,18 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     if ids.shape[1] < 2:
         ids, mask = ids.repeat(1, 2), mask.repeat(1, 2)
     takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
-    shapes = [(torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
-              for k, v in _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)]
+    probed = _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)
+    shapes = [(torch.Size((rows, *k[1:])), torch.Size((rows, *v[1:]))) if state else
+              (torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
+              for k, v, state in probed]
+    state_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state)
+    if state_layers and (growing or stateful or embed is not None or position_rows):
+        raise InvalidInputError(f"{type(model).__name__} holds linear-attention states (layers "
+                                f"{sorted(state_layers)}): task='text-generation' carries them as the program's "
+                                "inputs and outputs only, not in a runtime's buffers or growing cache (backends "
+                                "dynamo and onnx)")
+    if state_layers:
+        fused_cache_attention = False
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if growing and embed is None and position_rows is None:
         # imported here: only an export whose backend keeps a growing cache reads growing_cache.py
@@ -335,6 +375,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                 break
     if step is None:
         step = step_class(model, shapes, dtype, in_buffers=stateful)
+    step.state_layers = state_layers
 
     if in_place_kernel and embed is None and callable(step.fused_attention):
         # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -229,9 +230,9 @@ def check_section_bounds(exported: Any, section: Mapping[str, Any]) -> None:
         rows = cache.get("row_shapes")
         if not isinstance(rows, list) or not all(
                 isinstance(layer, list) and len(layer) == 2 and all(
-                    isinstance(shape, list) and len(shape) == 3 and all(_positive_int(d) for d in shape)
-                    for shape in layer) for layer in rows):
-            raise refuse("has cache.row_shapes that are not, per layer, two shapes of three positive integers")
+                    isinstance(shape, list) and 1 <= len(shape) <= 3 and all(_positive_int(d) for d in shape)
+                    for shape in layer) for layer in rows):  # a conv state's: [channels, kernel] and [1]
+            raise refuse("has cache.row_shapes that are not, per layer, two shapes of one to three positive integers")
         dtype = torch_dtype(cache.get("dtype"))
         if dtype is None:
             raise refuse(f"has cache.dtype={cache.get('dtype')!r:.40}, not a torch dtype")
@@ -244,7 +245,7 @@ def check_section_bounds(exported: Any, section: Mapping[str, Any]) -> None:
             raise refuse(f"has cache.row_shapes without a dim of max_cache_len={max_cache_len:,}")
         for layer in rows:  # a static batch holds max_batch rows; a dynamic one at most that many
             for shape in layer:
-                total += max_batch * shape[0] * shape[1] * shape[2] * dtype.itemsize
+                total += max_batch * math.prod(shape) * dtype.itemsize
     if total > budget:
         raise refuse(f"describes {total:,} bytes of cache and masks (max_batch={max_batch:,}, max_cache_len="
                      f"{max_cache_len:,}), over the {budget:,} bytes generate allocates for an artifact of "

@@ -38,7 +38,7 @@ import torch
 
 from .. import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 
-__all__ = ["FUSED_CACHE", "growing_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
+__all__ = ["FUSED_CACHE", "growing_layer", "recurrent_mask_at", "state_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
            "capacity_layer", "grouped_query_attention", "grouped_sdpa", "recording_rotary", "rotary_tables"]
 
 
@@ -99,6 +99,57 @@ def capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.
     layer.v_head_dim, layer.device, layer.dtype = values.shape[-1], keys.device, keys.dtype
     layer.is_initialized = True
     return layer
+
+
+def state_layer(conv_state: torch.Tensor, recurrent_state: torch.Tensor) -> Any:
+    """A transformers ``LinearAttentionLayer`` (LFM2's short-conv layers) over ``conv_state`` ``[batch, channels,
+    kernel]``, carried as the program's input and output; ``recurrent_state`` (``[batch, 1]`` where the layer has
+    none) is carried unchanged.
+
+    It reports no previous state (``get_conv_state`` gives None), so the model takes its path for any length, one
+    token included: the new positions after the carried ones, then the last ``kernel`` kept. Zeros before the first
+    call are no history: the prefill and a decode step are one program.
+    """
+    from transformers.cache_utils import LinearAttentionLayer
+
+    class StateLayer(LinearAttentionLayer):
+        def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+            held = self.conv_states[state_idx]
+            full = torch.cat([held, conv_states.to(held.dtype)], dim=-1)
+            self.conv_states[state_idx] = full[..., -held.shape[-1]:]
+            return full
+
+    layer = StateLayer()
+    layer.conv_states[0], layer.is_conv_states_initialized[0] = conv_state, True
+    layer.conv_kernel_size[0] = conv_state.shape[-1]
+    layer.recurrent_states[0] = recurrent_state
+    layer.device, layer.dtype = conv_state.device, conv_state.dtype
+    return layer
+
+
+@contextlib.contextmanager
+def recurrent_mask_at(model: torch.nn.Module, attention_mask: torch.Tensor, past_length: torch.Tensor) -> Any:
+    """Within the body, the model module's ``create_recurrent_attention_mask`` (the 2-D padding mask of its conv
+    layers) gives ``attention_mask`` at the new positions ``past_length .. past_length + seq - 1``: transformers'
+    takes the mask's last ``seq`` positions (not written yet in a mask over the capacity) and skips one token by a
+    test on the length (a guard on the dynamic ``seq``)."""
+    import sys
+
+    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    if module is None or not hasattr(module, "create_recurrent_attention_mask"):
+        yield
+        return
+
+    def at_new_positions(config: Any, inputs_embeds: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        positions = torch.arange(inputs_embeds.shape[1], device=attention_mask.device) + past_length
+        return attention_mask[:, positions]
+
+    original = module.create_recurrent_attention_mask
+    module.create_recurrent_attention_mask = at_new_positions
+    try:
+        yield
+    finally:
+        module.create_recurrent_attention_mask = original
 
 
 def growing_layer(keys: torch.Tensor, values: torch.Tensor) -> Any:

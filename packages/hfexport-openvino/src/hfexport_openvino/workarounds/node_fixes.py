@@ -132,6 +132,40 @@ def _fix_integer_shift_as_arithmetic(gm: Any, node: Any) -> bool:
 
 
 @register_fx_node_fix("openvino")
+def _fix_repeat_interleave_tensor_along_dim(gm: Any, node: Any) -> bool:
+    """``repeat_interleave(x, repeats, dim)`` with a tensor of repeats → ``index_select(x, dim, idx)``, ``idx`` =
+    ``repeat_interleave(arange(x.size(dim)), repeats)`` (the form without ``dim``, which OpenVINO converts right).
+
+    **Why**: with ``dim`` the translation takes ``repeats`` for one number and tiles by ``[*repeats, 1]``: a ``Tile``
+    of dynamic rank, refused by ``compile_model`` (c01; Qwen3-VL's and GLM-4V's ``video_grid_thw`` rows).
+    **Upstream**: none found for OpenVINO; openvinotoolkit/openvino#29380 added tensor repeats without ``dim``.
+    **Remove when**: c01 runs on openvino with ``disable=("_fix_repeat_interleave_tensor_along_dim",)``.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.repeat_interleave.self_Tensor or len(node.args) < 2:
+        return False
+    x, repeats = node.args[:2]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if dim is None or value is None or not isinstance(repeats, torch.fx.Node) or value.dim() == 0:
+        return False  # without dim: OpenVINO's own translation is right
+    dim, graph = dim % value.dim(), gm.graph
+    with graph.inserting_before(node):
+        size = value.shape[dim]
+        if not isinstance(size, int):
+            size = _call(graph, aten.sym_size.int, (x, dim), {}, x)
+        rows = _call(graph, aten.arange.start_step, (0, size, 1), {"dtype": torch.int64}, x)
+        index = _call(graph, aten.repeat_interleave.self_Tensor, (rows, repeats), {}, x)
+        new = _call(graph, aten.index_select.default, (x, dim, index), {}, x)
+    new.meta["val"] = node.meta.get("val", new.meta.get("val"))  # the unbacked length its users were traced with
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("openvino")
 def _fix_masked_select_as_gather(gm: Any, node: Any) -> bool:
     """``masked_select(x, mask)`` → ``x.flatten()[nonzero(mask.flatten())]`` (mask broadcast to ``x`` first).
 
