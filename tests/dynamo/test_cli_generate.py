@@ -349,7 +349,7 @@ def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
         _tokenizer_call(lambda: tokenizer.encode("w w w"), tmp_path, "tokenize")
 
 
-def _other_tokenizer_json(tmp_path) -> bytes:
+def _other_tokenizer_json() -> bytes:
     """A tokenizer.json of the same words with other ids (``w5`` is 94): one a writer might swap in."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -369,11 +369,12 @@ def test_a_tokenizer_swapped_after_the_check_is_refused_or_never_read(artifact, 
     import stat
 
     from crafting import copy_artifact
+
     from hfexport import IntegrityError
     from hfexport_dynamo.tasks.generate_command import _tokenizer_files, load_tokenizer
 
     directory = copy_artifact(artifact, tmp_path)
-    other = _other_tokenizer_json(tmp_path)
+    other = _other_tokenizer_json()
     original = (directory / "tokenizer.json").read_bytes()
     exported = hfexport.load(directory)  # the check: every file hashed against export.json
     with _tokenizer_files(directory, directory, exported.manifest) as files:  # as generate builds it
@@ -409,6 +410,7 @@ def test_as_transformers_reads_the_checked_config(artifact, tmp_path):
     """``as_transformers(load(dir))`` read config.json with AutoConfig.from_pretrained(dir) after the check (by path,
     and an ``auto_map`` would have asked to run code): now from the checked bytes, by its model_type's class."""
     from crafting import copy_artifact
+
     from hfexport import IntegrityError
     from hfexport_dynamo.tasks import as_transformers
 
