@@ -349,6 +349,22 @@ def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
         _tokenizer_call(lambda: tokenizer.encode("w w w"), tmp_path, "tokenize")
 
 
+def test_a_tokenizer_json_that_panics_the_early_length_check_does_not_escape(artifact, tmp_path, capsys):
+    """The early --prompt length check (tokenizer.json alone, before load) let the Rust panic of a crafted
+    tokenizer.json (a truncation stride of max_length: ``PanicException``, a ``BaseException``) escape ``cli.main`` as
+    a traceback. It now leaves the prompt to the checked copy's tokenizer (transformers sets no truncation: the
+    prompt generates)."""
+    from crafting import copy_artifact, rehash
+
+    directory = copy_artifact(artifact, tmp_path)
+    crafted = json.loads((directory / "tokenizer.json").read_text())
+    crafted["truncation"] = {"direction": "Right", "max_length": 1, "strategy": "LongestFirst", "stride": 1}
+    (directory / "tokenizer.json").write_text(json.dumps(crafted))
+    rehash(directory)
+    assert cli.main(["generate", str(directory), "--prompt", "w5 w6 w7", "--max-new-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sequences"][0][:3] == [5, 6, 7]
+
+
 def _other_tokenizer_json() -> bytes:
     """A tokenizer.json of the same words with other ids (``w5`` is 94): one a writer might swap in."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -107,16 +107,23 @@ def _say_generating(directory: Path) -> None:
 def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[int]]:
     """The token ids of ``prompts`` by ``directory``'s ``tokenizer.json`` with the ``tokenizers`` library alone
     (special tokens added as its post-processor says), for the bounds check before the runtime and transformers
-    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs)."""
-    path = directory / "tokenizer.json" if directory is not None else None
-    if path is None or not path.is_file():
+    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs). Read
+    by descriptor (``hfexport.trust.read_beneath``: no symlink, a regular file of at most 256 MiB) before ``load``'s
+    check: it can only refuse early; the tokens generate runs come from the checked copy."""
+    if directory is None or not (directory / "tokenizer.json").is_file():
         return []
     try:
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(path))
+        from hfexport.trust import read_beneath
+
+        tokenizer = Tokenizer.from_str(read_beneath(directory, "tokenizer.json", max_bytes=2**28).decode())
         return [tokenizer.encode(text).ids for text in prompts]
     except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
+        return []
+    except BaseException as exc:  # a panic of the Rust library: left to the tokenizer's own call, which names it
+        if type(exc).__name__ != "PanicException":
+            raise
         return []
 
 
