@@ -349,6 +349,96 @@ def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
         _tokenizer_call(lambda: tokenizer.encode("w w w"), tmp_path, "tokenize")
 
 
+def test_a_tokenizer_json_that_panics_the_early_length_check_does_not_escape(artifact, tmp_path, capsys):
+    """The early --prompt length check (tokenizer.json alone, before load) let the Rust panic of a crafted
+    tokenizer.json (a truncation stride of max_length: ``PanicException``, a ``BaseException``) escape ``cli.main`` as
+    a traceback. It now leaves the prompt to the checked copy's tokenizer (transformers sets no truncation: the
+    prompt generates)."""
+    from crafting import copy_artifact, rehash
+
+    directory = copy_artifact(artifact, tmp_path)
+    crafted = json.loads((directory / "tokenizer.json").read_text())
+    crafted["truncation"] = {"direction": "Right", "max_length": 1, "strategy": "LongestFirst", "stride": 1}
+    (directory / "tokenizer.json").write_text(json.dumps(crafted))
+    rehash(directory)
+    assert cli.main(["generate", str(directory), "--prompt", "w5 w6 w7", "--max-new-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sequences"][0][:3] == [5, 6, 7]
+
+
+def _other_tokenizer_json() -> bytes:
+    """A tokenizer.json of the same words with other ids (``w5`` is 94): one a writer might swap in."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": 102 - i for i in range(3, 100)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tokenizer.to_str().encode()
+
+
+def test_a_tokenizer_swapped_after_the_check_is_refused_or_never_read(artifact, tmp_path):
+    """Issue 43: ``generate`` built its tokenizer with ``AutoTokenizer.from_pretrained(artifact)``, which reopened
+    tokenizer.json by path after ``load`` had hashed it: a file swapped in between was read unchecked (other token
+    ids, no error). Now transformers reads a private copy of the checked bytes: a swap before the copy is refused
+    (IntegrityError), one after it never reaches the tokenizer (the original ids). Each fails with from_pretrained
+    over the artifact's directory put back."""
+    import os
+    import stat
+
+    from crafting import copy_artifact
+
+    from hfexport import IntegrityError
+    from hfexport_dynamo.tasks.generate_command import _tokenizer_files, load_tokenizer
+
+    directory = copy_artifact(artifact, tmp_path)
+    other = _other_tokenizer_json()
+    original = (directory / "tokenizer.json").read_bytes()
+    exported = hfexport.load(directory)  # the check: every file hashed against export.json
+    with _tokenizer_files(directory, directory, exported.manifest) as files:  # as generate builds it
+        (directory / "tokenizer.json").write_bytes(other)  # swapped after the copy: never read
+        assert load_tokenizer(files, shown=directory)("w5 w6")["input_ids"] == [5, 6]  # [97, 96] from the swap
+        assert files != directory and stat.S_IMODE(os.stat(files).st_mode) == 0o700
+    assert not files.exists()  # the private copy is removed
+    staged = directory / "tokenizer.json.swap"  # swapped after load's check, before the copy: refused
+    staged.write_bytes(other)
+    os.replace(staged, directory / "tokenizer.json")
+    with pytest.raises(IntegrityError, match="tokenizer.json changed while it was loaded"):
+        with _tokenizer_files(directory, directory, exported.manifest) as files:
+            load_tokenizer(files, shown=directory)
+    (directory / "tokenizer.json").write_bytes(original)
+    with _tokenizer_files(directory, directory, exported.manifest) as files:  # the original again: loads
+        assert load_tokenizer(files, shown=directory)("w5 w6")["input_ids"] == [5, 6]
+
+
+def test_a_tokenizer_file_the_manifest_does_not_hash_is_refused(artifact, tmp_path, capsys):
+    """A tokenizer file dropped into an artifact beside those export.json hashes (special_tokens_map.json, never
+    checked) was read by transformers; it is refused by name, and generate exits 2 with one error line."""
+    from crafting import copy_artifact
+
+    directory = copy_artifact(artifact, tmp_path)
+    (directory / "special_tokens_map.json").write_text(json.dumps({"bos_token": "w9"}))
+    assert cli.main(["generate", str(directory), "--prompt", "w5", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{directory / 'special_tokens_map.json'} is a tokenizer or processor file that" in err, err
+    assert "does not hash" in err and len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
+
+
+def test_as_transformers_reads_the_checked_config(artifact, tmp_path):
+    """``as_transformers(load(dir))`` read config.json with AutoConfig.from_pretrained(dir) after the check (by path,
+    and an ``auto_map`` would have asked to run code): now from the checked bytes, by its model_type's class."""
+    from crafting import copy_artifact
+
+    from hfexport import IntegrityError
+    from hfexport_dynamo.tasks import as_transformers
+
+    directory = copy_artifact(artifact, tmp_path)
+    exported = hfexport.load(directory)
+    assert type(as_transformers(exported).config).__name__ == "LlamaConfig"
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "evil.Config"}}))
+    with pytest.raises(IntegrityError, match="config.json changed while it was loaded"):
+        as_transformers(exported)
+
+
 # ── refused before any model or runtime loads (issue 48) ─────────────────────────────────────────────────────────
 _EARLY = """
 import json, sys, time

@@ -7,6 +7,7 @@ are left-padded and masked; it prints the token ids, the texts and the prefill a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ from .tokenizer_files import (
     _tokenizer_call,
     check_configs_run_no_code,
     check_resize_bound,
+    checked_copy,
 )
 
 
@@ -105,16 +107,23 @@ def _say_generating(directory: Path) -> None:
 def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[int]]:
     """The token ids of ``prompts`` by ``directory``'s ``tokenizer.json`` with the ``tokenizers`` library alone
     (special tokens added as its post-processor says), for the bounds check before the runtime and transformers
-    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs)."""
-    path = directory / "tokenizer.json" if directory is not None else None
-    if path is None or not path.is_file():
+    load; ``[]`` where there is no tokenizer.json or it does not read (the check after tokenizing still runs). Read
+    by descriptor (``hfexport.trust.read_beneath``: no symlink, a regular file of at most 256 MiB) before ``load``'s
+    check: it can only refuse early; the tokens generate runs come from the checked copy."""
+    if directory is None or not (directory / "tokenizer.json").is_file():
         return []
     try:
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(path))
+        from hfexport.trust import read_beneath
+
+        tokenizer = Tokenizer.from_str(read_beneath(directory, "tokenizer.json", max_bytes=2**28).decode())
         return [tokenizer.encode(text).ids for text in prompts]
     except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
+        return []
+    except BaseException as exc:  # a panic of the Rust library: left to the tokenizer's own call, which names it
+        if type(exc).__name__ != "PanicException":
+            raise
         return []
 
 
@@ -196,26 +205,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                          f"{task!r}: export the audio-language model with --task audio-text-to-text")
     tokenizer = None
     media: dict[str, Any] = {}
-    if audios:
-        tokenizer, input_ids, attention_mask, media = _audio_prompts(tokenizer_dir, args.prompt, audios, bounds,
-                                                                     args.pad_token_id, bool(args.trust_remote_code))
-    elif images:
-        tokenizer, input_ids, attention_mask, media = _image_prompts(tokenizer_dir, args.prompt, images, bounds,
-                                                                     bool(args.trust_remote_code))
-    else:
-        if tokenizer_dir is not None:
-            from transformers import AutoTokenizer
-
-            check_configs_run_no_code(tokenizer_dir, args.trust_remote_code)
-            tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(
-                tokenizer_dir, trust_remote_code=bool(args.trust_remote_code)), tokenizer_dir, "load")
-        if args.prompt:
-            rows = [list(_tokenizer_call(lambda text=text: tokenizer(text)["input_ids"], tokenizer_dir, "tokenize"))
-                    for text in args.prompt]
-            empty = [text for text, ids in zip(args.prompt, rows, strict=True) if not ids]
-            if empty:
-                raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
-        input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(args.pad_token_id, tokenizer, bounds))
+    with _tokenizer_files(tokenizer_dir, directory, exported.manifest, bool(args.trust_remote_code)) as files:  # the artifact's: checked bytes
+        if audios:
+            tokenizer, input_ids, attention_mask, media = _audio_prompts(
+                files, args.prompt, audios, bounds, args.pad_token_id, bool(args.trust_remote_code), tokenizer_dir)
+        elif images:
+            tokenizer, input_ids, attention_mask, media = _image_prompts(
+                files, args.prompt, images, bounds, bool(args.trust_remote_code), tokenizer_dir)
+        else:
+            if files is not None:
+                tokenizer = load_tokenizer(files, bool(args.trust_remote_code), tokenizer_dir)
+            if args.prompt:
+                rows = [list(_tokenizer_call(lambda text=text: tokenizer(text)["input_ids"], tokenizer_dir,
+                                             "tokenize")) for text in args.prompt]
+                empty = [text for text, ids in zip(args.prompt, rows, strict=True) if not ids]
+                if empty:
+                    raise UsageError(f"--prompt {empty[0]!r} gives no tokens: give some text")
+            input_ids, attention_mask = _left_pad(rows, _prompt_pad_id(args.pad_token_id, tokenizer, bounds))
     options: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if eos is not None:
         options["eos_token_id"] = eos[0] if len(eos) == 1 else eos
@@ -244,14 +250,38 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _tokenizer_files(tokenizer_dir: Path | None, directory: Path, manifest: dict[str, Any],
+                     trust_remote_code: bool = False) -> contextlib.AbstractContextManager[Path | None]:
+    """The directory transformers reads the tokenizer and processor from: for the artifact's own, a private copy of
+    the bytes its manifest hashes (:func:`.tokenizer_files.checked_copy`: nothing swapped in after ``load``'s check
+    is read); a ``--tokenizer DIR`` of the user's as it is; None without one."""
+    if tokenizer_dir is not None and os.path.samefile(tokenizer_dir, directory):
+        return checked_copy(directory, manifest, trust_remote_code)
+    return contextlib.nullcontext(tokenizer_dir)
+
+
+def load_tokenizer(files: Path, trust_remote_code: bool = False, shown: Path | None = None) -> Any:
+    """``AutoTokenizer`` over directory ``files`` (an artifact's :func:`.tokenizer_files.checked_copy`, or the user's
+    ``--tokenizer DIR``), refusing configs that would run code (:func:`.tokenizer_files.check_configs_run_no_code`);
+    errors name ``shown`` (the artifact), not a private copy."""
+    from transformers import AutoTokenizer
+
+    shown = shown or files
+    check_configs_run_no_code(files, trust_remote_code, shown)
+    return _tokenizer_call(lambda: AutoTokenizer.from_pretrained(files, trust_remote_code=trust_remote_code), shown,
+                           "load")
+
+
 def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any],
-                   trust_remote_code: bool = False) -> tuple[Any, Any, Any, dict[str, Any]]:
+                   trust_remote_code: bool = False, shown: Path | None = None) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``(tokenizer, input_ids, attention_mask, {"pixel_values": ..., ...})`` of ``prompts`` with ``images`` (read
     with Pillow), as the model's own processor (``AutoProcessor`` over the artifact's copied processor files, no code
     from them) makes them, left-padded. With one prompt every image goes to it, else one each; a prompt without
-    the processor's image token gets one per image in front."""
+    the processor's image token gets one per image in front. ``directory`` is what transformers reads (the
+    artifact's checked copy); errors name ``shown`` (the artifact)."""
+    shown = shown or directory
     if not any((directory / name).is_file() for name in _PROCESSOR_FILES):
-        raise UsageError(f"--image needs the model's processor, and {directory} holds no {' or '.join(_PROCESSOR_FILES)}:"
+        raise UsageError(f"--image needs the model's processor, and {shown} holds no {' or '.join(_PROCESSOR_FILES)}:"
                          " export from a model directory that holds them (`export --task image-text-to-text` copies "
                          "them), or pass --tokenizer DIR (that directory)")
     try:
@@ -260,9 +290,9 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
         raise UsageError("--image reads images with Pillow: pip install 'hfexport-dynamo[vision]'") from exc
     from transformers import AutoProcessor
 
-    check_configs_run_no_code(directory, trust_remote_code)
+    check_configs_run_no_code(directory, trust_remote_code, shown)
     processor = _tokenizer_call(lambda: AutoProcessor.from_pretrained(directory, trust_remote_code=trust_remote_code),
-                                directory, "load")
+                                shown, "load")
     processor.tokenizer.padding_side = "left"
     pictures = []
     for path in images:
@@ -271,7 +301,7 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
                 pictures.append(image.convert("RGB"))
         except (UnidentifiedImageError, OSError) as exc:
             raise UsageError(f"--image {path} does not read as an image: {exc}") from exc
-    check_resize_bound(getattr(processor, "image_processor", None), [p.size for p in pictures], directory)
+    check_resize_bound(getattr(processor, "image_processor", None), [p.size for p in pictures], shown)
     groups = [pictures] if len(prompts) == 1 else [[picture] for picture in pictures]
     token = getattr(processor, "image_token", None)
     texts = [text if token is None or token in text else f"{token * len(group)} {text}"
@@ -304,23 +334,25 @@ def _read_wav(path: str) -> tuple[Any, int]:
 
 
 def _audio_prompts(directory: Path, prompts: list[str], audios: list[str], bounds: dict[str, Any],
-                   pad_token_id: int | None, trust_remote_code: bool = False) -> tuple[Any, Any, Any, dict[str, Any]]:
+                   pad_token_id: int | None, trust_remote_code: bool = False,
+                   shown: Path | None = None) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``(tokenizer, input_ids, attention_mask, {"input_features": [chunks, mels, frames]})`` of ``prompts`` with one
     audio each: each audio cut into chunks of the export's length, the model's feature extractor (the artifact's
     ``preprocessor_config.json``) making each chunk's log-mel features, and ``chunks x tokens_per_chunk`` audio
-    tokens put in front of the prompt's text (after its BOS), left-padded."""
+    tokens put in front of the prompt's text (after its BOS), left-padded. ``directory`` is what transformers reads
+    (the artifact's checked copy); errors name ``shown`` (the artifact)."""
+    shown = shown or directory
     if not (directory / "preprocessor_config.json").is_file():
-        raise UsageError(f"--audio needs the model's feature extractor, and {directory} holds no "
+        raise UsageError(f"--audio needs the model's feature extractor, and {shown} holds no "
                          "preprocessor_config.json: export from a model directory that holds it, or pass --tokenizer "
                          "DIR (that directory)")
-    from transformers import AutoFeatureExtractor, AutoTokenizer
+    from transformers import AutoFeatureExtractor
 
-    check_configs_run_no_code(directory, trust_remote_code)
+    check_configs_run_no_code(directory, trust_remote_code, shown)
     extractor = _tokenizer_call(lambda: AutoFeatureExtractor.from_pretrained(directory,
                                                                              trust_remote_code=trust_remote_code),
-                                directory, "load")
-    tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code),
-                                directory, "load")
+                                shown, "load")
+    tokenizer = load_tokenizer(directory, trust_remote_code, shown)
     audio = bounds["audio"]
     token, per_chunk = audio["audio_token_id"], audio["tokens_per_chunk"]
     length = int(getattr(extractor, "n_samples", 0)) or int(extractor.chunk_length * extractor.sampling_rate)

@@ -3,12 +3,16 @@ artifact (:data:`_TOKENIZER_FILES`, :data:`_PROCESSOR_FILES`), those that mark a
 and the checks that keep reading an artifact's copies from running its code (:func:`check_configs_run_no_code`:
 ``auto_map`` and class names transformers does not define; :func:`check_resize_bound`: an image processor that
 resizes past :data:`IMAGE_MAX_PIXELS`; :func:`_tokenizer_call`: a panic of the Rust tokenizers library as an
-error that names the files).
+error that names the files), and :func:`checked_copy`: the artifact's copies as the bytes its manifest hashes, in a
+private directory, so that what transformers reads is what was checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +27,14 @@ _CLASS_KEYS = ("tokenizer_class", "processor_class", "image_processor_type", "fe
 IMAGE_MAX_PIXELS = 2**24  # a processor may resize an image to at most 4,096 x 4,096 (float32 RGB: 192 MiB)
 
 
-def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False) -> None:
+def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False, shown: Path | None = None) -> None:
     """Refuse, unless ``trust_remote_code``, a tokenizer or processor config of ``directory`` that would make
     transformers run the artifact's own Python: an ``auto_map`` (``AutoTokenizer``/``AutoProcessor`` import the
     module it names, after asking on standard input), or a class name (``tokenizer_class``, ``processor_class``,
     ``image_processor_type``, ...) that transformers does not define. Every ``from_pretrained`` on artifact files
     also passes ``trust_remote_code=False``, so transformers itself refuses rather than prompts.
+
+    Messages name the files in ``shown`` (the artifact, where ``directory`` is its checked copy).
 
     Raises:
         UsageError: the file, the key and the name; and that ``--trust-remote-code`` allows it.
@@ -38,19 +44,19 @@ def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False) 
     import transformers
 
     for name in _CONFIG_FILES:
-        file = Path(directory) / name
+        file, named = Path(directory) / name, Path(shown or directory) / name
         if not file.is_file():
             continue
         if file.stat().st_size > 2**22:
-            raise UsageError(f"{file} is {file.stat().st_size:,} bytes, over the 4 MiB a config may have: the "
+            raise UsageError(f"{named} is {file.stat().st_size:,} bytes, over the 4 MiB a config may have: the "
                              "artifact is damaged or crafted")
         try:  # json, not parse_json: tokenizer configs hold 31-digit ints (model_max_length = 1e30); size-bounded
             config = json.loads(file.read_bytes())
         except RecursionError:
-            raise UsageError(f"{file} is JSON nested too deeply for Python: the artifact is damaged or "
+            raise UsageError(f"{named} is JSON nested too deeply for Python: the artifact is damaged or "
                              "crafted") from None
         except ValueError as exc:
-            raise UsageError(f"{file} is not JSON hfexport reads ({exc}): the artifact is damaged or crafted") from None
+            raise UsageError(f"{named} is not JSON hfexport reads ({exc}): the artifact is damaged or crafted") from None
         if not isinstance(config, dict):
             continue
         found = [(f"{name}:auto_map", config["auto_map"])] if "auto_map" in config else []
@@ -141,3 +147,47 @@ _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.mode
 
 def _has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in _TOKENIZER_MARKERS)
+
+
+# Every file of an artifact that transformers' AutoTokenizer, AutoProcessor or AutoFeatureExtractor may read: those
+# the export copies, the configs that name a class, and the chat templates
+_LOADED_FILES = tuple(dict.fromkeys((*_TOKENIZER_FILES, *_PROCESSOR_FILES, *_CONFIG_FILES, "chat_template.json")))
+
+
+@contextlib.contextmanager
+def checked_copy(directory: Path, manifest: Mapping[str, Any], trust_remote_code: bool = False) -> Iterator[Path]:
+    """A fresh private directory (``tempfile``'s, mode 0700, removed on exit) holding the tokenizer and processor
+    files of artifact ``directory`` (:data:`_LOADED_FILES`) as the bytes its manifest hashes: each read once from a
+    descriptor and checked on those very bytes (``hfexport.trust.artifact_bytes``), then written there. Transformers
+    reads only directories, by path: reading them from the artifact after its check let a file swapped in between
+    (a concurrent writer) be read unchecked (issue 43); the copies cannot change under it. With
+    ``trust_remote_code`` the Python files the manifest hashes beside them (an ``auto_map``'s modules) are copied too.
+
+    Raises:
+        UsageError: a tokenizer or processor file in ``directory`` that the manifest does not hash (transformers
+            would have read it unchecked).
+        hfexport.IntegrityError: a file's bytes differ from the manifest's size or SHA-256 (it changed since ``load``).
+        ValueError: a file that is a symlink or not a regular file (``hfexport.trust.open_beneath``).
+    """
+    import tempfile
+
+    from hfexport.trust import artifact_bytes
+
+    hashed = manifest.get("files_sha256")
+    known = set(hashed) if isinstance(hashed, dict) else {f for f in manifest.get("files") or () if isinstance(f, str)}
+    unhashed = [name for name in _LOADED_FILES if name not in known and os.path.lexists(Path(directory) / name)]
+    if unhashed:
+        raise UsageError(f"{Path(directory) / unhashed[0]} is a tokenizer or processor file that {directory}/export.json"
+                         " does not hash, so hfexport cannot check it: the artifact is damaged or crafted (re-export "
+                         "it, or give the tokenizer with --tokenizer DIR)")
+    code = sorted(n for n in known if trust_remote_code and n.endswith(".py") and "/" not in n)
+    with tempfile.TemporaryDirectory(prefix="hfexport-tokenizer-") as private:  # mkdtemp: 0700, a new name
+        for name in (*_LOADED_FILES, *code):
+            if name not in known:
+                continue
+            data = artifact_bytes(Path(directory), manifest, name, f"the tokenizer file {name}")
+            fd = os.open(Path(private) / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | getattr(os, "O_CLOEXEC", 0), 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+        yield Path(private)

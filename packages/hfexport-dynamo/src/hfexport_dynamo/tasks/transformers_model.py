@@ -169,15 +169,49 @@ def as_transformers(exported: Any, config: PretrainedConfig | None = None) -> Ex
         raise ValueError(f"as_transformers() takes a {TEXT_GENERATION!r} artifact; this one was exported for "
                          f"{f'task {task!r}' if task else 'one forward pass'}: export with task='text-generation'")
     if config is None:
-        directory = getattr(exported, "directory", None)
-        if directory is None or not (Path(directory) / "config.json").is_file():
-            raise ValueError("this artifact has no config.json to read (it was not saved and loaded): pass "
-                             "config=model.config")
-        from transformers import AutoConfig
-
-        try:  # a model_type transformers knows; else the plain fields (generate reads few of them)
-            config = AutoConfig.from_pretrained(directory)
-        except (ValueError, KeyError):
-            config = PretrainedConfig.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+        config = _checked_config(exported)
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     return ExportedModelForCausalLM(config, exported)
+
+
+_CONFIG_MAX_BYTES = 2**22  # a model's config.json: 4 MiB, as a tokenizer's configs
+
+
+def _checked_config(exported: Any) -> PretrainedConfig:
+    """The config of a loaded artifact from its ``config.json`` as the bytes its manifest hashes (read once from a
+    descriptor and checked on those bytes, ``hfexport.trust.artifact_bytes``: no path opened again after ``load``'s
+    check, issue 43), built by its ``model_type``'s class (``CONFIG_MAPPING``: no ``auto_map``, no code of the
+    artifact's), else as plain fields (``generate`` reads few of them).
+
+    Raises:
+        ValueError: no hashed config.json (the artifact was not saved and loaded), one over 4 MiB or not a JSON
+            object; ``hfexport.IntegrityError``: it changed since ``load``.
+    """
+    from transformers import CONFIG_MAPPING
+
+    from hfexport.trust import artifact_bytes
+
+    directory, manifest = getattr(exported, "directory", None), getattr(exported, "manifest", None) or {}
+    hashed = manifest.get("files_sha256")
+    known = hashed if isinstance(hashed, dict) else [f for f in manifest.get("files") or () if isinstance(f, str)]
+    if directory is None or "config.json" not in known:
+        raise ValueError("this artifact has no config.json its manifest hashes (it was not saved and loaded): pass "
+                         "config=model.config")
+    entry = known["config.json"] if isinstance(known, dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("size"), int) and entry["size"] > _CONFIG_MAX_BYTES:
+        raise ValueError(f"{Path(directory) / 'config.json'} is {entry['size']:,} bytes, over the "
+                         f"{_CONFIG_MAX_BYTES:,} a config may have: the artifact is damaged or crafted")
+    data = artifact_bytes(Path(directory), manifest, "config.json", "config.json")
+    try:  # json, not parse_json: configs may hold 31-digit ints; size-bounded above
+        values = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{Path(directory) / 'config.json'} is not JSON hfexport reads ({type(exc).__name__}): "
+                         "the artifact is damaged or crafted") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{Path(directory) / 'config.json'} is not a JSON object: the artifact is damaged or crafted")
+    model_type = values.get("model_type")
+    known_type = isinstance(model_type, str) and model_type in CONFIG_MAPPING
+    try:  # a model_type transformers knows; else the plain fields
+        return (CONFIG_MAPPING[model_type] if known_type else PretrainedConfig).from_dict(values)
+    except (ValueError, KeyError, TypeError):
+        return PretrainedConfig.from_dict(values)
