@@ -21,7 +21,10 @@ __all__ = ["AVAILABLE_MEMORY_ENV", "ExportCost", "InsufficientResourcesError", "
            "estimate_export_cost", "export_cost", "refusal", "weight_bytes"]
 
 AVAILABLE_MEMORY_ENV = "HFEXPORT_AVAILABLE_MEMORY"
-_GB = 1e9
+
+
+def _size(n: float, digits: int = 1) -> str:
+    return f"{n / 1e9:.{digits}f} GB" if n >= 1e9 else f"{n / 1e6:.{digits}f} MB"
 
 
 class InsufficientResourcesError(MemoryError):
@@ -61,11 +64,11 @@ class ExportCost:
     def line(self) -> str:
         """One line: ``weights 1.98 GB; estimated peak 7.1 GB (3.6x, measured for onnx fp32); artifact ~2.0 GB; this
         machine: 21.3 GB memory available, 73 GB disk free at out/onnx``."""
-        peak = (f"estimated peak {self.peak_bytes / _GB:.1f} GB ({self.peak_ratio:g}x, {self.basis})"
+        peak = (f"estimated peak {_size(self.peak_bytes)} ({self.peak_ratio:g}x, {self.basis})"
                 if self.peak_bytes is not None else f"no estimate of the peak ({self.basis})")
-        memory = "unknown" if self.available_memory is None else f"{self.available_memory / _GB:.1f} GB"
-        disk = "unknown" if self.free_disk is None else f"{self.free_disk / _GB:.1f} GB"
-        return (f"weights {self.weight_bytes / _GB:.2f} GB; {peak}; artifact ~{self.disk_bytes / _GB:.1f} GB; this "
+        memory = "unknown" if self.available_memory is None else _size(self.available_memory)
+        disk = "unknown" if self.free_disk is None else _size(self.free_disk)
+        return (f"weights {_size(self.weight_bytes, 2)}; {peak}; artifact ~{_size(self.disk_bytes)}; this "
                 f"machine: {memory} memory available, {disk} disk free at {self.directory}")
 
 
@@ -121,15 +124,15 @@ def refusal(cost: ExportCost, options: Mapping[str, int] | None = None) -> str |
     peak fits, else a machine with that much memory; None when it fits or a figure is unknown."""
     problems = []
     if cost.peak_bytes is not None and cost.available_memory is not None and cost.peak_bytes > cost.available_memory:
-        fits = [f"{name} (estimated peak {peak / _GB:.1f} GB)" for name, peak in (options or {}).items()
+        fits = [f"{name} (estimated peak {_size(peak)})" for name, peak in (options or {}).items()
                 if peak <= cost.available_memory]
-        problems.append(f"its estimated peak memory is {cost.peak_bytes / _GB:.2f} GB ({cost.peak_ratio:g}x its "
-                        f"{cost.weight_bytes / _GB:.2f} GB of weights, {cost.basis}) and {cost.available_memory / _GB:.2f}"
-                        f" GB of memory are available to it; what would fit: "
-                        f"{' or '.join(fits) or f'a machine with {cost.peak_bytes / _GB:.1f} GB of memory available'}")
+        problems.append(f"its estimated peak memory is {_size(cost.peak_bytes, 2)} ({cost.peak_ratio:g}x its "
+                        f"{_size(cost.weight_bytes, 2)} of weights, {cost.basis}) and "
+                        f"{_size(cost.available_memory, 2)} of memory are available to it; what would fit: "
+                        f"{' or '.join(fits) or f'a machine with {_size(cost.peak_bytes)} of memory available'}")
     if cost.free_disk is not None and cost.disk_bytes > cost.free_disk:
-        problems.append(f"its artifact needs about {cost.disk_bytes / _GB:.2f} GB of disk and {cost.directory} has "
-                        f"{cost.free_disk / _GB:.2f} GB free: free some, or point TMPDIR or the output elsewhere")
+        problems.append(f"its artifact needs about {_size(cost.disk_bytes, 2)} of disk and {cost.directory} has "
+                        f"{_size(cost.free_disk, 2)} free: free some, or point TMPDIR or the output elsewhere")
     return "; ".join(problems) or None
 
 
