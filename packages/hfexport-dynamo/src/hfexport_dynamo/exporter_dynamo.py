@@ -69,6 +69,7 @@ class DynamoExporter(Exporter):
     # 4,241 MiB, artifact 2,081 MB (benchmarks/results/bench_generation_0.5b.txt, run 8, 2026-12-07).
     export_peak_ratio: ClassVar[dict[str | None, float]] = {None: 2.3}
     artifact_ratio: ClassVar[dict[str | None, float]] = {None: 1.05}
+    tracer = DYNAMO_TRACER
     toolchain: ClassVar[tuple[str, ...]] = DYNAMO_TRACER.toolchain
     tested_versions: ClassVar[dict[str, str]] = DYNAMO_TRACER.tested_versions
     stages: ClassVar[tuple[Stage, ...]] = CAPTURE_STAGES
