@@ -54,12 +54,10 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         atol: the absolute tolerance of that verification (default: the backend's ``Exporter.verify_atol``,
             ``1e-4`` for float32 backends).
         rtol: its relative tolerance (default: the backend's ``Exporter.verify_rtol``, ``1e-3``).
-        check_resources: before any trace, estimate the export's peak memory (the model's weight bytes, each
-            tied weight once, times the peak-to-weights ratio measured for the backend and ``quantize`` recipe:
-            ``Exporter.export_peak_ratio``) and its artifact's bytes, and refuse an export whose peak exceeds the
-            memory available to this process (its resident memory plus ``MemAvailable`` or its cgroup's limit; the
-            environment variable ``HFEXPORT_AVAILABLE_MEMORY``, e.g. ``24GB``, replaces that figure) or whose
-            artifact exceeds the free disk of the temporary directory. ``False`` exports without the check.
+        check_resources: before any trace, refuse an export whose estimated peak memory (weight bytes, tied ones
+            once, times the ratio measured for the backend: ``Exporter.export_peak_ratio``) exceeds this process's
+            RSS plus ``MemAvailable`` (or ``HFEXPORT_AVAILABLE_MEMORY``, e.g. ``24GB``), or whose artifact exceeds
+            the temporary directory's free disk; ``False``: no check.
 
     Returns:
         An :class:`ExportedModel`: call it with the same keyword inputs, ``verify`` it, ``save_pretrained`` it.
@@ -71,9 +69,8 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
             (``dynamic="no"``), or a ``config`` of another backend (names both).
         ValueError: ``disable`` names no workaround of the backend (lists close matches).
         hfexport.InvalidInputError: model or inputs of the wrong kind.
-        hfexport.InsufficientResourcesError: (a ``MemoryError``) with ``check_resources``, the estimated peak memory
-            or the artifact's bytes exceed what this machine has; names the figures and what would fit (another
-            ``quantize`` recipe, a machine with that much memory).
+        hfexport.InsufficientResourcesError: (a ``MemoryError``) the export would not fit (``check_resources``);
+            names the figures and what would fit.
         hfexport.ExportError: a stage failed (names backend, stage and model class; cause chained), or the
             artifact or the eager model could not run on the traced inputs for the verification.
         hfexport.VerificationError: (an ``ExportError``) the artifact's outputs differ from eager PyTorch beyond

@@ -215,9 +215,9 @@ def say_export_cost(exporter: Any, model: Any, output: Path, args: argparse.Name
     """The line ``weights ...; estimated peak ...; artifact ...; this machine: ...`` (the artifact's disk at
     ``output``), before the export starts; refused there (:class:`hfexport.InsufficientResourcesError`) unless
     ``--no-resource-check``. The export checks memory again, once, before its trace."""
-    from ._cost import check_export_cost, export_cost
+    from ._cost import check_export_cost
 
-    say(export_cost(exporter, model, output).line())
+    say(check_export_cost(exporter, model, output, refuse=False).line())
     if not getattr(args, "no_resource_check", False):
         check_export_cost(exporter, model, output)
 
