@@ -93,7 +93,7 @@ def test_the_cli_says_what_the_export_will_cost_and_refuses_what_does_not_fit(tm
     assert line, run.stderr
     assert re.fullmatch(r"weights \d+\.\d\d [MG]B; estimated peak \d+\.\d [MG]B \(3\.6x, measured for onnx fp32\); artifact "
                         r"~\d+\.\d [MG]B; this machine: 0\.0 MB memory available, \d+\.\d GB disk free at "
-                        + re.escape(str(tmp_path / "o")), line[1]), line[1]
+                        + re.escape(str(tmp_path)), line[1]), line[1]
     assert "error: onnx export of" in run.stderr and "refused before it starts" in run.stderr
     assert "--no-resource-check" in run.stderr
     assert not (tmp_path / "o").exists()

@@ -54,10 +54,9 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         atol: the absolute tolerance of that verification (default: the backend's ``Exporter.verify_atol``,
             ``1e-4`` for float32 backends).
         rtol: its relative tolerance (default: the backend's ``Exporter.verify_rtol``, ``1e-3``).
-        check_resources: before any trace, refuse an export whose estimated peak memory (weight bytes, tied ones
-            once, times the ratio measured for the backend: ``Exporter.export_peak_ratio``) exceeds this process's
-            RSS plus ``MemAvailable`` (or ``HFEXPORT_AVAILABLE_MEMORY``, e.g. ``24GB``), or whose artifact exceeds
-            the temporary directory's free disk; ``False``: no check.
+        check_resources: refuse, before any trace, an export whose estimated peak (weight bytes times the backend's
+            measured ``Exporter.export_peak_ratio``) exceeds this process's RSS plus ``MemAvailable`` (or
+            ``HFEXPORT_AVAILABLE_MEMORY=24GB``), or whose artifact the temporary directory's free disk.
 
     Returns:
         An :class:`ExportedModel`: call it with the same keyword inputs, ``verify`` it, ``save_pretrained`` it.
@@ -69,8 +68,7 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
             (``dynamic="no"``), or a ``config`` of another backend (names both).
         ValueError: ``disable`` names no workaround of the backend (lists close matches).
         hfexport.InvalidInputError: model or inputs of the wrong kind.
-        hfexport.InsufficientResourcesError: (a ``MemoryError``) the export would not fit (``check_resources``);
-            names the figures and what would fit.
+        hfexport.InsufficientResourcesError: (a ``MemoryError``) it would not fit: names the figures and what would.
         hfexport.ExportError: a stage failed (names backend, stage and model class; cause chained), or the
             artifact or the eager model could not run on the traced inputs for the verification.
         hfexport.VerificationError: (an ``ExportError``) the artifact's outputs differ from eager PyTorch beyond

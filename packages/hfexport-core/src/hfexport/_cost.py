@@ -14,6 +14,7 @@ the backend's highest figure; a backend with none, no memory estimate (and no me
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -85,31 +86,21 @@ def _parse_bytes(text: str) -> int:
     return int(float(match[1]) * 1000 ** "_kmgt".index(match[2] or "_"))
 
 
-def _available_memory() -> int | None:
-    """This process's resident bytes plus the machine's ``MemAvailable`` (None where /proc cannot be read)."""
-    try:
-        fields = dict(line.split(":", 1) for path in ("/proc/meminfo", "/proc/self/status")
-                      for line in Path(path).read_text().splitlines() if ":" in line)
-        return (int(fields["MemAvailable"].split()[0]) + int(fields["VmRSS"].split()[0])) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def estimate_export_cost(weight_bytes: int, peak_ratio: float | None, artifact_ratio: float = 1.0, *,
                          directory: str | os.PathLike[str] | None = None, available_memory: int | None = None,
                          free_disk: int | None = None, basis: str = "") -> ExportCost:
-    """Peak and artifact bytes from the ratios; the machine's memory and free disk at ``directory`` where None."""
+    """Peak and artifact bytes from the ratios; where None, this machine's memory and free disk at ``directory``."""
     directory = str(directory or tempfile.gettempdir())
-    if available_memory is None:
-        given = os.environ.get(AVAILABLE_MEMORY_ENV)
-        available_memory = _parse_bytes(given) if given else _available_memory()
-    existing = Path(directory).absolute()
-    while not existing.is_dir() and existing != existing.parent:
-        existing = existing.parent
-    free_disk = shutil.disk_usage(existing).free if free_disk is None else free_disk
-    peak = None if peak_ratio is None else int(weight_bytes * peak_ratio)
-    return ExportCost(weight_bytes, peak_ratio, peak, int(weight_bytes * artifact_ratio), available_memory,
-                      free_disk, directory, basis)
+    if available_memory is None and os.environ.get(AVAILABLE_MEMORY_ENV):
+        available_memory = _parse_bytes(os.environ[AVAILABLE_MEMORY_ENV])
+    elif available_memory is None:  # this process's RSS (the model it holds is in the measured peak) + MemAvailable
+        with contextlib.suppress(OSError, KeyError, ValueError):  # no /proc: unknown, not checked
+            fields = dict(line.split(":", 1) for path in ("/proc/meminfo", "/proc/self/status")
+                          for line in Path(path).read_text().splitlines() if ":" in line)
+            available_memory = (int(fields["MemAvailable"].split()[0]) + int(fields["VmRSS"].split()[0])) * 1024
+    free_disk = shutil.disk_usage(directory).free if free_disk is None else free_disk
+    return ExportCost(weight_bytes, peak_ratio, None if peak_ratio is None else int(weight_bytes * peak_ratio),
+                      int(weight_bytes * artifact_ratio), available_memory, free_disk, directory, basis)
 
 
 def refusal(cost: ExportCost, options: Mapping[str, int] | None = None) -> str | None:
@@ -144,7 +135,7 @@ def weight_bytes(model: Any) -> int:
 def check_export_cost(exporter: Any, model: Any, directory: str | os.PathLike[str] | None = None, *,
                       refuse: bool = True) -> ExportCost:
     """The cost of exporting ``model`` with ``exporter``; with ``refuse``, :class:`InsufficientResourcesError`."""
-    quantize = getattr(exporter.config, "quantize", None)
+    quantize = getattr(exporter.config, "quantize", None)  # a recipe name or a Quantization
     recipe, ratios = getattr(quantize, "recipe", quantize), exporter.export_peak_ratio
     basis = (f"measured for {exporter.name} {recipe or 'fp32'}" if recipe in ratios else f"{exporter.name}'s highest "
              f"measured figure; {recipe} was not measured" if ratios else f"not measured for {exporter.name}")

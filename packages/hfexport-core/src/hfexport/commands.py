@@ -212,14 +212,17 @@ def configured_exporter(exporter_class: Any, args: argparse.Namespace, **options
 
 
 def say_export_cost(exporter: Any, model: Any, output: Path, args: argparse.Namespace) -> None:
-    """The line ``weights ...; estimated peak ...; artifact ...; this machine: ...`` (the artifact's disk at
-    ``output``), before the export starts; refused there (:class:`hfexport.InsufficientResourcesError`) unless
+    """The line ``weights ...; estimated peak ...; artifact ...; this machine: ...`` (the disk free where ``output``
+    goes), before the export starts; refused there (:class:`hfexport.InsufficientResourcesError`) unless
     ``--no-resource-check``. The export checks memory again, once, before its trace."""
     from ._cost import check_export_cost
 
-    say(check_export_cost(exporter, model, output, refuse=False).line())
+    existing = output.absolute()  # the free disk where the artifact will go: the nearest directory that exists
+    while not existing.is_dir() and existing != existing.parent:
+        existing = existing.parent
+    say(check_export_cost(exporter, model, existing, refuse=False).line())
     if not getattr(args, "no_resource_check", False):
-        check_export_cost(exporter, model, output)
+        check_export_cost(exporter, model, existing)
 
 
 # ``export``'s quantization knobs: flag -> Quantization field
