@@ -100,6 +100,16 @@ def test_the_cli_says_what_the_export_will_cost_and_refuses_what_does_not_fit(tm
     assert "--no-resource-check" in subprocess.run([*command[:4], "--help"], capture_output=True, text=True).stdout
 
 
+def test_the_cli_exports_anyway_with_no_resource_check(tmp_path):
+    command = [sys.executable, "-m", "hfexport.cli", "export", "--demo", "--backend", "dynamo", "--no-verify",
+               "--no-resource-check", "-o", str(tmp_path / "o")]
+    run = subprocess.run(command, capture_output=True, text=True, env={**_env(), AVAILABLE_MEMORY_ENV: "1"})
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^\[hfexport \d+\.\ds\] weights .* \(2\.3x, measured for dynamo fp32\); .* 0\.0 MB memory "
+                     r"available", run.stderr, re.M), run.stderr
+    assert (tmp_path / "o" / "model.pt2").is_file()
+
+
 def _env() -> dict[str, str]:
     import os
 
