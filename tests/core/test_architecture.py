@@ -131,8 +131,8 @@ def test_the_kernel_imports_no_transformers():
 # The two public surfaces (issue 27): `hfexport` is what a user calls, `hfexport.plugin` what a backend author builds
 # on. A name added to either is a decision: add it here too.
 USER_API = [
-    "BackendInfo", "ExportError", "ExportedModel", "IntegrityError", "InvalidInputError", "ManifestError",
-    "Quantization", "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "VerificationError",
+    "BackendInfo", "ExportError", "ExportedModel", "InsufficientResourcesError", "IntegrityError",
+    "InvalidInputError", "ManifestError", "Quantization", "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "VerificationError",
     "VerificationReport", "export", "get_backend", "list_backends", "list_workarounds", "load", "register_patch",
 ]
 # The backend author's API (issue 42: about 20-25 names; the rest in hfexport.trust, .quantization, .workarounds,

@@ -10,6 +10,7 @@ entry points. Backend and plugin authors import from :mod:`hfexport.plugin`; com
 
 from ._api import export, load
 from ._artifact import ExportedModel, VerificationError, VerificationReport
+from ._cost import InsufficientResourcesError
 from ._discovery import BackendInfo, UnknownBackendError, get_backend, list_backends
 from ._exporter import InvalidInputError
 from ._patching import UnresolvedPatchWarning
@@ -21,7 +22,8 @@ from ._trust import IntegrityError, ManifestError, UntrustedArtifactError
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendInfo", "ExportError", "ExportedModel", "IntegrityError", "InvalidInputError", "ManifestError",
-    "Quantization", "UnknownBackendError", "UnresolvedPatchWarning", "UntrustedArtifactError", "VerificationError",
-    "VerificationReport", "export", "get_backend", "list_backends", "list_workarounds", "load", "register_patch",
+    "BackendInfo", "ExportError", "ExportedModel", "InsufficientResourcesError", "IntegrityError",
+    "InvalidInputError", "ManifestError", "Quantization", "UnknownBackendError", "UnresolvedPatchWarning",
+    "UntrustedArtifactError", "VerificationError", "VerificationReport", "export", "get_backend", "list_backends",
+    "list_workarounds", "load", "register_patch",
 ]

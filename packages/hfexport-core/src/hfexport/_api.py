@@ -22,7 +22,7 @@ __all__ = ["export", "load"]
 def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str = "dynamo",
            dynamic: bool = False, config: ExportConfig | None = None, progress: ProgressCallback | None = None,
            task: str | None = None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
-           **options: Any) -> ExportedModel:
+           check_resources: bool = True, **options: Any) -> ExportedModel:
     """Export ``model`` with ``backend`` and return the artifact, runnable on the backend's runtime.
 
     Args:
@@ -54,6 +54,9 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
         atol: the absolute tolerance of that verification (default: the backend's ``Exporter.verify_atol``,
             ``1e-4`` for float32 backends).
         rtol: its relative tolerance (default: the backend's ``Exporter.verify_rtol``, ``1e-3``).
+        check_resources: refuse, before any trace, an export whose estimated peak (weight bytes times the backend's
+            measured ``Exporter.export_peak_ratio``) exceeds this process's RSS plus ``MemAvailable`` (or
+            ``HFEXPORT_AVAILABLE_MEMORY=24GB``), or whose artifact the temporary directory's free disk.
 
     Returns:
         An :class:`ExportedModel`: call it with the same keyword inputs, ``verify`` it, ``save_pretrained`` it.
@@ -65,6 +68,7 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
             (``dynamic="no"``), or a ``config`` of another backend (names both).
         ValueError: ``disable`` names no workaround of the backend (lists close matches).
         hfexport.InvalidInputError: model or inputs of the wrong kind.
+        hfexport.InsufficientResourcesError: (a ``MemoryError``) it would not fit: names the figures and what would.
         hfexport.ExportError: a stage failed (names backend, stage and model class; cause chained), or the
             artifact or the eager model could not run on the traced inputs for the verification.
         hfexport.VerificationError: (an ``ExportError``) the artifact's outputs differ from eager PyTorch beyond
@@ -90,7 +94,8 @@ def export(model: Any, inputs: Mapping[str, Any] | None = None, *, backend: str 
                             f"{task!r} ({options_class.__name__}: {', '.join(names)})")
         task_options = options_class(**{name: options.pop(name) for name in list(options) if name in names})
     return export_with(exporter_class(config, **options), model, inputs, progress=progress, task=task,
-                           task_options=task_options, verify=verify, atol=atol, rtol=rtol)
+                           task_options=task_options, verify=verify, atol=atol, rtol=rtol,
+                           check_resources=check_resources)
 
 
 def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder: str | None = None,

@@ -26,6 +26,7 @@ from .commands import (
     quiet_third_party_logs,
     record_verification,
     say,
+    say_export_cost,
     timed,
     write_report,
 )
@@ -266,10 +267,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
             source = str(args.model)
     dynamic = args.dynamic or bool(demo)
     say(f"exporting {type(model).__name__} from {source}{' with dynamic shapes' if dynamic else ''}")
+    exporter = configured_exporter(exporter_class, args, dynamic=dynamic)
+    say_export_cost(exporter, model, output, args)  # its cost, refused here when this machine cannot hold it
     progress = Progress(out)
     try:  # verified on the traced inputs (a mismatch exits 3; --no-verify records it in export.json instead)
-        exported = configured_exporter(exporter_class, args, dynamic=dynamic).export(
-            model, inputs, progress=progress, verify=not args.no_verify, atol=args.atol, rtol=args.rtol)
+        exported = exporter.export(model, inputs, progress=progress, verify=not args.no_verify, atol=args.atol,
+                                   rtol=args.rtol, check_resources=not args.no_resource_check)
     except ExportError:
         progress.stop()
         raise  # main() prints it on one line (the traceback with --debug) and exits 1

@@ -208,6 +208,11 @@ class Exporter:
     # Options this backend fixes (a variant's name: executorch-xnnpack's backend="xnnpack"): the default when not
     # given, and a ValueError when given otherwise, in the config or as an option.
     preset_options: ClassVar[Mapping[str, Any]] = {}
+    # What an export costs, as measured (issue 44; hfexport._cost): the export process's peak RSS over the model's
+    # weight bytes, per ``quantize`` recipe (None: float), and the artifact's bytes over the weight bytes (default
+    # 1.0). A backend with no figure gets no memory estimate; a recipe without one, the backend's highest figure.
+    export_peak_ratio: ClassVar[Mapping[str | None, float]] = {}
+    artifact_ratio: ClassVar[Mapping[str | None, float]] = {}
 
     def __init__(self, config: ExportConfig | None = None, **options: Any):
         """Raises:
@@ -291,7 +296,8 @@ class Exporter:
 
     def export(self, model: Any, inputs: Mapping[str, Any] | None = None, *,
                progress: ProgressCallback | None = None, task: str | None = None, task_options: Any = None,
-               verify: bool = True, atol: float | None = None, rtol: float | None = None) -> ExportedModel:
+               verify: bool = True, atol: float | None = None, rtol: float | None = None,
+               check_resources: bool = True) -> ExportedModel:
         """Capture, lower and package ``model``, and verify the artifact (see :func:`hfexport._pipeline.export`).
 
         ``task`` and ``task_options`` (the tracer's dataclass for the task) export the programs the task runs.
@@ -299,7 +305,7 @@ class Exporter:
         from ._pipeline import export
 
         return export(self, model, inputs, progress=progress, task=task, task_options=task_options, verify=verify,
-                      atol=atol, rtol=rtol)
+                      atol=atol, rtol=rtol, check_resources=check_resources)
 
     def diagnose_mismatch(self, ctx: ExportContext, exported: ExportedModel, inputs: Mapping[str, Any],
                           report: Any) -> dict[str, Any] | None:

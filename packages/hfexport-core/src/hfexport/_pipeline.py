@@ -38,6 +38,7 @@ from ._context import (
     _snapshot_modes,
     warn_version_drift,
 )
+from ._cost import check_export_cost
 from ._stages import ExportError, ProgressCallback
 from ._tasks import ComponentPlan, TaskPlan, merge_components
 
@@ -48,19 +49,21 @@ logger = logging.getLogger("hfexport")
 
 def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *,
            progress: ProgressCallback | None = None, task: str | None = None, task_options: Any = None,
-           verify: bool = True, atol: float | None = None, rtol: float | None = None) -> ExportedModel:
+           verify: bool = True, atol: float | None = None, rtol: float | None = None,
+           check_resources: bool = True) -> ExportedModel:
     """Export ``model`` with ``exporter``: one program, or with ``task`` the programs the task runs.
 
     Args:
         task_options: the tracer's options dataclass for ``task`` (``tracer.task_options(task)(...)``); default
             its defaults.
-        verify, atol, rtol: as for :func:`hfexport.export`.
+        verify, atol, rtol, check_resources: as for :func:`hfexport.export`.
 
     Raises:
         InvalidInputError: ``model`` is not an ``nn.Module`` or ``inputs`` is not a mapping of tensors and caches.
         TypeError: ``verify`` is not a bool, ``atol``/``rtol`` not a non-negative number, ``task_options``
             without a ``task``, or a ``task`` with ``dynamic``/``dynamic_shapes`` (the plan makes its own).
         ValueError: ``disable`` names a workaround this backend does not have; the tracer plans no such task.
+        InsufficientResourcesError: with ``check_resources``, the export would not fit this machine (before any trace).
         ExportError: a stage or step failed (names it; the cause is chained).
         VerificationError: with ``verify``, the outputs differ beyond the tolerances (names the component).
     """
@@ -70,6 +73,8 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
     if not isinstance(model, torch.nn.Module):
         raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
                                 "load it first, e.g. AutoModel.from_pretrained(path)")
+    if check_resources:  # once, before any trace: the estimated peak and artifact against this machine (issue 44)
+        check_export_cost(exporter, model)
     if task is None:
         if task_options is not None:
             raise TypeError("task_options are the options of a task export: pass task=...")

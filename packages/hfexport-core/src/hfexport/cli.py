@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="save the export even when its outputs differ from eager "
                    "on the traced inputs (export.json records the report), and skip the check of the saved artifact")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--no-resource-check", action="store_true", help="export even when the estimated peak memory "
+                   "(the weight bytes times the peak-to-weights ratio measured for the backend) or the artifact's "
+                   "bytes exceed what this machine has (by default refused before the export starts; the line "
+                   "'weights ...; estimated peak ...' gives the figures; HFEXPORT_AVAILABLE_MEMORY=24GB replaces "
+                   "the memory read from the machine)")
     p.add_argument("--atol", type=float, help="absolute tolerance of the verification (default: the backend's, "
                                               "1e-4 on float32 runtimes, 5e-2 on executorch-cuda)")
     p.add_argument("--rtol", type=float, help="relative tolerance of the verification (default: the backend's, "

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DTYPES", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError",
+__all__ = ["DTYPES", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError", "say_export_cost",
            "configured_exporter", "console", "load_model", "model_summary", "quantization_knobs", "quiet_third_party_logs",
            "record_verification", "resolve_artifact", "say", "timed", "verbose", "write_report"]
 
@@ -209,6 +209,20 @@ def configured_exporter(exporter_class: Any, args: argparse.Namespace, **options
         return exporter_class(**options)
     except (TypeError, ValueError) as exc:  # a recipe the backend does not support names those it does
         raise UsageError(str(exc)) from exc
+
+
+def say_export_cost(exporter: Any, model: Any, output: Path, args: argparse.Namespace) -> None:
+    """The line ``weights ...; estimated peak ...; artifact ...; this machine: ...`` (the disk free where ``output``
+    goes), before the export starts; refused there (:class:`hfexport.InsufficientResourcesError`) unless
+    ``--no-resource-check``. The export checks memory again, once, before its trace."""
+    from ._cost import check_export_cost
+
+    existing = output.absolute()  # the free disk where the artifact will go: the nearest directory that exists
+    while not existing.is_dir() and existing != existing.parent:
+        existing = existing.parent
+    say(check_export_cost(exporter, model, existing, refuse=False).line())
+    if not getattr(args, "no_resource_check", False):
+        check_export_cost(exporter, model, existing)
 
 
 # ``export``'s quantization knobs: flag -> Quantization field

@@ -19,6 +19,7 @@ from hfexport.commands import (
     configured_exporter,
     load_model,
     record_verification,
+    say_export_cost,
     timed,
     write_report,
 )
@@ -61,15 +62,16 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
         task_options = exporter_class.tracer.task_options(args.task)(**options)
     except (ValueError, TypeError) as exc:  # an unknown task, an option of another task or of the wrong type
         raise UsageError(str(exc)) from exc
-    progress = Progress(console)
     # a backend that writes the tokenizer for its runtime (OpenVINO GenAI's tokenizer IR) takes the model's
     backend_options = {"tokenizer": str(args.model)} if _has_tokenizer(Path(args.model)) \
         and "tokenizer" in exporter_class.config_class.option_names() else {}
+    exporter = configured_exporter(exporter_class, args, **backend_options)
+    say_export_cost(exporter, model, output, args)  # its cost, refused here when this machine cannot hold it
+    progress = Progress(console)
     try:
-        exported = configured_exporter(exporter_class, args, **backend_options).export(model, None, progress=progress, task=args.task,
-                                                                    task_options=task_options,
-                                                                    verify=not args.no_verify, atol=args.atol,
-                                                                    rtol=args.rtol)  # each program verified
+        exported = exporter.export(model, None, progress=progress, task=args.task, task_options=task_options,
+                                   verify=not args.no_verify, atol=args.atol, rtol=args.rtol,
+                                   check_resources=not args.no_resource_check)  # each program verified
     except (ValueError, InvalidInputError) as exc:  # an unknown task, bounds the model refuses, no head
         raise UsageError(str(exc)) from exc  # (a failed stage is an ExportError: exit 1)
     finally:
