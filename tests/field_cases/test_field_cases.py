@@ -103,6 +103,15 @@ COVERED_ELSEWHERE = {
         "tests/dynamo/test_dict_held_states.py::test_dict_held_state_mutated_in_place",
     ("f12_qwen3next_gated_delta_prefill", "executorch-xnnpack"):  # a partition returning a slice twice; f12's
         "tests/executorch/test_executorch_workarounds.py::test_patch_pass_through_outputs_copied",  # lowering: 150 s
+    # a whole bf16 RoBERTa on XNNPACK (30 s at load 3): its fixes there, _fix_sdpa_contiguous_output and
+    # _fix_view_as_reshape, have their own tests; a bf16 Linear lowered by the XNNPACK variant:
+    ("e05_roberta_bf16", "executorch-xnnpack"):
+        "tests/executorch/test_executorch_workarounds.py::test_fix_float_casts_to_variant_dtype",
+    # siblings of e11 (which stays on dynamo and onnx): 21 and 12 s at load 3, the window padding on a small module
+    ("s60_swinv2_even_grid", "dynamo"):
+        "tests/dynamo/test_window_padding.py::test_a_slice_back_from_padding_keeps_both_parities",
+    ("s61_donut_swin_odd_even", "dynamo"):
+        "tests/dynamo/test_window_padding.py::test_ops_on_a_slice_back_from_padding_keep_both_parities",
     # f12 exported on ONNX before issue 46 (no ONNX-side change); 14 s here: its run on ONNX is in the full suite,
     # and the Qwen3-Next states' ONNX export is in the default set
     ("f12_qwen3next_gated_delta_prefill", "onnx"):
