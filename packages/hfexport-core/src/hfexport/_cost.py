@@ -54,7 +54,8 @@ class ExportCost:
         peak_bytes: the estimated peak resident memory of the export (``weight_bytes * peak_ratio``).
         disk_bytes: the artifact's estimated bytes on disk.
         available_memory: what the export may reach: this process's resident memory and the machine's available
-            memory (``MemAvailable``, or a cgroup's limit when lower), or ``HFEXPORT_AVAILABLE_MEMORY``.
+            memory (``MemAvailable``; a container's cgroup limit is not read: set ``HFEXPORT_AVAILABLE_MEMORY``
+            there), or ``HFEXPORT_AVAILABLE_MEMORY``.
         free_disk: free bytes at ``directory``.
         basis: where ``peak_ratio`` comes from (``"measured for onnx fp32"``).
     """
