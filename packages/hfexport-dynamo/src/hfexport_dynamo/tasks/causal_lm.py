@@ -42,9 +42,9 @@ from .kv_cache import (
     RotaryTables,
     capacity_layer,
     carried_recurrent_states,
-    chunked_rule,
     grouped_sdpa,
     growing_layer,
+    linear_attention_state,
     recording_rotary,
     recurrent_mask_at,
     rotary_tables,
@@ -228,10 +228,8 @@ def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: 
     ``{"inputs_embeds": ...}``.
 
     Raises:
-        hfexport.InvalidInputError: a linear-attention layer whose states the decoder program does not carry: a
-            recurrent state updated by another rule than a chunked one it can start from (:data:`kv_cache.
-            CHUNKED_RULES`; Mamba2's SSM state, Kimi's delta attention), one of another dtype than the model's,
-            several states, or attention beside them.
+        hfexport.InvalidInputError: a linear-attention layer whose states the decoder program does not carry
+            (:func:`~hfexport_dynamo.tasks.kv_cache.linear_attention_state`).
     """
     from transformers import DynamicCache
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
@@ -249,21 +247,8 @@ def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: 
         if not isinstance(layer, LinearAttentionCacheLayerMixin):
             shapes.append((layer.keys.shape, layer.values.shape, False))
             continue
-        conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
-        if layer.number_of_states != 1 or conv is None or hasattr(layer, "keys") or (recurrent is not None and (
-                chunked_rule(model) is None or recurrent.dtype != conv.dtype)):
-            raise InvalidInputError(f"{type(model).__name__}'s layer {i} holds a linear-attention cache "
-                                    f"({type(layer).__name__}) that task='text-generation' does not carry: it carries "
-                                    "one conv state (LFM2) and a recurrent state of the model's dtype updated by the "
-                                    "chunked gated delta rule (Qwen3-Next), not several states, attention beside "
-                                    "them or another recurrence (Mamba2's SSM state); export without a task")
-        if recurrent is None:
-            shapes.append((conv.shape, torch.Size((conv.shape[0], 1)), "conv"))
-        else:
-            shapes.append((conv.shape, recurrent.shape, "recurrent"))
+        shapes.append(linear_attention_state(model, i, layer))
     return shapes
-
-
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
@@ -438,7 +423,6 @@ def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], dict[str, torch.T
         return {"input_ids": ids}
     with torch.no_grad():
         return embed(ids)
-
 
 
 # ── greedy decoding ─────────────────────────────────────────────────────────────────────────────────────

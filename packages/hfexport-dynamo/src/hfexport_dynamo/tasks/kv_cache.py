@@ -36,9 +36,11 @@ from typing import Any, Protocol
 
 import torch
 
+from hfexport.plugin import InvalidInputError
+
 from .. import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 
-__all__ = ["FUSED_CACHE", "growing_layer", "carried_recurrent_states", "chunked_rule", "recurrent_mask_at", "state_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
+__all__ = ["FUSED_CACHE", "growing_layer", "carried_recurrent_states", "chunked_rule", "linear_attention_state", "recurrent_mask_at", "state_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
            "capacity_layer", "grouped_query_attention", "grouped_sdpa", "recording_rotary", "rotary_tables"]
 
 
@@ -146,6 +148,30 @@ def chunked_rule(model: torch.nn.Module) -> str | None:
 
     module = sys.modules.get(type(getattr(model, "model", model)).__module__)
     return next((name for name in CHUNKED_RULES if callable(getattr(module, name, None))), None)
+
+
+def linear_attention_state(model: torch.nn.Module, index: int, layer: Any) -> tuple[torch.Size, torch.Size, str]:
+    """``(conv_state shape, recurrent_state shape, kind)`` of ``model``'s linear-attention cache layer ``index``
+    after an eager forward: kind ``"conv"`` (LFM2's conv layers; the recurrent shape ``[batch, 1]``, a placeholder)
+    or ``"recurrent"`` (Qwen3-Next's gated delta rule).
+
+    Raises:
+        hfexport.InvalidInputError: states the decoder program does not carry: a recurrent state updated by another
+            rule than a chunked one it can start from (:data:`CHUNKED_RULES`; Mamba2's SSM state, Kimi's delta
+            attention), one of another dtype than the model's (a bf16 model's float32 state), several states, or
+            attention beside them.
+    """
+    conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
+    if layer.number_of_states != 1 or conv is None or hasattr(layer, "keys") or (recurrent is not None and (
+            chunked_rule(model) is None or recurrent.dtype != conv.dtype)):
+        raise InvalidInputError(f"{type(model).__name__}'s layer {index} holds a linear-attention cache "
+                                f"({type(layer).__name__}) that task='text-generation' does not carry: it carries "
+                                "one conv state (LFM2) and a recurrent state of the model's dtype updated by the "
+                                "chunked gated delta rule (Qwen3-Next), not several states, attention beside "
+                                "them or another recurrence (Mamba2's SSM state); export without a task")
+    if recurrent is None:
+        return conv.shape, torch.Size((conv.shape[0], 1)), "conv"
+    return conv.shape, recurrent.shape, "recurrent"
 
 
 @contextlib.contextmanager
