@@ -48,6 +48,19 @@ def tiny_qwen3_next(layer_types: tuple[str, ...] = ("linear_attention", "full_at
     import transformers
 
     torch.manual_seed(0)  # initializer_range 0.3: the greedy ids vary
+    if layer_types == ("qwen3_5",):  # Qwen3.5's text model: the same gated delta net, dense MLPs
+        return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+            head_dim=16, max_position_embeddings=64, linear_num_value_heads=4, linear_num_key_heads=2,
+            linear_key_head_dim=8, linear_value_head_dim=8, initializer_range=0.3, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, attn_implementation="sdpa")).eval()
+    if layer_types == ("olmo_hybrid",):  # OLMo-Hybrid: gated delta net with negative eigenvalues, OLMo attention
+        return transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+            max_position_embeddings=64, initializer_range=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            attn_implementation="sdpa")).eval()
     config = transformers.Qwen3NextConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
         layer_types=list(layer_types), num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -85,15 +98,18 @@ def test_lfm2_generates_eagers_ids(backend, kind):
 
 
 @pytest.mark.parametrize("backend,layer_types,prefill_chunk", [
-    ("dynamo", ("linear_attention", "full_attention"), 4),
-    pytest.param("onnx", ("linear_attention", "full_attention"), 4, marks=pytest.mark.slow),
+    pytest.param("dynamo", ("linear_attention", "full_attention"), 4, id="dynamo"),
+    pytest.param("onnx", ("linear_attention", "full_attention"), 4, marks=pytest.mark.slow, id="onnx"),
     pytest.param("dynamo", ("linear_attention", "linear_attention", "full_attention", "linear_attention"), None,
-                 marks=pytest.mark.slow)])
+                 marks=pytest.mark.slow, id="dynamo-4-layers-one-prefill"),
+    *(pytest.param("dynamo", (sibling,), 4, marks=pytest.mark.slow, id=f"dynamo-{sibling}")
+      for sibling in ("qwen3_5", "olmo_hybrid"))])
 def test_qwen3_next_generates_eagers_ids(backend, layer_types, prefill_chunk):
     """Qwen3-Next's gated-delta-net layers carry a conv state and a recurrent state from call to call: the prompt
     of 7 in chunks of 4 (or at once, ``prefill_chunk`` 32), then decode steps of one token, all through the chunked
     rule from the carried state, where eager decodes by the per-token rule (the same ids). Before, planning
-    refused the recurrent state."""
+    refused the recurrent state. Siblings of the same layer (``torch_chunk_gated_delta_rule``): Qwen3.5's text
+    model, OLMo-Hybrid."""
     model = tiny_qwen3_next(layer_types)
     exported = hfexport.export(model, backend=backend, task="text-generation", max_cache_len=32, max_batch=2,
                                prefill_chunk=prefill_chunk)
