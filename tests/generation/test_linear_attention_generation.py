@@ -138,3 +138,20 @@ def test_a_recurrence_without_a_chunked_rule_is_refused_naming_the_layer():
     with pytest.raises(hfexport.InvalidInputError, match=r"layer 0 holds a linear-attention cache .*Mamba2"):
         hfexport.export(transformers.BambaForCausalLM(config).eval(), backend="dynamo", task="text-generation",
                         max_cache_len=32)
+
+
+@pytest.mark.slow
+def test_without_the_carried_recurrent_state_the_ids_differ(monkeypatch):
+    """The fix disabled (``carried_recurrent_states`` a no-op: each call's chunked rule starts from zeros, as
+    transformers' does when the cache reports no previous state): the export runs, and its ids are not eager's."""
+    import contextlib
+
+    from hfexport_dynamo.tasks import causal_lm
+
+    monkeypatch.setattr(causal_lm, "carried_recurrent_states", lambda *args: contextlib.nullcontext())
+    model = tiny_qwen3_next()
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4)
+    ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert not torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), expected)

@@ -164,9 +164,11 @@ def linear_attention_state(model: torch.nn.Module, index: int, layer: Any) -> tu
     conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
     if layer.number_of_states != 1 or conv is None or hasattr(layer, "keys") or (recurrent is not None and (
             chunked_rule(model) is None or recurrent.dtype != conv.dtype)):
+        held = "" if conv is None or recurrent is None else f": conv state {conv.dtype}, recurrent state " \
+                                                            f"{recurrent.dtype}"
         raise InvalidInputError(f"{type(model).__name__}'s layer {index} holds a linear-attention cache "
-                                f"({type(layer).__name__}) that task='text-generation' does not carry: it carries "
-                                "one conv state (LFM2) and a recurrent state of the model's dtype updated by the "
+                                f"({type(layer).__name__}{held}) that task='text-generation' does not carry: it "
+                                "carries one conv state (LFM2) and a recurrent state of the model's dtype updated by the "
                                 "chunked gated delta rule (Qwen3-Next), not several states, attention beside "
                                 "them or another recurrence (Mamba2's SSM state); export without a task")
     if recurrent is None:
