@@ -1,7 +1,9 @@
 """Hybrid decoders whose cache holds linear-attention states (transformers' ``LinearAttentionLayer``) beside the KV
 cache, through ``task="text-generation"`` (issue 46): LFM2's conv layers carry their ``[batch, channels, kernel]``
-state as the ``decoder`` program's input and output (``kv_cache.state_layer``), and greedy ``generate`` returns
-eager ``model.generate(do_sample=False)``'s ids; what the program does not carry yet is refused naming it."""
+state, Qwen3-Next's gated-delta-net layers their conv state and ``[batch, heads, key_dim, value_dim]`` recurrent
+state, as the ``decoder`` program's inputs and outputs (``kv_cache.state_layer``, ``carried_recurrent_states``),
+and greedy ``generate`` returns eager ``model.generate(do_sample=False)``'s ids; what the program does not carry
+yet is refused naming it."""
 
 from __future__ import annotations
 
@@ -40,16 +42,36 @@ def tiny_lfm2(kind: str = "lfm2") -> torch.nn.Module:
     return model_class(config()).eval()
 
 
-@pytest.mark.parametrize("backend,kind", [
-    ("dynamo", "lfm2"), *(pytest.param(*case, marks=pytest.mark.slow)
-                          for case in (("onnx", "lfm2"), ("dynamo", "lfm2_moe"), ("dynamo", "lfm3")))])
-def test_lfm2_generates_eagers_ids(backend, kind):
-    """One row and a batch whose second row is left-padded by 2, a prompt of 7 prefilled in chunks of 4, then
-    decode steps of one token: the conv states go from call to call as the KV cache does. Before, planning failed
-    on ``'LinearAttentionLayer' object has no attribute 'keys'``."""
-    model = tiny_lfm2(kind)
-    exported = hfexport.export(model, backend=backend, task="text-generation", max_cache_len=32, max_batch=2,
-                               prefill_chunk=4)
+def tiny_qwen3_next(layer_types: tuple[str, ...] = ("linear_attention", "full_attention")) -> torch.nn.Module:
+    """A tiny Qwen3-Next: gated-delta-net (conv state and recurrent state) and gated full-attention layers, 4
+    experts of which 2 per token; 4 value heads over 2 key heads (grouped values)."""
+    import transformers
+
+    torch.manual_seed(0)  # initializer_range 0.3: the greedy ids vary
+    if layer_types == ("qwen3_5",):  # Qwen3.5's text model: the same gated delta net, dense MLPs
+        return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+            head_dim=16, max_position_embeddings=64, linear_num_value_heads=4, linear_num_key_heads=2,
+            linear_key_head_dim=8, linear_value_head_dim=8, initializer_range=0.3, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, attn_implementation="sdpa")).eval()
+    if layer_types == ("olmo_hybrid",):  # OLMo-Hybrid: gated delta net with negative eigenvalues, OLMo attention
+        return transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+            max_position_embeddings=64, initializer_range=0.3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            attn_implementation="sdpa")).eval()
+    config = transformers.Qwen3NextConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+        layer_types=list(layer_types), num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        max_position_embeddings=64, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, initializer_range=0.3, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, attn_implementation="sdpa")
+    return transformers.Qwen3NextForCausalLM(config).eval()
+
+
+def assert_generates_eagers_ids(model: torch.nn.Module, exported) -> None:
     ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 7, dtype=torch.long)
     ids[1, :2], mask[1, :2] = 0, 0
@@ -62,8 +84,74 @@ def test_lfm2_generates_eagers_ids(backend, kind):
         assert len(set(expected[0, 7:].tolist())) > 3  # not one repeated token
 
 
+@pytest.mark.parametrize("backend,kind", [
+    ("dynamo", "lfm2"), *(pytest.param(*case, marks=pytest.mark.slow)
+                          for case in (("onnx", "lfm2"), ("dynamo", "lfm2_moe"), ("dynamo", "lfm3")))])
+def test_lfm2_generates_eagers_ids(backend, kind):
+    """One row and a batch whose second row is left-padded by 2, a prompt of 7 prefilled in chunks of 4, then
+    decode steps of one token: the conv states go from call to call as the KV cache does. Before, planning failed
+    on ``'LinearAttentionLayer' object has no attribute 'keys'``."""
+    model = tiny_lfm2(kind)
+    exported = hfexport.export(model, backend=backend, task="text-generation", max_cache_len=32, max_batch=2,
+                               prefill_chunk=4)
+    assert_generates_eagers_ids(model, exported)
+
+
+@pytest.mark.parametrize("backend,layer_types,prefill_chunk", [
+    pytest.param("dynamo", ("linear_attention", "full_attention"), 4, id="dynamo"),
+    pytest.param("onnx", ("linear_attention", "full_attention"), 4, marks=pytest.mark.slow, id="onnx"),
+    pytest.param("dynamo", ("linear_attention", "linear_attention", "full_attention", "linear_attention"), None,
+                 marks=pytest.mark.slow, id="dynamo-4-layers-one-prefill"),
+    *(pytest.param("dynamo", (sibling,), 4, marks=pytest.mark.slow, id=f"dynamo-{sibling}")
+      for sibling in ("qwen3_5", "olmo_hybrid"))])
+def test_qwen3_next_generates_eagers_ids(backend, layer_types, prefill_chunk):
+    """Qwen3-Next's gated-delta-net layers carry a conv state and a recurrent state from call to call: the prompt
+    of 7 in chunks of 4 (or at once, ``prefill_chunk`` 32), then decode steps of one token, all through the chunked
+    rule from the carried state, where eager decodes by the per-token rule (the same ids). Before, planning
+    refused the recurrent state. Siblings of the same layer (``torch_chunk_gated_delta_rule``): Qwen3.5's text
+    model, OLMo-Hybrid."""
+    model = tiny_qwen3_next(layer_types)
+    exported = hfexport.export(model, backend=backend, task="text-generation", max_cache_len=32, max_batch=2,
+                               prefill_chunk=prefill_chunk)
+    assert_generates_eagers_ids(model, exported)
+
+
 def test_a_runtime_held_cache_with_conv_states_is_refused_naming_the_layers():
     """The conv states ride as the program's inputs and outputs only: a backend that keeps the cache in the
     runtime (OpenVINO's growing variables) is refused before any trace, naming the layers."""
     with pytest.raises(hfexport.InvalidInputError, match=r"linear-attention states \(layers \[0\]\)"):
         hfexport.export(tiny_lfm2(), backend="openvino", task="text-generation", max_cache_len=32)
+    with pytest.raises(hfexport.InvalidInputError, match=r"linear-attention states \(layers \[0\]\)"):
+        hfexport.export(tiny_qwen3_next(), backend="openvino", task="text-generation", max_cache_len=32)
+
+
+def test_a_recurrence_without_a_chunked_rule_is_refused_naming_the_layer():
+    """A recurrent state that the chunked gated delta rule does not update (Bamba's Mamba2 SSM state, chosen by
+    its own ``seq_len == 1`` branch) is refused at planning, naming the layer and what is carried."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BambaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, max_position_embeddings=64)
+    with pytest.raises(hfexport.InvalidInputError, match=r"layer 0 holds a linear-attention cache .*Mamba2"):
+        hfexport.export(transformers.BambaForCausalLM(config).eval(), backend="dynamo", task="text-generation",
+                        max_cache_len=32)
+
+
+@pytest.mark.slow
+def test_without_the_carried_recurrent_state_the_ids_differ(monkeypatch):
+    """The fix disabled (``carried_recurrent_states`` a no-op: each call's chunked rule starts from zeros, as
+    transformers' does when the cache reports no previous state): the export runs, and its ids are not eager's."""
+    import contextlib
+
+    from hfexport_dynamo.tasks import causal_lm
+
+    monkeypatch.setattr(causal_lm, "carried_recurrent_states", lambda *args: contextlib.nullcontext())
+    model = tiny_qwen3_next()
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4)
+    ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert not torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), expected)

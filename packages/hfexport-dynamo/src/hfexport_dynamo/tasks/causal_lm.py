@@ -41,8 +41,10 @@ from .kv_cache import (
     FusedRotaryUnusable,
     RotaryTables,
     capacity_layer,
+    carried_recurrent_states,
     grouped_sdpa,
     growing_layer,
+    linear_attention_state,
     recording_rotary,
     recurrent_mask_at,
     rotary_tables,
@@ -105,9 +107,13 @@ class CausalLMStep(torch.nn.Module):
         hfexport.InvalidInputError: the model returned no cache (it was not loaded as a decoder).
     """
 
-    # the layers whose cache is a linear-attention layer's state (LFM2's conv layers): ``(conv_state
-    # [batch, channels, kernel], [batch, 1] unused)``, carried whole (kv_cache.state_layer); set by plan_decoder
+    # the layers whose cache is a linear-attention layer's state: ``(conv_state [batch, channels, kernel],
+    # recurrent_state)``, carried whole (kv_cache.state_layer); the recurrent state is ``[batch, heads, key_dim,
+    # value_dim]`` in recurrent_layers (Qwen3-Next's gated delta rule), ``[batch, 1]`` unused otherwise (LFM2's
+    # conv layers); set by plan_decoder
     state_layers: frozenset[int] = frozenset()
+    recurrent_layers: frozenset[int] = frozenset()
+    prefill_chunk = 1  # the bound of the seq dim, to which recurrent_layers' chunked rule pads (set by plan_decoder)
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
                  dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
@@ -161,7 +167,7 @@ class CausalLMStep(torch.nn.Module):
             cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
                           for i in range(len(self.cache_shapes)))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
-        kv = Cache(layers=[state_layer(k, v) if i in self.state_layers else
+        kv = Cache(layers=[state_layer(k, v, i in self.recurrent_layers) if i in self.state_layers else
                            capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
                                           fused=bool(self.fused_attention))
                            for i, ((k, v), shapes) in enumerate(zip(cache, self.cache_shapes, strict=True))])
@@ -174,12 +180,14 @@ class CausalLMStep(torch.nn.Module):
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         token = FUSED_CACHE.set(kv if self.fused_attention else None)
         rotary = contextlib.nullcontext()
-        if self.state_layers:  # LFM2's conv layers: their padding mask at the new positions
+        if self.state_layers:  # linear-attention layers: their padding mask at the new positions
             rotary = recurrent_mask_at(self.model, attention_mask, past_length)
+        carried = carried_recurrent_states(self.model, kv, self.prefill_chunk) if self.recurrent_layers else \
+            contextlib.nullcontext()
         if self.fused_rotary and position_ids is not None:
             rotary = recording_rotary(self.model, RotaryTables(self.rotary_cos, self.rotary_sin, position_ids))
         try:
-            with grouped_sdpa(), rotary:
+            with grouped_sdpa(), rotary, carried:
                 out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True,
                                  logits_to_keep=1, **extra)
         finally:
@@ -190,7 +198,8 @@ class CausalLMStep(torch.nn.Module):
                                        "transformers' sdpa attention function; export without fused_attention")
         result = {"logits": out.logits[:, -1, :]}
         if not self.in_buffers:
-            result["cache"] = tuple((layer.conv_states[0], layer.recurrent_states[0].clone())
+            result["cache"] = tuple((layer.conv_states[0], layer.recurrent_states[0] if i in self.recurrent_layers
+                                     else layer.recurrent_states[0].clone())
                                     if i in self.state_layers else (layer.keys, layer.values)
                                     for i, layer in enumerate(kv.layers))
         return result
@@ -211,15 +220,16 @@ class CausalLMStep(torch.nn.Module):
 
 
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
-                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size, bool]]:
+                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size, str]]:
     """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
-    their own head dims or layer kinds report theirs), and whether the layer holds a linear-attention state instead
-    (LFM2's conv layers: ``(conv_state, [batch, 1])``); ``tokens``: ``{"input_ids": ...}`` or ``{"inputs_embeds":
-    ...}``.
+    their own head dims or layer kinds report theirs), and the kind of linear-attention state the layer holds
+    instead, if any: ``"conv"`` (LFM2's conv layers: ``(conv_state, [batch, 1])``), ``"recurrent"`` (Qwen3-Next's
+    gated delta rule: ``(conv_state, recurrent_state)``), else ``""``; ``tokens``: ``{"input_ids": ...}`` or
+    ``{"inputs_embeds": ...}``.
 
     Raises:
-        hfexport.InvalidInputError: a linear-attention layer with a recurrent state (Qwen3-Next's gated delta
-            rule), which the decoder program does not carry yet.
+        hfexport.InvalidInputError: a linear-attention layer whose states the decoder program does not carry
+            (:func:`~hfexport_dynamo.tasks.kv_cache.linear_attention_state`).
     """
     from transformers import DynamicCache
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
@@ -237,16 +247,8 @@ def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: 
         if not isinstance(layer, LinearAttentionCacheLayerMixin):
             shapes.append((layer.keys.shape, layer.values.shape, False))
             continue
-        if layer.number_of_states != 1 or layer.recurrent_states[0] is not None or layer.conv_states[0] is None \
-                or hasattr(layer, "keys"):
-            raise InvalidInputError(f"{type(model).__name__}'s layer {i} holds a linear-attention cache "
-                                    f"({type(layer).__name__}) with a recurrent state or attention beside it: "
-                                    "task='text-generation' carries conv states only (LFM2); export without a task")
-        conv = layer.conv_states[0].shape
-        shapes.append((conv, torch.Size((conv[0], 1)), True))
+        shapes.append(linear_attention_state(model, i, layer))
     return shapes
-
-
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
@@ -327,6 +329,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
               (torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
               for k, v, state in probed]
     state_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state)
+    recurrent_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state == "recurrent")
     if state_layers and (growing or stateful or embed is not None or position_rows):
         raise InvalidInputError(f"{type(model).__name__} holds linear-attention states (layers "
                                 f"{sorted(state_layers)}): task='text-generation' carries them as the program's "
@@ -375,7 +378,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                 break
     if step is None:
         step = step_class(model, shapes, dtype, in_buffers=stateful)
-    step.state_layers = state_layers
+    step.state_layers, step.recurrent_layers, step.prefill_chunk = state_layers, recurrent_layers, prefill_chunk
 
     if in_place_kernel and embed is None and callable(step.fused_attention):
         # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries
@@ -420,7 +423,6 @@ def _tokens(ids: torch.Tensor, embed: Callable[[torch.Tensor], dict[str, torch.T
         return {"input_ids": ids}
     with torch.no_grad():
         return embed(ids)
-
 
 
 # ── greedy decoding ─────────────────────────────────────────────────────────────────────────────────────

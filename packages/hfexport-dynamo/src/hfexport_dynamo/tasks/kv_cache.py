@@ -36,9 +36,11 @@ from typing import Any, Protocol
 
 import torch
 
+from hfexport.plugin import InvalidInputError
+
 from .. import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
 
-__all__ = ["FUSED_CACHE", "growing_layer", "recurrent_mask_at", "state_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
+__all__ = ["FUSED_CACHE", "growing_layer", "carried_recurrent_states", "chunked_rule", "linear_attention_state", "recurrent_mask_at", "state_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
            "capacity_layer", "grouped_query_attention", "grouped_sdpa", "recording_rotary", "rotary_tables"]
 
 
@@ -101,14 +103,16 @@ def capacity_layer(keys: torch.Tensor, values: torch.Tensor, past_length: torch.
     return layer
 
 
-def state_layer(conv_state: torch.Tensor, recurrent_state: torch.Tensor) -> Any:
-    """A transformers ``LinearAttentionLayer`` (LFM2's short-conv layers) over ``conv_state`` ``[batch, channels,
-    kernel]``, carried as the program's input and output; ``recurrent_state`` (``[batch, 1]`` where the layer has
-    none) is carried unchanged.
+def state_layer(conv_state: torch.Tensor, recurrent_state: torch.Tensor, recurrent: bool = False) -> Any:
+    """A transformers ``LinearAttentionLayer`` over ``conv_state`` ``[batch, channels, kernel]`` and, with
+    ``recurrent`` (Qwen3-Next's gated delta rule), ``recurrent_state`` ``[batch, heads, key_dim, value_dim]``, both
+    carried as the program's input and output; without it (LFM2's short-conv layers) ``recurrent_state``
+    (``[batch, 1]``) is carried unchanged.
 
-    It reports no previous state (``get_conv_state`` gives None), so the model takes its path for any length, one
-    token included: the new positions after the carried ones, then the last ``kernel`` kept. Zeros before the first
-    call are no history: the prefill and a decode step are one program.
+    It reports no previous state (``get_conv_state`` and ``get_recurrent_state`` give None), so the model takes its
+    path for any length, one token included: for the conv, the new positions after the carried ones, then the last
+    ``kernel`` kept; for the recurrence, the chunked rule, which :func:`carried_recurrent_states` starts from the
+    carried state. Zeros before the first call are no history: the prefill and a decode step are one program.
     """
     from transformers.cache_utils import LinearAttentionLayer
 
@@ -119,12 +123,106 @@ def state_layer(conv_state: torch.Tensor, recurrent_state: torch.Tensor) -> Any:
             self.conv_states[state_idx] = full[..., -held.shape[-1]:]
             return full
 
+        def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0,
+                                   **kwargs: Any) -> torch.Tensor:
+            # a new tensor, the program's output (transformers copies into the held one)
+            self.recurrent_states[state_idx] = recurrent_states.to(self.recurrent_states[state_idx].dtype)
+            return self.recurrent_states[state_idx]
+
     layer = StateLayer()
     layer.conv_states[0], layer.is_conv_states_initialized[0] = conv_state, True
     layer.conv_kernel_size[0] = conv_state.shape[-1]
-    layer.recurrent_states[0] = recurrent_state
+    layer.recurrent_states[0], layer.is_recurrent_states_initialized[0] = recurrent_state, recurrent
     layer.device, layer.dtype = conv_state.device, conv_state.dtype
     return layer
+
+
+# the chunked rules of transformers' linear-attention layers that start from a recurrent state (``initial_state``),
+# by the name the modeling module calls them by: the gated delta rule of Qwen3-Next, Qwen3.5 (and MoE), OLMo-Hybrid
+CHUNKED_RULES = ("torch_chunk_gated_delta_rule",)
+
+
+def chunked_rule(model: torch.nn.Module) -> str | None:
+    """The name of the chunked rule (:data:`CHUNKED_RULES`) that ``model``'s modeling module calls, if any."""
+    import sys
+
+    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    return next((name for name in CHUNKED_RULES if callable(getattr(module, name, None))), None)
+
+
+def linear_attention_state(model: torch.nn.Module, index: int, layer: Any) -> tuple[torch.Size, torch.Size, str]:
+    """``(conv_state shape, recurrent_state shape, kind)`` of ``model``'s linear-attention cache layer ``index``
+    after an eager forward: kind ``"conv"`` (LFM2's conv layers; the recurrent shape ``[batch, 1]``, a placeholder)
+    or ``"recurrent"`` (Qwen3-Next's gated delta rule).
+
+    Raises:
+        hfexport.InvalidInputError: states the decoder program does not carry: a recurrent state updated by another
+            rule than a chunked one it can start from (:data:`CHUNKED_RULES`; Mamba2's SSM state, Kimi's delta
+            attention), one of another dtype than the model's (a bf16 model's float32 state), several states, or
+            attention beside them.
+    """
+    conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
+    if layer.number_of_states != 1 or conv is None or hasattr(layer, "keys") or (recurrent is not None and (
+            chunked_rule(model) is None or recurrent.dtype != conv.dtype)):
+        held = "" if conv is None or recurrent is None else f": conv state {conv.dtype}, recurrent state " \
+                                                            f"{recurrent.dtype}"
+        raise InvalidInputError(f"{type(model).__name__}'s layer {index} holds a linear-attention cache "
+                                f"({type(layer).__name__}{held}) that task='text-generation' does not carry: it "
+                                "carries one conv state (LFM2) and a recurrent state of the model's dtype updated by the "
+                                "chunked gated delta rule (Qwen3-Next), not several states, attention beside "
+                                "them or another recurrence (Mamba2's SSM state); export without a task")
+    if recurrent is None:
+        return conv.shape, torch.Size((conv.shape[0], 1)), "conv"
+    return conv.shape, recurrent.shape, "recurrent"
+
+
+@contextlib.contextmanager
+def carried_recurrent_states(model: torch.nn.Module, cache: Any, length: int) -> Any:
+    """Within the body, ``model``'s chunked rule (:func:`chunked_rule`) starts from the carried recurrent state of
+    the layer that last asked ``cache`` for it (:func:`state_layer` answers None: no previous state), over its
+    inputs padded to ``length`` positions (the ``seq`` dim's bound) rounded up to whole chunks.
+
+    transformers' layers choose the per-token (recurrent) rule on ``recurrent_state is not None and seq_len == 1``:
+    a guard on the dynamic ``seq`` that would specialize the program to one token. The chunked rule, from the
+    carried state, is valid for any length: the prefill's chunks and each decode step run it. It pads the sequence
+    to whole chunks itself, by an amount that depends on ``seq`` (``(chunk - seq % chunk) % chunk``: a guard on the
+    number of chunks); padded here to a static length instead, it pads nothing more. Padded positions (zero query,
+    key, value, beta and log-decay) add exact zeros to the outputs and leave the state as it is (a state times
+    ``exp(0)``): below one chunk, this is the padding transformers' rule does itself."""
+    import sys
+
+    name = chunked_rule(model)
+    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    if name is None or module is None:
+        yield
+        return
+    original_rule, reading = getattr(module, name), {}
+
+    def get_recurrent_state(layer_idx: int, state_idx: int = 0) -> Any:
+        reading["layer"] = cache.layers[layer_idx], state_idx
+        return type(cache).get_recurrent_state(cache, layer_idx, state_idx)
+
+    def from_carried_state(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, chunk_size: int = 64, initial_state: torch.Tensor | None = None,
+                           **kwargs: Any) -> Any:
+        layer, state_idx = reading.pop("layer", (None, 0))
+        if initial_state is None and layer is not None and layer.is_recurrent_states_initialized[state_idx]:
+            initial_state = layer.recurrent_states[state_idx]
+        seq = query.shape[1]  # [batch, seq, heads, dim]; g and beta [batch, seq, heads]
+        padding = -(-length // chunk_size) * chunk_size - seq
+        query, key, value = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, padding)) for x in (query, key, value))
+        g, beta = (torch.nn.functional.pad(x, (0, 0, 0, padding)) for x in (g, beta))
+        out, state = original_rule(query, key, value, g=g, beta=beta, chunk_size=chunk_size,
+                                   initial_state=initial_state, **kwargs)
+        return out[:, :seq], state
+
+    cache.get_recurrent_state = get_recurrent_state
+    setattr(module, name, from_carried_state)
+    try:
+        yield
+    finally:
+        setattr(module, name, original_rule)
+        del cache.get_recurrent_state
 
 
 @contextlib.contextmanager
