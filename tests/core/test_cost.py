@@ -100,6 +100,7 @@ def test_the_cli_says_what_the_export_will_cost_and_refuses_what_does_not_fit(tm
     assert "--no-resource-check" in subprocess.run([*command[:4], "--help"], capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow  # a second CLI export of the real MiniLM (19 s); the API's override is in the default set
 def test_the_cli_exports_anyway_with_no_resource_check(tmp_path):
     command = [sys.executable, "-m", "hfexport.cli", "export", "--demo", "--backend", "dynamo", "--no-verify",
                "--no-resource-check", "-o", str(tmp_path / "o")]
