@@ -146,6 +146,22 @@ class WhileLoopRefine(torch.nn.Module):
         return while_loop(cond_fn, body_fn, (iters, x))[1]
 
 
+class Bf16Block(torch.nn.Module):
+    """A bfloat16 model that takes a bfloat16 tensor (a bf16 ViT's ``pixel_values``, Whisper's ``input_features``,
+    not token ids) and returns one: ``forward(x: bfloat16 [batch, 8]) -> bfloat16 [batch, 16]``, times ``scale``."""
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.norm = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
+        self.scale = scale
+        self.to(torch.bfloat16)
+
+    def forward(self, x):
+        out = self.norm(torch.nn.functional.gelu(self.proj(x)))
+        return out * self.scale if self.scale != 1.0 else out
+
+
 class TinyMLP(torch.nn.Module):
     """A plain ``nn.Module`` (no Transformers): two linear layers, a tuple output."""
 

@@ -7,7 +7,7 @@ import torch
 from test_onnx import onnx_export
 
 import hfexport
-from helpers import ComplexRope
+from helpers import Bf16Block, ComplexRope
 from hfexport import ExportError
 from hfexport_dynamo.inputs import dummy_inputs
 
@@ -379,19 +379,6 @@ def test_bfloat16_fix_computes_in_float32_on_the_cpu():
     torch.testing.assert_close(actual[0], expected[0], atol=1e-2, rtol=1e-2)
     assert actual[1].dtype == torch.float32  # a bfloat16 output comes back as float32, of the same value
     torch.testing.assert_close(actual[1], expected[1].float(), atol=1e-2, rtol=1e-2)
-
-
-class Bf16Block(torch.nn.Module):
-    """A bfloat16 model that takes a bfloat16 tensor (not token ids): its ONNX graph takes float32."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj, self.norm = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
-        self.to(torch.bfloat16)
-
-    def forward(self, x):
-        return self.norm(torch.nn.functional.gelu(self.proj(x)))
 
 
 def test_bfloat16_inputs_run_on_the_float32_graph(tmp_path):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import hfexport
+from helpers import Bf16Block
 
 pytest.importorskip("openvino")
 
@@ -137,20 +138,6 @@ def test_repeat_interleave_tensor_along_dim():
             assert actual.shape == wanted.shape and actual.dtype == wanted.dtype, (actual, wanted)
             torch.testing.assert_close(actual, wanted, atol=0, rtol=0)
 
-class Bf16Block(torch.nn.Module):
-    """A bfloat16 model that takes a bfloat16 tensor (a bf16 ViT's ``pixel_values``, Whisper's ``input_features``)
-    and returns one (e05's and s55's bfloat16 logits)."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj, self.norm = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
-        self.to(torch.bfloat16)
-
-    def forward(self, x):
-        return self.norm(torch.nn.functional.gelu(self.proj(x))) * 3.0
-
-
 def test_openvino_shows_bfloat16_results_as_float16_bytes():
     """Why the runner reads a ``bf16`` port's array as bfloat16 (``_runner.as_torch``): OpenVINO's Python API
     returns it as a float16 array of the bfloat16 bytes (openvinotoolkit/openvino#23263, closed unmerged). Taken
@@ -171,7 +158,7 @@ def test_bfloat16_tensors_in_and_out(tmp_path):
     """e05's kind: a bfloat16 model's tensors are fed to OpenVINO as bf16 (before: ``TypeError: Got unsupported
     ScalarType BFloat16`` from ``numpy()``) and come back as bfloat16, on the export and on the loaded artifact; a
     float32 tensor is cast to the port's bfloat16."""
-    model = Bf16Block().eval()
+    model = Bf16Block(scale=3.0).eval()  # logits above 2: a float16 misread shows
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     exported = hfexport.export(model, {"x": x}, backend="openvino", atol=2e-2, rtol=2e-2)
     exported.save(tmp_path / "bf16")
