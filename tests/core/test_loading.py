@@ -300,6 +300,22 @@ def test_a_file_swapped_after_the_check_never_reaches_the_runtime(saved: dict[st
         hfexport.load(artifact)
 
 
+def test_a_file_grown_after_the_check_is_an_integrity_error(saved: dict[str, Any], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43, found by ``benchmarks/probe_concurrent_writer.py``: a file a concurrent writer made larger than the
+    manifest's size was refused with a bare ``ValueError`` ("is N bytes, over the M expected") by the reader's
+    bound, not as the changed file it is."""
+    from crafting import swap_after_check
+
+    artifact = _copy(saved["mlp_dir"], tmp_path)
+    grown = tmp_path / "grown.pt2"
+    grown.write_bytes((artifact / "model.pt2").read_bytes() + b"\0" * 64)
+    swap_after_check(monkeypatch, artifact / "model.pt2", grown)
+    with pytest.raises(IntegrityError, match=r"model.pt2 changed while it was loaded: 'model.pt2' is [\d,]+ bytes, "
+                                             r"over the [\d,]+ expected"):
+        hfexport.load(artifact)
+
+
 def test_a_verification_file_swapped_after_load_is_refused_by_verify(saved: dict[str, Any], tmp_path: Path) -> None:
     """``verify_stored`` reads verification.safetensors once by descriptor and checks its hash on those bytes: one
     rewritten after the load (other stored outputs) is an IntegrityError, not a report against other values."""

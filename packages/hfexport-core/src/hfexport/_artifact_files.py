@@ -169,18 +169,24 @@ def _walk_open_dir(dir_fd: int, parts: list[str], name: str) -> int:
     return fd
 
 
+class FileTooLargeError(ValueError):
+    """A file read by :func:`read_beneath` is larger than ``max_bytes``: a bound, or the size the manifest
+    recorded (then the file changed since it was written, and :func:`artifact_bytes` says so)."""
+
+
 def read_beneath(directory: Path, name: str, max_bytes: int | None = None) -> bytes:
     """The bytes of file ``name`` in ``directory``, read from one descriptor that :func:`open_beneath` opened (what
     is hashed is what a runtime is then handed: no path is opened again).
 
     Raises:
-        ValueError: as :func:`open_beneath`; or over ``max_bytes``.
+        ValueError: as :func:`open_beneath`.
+        FileTooLargeError: over ``max_bytes`` (a ``ValueError``).
     """
     fd = open_beneath(directory, name)
     try:
         size = os.fstat(fd).st_size
         if max_bytes is not None and size > max_bytes:
-            raise ValueError(f"{name!r} is {size:,} bytes, over the {max_bytes:,} expected")
+            raise FileTooLargeError(f"{name!r} is {size:,} bytes, over the {max_bytes:,} expected")
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, 1 << 24)
@@ -189,7 +195,7 @@ def read_beneath(directory: Path, name: str, max_bytes: int | None = None) -> by
             chunks.append(chunk)
             total += len(chunk)
             if max_bytes is not None and total > max_bytes:
-                raise ValueError(f"{name!r} grew past {max_bytes:,} bytes while it was read")
+                raise FileTooLargeError(f"{name!r} grew past {max_bytes:,} bytes while it was read")
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -361,14 +367,18 @@ def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: st
     artifact_file(path, manifest, name, where)
     hashes = manifest.get(HASHES_KEY)
     entry = hashes.get(name) if isinstance(hashes, dict) else None
-    data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None)
+    again = "(another process writes the artifact's directory: load it again once nothing does)"
+    try:
+        data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None)
+    except FileTooLargeError as error:  # it grew after the check: a concurrent writer, not a bound
+        raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {error}, the size the manifest "
+                             f"recorded {again}", [name]) from None
     if isinstance(entry, dict):
         actual = hashlib.sha256(data).hexdigest()
         if len(data) != entry["size"] or actual != entry["sha256"]:
             raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {len(data):,} bytes of SHA-256 "
                                  f"{actual[:16]}… where the manifest recorded {entry['size']:,} of "
-                                 f"{entry['sha256'][:16]}… (another process writes the artifact's directory: load "
-                                 "it again once nothing does)", [name])
+                                 f"{entry['sha256'][:16]}… {again}", [name])
     return data
 
 
