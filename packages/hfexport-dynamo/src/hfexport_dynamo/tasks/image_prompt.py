@@ -54,7 +54,9 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
             the image tokens). Where the manifest says ``patches`` (Qwen2-VL), the processor's packed patches
             ``float [images * patches, patch_dim]``, ``image_grid_thw`` ``int64 [images, 3]`` (each the export's
             ``grid_thw``) and optionally ``mm_token_type_ids`` ``[batch, prompt]`` (checked: 1 at the image tokens).
-            Nothing: a prompt without images.
+            Where it says ``anyres`` (LLaVA-NeXT, LLaVA-OneVision), the processor's crops ``[images, crops, C, tile,
+            tile]`` (zero-padded) with ``image_sizes`` ``[images, 2]`` and (OneVision) optionally ``batch_num_images``
+            ``[batch]`` (:func:`_anyres_prompt`). Nothing: a prompt without images.
 
     Returns:
         ``(inputs_embeds float [batch, prompt, hidden], embed, per_position)`` where ``embed(ids [batch, 1])`` runs
@@ -207,21 +209,22 @@ def _anyres_prompt(exported: Any, vision: Mapping[str, Any], input_ids: torch.Te
             one_crop = [n != 1 for n in counts for _ in range(n)]
         layouts = [anyres_layout(anyres, size, one) for size, one in zip(sizes, one_crop, strict=True)]
         if pixel_values.dim() == 5:  # the processor's zero-padded crops per image: the model takes the first ones
-            if pixel_values.shape[0] != images or any(l["crops"] > pixel_values.shape[1] for l in layouts):
+            if pixel_values.shape[0] != images or any(item["crops"] > pixel_values.shape[1] for item in layouts):
                 raise ValueError(f"pixel_values {list(pixel_values.shape)} do not hold the crops of the {images} "
-                                 f"image(s) of image_sizes ({[l['crops'] for l in layouts]} crops): pass the "
+                                 f"image(s) of image_sizes ({[item['crops'] for item in layouts]} crops): pass the "
                                  "processor's pixel_values and image_sizes together")
-            pixel_values = torch.cat([crops[:l["crops"]] for crops, l in zip(pixel_values, layouts)])
-        elif pixel_values.shape[0] != sum(l["crops"] for l in layouts):
+            pixel_values = torch.cat([crops[:item["crops"]] for crops, item in zip(pixel_values, layouts, strict=True)])
+        elif pixel_values.shape[0] != sum(item["crops"] for item in layouts):
             raise ValueError(f"pixel_values holds {pixel_values.shape[0]} crops for image_sizes that give "
-                             f"{sum(l['crops'] for l in layouts)}: pass the processor's pixel_values and image_sizes")
+                             f"{sum(item['crops'] for item in layouts)}: pass the processor's pixel_values and "
+                             "image_sizes")
         if pixel_values.shape[0] > anyres["max_crops"]:
             raise ValueError(f"{pixel_values.shape[0]} crops exceed this export's max_crops={anyres['max_crops']} "
                              f"(max_images={vision['max_images']} of the most tiles a grid pinpoint gives): pass fewer "
                              "or smaller images, or export again with a larger max_images")
-    if image_tokens != sum(l["tokens"] for l in layouts):
+    if image_tokens != sum(item["tokens"] for item in layouts):
         raise ValueError(f"input_ids hold {image_tokens} image tokens (id {token}) for image(s) of "
-                         f"{[l['tokens'] for l in layouts]} tokens (image_sizes): put each image's tokens in the "
+                         f"{[item['tokens'] for item in layouts]} tokens (image_sizes): put each image's tokens in the "
                          "prompt as the model's processor does")
     if not layouts:
         embeds, embed = _merged(exported, input_ids, is_image, VISION, {})
@@ -230,7 +233,7 @@ def _anyres_prompt(exported: Any, vision: Mapping[str, Any], input_ids: torch.Te
     def pack(features: torch.Tensor) -> torch.Tensor:  # the vision program's crops, each image laid out
         newline, features = features[-1], features[:-1].reshape(-1, vision["tokens_per_image"], features.shape[-1])
         side, out = anyres["tokens_per_side"], []
-        for crops, layout in zip(features.split([l["crops"] for l in layouts]), layouts, strict=True):
+        for crops, layout in zip(features.split([item["crops"] for item in layouts]), layouts, strict=True):
             if layout["grid"] is None:
                 out += [crops[0], newline[None]]
                 continue
