@@ -86,8 +86,9 @@ def deit(seed: int = 0) -> torch.nn.Module:
     import transformers as tf
 
     torch.manual_seed(seed)
-    return tf.DeiTModel(tf.DeiTConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
-                                      intermediate_size=40, image_size=20, patch_size=4), add_pooling_layer=False).eval()
+    config = tf.DeiTConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40,
+                           image_size=20, patch_size=4)
+    return tf.DeiTModel(config, add_pooling_layer=False).eval()
 
 
 def clip(seed: int = 0) -> torch.nn.Module:

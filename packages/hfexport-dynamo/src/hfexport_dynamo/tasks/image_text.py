@@ -29,10 +29,10 @@ Gemma 3 (an image's tokens attend to the whole image inside the causal mask: the
 ``image_blocks``, and attends without a runtime's causal-only fused kernel; a prompt must fit one prefill call).
 Qwen2-VL and Qwen2.5-VL take the processor's packed patches at one static grid and 3-D RoPE positions (the vision
 program computes the patch positions, per-image segments and, for Qwen2.5-VL, the windows for that grid;
-``generate`` computes the decoder's ``position_ids [3, batch, seq]``). LLaVA-NeXT and LLaVA-OneVision tile each image (anyres): the ``vision`` program encodes
-the processor's crops of every image as one batch ``[crops, C, tile, tile]`` (a dynamic count up to ``max_crops``:
-``max_images`` of the most tiles a grid pinpoint gives, plus each base crop) and ``generate`` lays each image out for
-its ``image_sizes`` as the model's ``pack_image_features`` does. Voxtral (``task="audio-text-to-text"``) has
+``generate`` computes the decoder's ``position_ids [3, batch, seq]``). LLaVA-NeXT and LLaVA-OneVision tile each
+image (anyres): the ``vision`` program encodes the processor's crops of every image as one batch ``[crops, C, tile,
+tile]`` (a dynamic count up to ``max_crops``: ``max_images`` of the most tiles a grid pinpoint gives, plus each base
+crop) and ``generate`` lays each image out for its ``image_sizes`` as the model's ``pack_image_features`` does. Voxtral (``task="audio-text-to-text"``) has
 an ``audio`` program in place of ``vision`` (:class:`AudioStep`), merged at its audio token the same way.
 The manifest's ``generation.vision`` records the image size, the image token, the tokens per image, the layout and
 the bound on images; ``generate`` refuses another image size by name before any program runs, and
