@@ -134,10 +134,13 @@ def test_dinov2_at_other_image_sizes_equals_eager():
         _compare(model, exported, fixed, height, width)
 
 
-def test_dinov2_without_the_patch_is_refused_at_export():
+@pytest.mark.parametrize("kind", ["dinov2", pytest.param("deit", marks=pytest.mark.slow),
+                                  pytest.param("clip", marks=pytest.mark.slow)])
+def test_without_the_patch_the_vit_kind_is_refused_at_export(kind):
+    """DINOv2, DeiT and CLIP each take the shortcut at the trained size: the program's guard pins the patch count."""
     with pytest.raises(hfexport.ExportError, match=r"verification at (a second|the smallest) shape .* Guard failed: "
-                                                   r"pixel_values.size\(\)\[2\] // 2"):
-        _export("dinov2", "dynamo", disable=("_patch_position_interpolation_always",))
+                                                   r"pixel_values.size\(\)\[2\] // \d"):
+        _export(kind, "dynamo", disable=("_patch_position_interpolation_always",))
 
 
 def test_the_interpolation_at_the_trained_size_is_the_table_exactly():

@@ -48,17 +48,28 @@ def _inputs(model: torch.nn.Module, counts: tuple[int, ...]) -> tuple[torch.Tens
     return ids, mask, media
 
 
-@pytest.fixture(scope="module")
-def onevision():
-    model = _model("llava_onevision")
+def _export(kind: str) -> tuple[torch.nn.Module, hfexport.ExportedModel]:
+    model = _model(kind)
     return model, hfexport.export(model, backend="dynamo", task="image-text-to-text", max_batch=2, max_images=3,
                                   max_cache_len=64)
 
 
-def test_onevision_tiled_and_base_crop_images_in_one_batch_generate_as_eager(onevision):
-    model, exported = onevision
+@pytest.fixture(scope="module")
+def onevision():
+    return _export("llava_onevision")
+
+
+@pytest.fixture(scope="module", params=["llava_onevision", "llava_next"])
+def exports(request, onevision):
+    return onevision if request.param == "llava_onevision" else _export(request.param)
+
+
+def test_tiled_and_base_crop_images_in_one_batch_generate_as_eager(exports):
+    """NeXT tiles every image; OneVision the one-image prompt's, the two-image prompt's are their base crops."""
+    model, exported = exports
     vision = exported.manifest["generation"]["vision"]
-    assert vision["inputs"] == ["pixel_values", "image_sizes", "batch_num_images"]
+    onevision = "Onevision" in type(model).__name__
+    assert vision["inputs"] == ["pixel_values", "image_sizes", *(["batch_num_images"] if onevision else [])]
     assert vision["anyres"]["max_crops"] == 3 * CROPS and vision["tokens_per_image"] == 4  # per crop: 2x2
     crops = exported.manifest["components"]["vision"]["inputs"][0]["dynamic_dims"]["0"]
     assert (crops["min"], crops["max"]) == (1, 3 * CROPS), crops
