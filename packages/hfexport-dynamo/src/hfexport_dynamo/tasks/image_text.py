@@ -388,7 +388,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         max_cache_len, max_batch, prefill_chunk, stateful, fused_cache_attention: as for ``"text-generation"``
             (:func:`hfexport_dynamo.tasks.causal_lm.plan_causal_lm`).
         max_images: the most images one call of ``generate`` takes, the whole batch's (default ``max_batch``: one
-            image per prompt).
+            image per prompt). LLaVA-NeXT/OneVision's ``vision`` program takes up to ``max_images`` times the most
+            crops an image has (its base crop and the most tiles a grid pinpoint gives): ``max_crops``.
 
     Raises:
         hfexport.InvalidInputError: a model of another family, or example inputs of the wrong kind.
