@@ -39,6 +39,21 @@ KINDS: dict[str, tuple[str, str, dict[str, Any]]] = {
         vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                            num_attention_heads=2, image_size=32, patch_size=8),
         text_config=dict(_DECODER, model_type="llama"), image_token_id=99, projector_hidden_act="gelu")),
+    # LLaVA-NeXT: a CLIP tower on 16x16 crops of 8-pixel patches (2x2 tokens a crop, its class token dropped), each
+    # image its base crop and the tiles of the best of four grid pinpoints for its image_sizes; image token 99
+    "llava_next": ("LlavaNextForConditionalGeneration", "LlavaNextConfig", dict(
+        vision_config=dict(model_type="clip_vision_model", hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=16, patch_size=8),
+        text_config=dict(_DECODER, model_type="llama"), image_token_index=99,
+        image_grid_pinpoints=[[16, 32], [32, 16], [32, 32], [16, 48]])),
+    # LLaVA-OneVision: the tiling above on a SigLIP tower and a Qwen2 decoder, downscaling an image's tiles beyond one
+    # tile's worth of tokens (anyres_max_1, so that the tiny grids exercise it); in a prompt of several images
+    # (batch_num_images) each image is its base crop
+    "llava_onevision": ("LlavaOnevisionForConditionalGeneration", "LlavaOnevisionConfig", dict(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=24, intermediate_size=40,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8),
+        text_config=dict(_DECODER, model_type="qwen2"), image_token_index=99,
+        image_grid_pinpoints=[[16, 32], [32, 16], [32, 32], [16, 48]], vision_aspect_ratio="anyres_max_1")),
     # a SigLIP-style tower of 4x4 patches, pixel-shuffled by 2 (4 image tokens per 32x32 image), the Llama decoder
     "smolvlm": ("SmolVLMForConditionalGeneration", "SmolVLMConfig", dict(
         vision_config=dict(model_type="smolvlm_vision", hidden_size=32, intermediate_size=37, num_hidden_layers=2,

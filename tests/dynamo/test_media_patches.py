@@ -80,8 +80,31 @@ def siglip(seed: int = 0) -> torch.nn.Module:
                                                       vision_use_head=False)).eval()
 
 
+def deit(seed: int = 0) -> torch.nn.Module:
+    """A seeded DeiT (a class and a distillation token before the patches) of 4-pixel patches trained at 20x20,
+    run with ``interpolate_pos_encoding=True``."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    config = tf.DeiTConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40,
+                           image_size=20, patch_size=4)
+    return tf.DeiTModel(config, add_pooling_layer=False).eval()
+
+
+def clip(seed: int = 0) -> torch.nn.Module:
+    """A seeded CLIP vision tower (its position table an ``nn.Embedding``) of 4-pixel patches trained at 32x32, run
+    with ``interpolate_pos_encoding=True``."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    return tf.CLIPVisionModel(tf.CLIPVisionConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                                                  intermediate_size=40, image_size=32, patch_size=4)).eval()
+
+
 FAMILIES = {"dinov2": (dinov2, 30, {}), "vit": (vit, 28, {"interpolate_pos_encoding": True}),
-            "siglip": (siglip, 24, {"interpolate_pos_encoding": True})}
+            "siglip": (siglip, 24, {"interpolate_pos_encoding": True}),
+            "deit": (deit, 20, {"interpolate_pos_encoding": True}),
+            "clip": (clip, 32, {"interpolate_pos_encoding": True})}
 
 
 def _export(kind: str, backend: str, **options):
@@ -111,10 +134,13 @@ def test_dinov2_at_other_image_sizes_equals_eager():
         _compare(model, exported, fixed, height, width)
 
 
-def test_dinov2_without_the_patch_is_refused_at_export():
+@pytest.mark.parametrize("kind", ["dinov2", pytest.param("deit", marks=pytest.mark.slow),
+                                  pytest.param("clip", marks=pytest.mark.slow)])
+def test_without_the_patch_the_vit_kind_is_refused_at_export(kind):
+    """DINOv2, DeiT and CLIP each take the shortcut at the trained size: the program's guard pins the patch count."""
     with pytest.raises(hfexport.ExportError, match=r"verification at (a second|the smallest) shape .* Guard failed: "
-                                                   r"pixel_values.size\(\)\[2\] // 2"):
-        _export("dinov2", "dynamo", disable=("_patch_position_interpolation_always",))
+                                                   r"pixel_values.size\(\)\[2\] // \d"):
+        _export(kind, "dynamo", disable=("_patch_position_interpolation_always",))
 
 
 def test_the_interpolation_at_the_trained_size_is_the_table_exactly():
@@ -139,8 +165,8 @@ def test_the_interpolation_at_the_trained_size_is_the_table_exactly():
 @pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch-xnnpack", "openvino"])
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_vit_kind_at_three_image_sizes_on_every_backend(kind, backend):
-    """DINOv2 and two siblings of the kind, each at its trained size, a larger and a non-square smaller one, and
-    with one image (below the traced two)."""
+    """DINOv2 and four siblings of the kind (ViT, SigLIP, DeiT, CLIP), each at its trained size, a larger and a
+    non-square smaller one, and with one image (below the traced two)."""
     model, exported, size, fixed = _export(kind, backend)
     for height, width in ((size, size), (size + 12, size + 12), (size - 8, size + 4)):
         _compare(model, exported, fixed, height, width)

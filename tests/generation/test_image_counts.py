@@ -3,10 +3,12 @@
 20 new tokens with 1, 2, 3 and 4 images in one prompt and in a left-padded batch of two prompts with different
 counts (1 and 3): exactly eager ``model.generate(do_sample=False)``'s ids. Seeded configs at sizes unlike the other
 tests' (LLaVA 40x40 images of 25 tokens, SmolVLM and Gemma 3 48x48 of 9 tokens, Qwen2-VL a non-square 4x6-patch
-grid of 6 tokens, Voxtral chunks of 20 mel bins x 48 frames of 6 tokens).
+grid of 6 tokens, Voxtral chunks of 20 mel bins x 48 frames of 6 tokens, LLaVA-NeXT and LLaVA-OneVision crops of
+20x20 in 10-pixel patches, each image tiled by the best of four grid pinpoints for its own ``image_sizes``: four
+sizes, three aspect ratios; OneVision's images in a prompt of several are their base crop, so that its counts
+exercise both layouts, and the (1, 3) batch both in one call).
 
-Slow: 20 exports (an ExecuTorch one lowers three programs). LLaVA-OneVision is not a family of the
-image-text-to-text task yet (its anyres tiling and ``image_sizes``): not in the matrix."""
+Slow: 28 exports (an ExecuTorch one lowers three programs)."""
 
 from __future__ import annotations
 
@@ -41,11 +43,38 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], int, dict[str, Any]]] = {
                                                   num_hidden_layers=1, num_attention_heads=2,
                                                   intermediate_size=128)), 6, {}),
 }
+# LLaVA-NeXT / OneVision (anyres): 20x20 crops of 2x2 tokens; tokens per image vary with its size (ANYRES_SIZES)
+_PINPOINTS = [[20, 40], [40, 20], [40, 40], [20, 60]]
+for _kind in ("llava_next", "llava_onevision"):
+    # NeXT reads the CLIP tower's second-to-last hidden states: two layers, so that one of them runs
+    FAMILIES[_kind] = (_kind, dict(vision_config=dict(_vision("clip_vision_model", 20, 10), num_hidden_layers=2)
+                                   if _kind == "llava_next" else _vision("siglip_vision_model", 20, 10),
+                                   image_grid_pinpoints=_PINPOINTS), 0, {})
+ANYRES_SIZES = [[25, 45], [38, 22], [20, 20], [50, 35]]  # (height, width) of the images in a call, in order
+ANYRES_CROPS = 5  # the processor's crops per image, zero-padded: the base and at most 4 tiles
 CASES = [pytest.param(backend, kind, id=f"{backend}-{kind}") for backend in BACKENDS for kind in FAMILIES]
+
+
+def anyres_tokens(kind: str, counts: tuple[int, ...]) -> list[int]:
+    """Each image's tokens in the prompt, as the eager model lays them out (its ``get_image_features``)."""
+    model, total = build(kind), sum(counts)
+    options = {"batch_num_images": torch.tensor(counts)} if kind == "llava_onevision" else {}
+    with torch.no_grad():
+        features = model.model.get_image_features(torch.zeros(total, ANYRES_CROPS, 3, 20, 20),
+                                                  torch.tensor(ANYRES_SIZES[:total]), **options).pooler_output
+    return [f.shape[0] for f in features]
+
+
+def image_tokens(kind: str, counts: tuple[int, ...]) -> list[int]:
+    """Each image's tokens in the prompt, the images of every row in order."""
+    if FAMILIES[kind][0] in ("llava_next", "llava_onevision"):
+        return anyres_tokens(kind, counts)
+    return [FAMILIES[kind][2]] * sum(counts)
 
 
 def build(kind: str) -> torch.nn.Module:
     """The family's seeded model; its text model's positions raised to 160 (four LLaVA images are 100 tokens)."""
+
     from helpers import KINDS
 
     helper_kind, overrides, _, _ = FAMILIES[kind]
@@ -60,24 +89,25 @@ def build(kind: str) -> torch.nn.Module:
     return model
 
 
-def prompt_len(kind: str, images: int) -> int:
-    return 5 + images * (FAMILIES[kind][2] + 2)
+def prompt_len(tokens: list[int]) -> int:
+    return 5 + sum(per + 2 for per in tokens)
 
 
 def max_cache_len(kind: str) -> int:
-    return prompt_len(kind, 4) + NEW_TOKENS + 4
+    return max(prompt_len(image_tokens(kind, counts)) for counts in COUNTS) + NEW_TOKENS + 4
 
 
 def case_inputs(kind: str, counts: tuple[int, ...], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """``(input_ids, attention_mask, media and options)``: one row per count, each image's tokens one run after
     two text tokens, the shorter row left-padded; seeded images in the rows' order."""
-    per = FAMILIES[kind][2]
-    rows = []
+    tokens, rows = image_tokens(kind, counts), []
     for row, count in enumerate(counts):
-        ids = torch.randint(3, 90, (prompt_len(kind, count),), generator=torch.Generator().manual_seed(row + 5))
-        for image in range(count):
-            start = 2 + image * (per + 2)
+        mine, tokens = tokens[:count], tokens[count:]
+        ids = torch.randint(3, 90, (prompt_len(mine),), generator=torch.Generator().manual_seed(row + 5))
+        start = 2
+        for per in mine:
             ids[start:start + per] = TOKEN
+            start += per + 2
         rows.append(ids)
     width = max(len(r) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -92,6 +122,11 @@ def case_inputs(kind: str, counts: tuple[int, ...], seed: int = 0) -> tuple[torc
     elif kind == "qwen2vl":
         media.update(pixel_values=torch.randn(total * 24, 96, generator=gen),
                      image_grid_thw=torch.tensor([[1, 4, 6]] * total), mm_token_type_ids=(ids == TOKEN).int())
+    elif kind in ("llava_next", "llava_onevision"):  # the processor's crops [images, crops, C, H, W], image_sizes
+        media.update(pixel_values=torch.randn(total, ANYRES_CROPS, 3, 20, 20, generator=gen),
+                     image_sizes=torch.tensor(ANYRES_SIZES[:total]))
+        if kind == "llava_onevision":
+            media["batch_num_images"] = torch.tensor(counts)
     elif kind == "smolvlm":  # [batch, images, C, H, W], all-zero padding images
         pixels = torch.zeros(len(counts), max(counts), 3, 48, 48)
         pixel_mask = torch.zeros(len(counts), max(counts), 48, 48, dtype=torch.bool)

@@ -31,7 +31,8 @@ def _patch_llava_image_features_stay_batched(original: Any) -> Any:
     hidden]``: what its callers compute from the list (LLaVA's ``forward`` and hfexport's ``vision`` program
     ``torch.cat`` it over the images), with the count symbolic. With ``image_sizes`` (Pixtral towers) the model's
     ``torch.split`` by the sizes is kept. The LLaVA-NeXT and LLaVA-OneVision kin split by ``image_sizes`` (a
-    data-dependent list of patches per image), which this does not change.
+    data-dependent list of crops per image): hfexport does not trace that split, their ``vision`` program encodes
+    all crops as one batch and ``generate`` lays each image out (``tasks.image_prompt.anyres_layout``).
     **Upstream**: model-side (transformers ``modeling_llava.py``), no issue filed.
     **Remove when**: transformers returns LLaVA's image features batched (or splits them with tensor ops).
     """

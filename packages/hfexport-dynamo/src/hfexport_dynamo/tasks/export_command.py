@@ -136,6 +136,12 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
                       "image_token_id": audio["audio_token_id"], "pixel_values_shape": audio["input_features_shape"],
                       "media_input": "input_features"}
         image_tokens = vision["tokens_per_image"] if vision and vision["max_images"] >= batch else 0
+        anyres = (vision or {}).get("anyres")
+        if anyres and image_tokens:  # LLaVA-NeXT/OneVision: one tile-sized image per row, its crops and tokens
+            from .image_prompt import anyres_layout
+
+            layout = anyres_layout(anyres, [anyres["tile"]] * 2)
+            image_tokens = layout["tokens"] if batch * layout["crops"] <= anyres["max_crops"] else 0
         length = 5 + image_tokens
         new = max(1, min(max_new_tokens, section["max_cache_len"] - length))
         vocab = section["vocab_size"]
@@ -146,10 +152,15 @@ def _generation_check(model: Any, exported: Any, max_new_tokens: int = 8) -> dic
             ids[ids == vision["image_token_id"]] = 3 if vision["image_token_id"] != 3 else 4
             ids[:, 3:3 + image_tokens] = vision["image_token_id"]
             shape = (batch, 1, *vision["pixel_values_shape"]) if vision.get("per_row") else \
+                (batch, layout["crops"], *vision["pixel_values_shape"]) if anyres else \
                 (batch, *vision["pixel_values_shape"])
             media[vision.get("media_input", "pixel_values")] = torch.randn(shape, generator=generator)
         if batch > 1:
             ids[0, :2], mask[0, :2] = pad, 0
+        if image_tokens and anyres:
+            media["image_sizes"] = torch.tensor([[anyres["tile"]] * 2] * batch)
+            if anyres["one_crop_when_several"]:
+                media["batch_num_images"] = torch.ones(batch, dtype=torch.long)
         if image_tokens and vision.get("patches"):  # Qwen2-VL: the processor's packed patches, grid, token types
             media.update(pixel_values=media["pixel_values"].flatten(0, 1),
                          image_grid_thw=torch.tensor([vision["grid_thw"]] * batch),

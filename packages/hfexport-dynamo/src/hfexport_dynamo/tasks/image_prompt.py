@@ -6,6 +6,7 @@ artifact (what the model's ``forward`` does before its language model), and the 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from .causal_lm import decoder_run
 from .decoding import GreedyRun, check_prompt
 from .names import AUDIO, EMBED, VISION
 
-__all__ = ["audio_prompt", "image_prompt", "prepare_media", "rope_positions", "static_count"]
+__all__ = ["anyres_layout", "audio_prompt", "image_prompt", "prepare_media", "rope_positions", "static_count"]
 
 
 def prepare_media(exported: Any, section: Mapping[str, Any], config: Any, input_ids: Any, attention_mask: Any,
@@ -53,7 +54,9 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
             the image tokens). Where the manifest says ``patches`` (Qwen2-VL), the processor's packed patches
             ``float [images * patches, patch_dim]``, ``image_grid_thw`` ``int64 [images, 3]`` (each the export's
             ``grid_thw``) and optionally ``mm_token_type_ids`` ``[batch, prompt]`` (checked: 1 at the image tokens).
-            Nothing: a prompt without images.
+            Where it says ``anyres`` (LLaVA-NeXT, LLaVA-OneVision), the processor's crops ``[images, crops, C, tile,
+            tile]`` (zero-padded) with ``image_sizes`` ``[images, 2]`` and (OneVision) optionally ``batch_num_images``
+            ``[batch]`` (:func:`_anyres_prompt`). Nothing: a prompt without images.
 
     Returns:
         ``(inputs_embeds float [batch, prompt, hidden], embed, per_position)`` where ``embed(ids [batch, 1])`` runs
@@ -76,6 +79,8 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
     pixel_values = media.get("pixel_values")
     image_tokens = int((input_ids == token).sum())
     images = 0
+    if vision.get("anyres"):  # LLaVA-NeXT/OneVision: each image its crops, laid out after the vision program
+        return _anyres_prompt(exported, vision, input_ids, media)
     if pixel_values is not None and vision.get("patches"):
         pixel_values = _patches(vision, pixel_values, media.get("image_grid_thw"))
         images = pixel_values.shape[0]
@@ -132,6 +137,119 @@ def image_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Ten
 
     embeds, embed = _merged(exported, input_ids, is_image, VISION, {"pixel_values": pixel_values} if images else {})
     return embeds, embed, per_position
+
+
+def anyres_layout(anyres: Mapping[str, Any], image_size: Sequence[int], one_crop: bool = False
+                  ) -> dict[str, Any]:
+    """How LLaVA-NeXT/OneVision lay out one image of ``image_size`` ``(height, width)`` (the processor's
+    ``image_sizes`` row) before its language model, from the manifest's ``vision.anyres``, by transformers' own
+    functions (``select_best_resolution``, ``unpad_image``) on shapes alone.
+
+    Returns:
+        ``{"crops": the base crop and the best grid's tiles (1 where ``one_crop``: OneVision's images in a prompt of
+        several), "grid": (rows, cols) of tiles, "unpadded": (height, width) in tokens after unpadding, "scaled":
+        (height, width) after OneVision's downscaling or None, "tokens": the image's tokens in the prompt}``.
+    """
+    from transformers.image_processing_utils import select_best_resolution
+    from transformers.models.llava_next.modeling_llava_next import unpad_image
+
+    side = anyres["tokens_per_side"]
+    if one_crop:
+        return {"crops": 1, "grid": None, "unpadded": None, "scaled": None, "tokens": side * side + 1}
+    height, width = select_best_resolution([int(v) for v in image_size], anyres["grid_pinpoints"])
+    rows, cols = height // anyres["tile"], width // anyres["tile"]
+    current = unpad_image(torch.empty(0, rows * side, cols * side, device="meta"), [int(v) for v in image_size])
+    unpadded = scaled = tuple(current.shape[1:])
+    limit = anyres.get("max_tiles_ratio")
+    if limit is not None:
+        ratio = math.sqrt(unpadded[0] * unpadded[1] / (limit * side**2))
+        scaled = (int(unpadded[0] // ratio), int(unpadded[1] // ratio)) if ratio > 1.1 else None
+    lines = scaled or unpadded
+    return {"crops": 1 + rows * cols, "grid": (rows, cols), "unpadded": unpadded,
+            "scaled": scaled if scaled != unpadded else None, "tokens": side * side + lines[0] * (lines[1] + 1)}
+
+
+def _anyres_prompt(exported: Any, vision: Mapping[str, Any], input_ids: torch.Tensor, media: Mapping[str, Any]
+                   ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], dict[str, torch.Tensor]]:
+    """:func:`image_prompt` for LLaVA-NeXT/OneVision: each image's crops (the processor's ``pixel_values`` ``[images,
+    crops, C, tile, tile]``, zero-padded to the most crops; or its crops concatenated, ``[crops, C, tile, tile]``),
+    the crops :func:`anyres_layout` gives for its ``image_sizes`` row taken as the model takes them, encoded in one
+    call of the ``vision`` program, and laid out as the model's ``pack_image_features``: the base crop's tokens,
+    then the tiles' token grid unpadded to the image's aspect, (OneVision) downscaled to ``anyres_max_<n>`` tiles'
+    worth, each of its rows ended by the model's ``image_newline``; OneVision's images in a prompt of several
+    (``batch_num_images``) their base crop and one newline."""
+    anyres, shape = vision["anyres"], vision["pixel_values_shape"]
+    token = vision["image_token_id"]
+    pixel_values, sizes = media.get("pixel_values"), media.get("image_sizes")
+    counts = media.get("batch_num_images")
+    is_image = input_ids == token
+    image_tokens = int(is_image.sum())
+    layouts: list[dict[str, Any]] = []
+    if pixel_values is not None:
+        layout = f"[images, crops, {', '.join(map(str, shape))}] or [crops, {', '.join(map(str, shape))}]"
+        if not isinstance(pixel_values, torch.Tensor) or not pixel_values.is_floating_point() \
+                or pixel_values.dim() not in (4, 5) or list(pixel_values.shape[-3:]) != shape:
+            raise TypeError(f"pixel_values must be a float tensor {layout} (the processor's crops of "
+                            f"{shape[1]}x{shape[2]}), got {getattr(pixel_values, 'dtype', type(pixel_values).__name__)}"
+                            f" of shape {list(getattr(pixel_values, 'shape', []))}")
+        if sizes is None:
+            raise ValueError("pixel_values of LLaVA-NeXT/OneVision need their image_sizes [images, 2] (the "
+                             "processor's: each image's height and width before tiling)")
+        sizes = torch.as_tensor(sizes).reshape(-1, 2).tolist()
+        images = len(sizes)
+        if images > vision["max_images"]:
+            raise ValueError(f"{images} images exceed this export's max_images={vision['max_images']}: pass fewer, "
+                             "or export again with a larger max_images")
+        one_crop = [False] * images
+        if counts is not None and anyres.get("one_crop_when_several"):  # OneVision: as get_image_features
+            counts = [int(n) for n in torch.as_tensor(counts).reshape(-1).tolist()]
+            if sum(counts) != images:
+                raise ValueError(f"batch_num_images {counts} add up to {sum(counts)}, not the {images} images of "
+                                 "image_sizes")
+            one_crop = [n != 1 for n in counts for _ in range(n)]
+        layouts = [anyres_layout(anyres, size, one) for size, one in zip(sizes, one_crop, strict=True)]
+        if pixel_values.dim() == 5:  # the processor's zero-padded crops per image: the model takes the first ones
+            if pixel_values.shape[0] != images or any(item["crops"] > pixel_values.shape[1] for item in layouts):
+                raise ValueError(f"pixel_values {list(pixel_values.shape)} do not hold the crops of the {images} "
+                                 f"image(s) of image_sizes ({[item['crops'] for item in layouts]} crops): pass the "
+                                 "processor's pixel_values and image_sizes together")
+            pixel_values = torch.cat([crops[:item["crops"]] for crops, item in zip(pixel_values, layouts, strict=True)])
+        elif pixel_values.shape[0] != sum(item["crops"] for item in layouts):
+            raise ValueError(f"pixel_values holds {pixel_values.shape[0]} crops for image_sizes that give "
+                             f"{sum(item['crops'] for item in layouts)}: pass the processor's pixel_values and "
+                             "image_sizes")
+        if pixel_values.shape[0] > anyres["max_crops"]:
+            raise ValueError(f"{pixel_values.shape[0]} crops exceed this export's max_crops={anyres['max_crops']} "
+                             f"(max_images={vision['max_images']} of the most tiles a grid pinpoint gives): pass fewer "
+                             "or smaller images, or export again with a larger max_images")
+    if image_tokens != sum(item["tokens"] for item in layouts):
+        raise ValueError(f"input_ids hold {image_tokens} image tokens (id {token}) for image(s) of "
+                         f"{[item['tokens'] for item in layouts]} tokens (image_sizes): put each image's tokens in the "
+                         "prompt as the model's processor does")
+    if not layouts:
+        embeds, embed = _merged(exported, input_ids, is_image, VISION, {})
+        return embeds, embed, {}
+
+    def pack(features: torch.Tensor) -> torch.Tensor:  # the vision program's crops, each image laid out
+        newline, features = features[-1], features[:-1].reshape(-1, vision["tokens_per_image"], features.shape[-1])
+        side, out = anyres["tokens_per_side"], []
+        for crops, layout in zip(features.split([item["crops"] for item in layouts]), layouts, strict=True):
+            if layout["grid"] is None:
+                out += [crops[0], newline[None]]
+                continue
+            rows, cols = layout["grid"]
+            grid = crops[1:].view(rows, cols, side, side, -1).permute(4, 0, 2, 1, 3).flatten(1, 2).flatten(2, 3)
+            (height, width), (full_h, full_w) = layout["unpadded"], grid.shape[1:]
+            top, left = (full_h - height) // 2, (full_w - width) // 2
+            grid = grid[:, top:top + height, left:left + width]
+            if layout["scaled"] is not None:
+                grid = torch.nn.functional.interpolate(grid[None], list(layout["scaled"]), mode="bilinear")[0]
+            grid = torch.cat([grid, newline[:, None, None].expand(*grid.shape[:-1], 1)], dim=-1)
+            out += [crops[0], grid.flatten(1, 2).transpose(0, 1)]
+        return torch.cat(out)
+
+    embeds, embed = _merged(exported, input_ids, is_image, VISION, {"pixel_values": pixel_values}, pack)
+    return embeds, embed, {}
 
 
 def audio_prompt(exported: Any, section: Mapping[str, Any], input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -202,18 +320,20 @@ def _check_count(exported: Any, program: str, name: str, count: int, what: str) 
                          "audio chunks)")
 
 
-def _merged(exported: Any, input_ids: torch.Tensor, at: torch.Tensor, program: str, encoded: Mapping[str, Any]
+def _merged(exported: Any, input_ids: torch.Tensor, at: torch.Tensor, program: str, encoded: Mapping[str, Any],
+            layout: Callable[[torch.Tensor], torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """The prompt's ``inputs_embeds`` (the ``embed`` program) with ``program``'s one output on ``encoded`` (cast to
-    the embeddings' dtype) scattered over the positions ``at`` (``bool [batch, prompt]``), as the models'
-    ``masked_scatter``; and the decode steps' embedding of new ids."""
+    the embeddings' dtype; then through ``layout``, if given) scattered over the positions ``at`` (``bool [batch,
+    prompt]``), as the models' ``masked_scatter``; and the decode steps' embedding of new ids."""
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return exported.run(EMBED, input_ids=ids)["inputs_embeds"]
 
     embeds = embed(input_ids)
     if encoded:
         (features,) = exported.run(program, **{k: v.to(embeds.dtype) for k, v in encoded.items()}).values()
-        embeds = embeds.masked_scatter(at[..., None], features.to(embeds.dtype))
+        features = features.to(embeds.dtype)
+        embeds = embeds.masked_scatter(at[..., None], layout(features) if layout else features)
     return embeds, embed
 
 

@@ -29,7 +29,10 @@ Gemma 3 (an image's tokens attend to the whole image inside the causal mask: the
 ``image_blocks``, and attends without a runtime's causal-only fused kernel; a prompt must fit one prefill call).
 Qwen2-VL and Qwen2.5-VL take the processor's packed patches at one static grid and 3-D RoPE positions (the vision
 program computes the patch positions, per-image segments and, for Qwen2.5-VL, the windows for that grid;
-``generate`` computes the decoder's ``position_ids [3, batch, seq]``). Voxtral (``task="audio-text-to-text"``) has
+``generate`` computes the decoder's ``position_ids [3, batch, seq]``). LLaVA-NeXT and LLaVA-OneVision tile each
+image (anyres): the ``vision`` program encodes the processor's crops of every image as one batch ``[crops, C, tile,
+tile]`` (a dynamic count up to ``max_crops``: ``max_images`` of the most tiles a grid pinpoint gives, plus each base
+crop) and ``generate`` lays each image out for its ``image_sizes`` as the model's ``pack_image_features`` does. Voxtral (``task="audio-text-to-text"``) has
 an ``audio`` program in place of ``vision`` (:class:`AudioStep`), merged at its audio token the same way.
 The manifest's ``generation.vision`` records the image size, the image token, the tokens per image, the layout and
 the bound on images; ``generate`` refuses another image size by name before any program runs, and
@@ -65,6 +68,8 @@ class Family:
         encode: ``"get_image_features"`` (the model's own, on ``[images, C, H, W]``), ``"tower_connector"``
             (``connector(vision_model(pixel_values).last_hidden_state)``: Idefics3/SmolVLM's
             ``get_image_features`` without its data-dependent removal of padding images, which ``generate`` does),
+            ``"crops"`` (LLaVA-NeXT/OneVision: the vision tower's selected hidden states and the projector on
+            ``[crops, C, tile, tile]``, ``image_newline`` appended as the last row; see ``anyres``),
             or ``"patches"`` (Qwen2-VL: the vision model on each image's flattened patches ``[images, patches,
             channels * temporal_patch * patch * patch]`` at one static grid, its patch positions and per-image
             segments computed for that grid instead of from ``image_grid_thw``).
@@ -76,6 +81,12 @@ class Family:
             tokens) and builds its masks with the model module's ``create_masks_for_vision_model``.
         media: ``"image"``, or ``"audio"`` (task ``"audio-text-to-text"``: the ``audio`` program, an
             :class:`AudioStep`, takes the feature extractor's log-mel chunks in place of images).
+        anyres: LLaVA-NeXT / LLaVA-OneVision's tiling (``encode="crops"``): the processor gives each image as its
+            base crop and the tiles of the best grid from ``image_grid_pinpoints`` for its ``image_sizes``; the
+            ``vision`` program encodes the crops of every image as one batch ``[crops, C, tile, tile]`` (vision
+            tower, feature layer and selection, projector) and ``generate`` lays them out per image as the model's
+            ``pack_image_features`` does (unpadding, newlines, OneVision's downscaling):
+            :func:`hfexport_dynamo.tasks.image_prompt.anyres_layout`.
         mrope: the language model's RoPE takes 3-D positions (Qwen2-VL's multimodal RoPE): the decoder's
             ``position_ids`` are ``int64 [3, batch, seq]`` (temporal, height, width), which ``generate`` computes
             as the model's ``get_rope_index`` does.
@@ -89,15 +100,20 @@ class Family:
     token_types: bool = False
     mrope: bool = False
     media: str = "image"
+    anyres: bool = False
 
 
 _SPLITTING = Family("model", ("vision_model", "connector"), "text_model", "tower_connector", per_row=True)
+_ANYRES = Family("model", ("vision_tower", "multi_modal_projector", "image_newline"), "language_model", "crops",
+                 anyres=True)
 FAMILIES: dict[str, Family] = {
     "LlavaForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model"),
     "Idefics3ForConditionalGeneration": _SPLITTING,
     "SmolVLMForConditionalGeneration": _SPLITTING,
     "Gemma3ForConditionalGeneration": Family("model", ("vision_tower", "multi_modal_projector"), "language_model",
                                              token_types=True),
+    "LlavaNextForConditionalGeneration": _ANYRES,
+    "LlavaOnevisionForConditionalGeneration": _ANYRES,
     "Qwen2VLForConditionalGeneration": Family("model", ("visual",), "language_model", "patches", mrope=True),
     "Qwen2_5_VLForConditionalGeneration": Family("model", ("visual",), "language_model", "patches", mrope=True),
     "VoxtralForConditionalGeneration": Family("model", ("audio_tower", "multi_modal_projector"), "language_model",
@@ -154,6 +170,15 @@ class VisionStep(_Holding):
             out = self.visual(pixel_values.flatten(0, 1), grid_thw=self.grid.expand(images, -1),
                               position_ids=self.patch_positions.repeat(images, 1), cu_seqlens=segments, **windows)
             return {"image_embeds": out.pooler_output}
+        if self.encode == "crops":  # LLaVA-NeXT/OneVision: every image's crops as one batch, laid out by generate
+            layer = self.config.vision_feature_layer
+            states = self.vision_tower(pixel_values, output_hidden_states=layer, return_dict=True).hidden_states
+            selected = states[layer] if isinstance(layer, int) else torch.cat([states[i] for i in layer], dim=-1)
+            if self.config.vision_feature_select_strategy == "default":
+                selected = selected[:, 1:]
+            features = self.multi_modal_projector(selected)  # [crops, tokens, hidden]
+            # the model's image_newline as the last row: generate puts it after each row of an image's tiles
+            return {"image_embeds": torch.cat([features.flatten(0, 1), self.image_newline[None].to(features.dtype)])}
         if self.encode == "tower_connector":
             hidden = self.vision_model(pixel_values=pixel_values, return_dict=True).last_hidden_state
             features = self.connector(hidden)
@@ -310,6 +335,22 @@ def _image_shape(model: Any) -> tuple[int, int, int]:
     return int(getattr(vision, "num_channels", 3)), int(height), int(width)
 
 
+def _anyres_section(model: Any, max_images: int) -> dict[str, Any]:
+    """The manifest's ``vision.anyres`` of a LLaVA-NeXT/OneVision model: what ``generate`` needs to cut each image
+    into crops and lay their features out as the model's ``pack_image_features`` (the config's grid pinpoints, the
+    tile's size and its tokens a side, OneVision's ``anyres_max_<n>`` and its one-crop images in prompts of
+    several), and ``max_crops``, the ``vision`` program's bound: ``max_images`` images of the most tiles a pinpoint
+    gives, plus the base crop each."""
+    config, vision = model.config, model.config.vision_config
+    tile = int(vision.image_size)
+    pinpoints = [[int(h), int(w)] for h, w in config.image_grid_pinpoints]
+    onevision = hasattr(config, "vision_aspect_ratio")
+    return {"grid_pinpoints": pinpoints, "tile": tile, "tokens_per_side": tile // int(vision.patch_size),
+            "max_tiles_ratio": int(config.vision_aspect_ratio.removeprefix("anyres_max_")) if onevision else None,
+            "one_crop_when_several": onevision,  # OneVision: batch_num_images > 1 -> base crops only
+            "max_crops": max_images * (1 + max(-(-h // tile) * -(-w // tile) for h, w in pinpoints))}
+
+
 def _static_grid(model: Any, grid_thw: Any) -> tuple[tuple[int, int, int], list[int], list[int]]:
     """Qwen2-VL's static grid ``(1, h, w)`` in patches, the vision program's ``[patches, patch_dim]`` and the image
     size ``[height, width]`` in pixels: the example's ``image_grid_thw`` (every image the same), else the smallest
@@ -347,7 +388,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         max_cache_len, max_batch, prefill_chunk, stateful, fused_cache_attention: as for ``"text-generation"``
             (:func:`hfexport_dynamo.tasks.causal_lm.plan_causal_lm`).
         max_images: the most images one call of ``generate`` takes, the whole batch's (default ``max_batch``: one
-            image per prompt).
+            image per prompt). LLaVA-NeXT/OneVision's ``vision`` program takes up to ``max_images`` times the most
+            crops an image has (its base crop and the most tiles a grid pinpoint gives): ``max_crops``.
 
     Raises:
         hfexport.InvalidInputError: a model of another family, or example inputs of the wrong kind.
@@ -372,8 +414,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
     grid_thw = inputs.pop("image_grid_thw", None)
     for name in ("pixel_attention_mask", "token_type_ids", "mm_token_type_ids"):
         inputs.pop(name, None)
-    if family.per_row and isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 5:
-        pixel_values = pixel_values.flatten(0, 1)
+    if (family.per_row or family.anyres) and isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 5:
+        pixel_values = pixel_values.flatten(0, 1)  # anyres: the processor's [images, crops, C, H, W]
     ids, mask = example_prompt(model, inputs or None)
     if inputs and ids.shape[0] > max_batch:
         raise InvalidInputError(f"the example prompt has a batch of {ids.shape[0]}, beyond max_batch={max_batch}")
@@ -389,7 +431,9 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         channels, height, width = _image_shape(model)
         shape = [channels, height, width]
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    images = min(_TRACE_IMAGES, max_images)
+    anyres = _anyres_section(model, max_images) if family.anyres else None
+    bound = anyres["max_crops"] if anyres else max_images  # the vision program's dim 0: crops of every image
+    images = min(_TRACE_IMAGES, bound)
     if pixel_values is None:
         pixel_values = torch.randn(images, *shape, generator=torch.Generator().manual_seed(0))
     if not isinstance(pixel_values, torch.Tensor) or list(pixel_values.shape[1:]) != shape:
@@ -406,7 +450,7 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
     lm = LanguageModelHead(model, inner, family.language)
     with torch.no_grad():
         (image_embeds,) = vision(pixel_values).values()
-    tokens_per_image = image_embeds.shape[0] // images
+    tokens_per_image = (image_embeds.shape[0] - bool(anyres)) // images  # anyres: per crop, the newline after
     def tokens(t: torch.Tensor) -> dict[str, torch.Tensor]:
         if not family.token_types:
             return embed(t)
@@ -426,8 +470,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
     batch = {0: Dim("batch", min=1, max=max_batch)} if rows > 1 else {}
     components = [
         ComponentPlan(AUDIO if family.media == "audio" else VISION, vision, {input_name: pixel_values},
-                      {input_name: {0: Dim("chunks" if family.media == "audio" else "images", min=1,
-                                                       max=max_images)} if images > 1 else None}),
+                      {input_name: {0: Dim("chunks" if family.media == "audio" else "crops" if anyres else "images",
+                                           min=1, max=bound)} if images > 1 else None}),
         ComponentPlan(EMBED, embed, {"input_ids": embed_ids},
                       {"input_ids": {**batch, 1: Dim("seq", min=1, max=max_cache_len)}}),
         decoder,
@@ -442,6 +486,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         return TaskPlan(task, components, manifest={"generation": section}, model=model)
     section.update(vision={
         "inputs": ["pixel_values", *(["pixel_attention_mask"] if family.per_row else []),
+                   *(["image_sizes"] if anyres else []),
+                   *(["batch_num_images"] if anyres and anyres["one_crop_when_several"] else []),
                    *(["token_type_ids"] if family.token_types else []),
                    *(["image_grid_thw", "mm_token_type_ids"] if family.mrope else [])],
         "pixel_values_shape": shape,
@@ -452,6 +498,8 @@ def plan_image_text(model: Any, inputs: Mapping[str, Any] | None = None, *, task
         **({"patches": True, "grid_thw": list(grid),
             "spatial_merge_size": int(model.config.vision_config.spatial_merge_size)} if grid is not None else {}),
         **({"mrope": True} if family.mrope else {}),  # the decoder's position_ids are [3, batch, seq]
+        # LLaVA-NeXT/OneVision: pixel_values are crops, tokens_per_image a crop's; generate lays each image out
+        **({"anyres": anyres} if anyres else {}),
         "image_size": [height, width],
         "dtype": str(dtype).removeprefix("torch."),
         "image_token_id": int(model.config.image_token_id),
