@@ -3,8 +3,8 @@ image's anyres crops (the base crop and the tiles of the best grid pinpoint for 
 dynamic number of crops, and ``generate`` lays each image out as the model's ``pack_image_features`` does. The
 development loop's check, on dynamo in process: a left-padded batch of a one-image prompt (tiled, unpadded and, for
 OneVision's ``anyres_max_1``, downscaled) and a two-image prompt (OneVision: base crops only) gives eager's ids;
-inputs that do not fit are refused by name before any program runs. Every count and backend in a new process:
-``test_image_counts.py`` (slow)."""
+inputs that do not fit are refused by name before any program runs. LLaVA-NeXT's row is in the full suite (the
+slow matrix covers it too). Every count and backend in a new process: ``test_image_counts.py`` (slow)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def onevision():
     return _export("llava_onevision")
 
 
-@pytest.fixture(scope="module", params=["llava_onevision", "llava_next"])
+@pytest.fixture(scope="module", params=["llava_onevision", pytest.param("llava_next", marks=pytest.mark.slow)])
 def exports(request, onevision):
     return onevision if request.param == "llava_onevision" else _export(request.param)
 
