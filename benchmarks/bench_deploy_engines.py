@@ -134,7 +134,7 @@ def main() -> None:
                                                                     "inter_op_num_threads": 1}}}})
     ids = json.dumps(prompt[0].tolist())
     engines = {"hfexport onnx (own loop)": (HFEXPORT, str(artifact)),
-               "ORT GenAI on the artifact": (OG, str(artifact / "decoder"))}
+               "ORT GenAI on the artifact": (OG, str(artifact))}  # its root
     if args.executorch:
         from tokenizers import Tokenizer, models
 

@@ -559,9 +559,10 @@ def test_export_task_on_openvino_writes_the_tokenizer_ir_for_openvino_genai(llam
     assert code == 0
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["components"]["decoder"]["openvino"]["genai"]["tokenizer"] == "converted"
-    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json", "config.json"):
-        assert (out / "decoder" / name).is_file(), name
-        assert f"decoder/{name}" in manifest["files"]  # hashed like every file
+    for name in ("openvino_model.xml", "openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json",
+                 "config.json"):  # at the root, where LLMPipeline(dir) reads them
+        assert (out / name).is_file(), name
+        assert name in manifest["files"]  # hashed like every file
 
 
 def test_a_causal_lm_exports_for_text_generation_unless_told_and_says_so(llama, tmp_path):

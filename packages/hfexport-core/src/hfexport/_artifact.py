@@ -84,6 +84,9 @@ class Component:
         verification: the inputs and eager outputs of the export's verification as flat tensors
             (``inputs.<name>.<leaf>``, ``outputs.<name>``), written to ``verification.safetensors`` on save
             (``None`` for a loaded component: the file is copied like the others).
+        at_root: the backend's deployment engine loads the artifact's root (OpenVINO GenAI's
+            ``LLMPipeline(dir)`` reads ``openvino_model.xml`` there, ORT GenAI's ``Model(dir)`` ``genai_config.json``):
+            as a task's only component, its files go at the root rather than into a folder of its name.
     """
 
     name: str
@@ -93,6 +96,7 @@ class Component:
     manifest: dict[str, Any] = field(default_factory=dict)
     program: Any = field(default=None, repr=False)
     verification: dict[str, Any] | None = field(default=None, repr=False)
+    at_root: bool = False
 
 
 def versions_of(distributions: tuple[str, ...] | list[str]) -> dict[str, str]:
