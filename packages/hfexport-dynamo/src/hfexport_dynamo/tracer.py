@@ -170,6 +170,20 @@ class DynamoTracer:
 
         return generate(exported, input_ids, attention_mask, **options)
 
+    def artifact_class(self, manifest: dict[str, Any]) -> type:
+        """The class :func:`hfexport.load` makes of an artifact: a ``"text-generation"`` one is a
+        :class:`~hfexport_dynamo.tasks.loaded.TextGenerationArtifact` (``pipeline("text-generation", model=...)``
+        takes it), every other an :class:`~hfexport.ExportedModel`."""
+        from hfexport import ExportedModel
+
+        from .tasks.names import TEXT_GENERATION
+
+        if manifest.get("task") == TEXT_GENERATION:
+            from .tasks.loaded import TextGenerationArtifact
+
+            return TextGenerationArtifact
+        return ExportedModel
+
     def reference(self, ctx: ExportContext) -> Any:
         model, fixed = ctx.model, dict(trace_state(ctx).fixed_kwargs)
         return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
