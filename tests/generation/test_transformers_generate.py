@@ -117,3 +117,14 @@ def test_as_transformers_refuses_an_artifact_of_another_task():
     exported = hfexport.export(torch.nn.Linear(3, 2), {"input": torch.ones(1, 3)}, backend="dynamo")
     with pytest.raises(ValueError, match="task='text-generation'"):
         as_transformers(exported)
+
+
+def test_pipeline_of_an_artifact_that_is_not_a_text_generation_one_says_which_it_takes():
+    """``pipeline("text-generation", model=...)`` of an artifact of one forward pass (or one not saved): the error
+    names what the pipeline takes (a loaded text-generation artifact, or ``as_transformers``)."""
+    from transformers import pipeline
+
+    exported = hfexport.export(tiny_model("llama", layers=1), backend="dynamo")
+    with pytest.raises(AttributeError, match=r"one forward pass\) is not a transformers model.*as_transformers"):
+        pipeline("text-generation", model=exported, tokenizer=word_tokenizer())
+    assert getattr(exported, "config", None) is None  # getattr's default still works

@@ -116,6 +116,10 @@ def component_manifest(manifest: Mapping[str, Any], component: str = DEFAULT_COM
     return manifest.get("components", {}).get(component, manifest)
 
 
+# what transformers' pipelines read of their model first (an artifact that is not a transformers model says so)
+_MODEL_ATTRIBUTES = frozenset({"device", "config", "generation_config", "can_generate", "dtype"})
+
+
 class ExportedModel:
     """An exported model: one or several named programs, runnable on the backend's runtime.
 
@@ -144,6 +148,17 @@ class ExportedModel:
         self.reference = reference
         self.generator = generator
         self.directory: Path | None = None  # where a loaded artifact was read from (its stored verification)
+
+    def __getattr__(self, name: str) -> Any:
+        """A missing attribute; those a transformers pipeline reads of its model say which artifact it takes."""
+        if name in _MODEL_ATTRIBUTES:
+            task = self.__dict__.get("manifest", {}).get("task")
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}: this {self.__dict__.get('backend')} "
+                f"artifact ({f'task {task!r}' if task else 'one forward pass'}) is not a transformers model. "
+                "pipeline('text-generation', model=...) takes hfexport.load(dir) of a task='text-generation' artifact "
+                "as it is, or hfexport_dynamo.tasks.as_transformers(artifact, config=model.config) for one not saved")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         inputs = ", ".join(i["name"] for i in self.manifest.get("inputs", []))
