@@ -1,5 +1,5 @@
 """Deployment engines on hfexport's own artifacts: decode tok/s of ONNX Runtime GenAI running the onnx text-generation
-artifact as-is (``onnxruntime_genai.Model("<artifact>/decoder")``, its ``Generator``) and of ExecuTorch's LLM runner
+artifact as-is (``onnxruntime_genai.Model("<artifact>")``, its ``Generator``) and of ExecuTorch's LLM runner
 running the executorch-xnnpack artifact as-is (``TextLLMRunner``, the wheel's Python bindings; ``--executorch``),
 each beside hfexport's own greedy loop (``hfexport.load(dir).generate``) on the same files; and whether each engine's
 ids equal eager greedy's.
@@ -134,7 +134,7 @@ def main() -> None:
                                                                     "inter_op_num_threads": 1}}}})
     ids = json.dumps(prompt[0].tolist())
     engines = {"hfexport onnx (own loop)": (HFEXPORT, str(artifact)),
-               "ORT GenAI on the artifact": (OG, str(artifact / "decoder"))}
+               "ORT GenAI on the artifact": (OG, str(artifact))}  # its root
     if args.executorch:
         from tokenizers import Tokenizer, models
 

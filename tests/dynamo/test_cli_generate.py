@@ -559,9 +559,10 @@ def test_export_task_on_openvino_writes_the_tokenizer_ir_for_openvino_genai(llam
     assert code == 0
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["components"]["decoder"]["openvino"]["genai"]["tokenizer"] == "converted"
-    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json", "config.json"):
-        assert (out / "decoder" / name).is_file(), name
-        assert f"decoder/{name}" in manifest["files"]  # hashed like every file
+    for name in ("openvino_model.xml", "openvino_tokenizer.xml", "openvino_detokenizer.xml", "generation_config.json",
+                 "config.json"):  # at the root, where LLMPipeline(dir) reads them
+        assert (out / name).is_file(), name
+        assert name in manifest["files"]  # hashed like every file
 
 
 def test_a_causal_lm_exports_for_text_generation_unless_told_and_says_so(llama, tmp_path):
@@ -612,3 +613,42 @@ def test_a_hub_model_in_bf16_exports_and_generates_as_bf16_eager(llama, tmp_path
     manifest = json.loads((tmp_path / "o" / "export.json").read_text())
     assert manifest["task"] == "text-generation"
     assert "bfloat16" in json.dumps(manifest["components"]["decoder"]["outputs"]), manifest["components"]["decoder"]
+
+
+_CUSTOM_MODELING = '''
+from transformers import LlamaForCausalLM
+
+
+class MyLlama(LlamaForCausalLM):
+    """A model whose code lives in its folder: Llama with its logits halved (so that its outputs are its own)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = out.logits * 0.5
+        return out
+'''
+
+
+def test_trust_remote_code_exports_a_local_model_with_its_own_code(llama, tmp_path):
+    """``hfexport export DIR --trust-remote-code`` on a model folder whose config.json maps ``AutoModelForCausalLM``
+    to a module in the folder (offline, in a new process with its own modules cache): the folder's class is what is
+    exported (the manifest's ``model_class``), generating as that class's eager ``generate`` (the export's check);
+    without the flag the same folder is refused (``test_mistakes_are_refused_within_3_s...``)."""
+    import os
+
+    folder = tmp_path / "custom"
+    shutil.copytree(llama[1], folder)
+    (folder / "modeling_mine.py").write_text(_CUSTOM_MODELING)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_mine.MyLlama"}
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    proc = subprocess.run([sys.executable, "-m", "hfexport.cli", "export", str(folder), "--trust-remote-code",
+                           "--max-cache-len", "16", "-o", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["model_class"] == "MyLlama" and "modeling_mine" in manifest["model_module"]
+    assert manifest["task"] == "text-generation" and manifest["verification"]["passed"] is True
+    assert (tmp_path / "modules").is_dir()  # transformers copied the folder's module into its modules cache

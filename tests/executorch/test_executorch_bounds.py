@@ -357,3 +357,62 @@ def test_the_memory_plan_message_of_given_bounds_names_options_not_symbols(caplo
         assert record.getMessage() == note and "s61" not in note and "max_seq_len" not in note
         assert "--max-cache-len" in note
     assert "lower --prefill-chunk, --max-batch or --max-cache-len" in large.getMessage()
+
+
+def test_the_memory_plan_message_of_a_dynamic_export_names_the_options_the_user_has(caplog):
+    """A ``dynamic=True`` export whose bounds were chosen for the user says how to raise them in the user's terms: the
+    CLI flags of ``hfexport export --dynamic`` and ``hfexport.export``'s keyword arguments, of the roles it has (it
+    named ``ExecutorchConfig(max_batch, max_seq_len)``, which a CLI user does not have)."""
+    import logging
+
+    from hfexport_executorch._bounds import DimBounds
+    from hfexport_executorch._delegation import report_planned_memory
+
+    notes: list[str] = []
+    ctx = SimpleNamespace(note=notes.append)
+    roles = {"batch": {"max": 8, "source": "default max_batch", "symbols": ["s0"]},
+             "sequence": {"max": 512, "source": "config.max_position_embeddings", "symbols": ["s1"]}}
+    with caplog.at_level(logging.INFO, logger="hfexport"):
+        report_planned_memory(ctx, 300 * 2**20, DimBounds(roles=roles))
+        report_planned_memory(ctx, 3 * 2**30, DimBounds(roles=roles))
+        report_planned_memory(ctx, 2**20, DimBounds(roles={"other": {"max": 64, "source": "default dim_upper_bound",
+                                                                     "symbols": ["s2"]}}))
+    small, large, other = notes
+    assert "ExecutorchConfig" not in small + large + other
+    assert ("larger inputs are refused (raise with `hfexport export --dynamic --max-batch N / --max-seq-len N`, or "
+            "max_batch=N, max_seq_len=N in hfexport.export; or give explicit Dim(name, max=...)") in small
+    assert ("The largest bound chosen for you is sequence <= 512 (config.max_position_embeddings): lower it with "
+            "`hfexport export --dynamic --max-seq-len N`, or max_seq_len=N in hfexport.export") in large
+    assert "`hfexport export --dynamic --dim-upper-bound N`, or dim_upper_bound=N in hfexport.export" in other
+
+
+def test_the_cli_flags_of_a_dynamic_export_are_refused_by_a_backend_without_them(tmp_path, capsys):
+    """``--max-seq-len`` / ``--max-batch`` with ``--dynamic`` on onnx: refused by name, before any model loads."""
+    from hfexport import cli
+
+    tiny_model("bert", layers=1).save_pretrained(tmp_path / "bert")
+    for flags, option in ((["--max-seq-len", "16"], "max_seq_len"), (["--max-batch", "4"], "max_batch")):
+        code = cli.main(["export", str(tmp_path / "bert"), "--backend", "onnx", "--dynamic", *flags,
+                         "-o", str(tmp_path / "onnx")])
+        assert code == 2 and f"does not take the option {option}" in capsys.readouterr().err
+        assert not (tmp_path / "onnx").exists()
+
+
+@pytest.mark.slow  # 74 s on a loaded 2-core machine (lowering, saving, reloading, verifying)
+def test_the_cli_flags_of_a_dynamic_export_bound_its_dims(tmp_path):
+    """``hfexport export DIR --backend executorch-xnnpack --dynamic --max-batch 2 --max-seq-len 16``: the flags the
+    memory plan's message names reach ``ExecutorchConfig`` (the manifest's bounds are the user's), and the check of
+    the artifact loaded back stays within them (it took batch 3 x 13, beyond --max-batch 2, and failed)."""
+    from hfexport import cli
+
+    model = tiny_model("bert", layers=1)
+    model.save_pretrained(tmp_path / "bert")
+    out = tmp_path / "out"
+    code = cli.main(["export", str(tmp_path / "bert"), "--backend", "executorch-xnnpack", "--dynamic",
+                     "--max-batch", "2", "--max-seq-len", "16", "-o", str(out)])
+    assert code == 0
+    import json
+
+    bounds = json.loads((out / "export.json").read_text())["executorch"]["dim_bounds"]
+    assert {k: (v["max"], v["source"]) for k, v in bounds.items()} == {"batch": (2, "max_batch"),
+                                                                         "sequence": (16, "max_seq_len")}

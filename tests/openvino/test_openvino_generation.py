@@ -194,9 +194,10 @@ print(json.dumps({"tokens": [list(map(int, row)) for row in tokens], "text": pip
 @pytest.mark.parametrize("kind", [c for c in CASES if KINDS[c.values[0]] == "text-generation"
                                   and not c.values[0].endswith("_fixed")])
 def test_openvino_genai_runs_the_artifact_as_eager_in_a_new_process(kind, generated):
-    """OpenVINO GenAI's ``LLMPipeline`` (its SDPA backend, f32) on the artifact's ``decoder`` folder as saved, in a
-    new process: 32 greedy tokens equal eager's, and text in, text out through the tokenizer IR written beside it
-    (``openvino_tokenizer.xml``, ``openvino_detokenizer.xml``) and ``generation_config.json``."""
+    """OpenVINO GenAI's ``LLMPipeline`` (its SDPA backend, f32) on the artifact's root as saved (``LLMPipeline(dir)``,
+    as users call it), in a new process: 32 greedy tokens equal eager's, and text in, text out through the tokenizer
+    IR written beside the model (``openvino_tokenizer.xml``, ``openvino_detokenizer.xml``) and
+    ``generation_config.json``, each hashed in the manifest; the weights stored once (no ``decoder`` folder)."""
     import os
     import subprocess
     import sys
@@ -204,11 +205,16 @@ def test_openvino_genai_runs_the_artifact_as_eager_in_a_new_process(kind, genera
     models, _, workdir = generated
     if isinstance(models[kind], Exception):
         raise models[kind]
-    section = json.loads((workdir / kind / "export.json").read_text())["components"]["decoder"]["openvino"]
+    manifest = json.loads((workdir / kind / "export.json").read_text())
+    section = manifest["components"]["decoder"]["openvino"]
     assert section["genai"]["tokenizer"] == "converted"
+    root = ["openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_tokenizer.bin",
+            "openvino_detokenizer.xml", "openvino_detokenizer.bin", "config.json", "generation_config.json"]
+    assert (section["model_file"], section["data_file"]) == ("openvino_model.xml", "openvino_model.bin")
+    assert set(root) <= set(manifest["files_sha256"]) and not (workdir / kind / "decoder").exists()
     ids = torch.randint(3, 100, (1, 5), generator=torch.Generator().manual_seed(0))
     text = "w5 w6 w7"
-    proc = subprocess.run([sys.executable, "-c", _GENAI_SCRIPT, str(workdir / kind / "decoder"),
+    proc = subprocess.run([sys.executable, "-c", _GENAI_SCRIPT, str(workdir / kind),
                            json.dumps(ids.tolist()), text, str(GENAI_TOKENS)], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -166,7 +166,13 @@ def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bo
     # Saving a loaded artifact again copies its files (they are the artifact).
     copy = {f: (lambda d, f=f: _copy_file(path / f, d / f)) for f in files}
     generator = getattr(exporter_class.tracer, "generate", None) if manifest.get("task") else None
-    exported = ExportedModel(manifest["backend"], components, manifest, extra_files=copy, generator=generator)
+    # the tracer may name a subclass for a task's artifact (a text-generation one that transformers' pipeline takes)
+    artifact_class = getattr(exporter_class.tracer, "artifact_class", None)
+    cls = artifact_class(manifest) if artifact_class is not None else ExportedModel
+    if not (isinstance(cls, type) and issubclass(cls, ExportedModel)):
+        raise TypeError(f"the {manifest['backend']} backend's tracer named {cls!r} as the artifact's class; it must be "
+                        "an hfexport.ExportedModel subclass")
+    exported = cls(manifest["backend"], components, manifest, extra_files=copy, generator=generator)
     exported.directory = path  # verify_stored() reads its verification.safetensors
     return exported
 

@@ -84,6 +84,9 @@ class Component:
         verification: the inputs and eager outputs of the export's verification as flat tensors
             (``inputs.<name>.<leaf>``, ``outputs.<name>``), written to ``verification.safetensors`` on save
             (``None`` for a loaded component: the file is copied like the others).
+        at_root: the backend's deployment engine loads the artifact's root (OpenVINO GenAI's
+            ``LLMPipeline(dir)`` reads ``openvino_model.xml`` there, ORT GenAI's ``Model(dir)`` ``genai_config.json``):
+            as a task's only component, its files go at the root rather than into a folder of its name.
     """
 
     name: str
@@ -93,6 +96,7 @@ class Component:
     manifest: dict[str, Any] = field(default_factory=dict)
     program: Any = field(default=None, repr=False)
     verification: dict[str, Any] | None = field(default=None, repr=False)
+    at_root: bool = False
 
 
 def versions_of(distributions: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -110,6 +114,10 @@ def component_manifest(manifest: Mapping[str, Any], component: str = DEFAULT_COM
     """The manifest section of ``component`` (``manifest["components"][component]``); the whole manifest for a
     schema-1 artifact, whose one component's keys stand at the top level."""
     return manifest.get("components", {}).get(component, manifest)
+
+
+# what transformers' pipelines read of their model first (an artifact that is not a transformers model says so)
+_MODEL_ATTRIBUTES = frozenset({"device", "config", "generation_config", "can_generate", "dtype"})
 
 
 class ExportedModel:
@@ -140,6 +148,17 @@ class ExportedModel:
         self.reference = reference
         self.generator = generator
         self.directory: Path | None = None  # where a loaded artifact was read from (its stored verification)
+
+    def __getattr__(self, name: str) -> Any:
+        """A missing attribute; those a transformers pipeline reads of its model say which artifact it takes."""
+        if name in _MODEL_ATTRIBUTES:
+            task = self.__dict__.get("manifest", {}).get("task")
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}: this {self.__dict__.get('backend')} "
+                f"artifact ({f'task {task!r}' if task else 'one forward pass'}) is not a transformers model. "
+                "pipeline('text-generation', model=...) takes hfexport.load(dir) of a task='text-generation' artifact "
+                "as it is, or hfexport_dynamo.tasks.as_transformers(artifact, config=model.config) for one not saved")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         inputs = ", ".join(i["name"] for i in self.manifest.get("inputs", []))

@@ -75,6 +75,11 @@ class Tracer(Protocol):
 
     def generate(self, exported: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any: ...
 
+    def artifact_class(self, manifest: dict[str, Any]) -> type:
+        """Optional: the :class:`~hfexport.ExportedModel` subclass :func:`hfexport.load` makes for an artifact of
+        ``manifest`` (hfexport-dynamo's for ``task="text-generation"``: one that transformers' ``pipeline`` takes);
+        without it, ``ExportedModel``."""
+
     def load_model(self, path: str | Path) -> Any: ...
 
     def prepare_load(self, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> None:

@@ -6,7 +6,7 @@ The kernel knows no task: the exporter's tracer plans one (:meth:`Tracer.plan_ta
 of modules, example inputs and dynamic shapes) and runs it (:meth:`Tracer.generate`). The pipeline
 (:func:`hfexport._pipeline.export`) exports each planned component and :func:`merge_components` makes one
 artifact of them; each component's files go into a folder of its own name, so that backends keep their fixed
-file names.
+file names (a task's only component whose deployment engine loads the artifact's root stays at the root).
 """
 
 from __future__ import annotations
@@ -58,7 +58,11 @@ class TaskPlan:
 
 def prefix_files(section: Mapping[str, Any], folder: str) -> dict[str, Any]:
     """``section`` with every ``*_file`` value (at any depth) prefixed by ``folder/``: the component's files
-    lie in a folder of the artifact, and backends open ``path / section["program_file"]``."""
+    lie in a folder of the artifact, and backends open ``path / section["program_file"]``. ``folder`` ``""``: the
+    artifact's root, names unchanged."""
+    if not folder:
+        return dict(section)
+
     def walk(value: Any, key: str = "") -> Any:
         if isinstance(value, Mapping):
             return {k: walk(v, k) for k, v in value.items()}
@@ -74,8 +78,8 @@ def prefix_files(section: Mapping[str, Any], folder: str) -> dict[str, Any]:
 def _in_folder(component: Component, folder: str) -> Callable[[Path], list[str]] | None:
     """The component's writer, writing into ``directory / folder``; returns names relative to ``directory``."""
     write = component.write
-    if write is None:
-        return None
+    if write is None or not folder:
+        return write
 
     def write_in_folder(directory: Path) -> list[str]:
         (directory / folder).mkdir(parents=True, exist_ok=True)
@@ -91,14 +95,17 @@ def merge_components(exporter: Any, plan: TaskPlan, exported: list[tuple[Compone
 
     The manifest gets ``task``, the plan's keys, one section per component (its ``*_file`` names under the
     component's folder, its verification report) and the timings of each; the first component's keys also at the
-    top level, as for one program. ``config.json`` is written once, by the first component's tracer files.
+    top level, as for one program. ``config.json`` is written once, by the first component's tracer files. A
+    task's only component whose backend asks for it (``Component.at_root``: its deployment engine loads the
+    artifact's root) keeps its files at the root.
     """
     components, sections, timings = [], {}, {}
     for part, artifact in exported:
         component = artifact.default_component
-        section = prefix_files(artifact.manifest["components"][component.name], part.name)
-        components.append(Component(part.name, component.runner, component.out_spec, _in_folder(component, part.name),
-                                    section, component.program, component.verification))
+        folder = "" if component.at_root and len(exported) == 1 else part.name
+        section = prefix_files(artifact.manifest["components"][component.name], folder)
+        components.append(Component(part.name, component.runner, component.out_spec, _in_folder(component, folder),
+                                    section, component.program, component.verification, component.at_root))
         sections[part.name] = section
         timings[part.name] = artifact.manifest.get("timings_s", {})
     first_name, first = exported[0][0].name, exported[0][1]

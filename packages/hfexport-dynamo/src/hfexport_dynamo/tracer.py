@@ -170,6 +170,20 @@ class DynamoTracer:
 
         return generate(exported, input_ids, attention_mask, **options)
 
+    def artifact_class(self, manifest: dict[str, Any]) -> type:
+        """The class :func:`hfexport.load` makes of an artifact: a ``"text-generation"`` one is a
+        :class:`~hfexport_dynamo.tasks.loaded.TextGenerationArtifact` (``pipeline("text-generation", model=...)``
+        takes it), every other an :class:`~hfexport.ExportedModel`."""
+        from hfexport import ExportedModel
+
+        from .tasks.names import TEXT_GENERATION
+
+        if manifest.get("task") == TEXT_GENERATION:
+            from .tasks.loaded import TextGenerationArtifact
+
+            return TextGenerationArtifact
+        return ExportedModel
+
     def reference(self, ctx: ExportContext) -> Any:
         model, fixed = ctx.model, dict(trace_state(ctx).fixed_kwargs)
         return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
@@ -194,7 +208,8 @@ class DynamoTracer:
             return (model_cls or transformers.AutoModel).from_pretrained(path).eval()
 
     def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """Dummy inputs at batch+1 and seq+5 along the dims the program kept dynamic (traced size otherwise)."""
+        """Dummy inputs at batch+1 and seq+5 along the dims the program kept dynamic (traced size otherwise), within
+        each dim's range (an ExecuTorch ``--max-batch 2`` export of a batch-2 example is checked at batch 2)."""
         if not hasattr(model, "config"):
             return None
         ids = next((i for i in manifest["inputs"] if i["name"] in ("input_ids", "pixel_values", "input_features",
@@ -204,8 +219,13 @@ class DynamoTracer:
         batch, rest = ids["example_shape"][0], ids["example_shape"][1:]
         seq = rest[0] if rest else 8
         dynamic = ids.get("dynamic_dims", {})
-        return dummy_inputs(model, batch=batch + 1 if "0" in dynamic else batch,
-                            seq=seq + 5 if "1" in dynamic and ids["name"] == "input_ids" else seq, seed=1)
+
+        def moved(dim: str, size: int, step: int) -> int:
+            upper = (dynamic[dim] or {}).get("max") if isinstance(dynamic.get(dim), dict) else None
+            return size + step if upper is None else max(size, min(size + step, int(upper)))
+
+        return dummy_inputs(model, batch=moved("0", batch, 1) if "0" in dynamic else batch,
+                            seq=moved("1", seq, 5) if "1" in dynamic and ids["name"] == "input_ids" else seq, seed=1)
 
 
     def second_shape_inputs(self, ctx: ExportContext, inputs: Mapping[str, Any], *,

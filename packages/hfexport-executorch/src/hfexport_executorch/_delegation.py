@@ -8,6 +8,7 @@ import functools
 import logging
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,24 +195,41 @@ def report_planned_memory(ctx: ExportContext, planned: int, bounds: Any) -> None
     if planned > PLANNED_MEMORY_WARNING_BYTES:
         message += "; the runtime allocates it when it loads the program. " + _how_to_lower(bounds)
     else:
-        message += ("; larger inputs are refused (raise them with ExecutorchConfig(max_batch=..., max_seq_len=...) "
-                    "in Python, or give explicit Dim(name, max=...) bounds in dynamic_shapes)")
+        message += f"; larger inputs are refused (raise {raise_options(bounds.roles)})"
     ctx.note(message)
     log = logger.info if bounds.user_given() and planned <= PLANNED_MEMORY_WARNING_BYTES else logger.warning
     log(message)
 
 
+# a role's bound -> the ExecutorchConfig field that sets it (a role not named: dim_upper_bound)
+_ROLE_OPTION = {"batch": "max_batch", "sequence": "max_seq_len", "decoder_sequence": "max_seq_len",
+                "audio": "max_seq_len", "frames": "max_seq_len"}
+
+
+def _options_in_user_terms(fields: list[str]) -> str:
+    """``fields`` (``ExecutorchConfig`` fields) as the user sets them on either path: the CLI's flags of a
+    ``--dynamic`` export (``--max-batch`` from hfexport-dynamo, the others from this package's ``_cli.py``) and
+    ``hfexport.export``'s keyword arguments (config fields)."""
+    flags = " / ".join(f"--{f.replace('_', '-')} N" for f in fields)
+    kwargs = ", ".join(f"{f}=N" for f in fields)
+    return f"`hfexport export --dynamic {flags}`, or {kwargs} in hfexport.export"
+
+
+def raise_options(roles: Mapping[str, Any]) -> str:
+    """How the user raises the bounds of ``roles`` (``DimBounds.roles``): the options of those roles, on the command
+    line and in Python, and ``dynamic_shapes`` for any dim."""
+    fields = list(dict.fromkeys(_ROLE_OPTION.get(role, "dim_upper_bound") for role in roles)) or ["dim_upper_bound"]
+    return f"with {_options_in_user_terms(fields)}; or give explicit Dim(name, max=...) bounds in dynamic_shapes"
+
+
 def _how_to_lower(bounds: Any) -> str:
     """What lowers the plan: the largest bound chosen for the user (by its role's option), or the generic advice."""
-    option = {"batch": "max_batch", "sequence": "max_seq_len", "decoder_sequence": "max_seq_len",
-              "audio": "max_seq_len", "frames": "max_seq_len"}
     chosen = [(info["max"], role) for role, info in bounds.roles.items()
               if info["source"] not in ("max_batch", "max_seq_len", "dim_upper_bound", "torch.export")]
     if chosen:
         size, role = max(chosen)
-        how = f"ExecutorchConfig({option[role]}=...)" if role in option else \
-            "an explicit Dim(name, max=...) in dynamic_shapes"
         return (f"The largest bound chosen for you is {role} <= {size} "
-                f"({bounds.roles[role]['source']}): lower it with {how}")
-    return ("Lower max_batch, max_seq_len or dim_upper_bound, or give explicit Dim(name, max=...) bounds in "
-            "dynamic_shapes")
+                f"({bounds.roles[role]['source']}): lower it with "
+                f"{_options_in_user_terms([_ROLE_OPTION.get(role, 'dim_upper_bound')])}")
+    return (f"Lower the bounds with {_options_in_user_terms(['max_batch', 'max_seq_len', 'dim_upper_bound'])}, or "
+            "give explicit Dim(name, max=...) bounds in dynamic_shapes")

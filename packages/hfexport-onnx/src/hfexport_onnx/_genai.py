@@ -18,8 +18,13 @@ position's. So ``genai_model.onnx`` is the decoder's graph with:
 
 Its weights are the decoder's: the initializers keep pointing into ``model.onnx.data`` (stored once). The files are
 written by the component's writer when the artifact is saved (planned by ``OnnxExporter.package``'s step
-``genai``: ``onnx.save of genai_model.onnx + genai_config.json for onnxruntime-genai``), and run with
-``onnxruntime_genai.Model("<artifact>/decoder")``.
+``genai``: ``onnx.save of genai_model.onnx + genai_config.json for onnxruntime-genai``); the component then lies at
+the artifact's root (``Component.at_root``), so ``onnxruntime_genai.Model("<artifact>")`` runs it and
+``onnxruntime_genai.Tokenizer(model)`` reads the ``tokenizer.json`` / ``tokenizer_config.json`` there (what
+``hfexport export`` copies from the model's folder). ``genai_config.json`` could also sit above the decoder's
+folder: ORT GenAI (0.18) joins ``model.decoder.filename`` to the config's folder, and ``"decoder/genai_model.onnx"``
+loads (its external data read beside it); the root layout keeps one rule for ORT GenAI and OpenVINO GenAI, whose
+``LLMPipeline`` reads ``openvino_model.xml`` and its ``.bin`` only at the folder it is given.
 """
 
 from __future__ import annotations

@@ -297,8 +297,9 @@ class OnnxExporter(Exporter):
             if genai is not None:  # written beside model.onnx on save; its graph shares model.onnx.data
                 write = genai.writer(runner.write_files)
                 section["genai"] = genai.manifest
+        # ORT GenAI's Model(dir) loads the artifact's root: a text-generation decoder's files go there
         return self.artifact(ctx, [Component("model", runner, ctx.program.call_spec.out_spec, write,
-                                             section, ctx.program)])
+                                             section, ctx.program, at_root=genai is not None)])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""

@@ -169,8 +169,9 @@ class OpenVINOExporter(Exporter):
                 return [*runner.write_files(directory), *genai.write(directory)]
         section = {"program_file": MODEL_FILE, "openvino": state.manifest,
                    **({"quantization": state.quantization} if state.quantization else {})}
+        # OpenVINO GenAI's LLMPipeline(dir) reads openvino_model.xml (and its .bin beside it) at the artifact's root
         return self.artifact(ctx, [Component("model", state.runner, ctx.program.call_spec.out_spec,
-                                             write, section, ctx.program)])
+                                             write, section, ctx.program, at_root=bool(state.growing_states))])
 
     def check_inputs(self, inputs: Any, model: Any = None) -> None:
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""

@@ -43,7 +43,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
             "sliding window; capped at 256 for the encoder-decoder tasks)")
         export.add_argument(
             "--max-batch", type=int, metavar="N", help="with --task: the largest batch (default 1; on ExecuTorch a "
-            "decoder's batch is static: every call runs this many rows)")
+            "decoder's batch is static: every call runs this many rows); with --dynamic on ExecuTorch: the batch's "
+            "upper bound (ExecutorchConfig.max_batch)")
         export.add_argument(
             "--prefill-chunk", type=int, metavar="N", help="with --task text-generation or image-text-to-text: the "
             "most prompt tokens one call takes (default min(256, max-cache-len)); a longer prompt is prefilled in "
@@ -136,6 +137,13 @@ def _check_task_options(args: argparse.Namespace, task: str | None, demo: Any) -
     if task is not None and getattr(args, "no_task", False) and args.task is not None:
         raise UsageError(f"--no-task exports one forward pass: drop it or --task {task}")
     if task is None:
+        if args.dynamic and args.max_batch is not None:
+            # a --dynamic export's batch bound: the backend's own max_batch option (ExecuTorch plans memory for it; a
+            # backend without one refuses it by name)
+            if args.max_batch < 1:
+                raise UsageError(f"--max-batch must be a positive number of sequences, got {args.max_batch}")
+            args.backend_options = {**(getattr(args, "backend_options", None) or {}), "max_batch": args.max_batch}
+            bounds.remove("--max-batch")
         if bounds:
             raise UsageError(f"{' and '.join(bounds)} bound{'s' if len(bounds) == 1 else ''} the programs of a task export: pass --task "
                              "text-generation (or drop them for a single forward pass)")
