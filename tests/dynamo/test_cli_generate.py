@@ -629,6 +629,7 @@ class MyLlama(LlamaForCausalLM):
 '''
 
 
+@pytest.mark.slow  # a CLI export in a new process (61 s loaded); the refusal without the flag stays in the default set
 def test_trust_remote_code_exports_a_local_model_with_its_own_code(llama, tmp_path):
     """``hfexport export DIR --trust-remote-code`` on a model folder whose config.json maps ``AutoModelForCausalLM``
     to a module in the folder (offline, in a new process with its own modules cache): the folder's class is what is
