@@ -163,10 +163,11 @@ class CausalLMStep(torch.nn.Module):
         if self.growing_cache:
             return self._growing_step(tokens, attention_mask, position_ids, cache)
 
-        if self.in_buffers:
-            cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
-                          for i in range(len(self.cache_shapes)))
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
+        if self.in_buffers:
+            cache = tuple(self._held_states(i, past_length) if i in self.state_layers else
+                          (getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
+                          for i in range(len(self.cache_shapes)))
         kv = Cache(layers=[state_layer(k, v, i in self.recurrent_layers) if i in self.state_layers else
                            capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
                                           fused=bool(self.fused_attention))
@@ -197,12 +198,46 @@ class CausalLMStep(torch.nn.Module):
             raise FusedAttentionUnused(f"layers {unwritten} of {type(self.model).__name__} attend without "
                                        "transformers' sdpa attention function; export without fused_attention")
         result = {"logits": out.logits[:, -1, :]}
+        for i in self.state_layers if self.in_buffers else ():  # the new states written into their buffers
+            getattr(self, f"cache_conv_{i}").copy_(kv.layers[i].conv_states[0])
+            if i in self.recurrent_layers:
+                getattr(self, f"cache_recurrent_{i}").copy_(kv.layers[i].recurrent_states[0])
         if not self.in_buffers:
             result["cache"] = tuple((layer.conv_states[0], layer.recurrent_states[0] if i in self.recurrent_layers
                                      else layer.recurrent_states[0].clone())
                                     if i in self.state_layers else (layer.keys, layer.values)
                                     for i, layer in enumerate(kv.layers))
         return result
+
+    def carry_states(self, state_layers: frozenset[int], recurrent_layers: frozenset[int], prefill_chunk: int) -> None:
+        """Set the layers whose cache is a linear-attention state (:attr:`state_layers`, :attr:`recurrent_layers`)
+        and the ``seq`` bound. With ``in_buffers``, such a layer's states are buffers of their own, mutated in place:
+        ``cache_conv_<i>`` ``[batch, channels, kernel]`` and, for a recurrent layer, ``cache_recurrent_<i>``
+        ``[batch, heads, key_dim, value_dim]`` (zeros), instead of its key and value buffers."""
+        self.state_layers, self.recurrent_layers, self.prefill_chunk = state_layers, recurrent_layers, prefill_chunk
+        if not self.in_buffers:
+            return
+        for i in sorted(state_layers):
+            conv, recurrent = self.cache_shapes[i]
+            dtype = getattr(self, f"cache_keys_{i}").dtype
+            delattr(self, f"cache_keys_{i}")
+            delattr(self, f"cache_values_{i}")
+            self.register_buffer(f"cache_conv_{i}", torch.zeros(conv, dtype=dtype), persistent=False)
+            if i in recurrent_layers:
+                self.register_buffer(f"cache_recurrent_{i}", torch.zeros(recurrent, dtype=dtype), persistent=False)
+
+    def _held_states(self, i: int, past_length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s ``(conv_state, recurrent_state)`` from its buffers (:meth:`carry_states`), as zeros at
+        ``past_length == 0``: a new sequence starts with no history whatever the last one left (the key and value
+        buffers need no such reset: the mask hides their stale positions). LFM2's conv layers get a ``[batch, 1]``
+        placeholder for the recurrent state (unused)."""
+        conv = getattr(self, f"cache_conv_{i}")
+        start = past_length == 0
+        conv = torch.where(start, torch.zeros((), dtype=conv.dtype), conv)
+        if i not in self.recurrent_layers:
+            return conv, torch.zeros((conv.shape[0], 1), dtype=conv.dtype)
+        recurrent = getattr(self, f"cache_recurrent_{i}")
+        return conv, torch.where(start, torch.zeros((), dtype=recurrent.dtype), recurrent)
 
     def _growing_step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
@@ -330,7 +365,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
               for k, v, state in probed]
     state_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state)
     recurrent_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state == "recurrent")
-    if state_layers and (growing or stateful or embed is not None or position_rows):
+    if state_layers and (growing or embed is not None or position_rows):
         raise InvalidInputError(f"{type(model).__name__} holds linear-attention states (layers "
                                 f"{sorted(state_layers)}): task='text-generation' carries them as the program's "
                                 "inputs and outputs only, not in a runtime's buffers or growing cache (backends "
@@ -378,7 +413,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                 break
     if step is None:
         step = step_class(model, shapes, dtype, in_buffers=stateful)
-    step.state_layers, step.recurrent_layers, step.prefill_chunk = state_layers, recurrent_layers, prefill_chunk
+    step.carry_states(state_layers, recurrent_layers, prefill_chunk)
 
     if in_place_kernel and embed is None and callable(step.fused_attention):
         # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries
