@@ -247,11 +247,24 @@ class CausalLMStep(torch.nn.Module):
 
         seq_len = next(iter(tokens.values())).shape[1]
         # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
-        torch._check(attention_mask.shape[1] == cache[0][0].shape[2] + seq_len)
-        kv = Cache(layers=[growing_layer(k, v) for k, v in cache])
+        past = cache[min(set(range(len(cache))) - self.state_layers)][0].shape[2]
+        torch._check(attention_mask.shape[1] == past + seq_len)
+        # a linear-attention layer's states are fixed-size: (conv_state,) or (conv_state, recurrent_state)
+        kv = Cache(layers=[state_layer(held[0], held[1] if i in self.recurrent_layers else
+                                       torch.zeros((held[0].shape[0], 1), dtype=held[0].dtype),
+                                       i in self.recurrent_layers) if i in self.state_layers else growing_layer(*held)
+                           for i, held in enumerate(cache)])
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
-        out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1, **extra)
-        return {"logits": out.logits, "cache": tuple((layer.keys, layer.values) for layer in kv.layers)}
+        masked = recurrent_mask_at(self.model, attention_mask, past) if self.state_layers else contextlib.nullcontext()
+        carried = carried_recurrent_states(self.model, kv, self.prefill_chunk) if self.recurrent_layers else \
+            contextlib.nullcontext()
+        with masked, carried:
+            out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1,
+                             **extra)
+        return {"logits": out.logits, "cache": tuple(
+            ((layer.conv_states[0], layer.recurrent_states[0]) if i in self.recurrent_layers else
+             (layer.conv_states[0],)) if i in self.state_layers else (layer.keys, layer.values)
+            for i, layer in enumerate(kv.layers))}
 
 
 def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
@@ -365,11 +378,11 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
               for k, v, state in probed]
     state_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state)
     recurrent_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state == "recurrent")
-    if state_layers and (growing or embed is not None or position_rows):
+    if state_layers and (embed is not None or position_rows or len(state_layers) == len(probed)):
         raise InvalidInputError(f"{type(model).__name__} holds linear-attention states (layers "
-                                f"{sorted(state_layers)}): task='text-generation' carries them as the program's "
-                                "inputs and outputs only, not in a runtime's buffers or growing cache (backends "
-                                "dynamo and onnx)")
+                                f"{sorted(state_layers)}): task='text-generation' carries them beside the attention "
+                                "layers' KV cache of a text decoder only, not in an image- or audio-text decoder "
+                                "nor in a model without attention layers")
     if state_layers:
         fused_cache_attention = False
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -377,8 +390,10 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
         # imported here: only an export whose backend keeps a growing cache reads growing_cache.py
         from .growing_cache import plan_growing_decoder
 
-        return plan_growing_decoder(model, CausalLMStep(model, shapes, dtype, growing=True), ids, mask, shapes,
-                                    dtype, rows, max_batch, max_cache_len, prefill_chunk, takes_position_ids)
+        growing_step = CausalLMStep(model, shapes, dtype, growing=True)
+        growing_step.carry_states(state_layers, recurrent_layers, prefill_chunk)
+        return plan_growing_decoder(model, growing_step, ids, mask, shapes, dtype, rows, max_batch, max_cache_len,
+                                    prefill_chunk, takes_position_ids)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -449,6 +464,8 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
              "fused_attention": bool(step.fused_attention), "fused_rotary": step.fused_rotary,
              "ignores_padding": kernel,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    if state_layers:  # {layer: kind}: row_shapes holds (conv_state, recurrent_state) there, [1] for a conv layer's
+        cache["state_layers"] = {str(i): "recurrent" if i in recurrent_layers else "conv" for i in sorted(state_layers)}
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
 

@@ -36,7 +36,12 @@ def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, m
     with torch.no_grad():
         out = model(input_ids=past_ids, attention_mask=past_mask, cache=DynamicCache(config=model.config),
                     use_cache=True, logits_to_keep=1, **extra)
-    past = tuple((layer.keys.detach().clone(), layer.values.detach().clone()) for layer in out.cache.layers)
+    # a linear-attention layer (step.state_layers) holds fixed-size states: (conv_state,) or (conv_state,
+    # recurrent_state), [batch, ...] whatever the past
+    past = tuple(((layer.conv_states[0].detach().clone(), layer.recurrent_states[0].detach().clone())
+                  if i in step.recurrent_layers else (layer.conv_states[0].detach().clone(),))
+                 if i in step.state_layers else (layer.keys.detach().clone(), layer.values.detach().clone())
+                 for i, layer in enumerate(out.cache.layers))
     full_mask = torch.cat([past_mask, mask], -1)
     example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
     if takes_position_ids:
@@ -47,11 +52,15 @@ def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, m
     dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": {**batch, 1: Dim.AUTO}}
     if takes_position_ids:
         dynamic_shapes["position_ids"] = {**batch, 1: seq}
-    dynamic_shapes["cache"] = tuple(({**batch, 2: held}, {**batch, 2: held}) for _ in past)
+    dynamic_shapes["cache"] = tuple(tuple(dict(batch) or None for _ in layer) if i in step.state_layers else
+                                    ({**batch, 2: held}, {**batch, 2: held}) for i, layer in enumerate(past))
     cache = {"layout": "[batch, kv_heads, past, head_dim]", "in_program_buffers": False, "growing": True,
              "static_batch": rows == 1, "dtype": str(dtype).removeprefix("torch."), "fused_attention": False,
              "fused_rotary": False, "ignores_padding": False,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    if step.state_layers:  # {layer: kind} of the fixed-size states, carried as (conv,) or (conv, recurrent)
+        cache["state_layers"] = {str(i): "recurrent" if i in step.recurrent_layers else "conv"
+                                 for i in sorted(step.state_layers)}
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
 
