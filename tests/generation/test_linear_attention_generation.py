@@ -1,7 +1,7 @@
 """Hybrid decoders whose cache holds linear-attention states (transformers' ``LinearAttentionLayer``) beside the KV
 cache, through ``task="text-generation"`` (issue 46): LFM2's conv layers carry their ``[batch, channels, kernel]``
 state, Qwen3-Next's gated-delta-net layers their conv state and ``[batch, heads, key_dim, value_dim]`` recurrent
-state (``kv_cache.state_layer``, ``carried_recurrent_states``) where each runtime keeps its cache: as the ``decoder``
+state (``kv_cache.state_layer``, ``linear_attention_patches``) where each runtime keeps its cache: as the ``decoder``
 program's inputs and outputs (dynamo, onnx), in its mutable buffers beside the KV buffers (executorch-xnnpack:
 ``CausalLMStep.carry_states``), as fixed-shape variables beside the growing KV variables (openvino); greedy
 ``generate`` returns eager ``model.generate(do_sample=False)``'s ids; what the program does not carry is refused
@@ -182,17 +182,23 @@ def test_a_recurrence_without_a_chunked_rule_is_refused_naming_the_layer():
 
 
 @pytest.mark.slow
-def test_without_the_carried_recurrent_state_the_ids_differ(monkeypatch):
-    """The fix disabled (``carried_recurrent_states`` a no-op: each call's chunked rule starts from zeros, as
-    transformers' does when the cache reports no previous state): the export runs, and its ids are not eager's."""
-    import contextlib
-
-    from hfexport_dynamo.tasks import causal_lm
-
-    monkeypatch.setattr(causal_lm, "carried_recurrent_states", lambda *args: contextlib.nullcontext())
+def test_without_the_carried_recurrent_state_the_ids_differ():
+    """The patch disabled (``_patch_chunked_rule_from_carried_state``: each call's chunked rule starts from zeros,
+    as transformers' does when the cache reports no previous state): the export runs, and its ids are not eager's."""
     model = tiny_qwen3_next()
-    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4)
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4,
+                               disable=("_patch_chunked_rule_from_carried_state",))
     ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model.generate(input_ids=ids, do_sample=False, max_new_tokens=NEW_TOKENS)
     assert not torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), expected)
+
+
+def test_without_the_mask_at_the_new_positions_the_export_fails_its_verification():
+    """The patch disabled (``_patch_recurrent_mask_at_new_positions``): transformers' mask helper reads the last
+    positions of the mask over the capacity (zeros: not written yet) and gives None for one new position (a length
+    test that the trace specializes): the verification of LFM2's decoder at one token finds the logits and the conv
+    state off by units."""
+    with pytest.raises(hfexport.VerificationError, match=r"input_ids=\[1, 1\].*\n.*logits"):
+        hfexport.export(tiny_lfm2(), backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4,
+                        disable=("_patch_recurrent_mask_at_new_positions",))

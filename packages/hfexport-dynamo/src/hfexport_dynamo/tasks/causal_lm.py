@@ -41,14 +41,13 @@ from .kv_cache import (
     FusedRotaryUnusable,
     RotaryTables,
     capacity_layer,
-    carried_recurrent_states,
     grouped_sdpa,
-    growing_layer,
-    linear_attention_state,
+    linear_attention_patches,
+    probe_cache,
     recording_rotary,
-    recurrent_mask_at,
     rotary_tables,
     state_layer,
+    step_cache,
 )
 from .names import DECODER, TEXT_GENERATION
 from .planning import (
@@ -114,6 +113,9 @@ class CausalLMStep(torch.nn.Module):
     state_layers: frozenset[int] = frozenset()
     recurrent_layers: frozenset[int] = frozenset()
     prefill_chunk = 1  # the bound of the seq dim, to which recurrent_layers' chunked rule pads (set by plan_decoder)
+    # the patches of scope "dynamo.text_generation" that the forward leaves out (kv_cache.linear_attention_patches):
+    # the export's disable=, set by the capture (stage 2)
+    disabled_patches: tuple[str, ...] = ()
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
                  dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
@@ -157,21 +159,21 @@ class CausalLMStep(torch.nn.Module):
               ) -> dict[str, Any]:
         """The forward of :meth:`forward`, with the new positions given as ``tokens``: ``{"input_ids": ...}`` or
         ``{"inputs_embeds": float [batch, seq, hidden]}`` (a subclass's forward names its first input)."""
-        from transformers.cache_utils import Cache
-
         seq_len = next(iter(tokens.values())).shape[1]
         if self.growing_cache:
-            return self._growing_step(tokens, attention_mask, position_ids, cache)
+            from .growing_cache import growing_forward  # only a growing cache's step reads growing_cache.py
+
+            return growing_forward(self, tokens, attention_mask, position_ids, cache)
 
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
         if self.in_buffers:
             cache = tuple(self._held_states(i, past_length) if i in self.state_layers else
                           (getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
                           for i in range(len(self.cache_shapes)))
-        kv = Cache(layers=[state_layer(k, v, i in self.recurrent_layers) if i in self.state_layers else
-                           capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
-                                          fused=bool(self.fused_attention))
-                           for i, ((k, v), shapes) in enumerate(zip(cache, self.cache_shapes, strict=True))])
+        kv = step_cache([state_layer(k, v, i in self.recurrent_layers) if i in self.state_layers else
+                         capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
+                                        fused=bool(self.fused_attention))
+                         for i, ((k, v), shapes) in enumerate(zip(cache, self.cache_shapes, strict=True))])
         if self.in_buffers and self.fused_attention:
             start = past_length.item()  # the kernel's start position, a SymInt bounded by the capacity
             torch._check(start >= 0)
@@ -181,10 +183,8 @@ class CausalLMStep(torch.nn.Module):
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         token = FUSED_CACHE.set(kv if self.fused_attention else None)
         rotary = contextlib.nullcontext()
-        if self.state_layers:  # linear-attention layers: their padding mask at the new positions
-            rotary = recurrent_mask_at(self.model, attention_mask, past_length)
-        carried = carried_recurrent_states(self.model, kv, self.prefill_chunk) if self.recurrent_layers else \
-            contextlib.nullcontext()
+        carried = linear_attention_patches(attention_mask, past_length, self.prefill_chunk, self.disabled_patches) \
+            if self.state_layers else contextlib.nullcontext()
         if self.fused_rotary and position_ids is not None:
             rotary = recording_rotary(self.model, RotaryTables(self.rotary_cos, self.rotary_sin, position_ids))
         try:
@@ -238,65 +238,6 @@ class CausalLMStep(torch.nn.Module):
             return conv, torch.zeros((conv.shape[0], 1), dtype=conv.dtype)
         recurrent = getattr(self, f"cache_recurrent_{i}")
         return conv, torch.where(start, torch.zeros((), dtype=recurrent.dtype), recurrent)
-
-    def _growing_step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
-                      position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
-        """:meth:`_step` over a cache that grows (``growing``): the new positions concatenated, the model's own
-        attention."""
-        from transformers.cache_utils import Cache
-
-        seq_len = next(iter(tokens.values())).shape[1]
-        # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
-        past = cache[min(set(range(len(cache))) - self.state_layers)][0].shape[2]
-        torch._check(attention_mask.shape[1] == past + seq_len)
-        # a linear-attention layer's states are fixed-size: (conv_state,) or (conv_state, recurrent_state)
-        kv = Cache(layers=[state_layer(held[0], held[1] if i in self.recurrent_layers else
-                                       torch.zeros((held[0].shape[0], 1), dtype=held[0].dtype),
-                                       i in self.recurrent_layers) if i in self.state_layers else growing_layer(*held)
-                           for i, held in enumerate(cache)])
-        extra = {"position_ids": position_ids} if self.takes_position_ids else {}
-        masked = recurrent_mask_at(self.model, attention_mask, past) if self.state_layers else contextlib.nullcontext()
-        carried = carried_recurrent_states(self.model, kv, self.prefill_chunk) if self.recurrent_layers else \
-            contextlib.nullcontext()
-        with masked, carried:
-            out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1,
-                             **extra)
-        return {"logits": out.logits, "cache": tuple(
-            ((layer.conv_states[0], layer.recurrent_states[0]) if i in self.recurrent_layers else
-             (layer.conv_states[0],)) if i in self.state_layers else (layer.keys, layer.values)
-            for i, layer in enumerate(kv.layers))}
-
-
-def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
-                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size, str]]:
-    """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
-    their own head dims or layer kinds report theirs), and the kind of linear-attention state the layer holds
-    instead, if any: ``"conv"`` (LFM2's conv layers: ``(conv_state, [batch, 1])``), ``"recurrent"`` (Qwen3-Next's
-    gated delta rule: ``(conv_state, recurrent_state)``), else ``""``; ``tokens``: ``{"input_ids": ...}`` or
-    ``{"inputs_embeds": ...}``.
-
-    Raises:
-        hfexport.InvalidInputError: a linear-attention layer whose states the decoder program does not carry
-            (:func:`~hfexport_dynamo.tasks.kv_cache.linear_attention_state`).
-    """
-    from transformers import DynamicCache
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-    extra = {"position_ids": positions_from_mask(mask)} if takes_position_ids else {}
-    with torch.no_grad():
-        out = model(**tokens, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True,
-                    logits_to_keep=1, **extra)
-    if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
-        raise InvalidInputError(f"{type(model).__name__} returned no KV cache with use_cache=True, so "
-                                "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
-                                "for BERT-like models) or export it without a task")
-    shapes = []
-    for i, layer in enumerate(out.cache.layers):
-        if not isinstance(layer, LinearAttentionCacheLayerMixin):
-            shapes.append((layer.keys.shape, layer.values.shape, False))
-            continue
-        shapes.append(linear_attention_state(model, i, layer))
-    return shapes
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
@@ -372,7 +313,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     if ids.shape[1] < 2:
         ids, mask = ids.repeat(1, 2), mask.repeat(1, 2)
     takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
-    probed = _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)
+    probed = probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)
     shapes = [(torch.Size((rows, *k[1:])), torch.Size((rows, *v[1:]))) if state else
               (torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
               for k, v, state in probed]

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from .decoding import input_names
+from .kv_cache import growing_layer, linear_attention_patches, state_layer, step_cache
 from .names import DECODER
 from .planning import positions_from_mask
 
-__all__ = ["GrowingDecoderPrograms", "plan_growing_decoder"]
+__all__ = ["GrowingDecoderPrograms", "growing_forward", "plan_growing_decoder"]
 
 
 def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
@@ -62,6 +63,30 @@ def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, m
         cache["state_layers"] = {str(i): "recurrent" if i in step.recurrent_layers else "conv"
                                  for i in sorted(step.state_layers)}
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
+
+
+def growing_forward(step: Any, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
+    """The forward of a ``CausalLMStep`` over a cache that grows (``growing``): the new positions concatenated, the
+    model's own attention. A linear-attention layer (``step.state_layers``) holds fixed-size states instead:
+    ``(conv_state,)``, or ``(conv_state, recurrent_state)`` in ``step.recurrent_layers``."""
+    seq_len = next(iter(tokens.values())).shape[1]
+    # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
+    past = cache[min(set(range(len(cache))) - step.state_layers)][0].shape[2]
+    torch._check(attention_mask.shape[1] == past + seq_len)
+    recurrent = step.recurrent_layers
+    kv = step_cache([state_layer(held[0], held[1] if i in recurrent else torch.zeros((held[0].shape[0], 1),
+                                                                                       dtype=held[0].dtype),
+                                 i in recurrent) if i in step.state_layers else growing_layer(*held)
+                     for i, held in enumerate(cache)])
+    extra = {"position_ids": position_ids} if step.takes_position_ids else {}
+    carried = linear_attention_patches(attention_mask, past, step.prefill_chunk, step.disabled_patches) \
+        if step.state_layers else contextlib.nullcontext()
+    with carried:
+        out = step.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1, **extra)
+    return {"logits": out.logits, "cache": tuple(
+        ((layer.conv_states[0], layer.recurrent_states[0]) if i in recurrent else (layer.conv_states[0],))
+        if i in step.state_layers else (layer.keys, layer.values) for i, layer in enumerate(kv.layers))}
 
 
 class GrowingDecoderPrograms:
