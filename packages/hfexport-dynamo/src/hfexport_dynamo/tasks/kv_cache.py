@@ -228,7 +228,10 @@ def probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: t
 def step_cache(layers: list[Any]) -> Any:
     """A transformers ``Cache`` over ``layers`` that tells the patched chunked rule which layer asked for its
     recurrent state (the one that runs the rule next: ``CarriedStates.read``)."""
-    from transformers.cache_utils import Cache
+    from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
+
+    if not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
+        return Cache(layers=layers)
 
     class StepCache(Cache):
         def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Any:
