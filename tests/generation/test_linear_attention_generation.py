@@ -120,6 +120,18 @@ def test_qwen3_next_generates_eagers_ids(backend, layer_types, prefill_chunk):
     assert_generates_eagers_ids(model, exported)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["lfm2", "qwen3_next"])
+def test_openvinos_fixed_cache_keeps_the_states_as_variables(kind):
+    """OpenVINO with ``kv_cache="fixed"`` (``cache_layout="in_place"``): the states are the program's buffers, as on
+    ExecuTorch, which stage 3 makes variables of their shape beside the fixed KV variables; the same ids as eager
+    (LFM2 40 s, Qwen3-Next 68 s)."""
+    model = tiny_lfm2() if kind == "lfm2" else tiny_qwen3_next()
+    exported = hfexport.export(model, backend="openvino", task="text-generation", max_cache_len=32, max_batch=2,
+                               prefill_chunk=4, kv_cache="fixed")
+    assert_generates_eagers_ids(model, exported)
+
+
 @pytest.mark.parametrize("kind", ["conv", "recurrent"])
 def test_the_states_are_buffers_or_fixed_variables_where_the_runtime_keeps_the_cache(kind):
     """Where the runtime keeps the cache, a linear-attention layer's states are kept there too, at their fixed size:
