@@ -1,9 +1,11 @@
 """Hybrid decoders whose cache holds linear-attention states (transformers' ``LinearAttentionLayer``) beside the KV
 cache, through ``task="text-generation"`` (issue 46): LFM2's conv layers carry their ``[batch, channels, kernel]``
 state, Qwen3-Next's gated-delta-net layers their conv state and ``[batch, heads, key_dim, value_dim]`` recurrent
-state, as the ``decoder`` program's inputs and outputs (``kv_cache.state_layer``, ``carried_recurrent_states``),
-and greedy ``generate`` returns eager ``model.generate(do_sample=False)``'s ids; what the program does not carry
-yet is refused naming it."""
+state (``kv_cache.state_layer``, ``linear_attention_patches``) where each runtime keeps its cache: as the ``decoder``
+program's inputs and outputs (dynamo, onnx), in its mutable buffers beside the KV buffers (executorch-xnnpack:
+``CausalLMStep.carry_states``), as fixed-shape variables beside the growing KV variables (openvino); greedy
+``generate`` returns eager ``model.generate(do_sample=False)``'s ids; what the program does not carry is refused
+naming it."""
 
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def assert_generates_eagers_ids(model: torch.nn.Module, exported) -> None:
 
 @pytest.mark.parametrize("backend,kind", [
     ("dynamo", "lfm2"), *(pytest.param(*case, marks=pytest.mark.slow)
-                          for case in (("onnx", "lfm2"), ("dynamo", "lfm2_moe"), ("dynamo", "lfm3")))])
+                          for case in (("onnx", "lfm2"), ("executorch-xnnpack", "lfm2"), ("openvino", "lfm2"),
+                                       ("dynamo", "lfm2_moe"), ("dynamo", "lfm3")))])
 def test_lfm2_generates_eagers_ids(backend, kind):
     """One row and a batch whose second row is left-padded by 2, a prompt of 7 prefilled in chunks of 4, then
     decode steps of one token: the conv states go from call to call as the KV cache does. Before, planning failed
@@ -99,7 +102,8 @@ def test_lfm2_generates_eagers_ids(backend, kind):
 
 @pytest.mark.parametrize("backend,layer_types,prefill_chunk", [
     pytest.param("dynamo", ("linear_attention", "full_attention"), 4, id="dynamo"),
-    pytest.param("onnx", ("linear_attention", "full_attention"), 4, marks=pytest.mark.slow, id="onnx"),
+    *(pytest.param(backend, ("linear_attention", "full_attention"), 4, marks=pytest.mark.slow, id=backend)
+      for backend in ("onnx", "executorch-xnnpack", "openvino")),
     pytest.param("dynamo", ("linear_attention", "linear_attention", "full_attention", "linear_attention"), None,
                  marks=pytest.mark.slow, id="dynamo-4-layers-one-prefill"),
     *(pytest.param("dynamo", (sibling,), 4, marks=pytest.mark.slow, id=f"dynamo-{sibling}")
@@ -116,13 +120,62 @@ def test_qwen3_next_generates_eagers_ids(backend, layer_types, prefill_chunk):
     assert_generates_eagers_ids(model, exported)
 
 
-def test_a_runtime_held_cache_with_conv_states_is_refused_naming_the_layers():
-    """The conv states ride as the program's inputs and outputs only: a backend that keeps the cache in the
-    runtime (OpenVINO's growing variables) is refused before any trace, naming the layers."""
-    with pytest.raises(hfexport.InvalidInputError, match=r"linear-attention states \(layers \[0\]\)"):
-        hfexport.export(tiny_lfm2(), backend="openvino", task="text-generation", max_cache_len=32)
-    with pytest.raises(hfexport.InvalidInputError, match=r"linear-attention states \(layers \[0\]\)"):
-        hfexport.export(tiny_qwen3_next(), backend="openvino", task="text-generation", max_cache_len=32)
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["lfm2", "qwen3_next"])
+def test_openvinos_fixed_cache_keeps_the_states_as_variables(kind):
+    """OpenVINO with ``kv_cache="fixed"`` (``cache_layout="in_place"``): the states are the program's buffers, as on
+    ExecuTorch, which stage 3 makes variables of their shape beside the fixed KV variables; the same ids as eager
+    (LFM2 40 s, Qwen3-Next 68 s)."""
+    model = tiny_lfm2() if kind == "lfm2" else tiny_qwen3_next()
+    exported = hfexport.export(model, backend="openvino", task="text-generation", max_cache_len=32, max_batch=2,
+                               prefill_chunk=4, kv_cache="fixed")
+    assert_generates_eagers_ids(model, exported)
+
+
+@pytest.mark.parametrize("kind", ["conv", "recurrent"])
+def test_the_states_are_buffers_or_fixed_variables_where_the_runtime_keeps_the_cache(kind):
+    """Where the runtime keeps the cache, a linear-attention layer's states are kept there too, at their fixed size:
+    in the program's buffers (``in_place``: ExecuTorch) in place of the layer's key and value buffers, or as cache
+    leaves of their own beside the growing keys and values (``growing``: OpenVINO's variables), one for a conv layer,
+    two for a gated delta net; the manifest names the layers. Before, both were refused naming the layers."""
+    from hfexport_dynamo.tasks import plan_task
+
+    model = tiny_lfm2() if kind == "conv" else tiny_qwen3_next()
+    plan = plan_task(model, "text-generation", max_cache_len=32, max_batch=2, prefill_chunk=4, stateful=True)
+    buffers = {name: tuple(b.shape) for name, b in plan.components[0].module.named_buffers(recurse=False)}
+    assert "cache_conv_0" in buffers and "cache_keys_0" not in buffers and "cache_keys_1" in buffers
+    assert ("cache_recurrent_0" in buffers) == (kind == "recurrent")
+    assert plan.manifest["generation"]["cache"]["state_layers"] == {"0": kind}
+    plan = plan_task(model, "text-generation", max_cache_len=32, max_batch=2, prefill_chunk=4, growing=True)
+    cache = plan.components[0].inputs["cache"]
+    assert len(cache[0]) == (1 if kind == "conv" else 2) and cache[0][0].dim() == 3 and cache[1][0].dim() == 4
+    assert plan.components[0].dynamic_shapes["cache"][0][0] == {0: plan.components[0].dynamic_shapes["cache"][1][0][0]}
+
+
+def test_buffered_states_start_from_zeros_at_a_new_sequence():
+    """The in-buffer states (ExecuTorch) are zeros whenever ``past_length`` is 0: a second prompt after a first one
+    gets the logits it gets alone, the io layout's, where the KV buffers' stale positions are masked but a stale
+    conv state would be read. Run eagerly (the step is the program's module)."""
+    from hfexport_dynamo.tasks import plan_task
+
+    model = tiny_qwen3_next()
+    ids = torch.randint(3, 128, (2, 4), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 32, dtype=torch.long)
+    mask[:, :4] = 1
+    positions = torch.arange(4)[None].repeat(2, 1)
+
+    def logits(plan, **cache):
+        step = plan.components[0].module
+        with torch.no_grad():
+            return step(ids, mask, positions, torch.tensor(0), **cache)["logits"]
+
+    buffered = plan_task(model, "text-generation", max_cache_len=32, max_batch=2, prefill_chunk=4, stateful=True)
+    carried = plan_task(model, "text-generation", max_cache_len=32, max_batch=2, prefill_chunk=4)
+    zeros = tuple(tuple(torch.zeros_like(t) for t in layer) for layer in carried.components[0].inputs["cache"])
+    expected = logits(carried, cache=zeros)
+    first = logits(buffered)
+    assert bool(buffered.components[0].module.cache_recurrent_0.abs().sum() > 0)  # the first call left its state
+    assert torch.equal(first, expected) and torch.equal(logits(buffered), expected)
 
 
 def test_a_recurrence_without_a_chunked_rule_is_refused_naming_the_layer():
@@ -141,17 +194,23 @@ def test_a_recurrence_without_a_chunked_rule_is_refused_naming_the_layer():
 
 
 @pytest.mark.slow
-def test_without_the_carried_recurrent_state_the_ids_differ(monkeypatch):
-    """The fix disabled (``carried_recurrent_states`` a no-op: each call's chunked rule starts from zeros, as
-    transformers' does when the cache reports no previous state): the export runs, and its ids are not eager's."""
-    import contextlib
-
-    from hfexport_dynamo.tasks import causal_lm
-
-    monkeypatch.setattr(causal_lm, "carried_recurrent_states", lambda *args: contextlib.nullcontext())
+def test_without_the_carried_recurrent_state_the_ids_differ():
+    """The patch disabled (``_patch_chunked_rule_from_carried_state``: each call's chunked rule starts from zeros,
+    as transformers' does when the cache reports no previous state): the export runs, and its ids are not eager's."""
     model = tiny_qwen3_next()
-    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4)
+    exported = hfexport.export(model, backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4,
+                               disable=("_patch_chunked_rule_from_carried_state",))
     ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model.generate(input_ids=ids, do_sample=False, max_new_tokens=NEW_TOKENS)
     assert not torch.equal(exported.generate(ids, max_new_tokens=NEW_TOKENS), expected)
+
+
+def test_without_the_mask_at_the_new_positions_the_export_fails_its_verification():
+    """The patch disabled (``_patch_recurrent_mask_at_new_positions``): transformers' mask helper reads the last
+    positions of the mask over the capacity (zeros: not written yet) and gives None for one new position (a length
+    test that the trace specializes): the verification of LFM2's decoder at one token finds the logits and the conv
+    state off by units."""
+    with pytest.raises(hfexport.VerificationError, match=r"input_ids=\[1, 1\].*\n.*logits"):
+        hfexport.export(tiny_lfm2(), backend="dynamo", task="text-generation", max_cache_len=32, prefill_chunk=4,
+                        disable=("_patch_recurrent_mask_at_new_positions",))

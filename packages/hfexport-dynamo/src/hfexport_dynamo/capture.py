@@ -37,6 +37,7 @@ from . import (  # the workarounds of stage 2 (Model patches) and of the backend
     _associative_scan,  # noqa: F401  associative_scan as a scan op
     _common_patches,  # noqa: F401  torch ops and transformers' shared code
     _fake_quant,  # noqa: F401  fake-quant modules and ops of QAT models
+    _linear_attention_patches,  # noqa: F401  linear-attention layers in text generation (installed by the step)
     _media_patches,  # noqa: F401  media dims: images per call, image sizes
     _model_patches,  # noqa: F401  single model families
     _recurrences,  # noqa: F401  scan ops of recurrent models
@@ -170,6 +171,8 @@ def capture(ctx: ExportContext) -> torch.export.ExportedProgram:
         with ctx.capture_stage(2):
             ctx.install_patches(("dynamo",))
             ctx.install_patches(("dynamo.trace",), until=trace_only)  # torch's own tracing: not the lowering's
+            if hasattr(ctx.model, "disabled_patches"):  # a task step that installs its own patches in its forward
+                ctx.model.disabled_patches = tuple(ctx.config.disable)  # (scope "dynamo.text_generation")
         with ctx.capture_stage(3):
             pytree_registration(ctx)
         with ctx.capture_stage(4):
@@ -224,7 +227,9 @@ def forward_signature(ctx: ExportContext) -> None:
 # ``ctx.install_patches(("dynamo",))`` in :func:`capture`; the patches are in ``_common_patches.py``,
 # ``_model_patches.py``, ``_media_patches.py``, ``_window_padding.py`` and ``_recurrences.py`` (imported above).
 # Those of scope ``"dynamo.trace"`` (torch's own layout queries) are restored right after ``torch.export.export``:
-# the backend's lowering retraces the program without them.
+# the backend's lowering retraces the program without them. Those of scope ``"dynamo.text_generation"``
+# (``_linear_attention_patches.py``) are installed by the text-generation step around each forward, eager runs
+# included; the step gets the export's ``disable`` here.
 
 
 # ── Stage 3: Pytree registration ──

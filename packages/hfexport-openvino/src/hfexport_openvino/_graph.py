@@ -222,7 +222,7 @@ def make_stateful(model: Any, states: list[ProgramState]) -> dict[str, str]:
     return made
 
 
-def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list[tuple[int, int]],
+def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list[list[int | None]],
                           tokens: str = "input_ids") -> dict[str, dict[str, str]]:
     """Make each ``(input, output)`` pair of ``model`` (an ``openvino.Model``, changed in place) a cache that grows:
     one OpenVINO variable, as OpenVINO GenAI and the CPU plugin expect of a stateful LLM (the layout
@@ -235,7 +235,8 @@ def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list
 
     Args:
         pairs: the input and output names of each cache tensor (``past_key_values.<i>.key``, ``present.<i>.key``).
-        shapes: per pair, ``(kv_heads, head_dim)``, set as static dims of the variable.
+        shapes: per pair, the dims after the batch, None for the one that grows: ``[kv_heads, None, head_dim]``;
+            all static for a linear-attention layer's state (``[channels, kernel]``), which starts as zeros.
         tokens: the input whose dim 0 is the batch.
 
     Returns:
@@ -247,9 +248,9 @@ def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list
     from openvino._offline_transformations import apply_make_stateful_transformation
 
     batch_dim = model.input(tokens).get_partial_shape()[0]
-    for (name, _), (heads, dim) in zip(pairs, shapes, strict=True):
+    for (name, _), dims in zip(pairs, shapes, strict=True):
         model.input(name).get_node().set_partial_shape(openvino.PartialShape(
-            [batch_dim, openvino.Dimension(heads), openvino.Dimension(), openvino.Dimension(dim)]))
+            [batch_dim, *(openvino.Dimension() if d is None else openvino.Dimension(d) for d in dims)]))
     beam_idx = ops.parameter(openvino.PartialShape([batch_dim]), openvino.Type.i32, name="beam_idx")
     beam_idx.output(0).get_tensor().set_names({"beam_idx"})
     model.add_parameters([beam_idx])
@@ -263,7 +264,7 @@ def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list
     apply_make_stateful_transformation(model, dict(pairs))
     batch = ops.gather(ops.shape_of(model.input(tokens), output_type="i64"), ops.constant(np.array([0], np.int64)),
                        ops.constant(np.int64(0)))
-    for op in model.get_ops():  # each variable starts as [batch, kv_heads, 0, head_dim] zeros
+    for op in model.get_ops():  # each variable starts as [batch, kv_heads, 0, head_dim] zeros (a state: all dims)
         if op.get_type_name() == "ReadValue":
             dims = list(op.get_output_partial_shape(0))[1:]
             shape = ops.concat([batch, ops.constant(np.array([0 if d.is_dynamic else d.get_length() for d in dims],

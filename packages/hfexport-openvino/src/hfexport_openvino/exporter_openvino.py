@@ -229,12 +229,17 @@ def growing_cache_pairs(program_module: Any, inputs: Any, io: dict[str, Any]) ->
     """For a generation program whose cache grows (``CausalLMStep.growing_cache``), its cache leaves renamed in
     ``io`` (in place) as OpenVINO GenAI and optimum-intel name them: inputs ``past_key_values.<layer>.key`` /
     ``.value``, outputs ``present.<layer>.key`` / ``.value``, and the ``(input, output)`` pairs with each tensor's
-    ``(kv_heads, head_dim)``; None for any other program."""
+    dims after the batch, None where it grows (``[kv_heads, None, head_dim]``); None for any other program. A
+    linear-attention layer's fixed-size states (``CausalLMStep.state_layers``: LFM2's conv state, Qwen3-Next's conv
+    and recurrent states) are ``past_key_values.<layer>.conv`` / ``.recurrent``, all their dims static."""
     if not getattr(program_module, "growing_cache", False):
         return None
     cache = inputs["cache"]
-    names = [f"{i}.{kind}" for i in range(len(cache)) for kind in ("key", "value")]
-    shapes = [(int(t.shape[1]), int(t.shape[3])) for layer in cache for t in layer]
+    states = getattr(program_module, "state_layers", frozenset())
+    names = [f"{i}.{kind}" for i, layer in enumerate(cache)
+             for kind in (("conv", "recurrent")[:len(layer)] if i in states else ("key", "value"))]
+    shapes = [[int(d) for d in t.shape[1:]] if i in states else [int(t.shape[1]), None, int(t.shape[3])]
+              for i, layer in enumerate(cache) for t in layer]
     leaves = io["input_leaves"]
     first = len(leaves) - len(names)  # the cache is the program's last input
     io["input_leaves"] = [*leaves[:first], *(f"past_key_values.{n}" for n in names)]

@@ -41,14 +41,13 @@ from .kv_cache import (
     FusedRotaryUnusable,
     RotaryTables,
     capacity_layer,
-    carried_recurrent_states,
     grouped_sdpa,
-    growing_layer,
-    linear_attention_state,
+    linear_attention_patches,
+    probe_cache,
     recording_rotary,
-    recurrent_mask_at,
     rotary_tables,
     state_layer,
+    step_cache,
 )
 from .names import DECODER, TEXT_GENERATION
 from .planning import (
@@ -114,6 +113,9 @@ class CausalLMStep(torch.nn.Module):
     state_layers: frozenset[int] = frozenset()
     recurrent_layers: frozenset[int] = frozenset()
     prefill_chunk = 1  # the bound of the seq dim, to which recurrent_layers' chunked rule pads (set by plan_decoder)
+    # the patches of scope "dynamo.text_generation" that the forward leaves out (kv_cache.linear_attention_patches):
+    # the export's disable=, set by the capture (stage 2)
+    disabled_patches: tuple[str, ...] = ()
 
     def __init__(self, model: torch.nn.Module, cache_shapes: list[tuple[torch.Size, torch.Size]] | None = None,
                  dtype: torch.dtype = torch.float32, in_buffers: bool = False, fused_attention: Any = False,
@@ -157,20 +159,21 @@ class CausalLMStep(torch.nn.Module):
               ) -> dict[str, Any]:
         """The forward of :meth:`forward`, with the new positions given as ``tokens``: ``{"input_ids": ...}`` or
         ``{"inputs_embeds": float [batch, seq, hidden]}`` (a subclass's forward names its first input)."""
-        from transformers.cache_utils import Cache
-
         seq_len = next(iter(tokens.values())).shape[1]
         if self.growing_cache:
-            return self._growing_step(tokens, attention_mask, position_ids, cache)
+            from .growing_cache import growing_forward  # only a growing cache's step reads growing_cache.py
 
-        if self.in_buffers:
-            cache = tuple((getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
-                          for i in range(len(self.cache_shapes)))
+            return growing_forward(self, tokens, attention_mask, position_ids, cache)
+
         past_length = torch.zeros((), dtype=torch.long) if past_length is None else past_length
-        kv = Cache(layers=[state_layer(k, v, i in self.recurrent_layers) if i in self.state_layers else
-                           capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
-                                          fused=bool(self.fused_attention))
-                           for i, ((k, v), shapes) in enumerate(zip(cache, self.cache_shapes, strict=True))])
+        if self.in_buffers:
+            cache = tuple(self._held_states(i, past_length) if i in self.state_layers else
+                          (getattr(self, f"cache_keys_{i}"), getattr(self, f"cache_values_{i}"))
+                          for i in range(len(self.cache_shapes)))
+        kv = step_cache([state_layer(k, v, i in self.recurrent_layers) if i in self.state_layers else
+                         capacity_layer(k, v, past_length, self.in_buffers, shapes if self.in_buffers else None,
+                                        fused=bool(self.fused_attention))
+                         for i, ((k, v), shapes) in enumerate(zip(cache, self.cache_shapes, strict=True))])
         if self.in_buffers and self.fused_attention:
             start = past_length.item()  # the kernel's start position, a SymInt bounded by the capacity
             torch._check(start >= 0)
@@ -180,10 +183,8 @@ class CausalLMStep(torch.nn.Module):
         extra = {"position_ids": position_ids} if self.takes_position_ids else {}
         token = FUSED_CACHE.set(kv if self.fused_attention else None)
         rotary = contextlib.nullcontext()
-        if self.state_layers:  # linear-attention layers: their padding mask at the new positions
-            rotary = recurrent_mask_at(self.model, attention_mask, past_length)
-        carried = carried_recurrent_states(self.model, kv, self.prefill_chunk) if self.recurrent_layers else \
-            contextlib.nullcontext()
+        carried = linear_attention_patches(attention_mask, past_length, self.prefill_chunk, self.disabled_patches) \
+            if self.state_layers else contextlib.nullcontext()
         if self.fused_rotary and position_ids is not None:
             rotary = recording_rotary(self.model, RotaryTables(self.rotary_cos, self.rotary_sin, position_ids))
         try:
@@ -197,6 +198,10 @@ class CausalLMStep(torch.nn.Module):
             raise FusedAttentionUnused(f"layers {unwritten} of {type(self.model).__name__} attend without "
                                        "transformers' sdpa attention function; export without fused_attention")
         result = {"logits": out.logits[:, -1, :]}
+        for i in self.state_layers if self.in_buffers else ():  # the new states written into their buffers
+            getattr(self, f"cache_conv_{i}").copy_(kv.layers[i].conv_states[0])
+            if i in self.recurrent_layers:
+                getattr(self, f"cache_recurrent_{i}").copy_(kv.layers[i].recurrent_states[0])
         if not self.in_buffers:
             result["cache"] = tuple((layer.conv_states[0], layer.recurrent_states[0] if i in self.recurrent_layers
                                      else layer.recurrent_states[0].clone())
@@ -204,51 +209,35 @@ class CausalLMStep(torch.nn.Module):
                                     for i, layer in enumerate(kv.layers))
         return result
 
-    def _growing_step(self, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
-                      position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
-        """:meth:`_step` over a cache that grows (``growing``): the new positions concatenated, the model's own
-        attention."""
-        from transformers.cache_utils import Cache
+    def carry_states(self, state_layers: frozenset[int], recurrent_layers: frozenset[int], prefill_chunk: int) -> None:
+        """Set the layers whose cache is a linear-attention state (:attr:`state_layers`, :attr:`recurrent_layers`)
+        and the ``seq`` bound. With ``in_buffers``, such a layer's states are buffers of their own, mutated in place:
+        ``cache_conv_<i>`` ``[batch, channels, kernel]`` and, for a recurrent layer, ``cache_recurrent_<i>``
+        ``[batch, heads, key_dim, value_dim]`` (zeros), instead of its key and value buffers."""
+        self.state_layers, self.recurrent_layers, self.prefill_chunk = state_layers, recurrent_layers, prefill_chunk
+        if not self.in_buffers:
+            return
+        for i in sorted(state_layers):
+            conv, recurrent = self.cache_shapes[i]
+            dtype = getattr(self, f"cache_keys_{i}").dtype
+            delattr(self, f"cache_keys_{i}")
+            delattr(self, f"cache_values_{i}")
+            self.register_buffer(f"cache_conv_{i}", torch.zeros(conv, dtype=dtype), persistent=False)
+            if i in recurrent_layers:
+                self.register_buffer(f"cache_recurrent_{i}", torch.zeros(recurrent, dtype=dtype), persistent=False)
 
-        seq_len = next(iter(tokens.values())).shape[1]
-        # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
-        torch._check(attention_mask.shape[1] == cache[0][0].shape[2] + seq_len)
-        kv = Cache(layers=[growing_layer(k, v) for k, v in cache])
-        extra = {"position_ids": position_ids} if self.takes_position_ids else {}
-        out = self.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1, **extra)
-        return {"logits": out.logits, "cache": tuple((layer.keys, layer.values) for layer in kv.layers)}
-
-
-def _probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
-                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size, str]]:
-    """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
-    their own head dims or layer kinds report theirs), and the kind of linear-attention state the layer holds
-    instead, if any: ``"conv"`` (LFM2's conv layers: ``(conv_state, [batch, 1])``), ``"recurrent"`` (Qwen3-Next's
-    gated delta rule: ``(conv_state, recurrent_state)``), else ``""``; ``tokens``: ``{"input_ids": ...}`` or
-    ``{"inputs_embeds": ...}``.
-
-    Raises:
-        hfexport.InvalidInputError: a linear-attention layer whose states the decoder program does not carry
-            (:func:`~hfexport_dynamo.tasks.kv_cache.linear_attention_state`).
-    """
-    from transformers import DynamicCache
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-    extra = {"position_ids": positions_from_mask(mask)} if takes_position_ids else {}
-    with torch.no_grad():
-        out = model(**tokens, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True,
-                    logits_to_keep=1, **extra)
-    if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
-        raise InvalidInputError(f"{type(model).__name__} returned no KV cache with use_cache=True, so "
-                                "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
-                                "for BERT-like models) or export it without a task")
-    shapes = []
-    for i, layer in enumerate(out.cache.layers):
-        if not isinstance(layer, LinearAttentionCacheLayerMixin):
-            shapes.append((layer.keys.shape, layer.values.shape, False))
-            continue
-        shapes.append(linear_attention_state(model, i, layer))
-    return shapes
+    def _held_states(self, i: int, past_length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s ``(conv_state, recurrent_state)`` from its buffers (:meth:`carry_states`), as zeros at
+        ``past_length == 0``: a new sequence starts with no history whatever the last one left (the key and value
+        buffers need no such reset: the mask hides their stale positions). LFM2's conv layers get a ``[batch, 1]``
+        placeholder for the recurrent state (unused)."""
+        conv = getattr(self, f"cache_conv_{i}")
+        start = past_length == 0
+        conv = torch.where(start, torch.zeros((), dtype=conv.dtype), conv)
+        if i not in self.recurrent_layers:
+            return conv, torch.zeros((conv.shape[0], 1), dtype=conv.dtype)
+        recurrent = getattr(self, f"cache_recurrent_{i}")
+        return conv, torch.where(start, torch.zeros((), dtype=recurrent.dtype), recurrent)
 
 
 # ── planning ────────────────────────────────────────────────────────────────────────────────────────────
@@ -324,17 +313,17 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
     if ids.shape[1] < 2:
         ids, mask = ids.repeat(1, 2), mask.repeat(1, 2)
     takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
-    probed = _probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)
+    probed = probe_cache(model, _tokens(ids, embed), mask, takes_position_ids)
     shapes = [(torch.Size((rows, *k[1:])), torch.Size((rows, *v[1:]))) if state else
               (torch.Size((rows, k[1], max_cache_len, k[3])), torch.Size((rows, v[1], max_cache_len, v[3])))
               for k, v, state in probed]
     state_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state)
     recurrent_layers = frozenset(i for i, (_, _, state) in enumerate(probed) if state == "recurrent")
-    if state_layers and (growing or stateful or embed is not None or position_rows):
+    if state_layers and (embed is not None or position_rows or len(state_layers) == len(probed)):
         raise InvalidInputError(f"{type(model).__name__} holds linear-attention states (layers "
-                                f"{sorted(state_layers)}): task='text-generation' carries them as the program's "
-                                "inputs and outputs only, not in a runtime's buffers or growing cache (backends "
-                                "dynamo and onnx)")
+                                f"{sorted(state_layers)}): task='text-generation' carries them beside the attention "
+                                "layers' KV cache of a text decoder only, not in an image- or audio-text decoder "
+                                "nor in a model without attention layers")
     if state_layers:
         fused_cache_attention = False
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -342,8 +331,10 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
         # imported here: only an export whose backend keeps a growing cache reads growing_cache.py
         from .growing_cache import plan_growing_decoder
 
-        return plan_growing_decoder(model, CausalLMStep(model, shapes, dtype, growing=True), ids, mask, shapes,
-                                    dtype, rows, max_batch, max_cache_len, prefill_chunk, takes_position_ids)
+        growing_step = CausalLMStep(model, shapes, dtype, growing=True)
+        growing_step.carry_states(state_layers, recurrent_layers, prefill_chunk)
+        return plan_growing_decoder(model, growing_step, ids, mask, shapes, dtype, rows, max_batch, max_cache_len,
+                                    prefill_chunk, takes_position_ids)
     prompt = ids.shape[1]
     full_mask = torch.zeros(rows, max_cache_len, dtype=torch.long)
     full_mask[:, :prompt] = mask
@@ -378,7 +369,7 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
                 break
     if step is None:
         step = step_class(model, shapes, dtype, in_buffers=stateful)
-    step.state_layers, step.recurrent_layers, step.prefill_chunk = state_layers, recurrent_layers, prefill_chunk
+    step.carry_states(state_layers, recurrent_layers, prefill_chunk)
 
     if in_place_kernel and embed is None and callable(step.fused_attention):
         # ExecuTorch's LLM kernels: the program takes ExecuTorch's LLM runner's inputs (tokens, input_pos) and carries
@@ -414,6 +405,8 @@ def plan_decoder(model: Any, ids: torch.Tensor, mask: torch.Tensor, *, max_cache
              "fused_attention": bool(step.fused_attention), "fused_rotary": step.fused_rotary,
              "ignores_padding": kernel,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    if state_layers:  # {layer: kind}: row_shapes holds (conv_state, recurrent_state) there, [1] for a conv layer's
+        cache["state_layers"] = {str(i): "recurrent" if i in recurrent_layers else "conv" for i in sorted(state_layers)}
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
 
 

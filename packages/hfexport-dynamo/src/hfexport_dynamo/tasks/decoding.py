@@ -237,9 +237,13 @@ def check_section_bounds(exported: Any, section: Mapping[str, Any]) -> None:
         if dtype is None:
             raise refuse(f"has cache.dtype={cache.get('dtype')!r:.40}, not a torch dtype")
         leaves = by_name.get("cache", {}).get("leaves")
-        if "cache" in by_name and leaves != 2 * len(rows):
+        # a growing cache carries one leaf for a layer of one conv state (cache.state_layers: {layer: "conv"})
+        states = cache.get("state_layers") or {}
+        single = sum(kind == "conv" for kind in states.values()) if cache.get("growing") and isinstance(
+            states, Mapping) else 0
+        if "cache" in by_name and leaves != 2 * len(rows) - single:
             raise refuse(f"has {len(rows):,} cache layers where the decoder program's cache input has {leaves!r} "
-                         "leaves (two per layer)")
+                         "leaves (two per layer, one per conv-state layer of a growing cache)")
         lengths = {d for layer in rows for shape in layer for d in shape if d == max_cache_len}
         if rows and not lengths:
             raise refuse(f"has cache.row_shapes without a dim of max_cache_len={max_cache_len:,}")

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from .decoding import input_names
+from .kv_cache import growing_layer, linear_attention_patches, state_layer, step_cache
 from .names import DECODER
 from .planning import positions_from_mask
 
-__all__ = ["GrowingDecoderPrograms", "plan_growing_decoder"]
+__all__ = ["GrowingDecoderPrograms", "growing_forward", "plan_growing_decoder"]
 
 
 def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
@@ -36,7 +37,12 @@ def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, m
     with torch.no_grad():
         out = model(input_ids=past_ids, attention_mask=past_mask, cache=DynamicCache(config=model.config),
                     use_cache=True, logits_to_keep=1, **extra)
-    past = tuple((layer.keys.detach().clone(), layer.values.detach().clone()) for layer in out.cache.layers)
+    # a linear-attention layer (step.state_layers) holds fixed-size states: (conv_state,) or (conv_state,
+    # recurrent_state), [batch, ...] whatever the past
+    past = tuple(((layer.conv_states[0].detach().clone(), layer.recurrent_states[0].detach().clone())
+                  if i in step.recurrent_layers else (layer.conv_states[0].detach().clone(),))
+                 if i in step.state_layers else (layer.keys.detach().clone(), layer.values.detach().clone())
+                 for i, layer in enumerate(out.cache.layers))
     full_mask = torch.cat([past_mask, mask], -1)
     example: dict[str, Any] = {"input_ids": ids, "attention_mask": full_mask}
     if takes_position_ids:
@@ -47,12 +53,40 @@ def plan_growing_decoder(model: Any, step: torch.nn.Module, ids: torch.Tensor, m
     dynamic_shapes: dict[str, Any] = {"input_ids": {**batch, 1: seq}, "attention_mask": {**batch, 1: Dim.AUTO}}
     if takes_position_ids:
         dynamic_shapes["position_ids"] = {**batch, 1: seq}
-    dynamic_shapes["cache"] = tuple(({**batch, 2: held}, {**batch, 2: held}) for _ in past)
+    dynamic_shapes["cache"] = tuple(tuple(dict(batch) or None for _ in layer) if i in step.state_layers else
+                                    ({**batch, 2: held}, {**batch, 2: held}) for i, layer in enumerate(past))
     cache = {"layout": "[batch, kv_heads, past, head_dim]", "in_program_buffers": False, "growing": True,
              "static_batch": rows == 1, "dtype": str(dtype).removeprefix("torch."), "fused_attention": False,
              "fused_rotary": False, "ignores_padding": False,
              "row_shapes": [[list(k[1:]), list(v[1:])] for k, v in shapes]}
+    if step.state_layers:  # {layer: kind} of the fixed-size states, carried as (conv,) or (conv, recurrent)
+        cache["state_layers"] = {str(i): "recurrent" if i in step.recurrent_layers else "conv"
+                                 for i in sorted(step.state_layers)}
     return ComponentPlan(DECODER, step, example, dynamic_shapes), cache
+
+
+def growing_forward(step: Any, tokens: dict[str, torch.Tensor], attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor | None, cache: Any) -> dict[str, Any]:
+    """The forward of a ``CausalLMStep`` over a cache that grows (``growing``): the new positions concatenated, the
+    model's own attention. A linear-attention layer (``step.state_layers``) holds fixed-size states instead:
+    ``(conv_state,)``, or ``(conv_state, recurrent_state)`` in ``step.recurrent_layers``."""
+    seq_len = next(iter(tokens.values())).shape[1]
+    # the mask covers the held and the new positions: one symbol less, and the runtime's mask is the same
+    past = cache[min(set(range(len(cache))) - step.state_layers)][0].shape[2]
+    torch._check(attention_mask.shape[1] == past + seq_len)
+    recurrent = step.recurrent_layers
+    kv = step_cache([state_layer(held[0], held[1] if i in recurrent else torch.zeros((held[0].shape[0], 1),
+                                                                                       dtype=held[0].dtype),
+                                 i in recurrent) if i in step.state_layers else growing_layer(*held)
+                     for i, held in enumerate(cache)])
+    extra = {"position_ids": position_ids} if step.takes_position_ids else {}
+    carried = linear_attention_patches(attention_mask, past, step.prefill_chunk, step.disabled_patches) \
+        if step.state_layers else contextlib.nullcontext()
+    with carried:
+        out = step.model(**tokens, attention_mask=attention_mask, cache=kv, use_cache=True, logits_to_keep=1, **extra)
+    return {"logits": out.logits, "cache": tuple(
+        ((layer.conv_states[0], layer.recurrent_states[0]) if i in recurrent else (layer.conv_states[0],))
+        if i in step.state_layers else (layer.keys, layer.values) for i, layer in enumerate(kv.layers))}
 
 
 class GrowingDecoderPrograms:

@@ -23,6 +23,13 @@ any (``RuntimeNeeds.attention``):
   its left padding). Otherwise ``[batch * kv_heads, max_cache_len, head_dim]``, written with an ``index_put`` that
   ExecuTorch's re-inplace pass turns into ``index_put_``, and attention over the whole capacity under the mask.
 
+A linear-attention layer (LFM2's conv layers, Qwen3-Next's gated delta nets: :func:`state_layer`) holds fixed-size
+states instead of keys and values, kept where the runtime keeps the cache: its ``(conv_state, recurrent_state)``
+as inputs and outputs; buffers ``cache_conv_<i>`` and ``cache_recurrent_<i>`` (zeros at ``past_length`` 0:
+``CausalLMStep.carry_states``); in a growing cache, leaves ``(conv_state,)`` or ``(conv_state, recurrent_state)``
+that do not grow (OpenVINO variables of a static shape). The model reads them through the patches of scope
+``"dynamo.text_generation"`` (:func:`linear_attention_patches`).
+
 Attention folds a group's query heads into rows instead of repeating the cache per query head
 (:func:`grouped_query_attention`). :class:`hfexport_dynamo.tasks.causal_lm.CausalLMStep` builds the layers
 (:func:`capacity_layer`) and routes transformers' ``sdpa`` attention here (:func:`grouped_sdpa`).
@@ -39,8 +46,17 @@ import torch
 from hfexport.plugin import InvalidInputError
 
 from .. import _cache_attention  # noqa: F401  (registers hfexport::cache_attention)
+from .._linear_attention_patches import (  # registers the patches of scope "dynamo.text_generation"
+    CARRIED,
+    CONV_MASK_FAMILIES,
+    GATED_DELTA_FAMILIES,
+    NEW_POSITIONS,
+    SCOPE,
+    CarriedStates,
+)
 
-__all__ = ["FUSED_CACHE", "growing_layer", "carried_recurrent_states", "chunked_rule", "linear_attention_state", "recurrent_mask_at", "state_layer", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
+__all__ = ["FUSED_CACHE", "growing_layer", "linear_attention_module", "linear_attention_patches", "linear_attention_state",
+           "probe_cache", "state_layer", "step_cache", "FusedAttentionUnused", "FusedRotaryUnusable", "InPlaceCacheAttention", "RotaryTables",
            "capacity_layer", "grouped_query_attention", "grouped_sdpa", "recording_rotary", "rotary_tables"]
 
 
@@ -111,7 +127,7 @@ def state_layer(conv_state: torch.Tensor, recurrent_state: torch.Tensor, recurre
 
     It reports no previous state (``get_conv_state`` and ``get_recurrent_state`` give None), so the model takes its
     path for any length, one token included: for the conv, the new positions after the carried ones, then the last
-    ``kernel`` kept; for the recurrence, the chunked rule, which :func:`carried_recurrent_states` starts from the
+    ``kernel`` kept; for the recurrence, the chunked rule, which :func:`linear_attention_patches` starts from the
     carried state. Zeros before the first call are no history: the prefill and a decode step are one program.
     """
     from transformers.cache_utils import LinearAttentionLayer
@@ -137,17 +153,13 @@ def state_layer(conv_state: torch.Tensor, recurrent_state: torch.Tensor, recurre
     return layer
 
 
-# the chunked rules of transformers' linear-attention layers that start from a recurrent state (``initial_state``),
-# by the name the modeling module calls them by: the gated delta rule of Qwen3-Next, Qwen3.5 (and MoE), OLMo-Hybrid
-CHUNKED_RULES = ("torch_chunk_gated_delta_rule",)
-
-
-def chunked_rule(model: torch.nn.Module) -> str | None:
-    """The name of the chunked rule (:data:`CHUNKED_RULES`) that ``model``'s modeling module calls, if any."""
+def linear_attention_module(model: torch.nn.Module, families: tuple[str, ...]) -> Any:
+    """The modeling module of ``model`` when it is one of transformers' ``families`` (``modeling_<family>``), else
+    None."""
     import sys
 
-    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
-    return next((name for name in CHUNKED_RULES if callable(getattr(module, name, None))), None)
+    name = type(getattr(model, "model", model)).__module__
+    return sys.modules.get(name) if name in {f"transformers.models.{f}.modeling_{f}" for f in families} else None
 
 
 def linear_attention_state(model: torch.nn.Module, index: int, layer: Any) -> tuple[torch.Size, torch.Size, str]:
@@ -157,97 +169,98 @@ def linear_attention_state(model: torch.nn.Module, index: int, layer: Any) -> tu
 
     Raises:
         hfexport.InvalidInputError: states the decoder program does not carry: a recurrent state updated by another
-            rule than a chunked one it can start from (:data:`CHUNKED_RULES`; Mamba2's SSM state, Kimi's delta
-            attention), one of another dtype than the model's (a bf16 model's float32 state), several states, or
-            attention beside them.
+            rule than the chunked gated delta rule it starts from the carried state (``_linear_attention_patches.
+            GATED_DELTA_FAMILIES``; Mamba2's SSM state, Kimi's delta attention), a layer of a family whose padding
+            mask the step does not place (``CONV_MASK_FAMILIES``), one of another dtype than the model's (a bf16
+            model's float32 state), several states, or attention beside them.
     """
     conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
-    if layer.number_of_states != 1 or conv is None or hasattr(layer, "keys") or (recurrent is not None and (
-            chunked_rule(model) is None or recurrent.dtype != conv.dtype)):
+    if layer.number_of_states != 1 or conv is None or hasattr(layer, "keys") or (
+            linear_attention_module(model, CONV_MASK_FAMILIES) is None) or (recurrent is not None and (
+            linear_attention_module(model, GATED_DELTA_FAMILIES) is None or recurrent.dtype != conv.dtype)):
         held = "" if conv is None or recurrent is None else f": conv state {conv.dtype}, recurrent state " \
                                                             f"{recurrent.dtype}"
         raise InvalidInputError(f"{type(model).__name__}'s layer {index} holds a linear-attention cache "
                                 f"({type(layer).__name__}{held}) that task='text-generation' does not carry: it "
                                 "carries one conv state (LFM2) and a recurrent state of the model's dtype updated by the "
                                 "chunked gated delta rule (Qwen3-Next), not several states, attention beside "
-                                "them or another recurrence (Mamba2's SSM state); export without a task")
+                                "them or another recurrence (Mamba2's SSM state), in the families "
+                                f"{', '.join(CONV_MASK_FAMILIES)}; export without a task")
     if recurrent is None:
         return conv.shape, torch.Size((conv.shape[0], 1)), "conv"
     return conv.shape, recurrent.shape, "recurrent"
 
 
+def probe_cache(model: torch.nn.Module, tokens: dict[str, torch.Tensor], mask: torch.Tensor,
+                 takes_position_ids: bool) -> list[tuple[torch.Size, torch.Size, str]]:
+    """The per-layer ``(keys, values)`` shapes of one eager forward with a ``DynamicCache`` (so that models with
+    their own head dims or layer kinds report theirs), and the kind of linear-attention state the layer holds
+    instead, if any: ``"conv"`` (LFM2's conv layers: ``(conv_state, [batch, 1])``), ``"recurrent"`` (Qwen3-Next's
+    gated delta rule: ``(conv_state, recurrent_state)``), else ``""``; ``tokens``: ``{"input_ids": ...}`` or
+    ``{"inputs_embeds": ...}``.
+
+    Raises:
+        hfexport.InvalidInputError: a linear-attention layer whose states the decoder program does not carry
+            (:func:`linear_attention_state`).
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    from .planning import positions_from_mask
+
+    extra = {"position_ids": positions_from_mask(mask)} if takes_position_ids else {}
+    with torch.no_grad():
+        out = model(**tokens, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True,
+                    logits_to_keep=1, **extra)
+    if getattr(out, "cache", None) is None:  # e.g. BertLMHeadModel without config.is_decoder
+        raise InvalidInputError(f"{type(model).__name__} returned no KV cache with use_cache=True, so "
+                                "it cannot generate step by step: load it as a decoder (config.is_decoder=True "
+                                "for BERT-like models) or export it without a task")
+    shapes = []
+    for i, layer in enumerate(out.cache.layers):
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            shapes.append((layer.keys.shape, layer.values.shape, False))
+            continue
+        shapes.append(linear_attention_state(model, i, layer))
+    return shapes
+
+
+def step_cache(layers: list[Any]) -> Any:
+    """A transformers ``Cache`` over ``layers`` that tells the patched chunked rule which layer asked for its
+    recurrent state (the one that runs the rule next: ``CarriedStates.read``)."""
+    from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
+
+    if not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
+        return Cache(layers=layers)
+
+    class StepCache(Cache):
+        def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Any:
+            carried = CARRIED.get()
+            if carried is not None:
+                carried.read.append((self.layers[layer_idx], state_idx))
+            return super().get_recurrent_state(layer_idx, state_idx)
+
+    return StepCache(layers=layers)
+
+
 @contextlib.contextmanager
-def carried_recurrent_states(model: torch.nn.Module, cache: Any, length: int) -> Any:
-    """Within the body, ``model``'s chunked rule (:func:`chunked_rule`) starts from the carried recurrent state of
-    the layer that last asked ``cache`` for it (:func:`state_layer` answers None: no previous state), over its
-    inputs padded to ``length`` positions (the ``seq`` dim's bound) rounded up to whole chunks.
+def linear_attention_patches(attention_mask: torch.Tensor, past: Any, length: int,
+                             disabled: tuple[str, ...] = ()) -> Any:
+    """Within the body, the patches of scope ``"dynamo.text_generation"`` (:mod:`hfexport_dynamo.
+    _linear_attention_patches`, less ``disabled``) are installed with this forward's data: the linear-attention
+    layers' padding mask is ``attention_mask`` at the new positions ``past .. past + seq - 1``, and the chunked
+    gated delta rule starts from the state of the layer that last asked the :func:`step_cache` for it (a
+    :func:`state_layer` answers None: no previous state) over its inputs padded to ``length`` (the ``seq`` dim's
+    bound) rounded up to whole chunks. Restored after, also on error."""
+    from hfexport.workarounds import patch_context
 
-    transformers' layers choose the per-token (recurrent) rule on ``recurrent_state is not None and seq_len == 1``:
-    a guard on the dynamic ``seq`` that would specialize the program to one token. The chunked rule, from the
-    carried state, is valid for any length: the prefill's chunks and each decode step run it. It pads the sequence
-    to whole chunks itself, by an amount that depends on ``seq`` (``(chunk - seq % chunk) % chunk``: a guard on the
-    number of chunks); padded here to a static length instead, it pads nothing more. Padded positions (zero query,
-    key, value, beta and log-decay) add exact zeros to the outputs and leave the state as it is (a state times
-    ``exp(0)``): below one chunk, this is the padding transformers' rule does itself."""
-    import sys
-
-    name = chunked_rule(model)
-    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
-    if name is None or module is None:
-        yield
-        return
-    original_rule, reading = getattr(module, name), {}
-
-    def get_recurrent_state(layer_idx: int, state_idx: int = 0) -> Any:
-        reading["layer"] = cache.layers[layer_idx], state_idx
-        return type(cache).get_recurrent_state(cache, layer_idx, state_idx)
-
-    def from_carried_state(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
-                           beta: torch.Tensor, chunk_size: int = 64, initial_state: torch.Tensor | None = None,
-                           **kwargs: Any) -> Any:
-        layer, state_idx = reading.pop("layer", (None, 0))
-        if initial_state is None and layer is not None and layer.is_recurrent_states_initialized[state_idx]:
-            initial_state = layer.recurrent_states[state_idx]
-        seq = query.shape[1]  # [batch, seq, heads, dim]; g and beta [batch, seq, heads]
-        padding = -(-length // chunk_size) * chunk_size - seq
-        query, key, value = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, padding)) for x in (query, key, value))
-        g, beta = (torch.nn.functional.pad(x, (0, 0, 0, padding)) for x in (g, beta))
-        out, state = original_rule(query, key, value, g=g, beta=beta, chunk_size=chunk_size,
-                                   initial_state=initial_state, **kwargs)
-        return out[:, :seq], state
-
-    cache.get_recurrent_state = get_recurrent_state
-    setattr(module, name, from_carried_state)
+    tokens = CARRIED.set(CarriedStates(length)), NEW_POSITIONS.set((attention_mask, past))
     try:
-        yield
+        with patch_context((SCOPE,), disabled):
+            yield
     finally:
-        setattr(module, name, original_rule)
-        del cache.get_recurrent_state
-
-
-@contextlib.contextmanager
-def recurrent_mask_at(model: torch.nn.Module, attention_mask: torch.Tensor, past_length: torch.Tensor) -> Any:
-    """Within the body, the model module's ``create_recurrent_attention_mask`` (the 2-D padding mask of its conv
-    layers) gives ``attention_mask`` at the new positions ``past_length .. past_length + seq - 1``: transformers'
-    takes the mask's last ``seq`` positions (not written yet in a mask over the capacity) and skips one token by a
-    test on the length (a guard on the dynamic ``seq``)."""
-    import sys
-
-    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
-    if module is None or not hasattr(module, "create_recurrent_attention_mask"):
-        yield
-        return
-
-    def at_new_positions(config: Any, inputs_embeds: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        positions = torch.arange(inputs_embeds.shape[1], device=attention_mask.device) + past_length
-        return attention_mask[:, positions]
-
-    original = module.create_recurrent_attention_mask
-    module.create_recurrent_attention_mask = at_new_positions
-    try:
-        yield
-    finally:
-        module.create_recurrent_attention_mask = original
+        NEW_POSITIONS.reset(tokens[1])
+        CARRIED.reset(tokens[0])
 
 
 def growing_layer(keys: torch.Tensor, values: torch.Tensor) -> Any:
