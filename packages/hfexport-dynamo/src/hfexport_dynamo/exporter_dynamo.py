@@ -95,7 +95,8 @@ class DynamoExporter(Exporter):
         section = component_manifest(manifest, component)
         where = f"components[{component!r}].program_file"
         program = artifact_file(path, manifest, section.get("program_file"), where)
-        data = artifact_bytes(path, manifest, section.get("program_file"), where)  # read once, checked, handed over
+        # read once, checked, handed over: a bytearray, which the program's weights are built on (no second copy)
+        data = artifact_bytes(path, manifest, section.get("program_file"), where, writable=True)
         return DynamoRunner(load_program(program, trust_remote_code=trust_remote_code, data=data))
 
     @classmethod
