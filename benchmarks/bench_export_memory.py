@@ -101,12 +101,13 @@ class Phases:
         setattr(owner, attribute, wrapped)
 
 
-def seeded_llama(sizes: dict, seed: int = 0):
+def seeded_llama(sizes: dict, seed: int = 0, tied: bool = False):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**sizes, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = LlamaConfig(**sizes, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         tie_word_embeddings=tied)
     return LlamaForCausalLM(config).eval()
 
 
@@ -133,8 +134,16 @@ def export_and_save(args: argparse.Namespace, out_dir: Path) -> tuple[int, list[
     with phases.phase("libraries"):  # torch, transformers, the backend: a model of a few KB exported and saved
         hfexport.export(seeded_llama(SIZES["tiny"]), backend=args.backend, **options).save_pretrained(
             out_dir.with_name("tiny"), overwrite=True)
-    with phases.phase("build model"):
-        model = seeded_llama(SIZES[args.size])
+    if args.from_pretrained:  # what a user runs: the checkpoint (safetensors) saved first, then loaded
+        seeded_llama(SIZES[args.size], tied=args.tied).save_pretrained(out_dir.with_name("checkpoint"))
+        gc.collect()
+        with phases.phase("from_pretrained"):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(out_dir.with_name("checkpoint")).eval()
+    else:
+        with phases.phase("build model"):
+            model = seeded_llama(SIZES[args.size], tied=args.tied)
     module, _, name = hfexport.get_backend(args.backend).exporter.partition(":")
     exporter_class = getattr(importlib.import_module(module), name)  # hooks on the classes the export runs
     phases.wrap(exporter_class.tracer, "capture", "capture")
@@ -175,6 +184,9 @@ def main() -> None:
     parser.add_argument("--task", default="text-generation", help="a task, or 'none' (one forward pass)")
     parser.add_argument("--max-cache-len", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tied", action="store_true", help="tied input and output embeddings (as Qwen2-0.5B)")
+    parser.add_argument("--from-pretrained", action="store_true",
+                        help="save the seeded model's checkpoint first, then load it with from_pretrained (a phase)")
     parser.add_argument("--load-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load_child:
@@ -197,7 +209,9 @@ def main() -> None:
 
     print(f"# bench_export_memory: torch {torch.__version__}, transformers {transformers.__version__}; "
           f"{os.cpu_count()} CPUs, {args.threads} thread(s)")
-    print(f"seeded LlamaForCausalLM {SIZES[args.size]}; backend {args.backend}, task {args.task}"
+    print(f"seeded LlamaForCausalLM {SIZES[args.size]}{', tied embeddings' if args.tied else ''}"
+          f"{', loaded with from_pretrained from its safetensors' if args.from_pretrained else ''}; "
+          f"backend {args.backend}, task {args.task}"
           + (f", max_cache_len {args.max_cache_len}" if args.task != "none" else ""))
     print(f"weights {weights / 1e6:,.0f} MB ({weights / MIB:,.0f} MiB); artifact {disk / 1e6:,.0f} MB on disk "
           f"({disk / weights:.2f}x)")
