@@ -599,3 +599,21 @@ def test_saving_onto_a_full_tmpfs_is_an_oserror_and_leaves_nothing(tmp_path: Pat
         assert [p.name for p in disk.iterdir()] == ["filler"]
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_file_is_read_into_one_buffer(tmp_path: Path) -> None:
+    """``read_beneath`` reads a file into one buffer of its size (issue 44: it joined 16 MiB chunks, a transient
+    second copy): ``bytes``, or with ``writable`` a ``bytearray`` that tensors are built on; ``max_bytes`` holds."""
+    from hfexport.trust import read_beneath
+
+    data = os.urandom(3 * 2**20 + 5)
+    (tmp_path / "weights.bin").write_bytes(data)
+    read = read_beneath(tmp_path, "weights.bin")
+    writable = read_beneath(tmp_path, "weights.bin", writable=True)
+    assert type(read) is bytes and read == data
+    assert type(writable) is bytearray and writable == data
+    (tmp_path / "empty.bin").write_bytes(b"")
+    assert read_beneath(tmp_path, "empty.bin") == b"" and read_beneath(tmp_path, "empty.bin", writable=True) == b""
+    for flag in (False, True):
+        with pytest.raises(ValueError, match="over the 1,000 expected"):
+            read_beneath(tmp_path, "weights.bin", max_bytes=1000, writable=flag)

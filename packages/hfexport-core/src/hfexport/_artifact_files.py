@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -174,9 +175,15 @@ class FileTooLargeError(ValueError):
     recorded (then the file changed since it was written, and :func:`artifact_bytes` says so)."""
 
 
-def read_beneath(directory: Path, name: str, max_bytes: int | None = None) -> bytes:
+def read_beneath(directory: Path, name: str, max_bytes: int | None = None, *,
+                 writable: bool = False) -> bytes | bytearray:
     """The bytes of file ``name`` in ``directory``, read from one descriptor that :func:`open_beneath` opened (what
     is hashed is what a runtime is then handed: no path is opened again).
+
+    The file is read into one buffer of its size, filled in place, never into chunks joined afterwards (a transient
+    second copy of the whole file, issue 44): ``bytes`` by default (one ``read`` of the whole file; Linux reads at
+    most 2 GiB in a call, so a larger file is still read in chunks and joined), or with ``writable`` a
+    ``bytearray`` of any size that tensors can be built on without a copy (``torch.frombuffer``).
 
     Raises:
         ValueError: as :func:`open_beneath`.
@@ -187,16 +194,27 @@ def read_beneath(directory: Path, name: str, max_bytes: int | None = None) -> by
         size = os.fstat(fd).st_size
         if max_bytes is not None and size > max_bytes:
             raise FileTooLargeError(f"{name!r} is {size:,} bytes, over the {max_bytes:,} expected")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 24)
+        buffer, total = bytearray(size if writable else 0), 0
+        with memoryview(buffer) as view, io.FileIO(fd, closefd=False) as file:
+            while total < len(buffer):
+                count = file.readinto(view[total:])
+                if not count:
+                    break
+                total += count
+        del buffer[total:]  # a file that shrank while it was read: the caller's hash check says so
+        chunks: list[bytes | bytearray] = [buffer] if writable else []
+        while True:  # the rest, or the whole file in one read (one bytes object), then anything it grew by
+            chunk = os.read(fd, size + 1 if not chunks else 1 << 24)
             if not chunk:
                 break
-            chunks.append(chunk)
             total += len(chunk)
             if max_bytes is not None and total > max_bytes:
                 raise FileTooLargeError(f"{name!r} grew past {max_bytes:,} bytes while it was read")
-        return b"".join(chunks)
+            if writable:
+                buffer += chunk
+            else:
+                chunks.append(chunk)
+        return buffer if writable else b"".join(chunks)  # of one chunk: that object, not a copy
     finally:
         os.close(fd)
 
@@ -352,12 +370,15 @@ def artifact_file(path: Path, manifest: Mapping[str, Any], name: Any, where: str
     return Path(path) / name
 
 
-def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: str) -> bytes:
+def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: str, *,
+                   writable: bool = False) -> bytes | bytearray:
     """The bytes of file ``name`` that a runner hands its runtime, read once from a descriptor
     (:func:`read_beneath`: ``O_NOFOLLOW`` on every component, a regular file) and checked against the manifest's
     size and SHA-256 on those very bytes: the runtime gets what was hashed, and no path is opened again (a file
     swapped between a check by path and the runtime's own open changed outputs silently, or crashed the process,
     issue 43). A schema-1 manifest loaded with ``trust_remote_code`` records no hash: its bytes are handed as read.
+    With ``writable``, a ``bytearray`` (:func:`read_beneath`): a runtime may build its tensors on those bytes
+    without copying them.
 
     Raises:
         ManifestError: as :func:`artifact_file` (a name the manifest does not hash).
@@ -369,7 +390,8 @@ def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: st
     entry = hashes.get(name) if isinstance(hashes, dict) else None
     again = "(another process writes the artifact's directory: load it again once nothing does)"
     try:
-        data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None)
+        data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None,
+                            writable=writable)
     except FileTooLargeError as error:  # it grew after the check: a concurrent writer, not a bound
         raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {error}, the size the manifest "
                              f"recorded {again}", [name]) from None

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -92,10 +93,13 @@ def admit_types(types: set[str], enum_modules: set[str] = frozenset(), *,  # typ
 
 
 # ── reading, writing and loading a .pt2 ───────────────────────────────────────────────────────────────────
-def read_pt2(file: str | Path, data: bytes | None = None) -> torch.export.ExportedProgram:
+def read_pt2(file: str | Path, data: bytes | bytearray | None = None) -> torch.export.ExportedProgram:
     """The ``ExportedProgram`` of a ``.pt2``, read as untrusted input (see the module docstring): hfexport's zip
     reader, raw weights, a restricted unpickler, a checked and canonical program JSON without guards, then torch's
     deserializer on those objects.
+
+    The weights are built on the archive's bytes, not copied (``data`` when it is a ``bytearray``; else the file
+    read once into one): loading holds one copy of the weights (issue 44).
 
     Raises:
         hfexport.UntrustedArtifactError: it holds what would run code (a pickle beyond tensors, an expression
@@ -106,13 +110,19 @@ def read_pt2(file: str | Path, data: bytes | None = None) -> torch.export.Export
     from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
     from torch.export.pt2_archive.constants import ARCHIVE_FORMAT_VALUE, ARCHIVE_VERSION_VALUE
 
-    from ._pt2_archive import _LAYOUT, _PT2_FIXED, _Members, _payloads, unpickle_sample_inputs
+    from ._pt2_archive import _LAYOUT, _PT2_FIXED, BufferFile, _Members, _payloads, unpickle_sample_inputs
     from ._pt2_program import _check_program
 
     file = Path(file)
     what = file.name
-    size = len(data) if data is not None else file.stat().st_size
-    with (io.BytesIO(data) if data is not None else open(file, "rb")) as stream:
+    if data is None:  # one read into one buffer, which the weights are then built on
+        with open(file, "rb") as f:
+            data = bytearray(os.fstat(f.fileno()).st_size)
+            del data[f.readinto(data) or 0:]
+    elif not isinstance(data, bytearray):
+        data = bytearray(data)  # a writable copy (torch's tensors are writable): pass a bytearray to avoid it
+    size = len(data)
+    with BufferFile(data) as stream:
         members = _Members(stream, what, _PT2_FIXED, _LAYOUT, size)
         fixed = {record: members.read(record) for record in _PT2_FIXED if record in members.records}
         if fixed.get("archive_format", b"").decode(errors="replace") != ARCHIVE_FORMAT_VALUE \
@@ -196,23 +206,93 @@ def _without_stack_traces(program: torch.export.ExportedProgram) -> Iterator[Non
             node.meta["stack_trace"] = trace
 
 
+def _raw_payloads(program: torch.export.ExportedProgram) -> bool:
+    """Whether every weight and constant of ``program`` is a plain tensor, which torch writes as its raw bytes (a
+    tensor subclass is pickled, a script or opaque object too: :func:`save_program` leaves those to torch)."""
+    from torch.export.pt2_archive._package import _should_use_pickle
+
+    return all(isinstance(value, torch.Tensor) and not _should_use_pickle(value)
+               for value in (*program.state_dict.values(), *program.constants.values()))
+
+
+def _write_payloads(writer: Any, tensors: dict[str, torch.Tensor], directory: str, prefix: str) -> Any:
+    """Write ``tensors`` as torch's ``_package_state_dict`` / ``_package_constants`` write plain tensors (one member
+    per storage and dtype, the whole storage's bytes; the same config), each storage handed to the archive writer
+    as it is: torch copies each into ``bytes`` twice on the way (its ``_get_raw_tensor_bytes``, then pybind's
+    ``bytes`` argument), a transient of twice the largest tensor (issue 44: 0.49x the weights of a Llama
+    whose embedding is a quarter of them). A storage off the CPU is copied there, one at a time."""
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import serialize_tensor_meta
+    from torch._subclasses.fake_tensor import is_fake_tensor
+    from torch.export.pt2_archive._package_weights import TensorProperties, Weights, group_weights
+
+    config = {}
+    index = writer.count_prefix(f"{directory}{prefix}")
+    for group in group_weights({"model": Weights({name: (t, TensorProperties(t)) for name, t in tensors.items()})}):
+        path_name = f"{prefix}{index}"
+        index += 1
+        first = tensors[next(iter(group))[1]]
+        if is_fake_tensor(first) or not first.data_ptr():  # torch writes no bytes for these either
+            writer.write_bytes(f"{directory}{path_name}", b"")
+        else:
+            storage = first.untyped_storage()
+            storage = storage if storage.device.type == "cpu" else storage.cpu()
+            writer.archive_file.write_record(f"{directory}{path_name}", storage, storage.nbytes())
+        for _, name in group:
+            config[name] = schema.PayloadMeta(path_name=path_name, is_param=isinstance(tensors[name], torch.nn.Parameter),
+                                              use_pickle=False, tensor_meta=serialize_tensor_meta(tensors[name]))
+    return schema.PayloadConfig(config=config)
+
+
+def _write_pt2(program: torch.export.ExportedProgram, sink: Any) -> None:
+    """``torch.export.save(program, sink)``, member for member (the layout, names, configs and bytes torch writes;
+    tested against it), with each weight and constant written from its storage without a copy
+    (:func:`_write_payloads`). A program with a pickled payload goes through ``torch.export.save`` itself."""
+    if not _raw_payloads(program):
+        torch.export.save(program, sink)
+        return
+    from torch._export.serde.serialize import serialize
+    from torch.export.pt2_archive._package import PT2ArchiveWriter, _package_payload_config
+    from torch.export.pt2_archive.constants import (
+        CONSTANTS_CONFIG_FILENAME_FORMAT,
+        CONSTANTS_DIR,
+        MODELS_FILENAME_FORMAT,
+        SAMPLE_INPUTS_FILENAME_FORMAT,
+        TENSOR_CONSTANT_FILENAME_PREFIX,
+        WEIGHT_FILENAME_PREFIX,
+        WEIGHTS_CONFIG_FILENAME_FORMAT,
+        WEIGHTS_DIR,
+    )
+
+    name = "model"  # torch.export.save's name for its one program
+    with PT2ArchiveWriter(sink) as writer:
+        weights = _write_payloads(writer, dict(program.state_dict), WEIGHTS_DIR, WEIGHT_FILENAME_PREFIX)
+        _package_payload_config(writer, weights, WEIGHTS_CONFIG_FILENAME_FORMAT.format(name))
+        constants = _write_payloads(writer, dict(program.constants), CONSTANTS_DIR, TENSOR_CONSTANT_FILENAME_PREFIX)
+        _package_payload_config(writer, constants, CONSTANTS_CONFIG_FILENAME_FORMAT.format(name))
+        artifact = serialize(program, serialize_state_dict=False, serialize_constants=False)
+        writer.write_bytes(MODELS_FILENAME_FORMAT.format(name), artifact.exported_program)
+        writer.write_bytes(SAMPLE_INPUTS_FILENAME_FORMAT.format(name), artifact.example_inputs)
+
+
 def save_program(program: torch.export.ExportedProgram, file: str | Path) -> None:
     """``torch.export.save(program, file)`` that raises a failed write (``OSError``, ``ENOSPC`` on a full disk)
     instead of letting torch's writer abort the interpreter. The file carries no node's Python stack: an artifact
     travels to other machines and should not name the exporting machine's files (the program in memory keeps them).
+    Each weight is written from its tensor's storage, with no copy of it (:func:`_write_pt2`).
 
     Raises:
         OSError: a write failed (the file is left partial: the caller's save removes its staging directory).
     """
     with open(file, "wb") as stream, _without_stack_traces(program):
         sink = _FailSoftWriter(stream)
-        torch.export.save(program, sink)
+        _write_pt2(program, sink)
         if sink.error is not None:
             raise sink.error
         stream.flush()
 
 
-def load_program(file: str | Path, *, trust_remote_code: bool = False, data: bytes | None = None
+def load_program(file: str | Path, *, trust_remote_code: bool = False, data: bytes | bytearray | None = None
                  ) -> torch.export.ExportedProgram:
     """The program of a ``.pt2``: :func:`read_pt2` (nothing from the file runs), or ``torch.export.load(file)``
     with ``trust_remote_code`` (the caller trusts the file: torch may unpickle anything in it).
@@ -220,7 +300,7 @@ def load_program(file: str | Path, *, trust_remote_code: bool = False, data: byt
     Args:
         file: the ``.pt2`` (its name names it in messages when ``data`` is given).
         data: the file's bytes as they were checked (``hfexport.trust.artifact_bytes``): read from memory, the
-            path is not opened again.
+            path is not opened again; a ``bytearray`` is used in place (the weights are built on it).
 
     Raises:
         hfexport.UntrustedArtifactError: what would run, and how to opt in.

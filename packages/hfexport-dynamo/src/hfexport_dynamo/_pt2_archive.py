@@ -10,7 +10,9 @@ import collections
 import io
 import pickle
 import re
+import struct
 import zipfile
+import zlib
 from typing import Any
 
 import torch
@@ -38,11 +40,45 @@ _SAVE_FIXED = frozenset({"data.pkl", ".format_version", ".storage_alignment", "b
 _SAVE_LAYOUT = re.compile(r"data/[0-9]{1,9}")
 
 
+class BufferFile(io.RawIOBase):
+    """A read-only, seekable file over a buffer (a ``bytearray``) that copies nothing but what is read:
+    ``io.BytesIO`` copies a buffer other than ``bytes`` whole."""
+
+    def __init__(self, buffer: Any):
+        super().__init__()
+        self.view = memoryview(buffer).cast("B")
+        self.at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, into: Any) -> int:
+        count = max(0, min(len(into), len(self.view) - self.at))
+        into[:count] = self.view[self.at:self.at + count]
+        self.at += count
+        return count
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.at = max(0, offset + (0, self.at, len(self.view))[whence])
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then the name's and the extra field's lengths at 26 and 28
+
+
 class _Members:
-    """The members of a zip archive read with ``zipfile`` as the only reader, checked against a layout."""
+    """The members of a zip archive read with ``zipfile`` as the only reader, checked against a layout. Over a
+    :class:`BufferFile`, :meth:`view` gives a member's bytes in place (what torch's writer stores: no copy)."""
 
     def __init__(self, source: Any, what: str, fixed: frozenset[str], layout: re.Pattern[str], size: int):
         self.what = what
+        self.buffer = source.view if isinstance(source, BufferFile) else None
         try:
             # Names are read as UTF-8 whether or not their UTF-8 flag is set (torch writes ASCII names): zipfile would
             # otherwise decode an unflagged name as cp437, importing that codec while an artifact is read.
@@ -91,6 +127,37 @@ class _Members:
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
             raise IntegrityError(f"{self.what}: member {record!r} is damaged ({exc}): the file is damaged or crafted",
                                  [self.what.split(":")[0]]) from None
+
+    def view(self, record: str) -> memoryview:
+        """Member ``record``'s bytes in the archive's buffer, not copied: its local header checked as ``zipfile``
+        checks it when it reads (signature, the name the directory gives), its bounds, its CRC-32."""
+        if self.buffer is None:
+            raise ValueError(f"{self.what} is not read from a buffer")
+        if record not in self.records:
+            raise ValueError(f"{self.what} has no member {record!r}")
+        if record in self.used:
+            raise ValueError(f"{self.what}: member {record!r} is read twice")
+        self.used.add(record)
+        info, buffer = self.records[record], self.buffer
+        start = info.header_offset
+        header = bytes(buffer[start:start + _LOCAL_HEADER.size])
+        problem = None
+        if len(header) < _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != zipfile.stringFileHeader:
+            problem = "no local header where the directory points"
+        else:
+            name_size, extra_size = _LOCAL_HEADER.unpack(header)[1:]
+            begin = start + _LOCAL_HEADER.size + name_size + extra_size
+            name = bytes(buffer[start + _LOCAL_HEADER.size:start + _LOCAL_HEADER.size + name_size])
+            if name != info.orig_filename.encode("utf-8"):
+                problem = f"its local header names {name[:120]!r}"
+            elif begin + info.file_size > len(buffer) or info.compress_size != info.file_size:
+                problem = "its bytes run past the archive"
+            elif zlib.crc32(buffer[begin:begin + info.file_size]) != info.CRC:
+                problem = "Bad CRC-32"
+        if problem is not None:
+            raise IntegrityError(f"{self.what}: member {record!r} is damaged ({problem}): the file is damaged or "
+                                 "crafted", [self.what.split(":")[0]])
+        return buffer[begin:begin + info.file_size]
 
     def unused(self) -> list[str]:
         return sorted(set(self.records) - self.used)
@@ -249,11 +316,13 @@ def _payloads(members: _Members, config_record: str, directory: str, prefix: str
             raise ValueError(f"{what}: {fqn!r:.80} has no tensor_meta")
         dtype = deserialize_scalar_type(tensor_meta.dtype)
         device = deserialize_device(tensor_meta.device)
-        if path_name not in files:
-            data = bytearray(members.read(f"{directory}{path_name}"))
+        if path_name not in files:  # the archive's own bytes where it is a buffer (no copy), else a copy of them
+            data = members.view(f"{directory}{path_name}") if members.buffer is not None \
+                else bytearray(members.read(f"{directory}{path_name}"))
             if len(data) % dtype.itemsize:
                 raise ValueError(f"{what}: {directory}{path_name} holds {len(data)} bytes, not whole {dtype}")
-            files[path_name] = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            flat = torch.frombuffer(data, dtype=dtype) if len(data) else torch.empty(0, dtype=dtype)
+            files[path_name] = flat if flat.data_ptr() % dtype.itemsize == 0 else flat.clone()  # aligned, else copied
         flat = files[path_name]
         if flat.dtype != dtype:
             raise ValueError(f"{what}: {directory}{path_name} is read with two dtypes")
