@@ -282,15 +282,20 @@ def parse_json(data: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
         raise ValueError(str(exc)) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
-    todo = [(value, 1)]
-    while todo:
-        node, depth = todo.pop()
+    # level by level, containers only: a (node, depth) tuple per value cost 1.3 s of CPU for 4 MiB of ``{}``
+    # (1.4 M objects; 7.9 s of load + generate at load 7 on 2 cores), this 0.15 s (issue 43's bounds probe)
+    level, depth = [value], 1
+    while level:
         if depth > max_depth:
             raise ValueError(f"JSON nested deeper than {max_depth} levels")
-        if isinstance(node, dict):
-            todo.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            todo.extend((v, depth + 1) for v in node)
+        below: list[Any] = []
+        for node in level:
+            if type(node) is dict:
+                below.extend(node.values())
+            elif type(node) is list:
+                below.extend(node)
+        level = [node for node in below if type(node) is dict or type(node) is list]
+        depth += 1
     return value
 
 
