@@ -270,7 +270,12 @@ def _onnx_empty_nodes(size: int) -> Callable[[Path], str]:
     return craft
 
 
-def _ir_layers(directory: Path) -> str:
+def _ir_layers(layers_total: int | None) -> Callable[[Path], str]:
+    """The logits pass through an even chain of ``Negative`` up to ``layers_total`` layers (None: IR_MAX_LAYERS)."""
+    return lambda directory: _ir_chain(directory, layers_total)
+
+
+def _ir_chain(directory: Path, layers_total: int | None) -> str:
     from xml.etree import ElementTree
 
     from hfexport_openvino._untrusted import IR_MAX_LAYERS
@@ -284,7 +289,7 @@ def _ir_layers(directory: Path) -> str:
     port = result.find("input/port")
     edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
     next_id = max(int(layer.get("id")) for layer in layers) + 1
-    count = IR_MAX_LAYERS - existing
+    count = (layers_total or IR_MAX_LAYERS) - existing
     count -= count % 2
     previous, previous_port = edge.get("from-layer"), edge.get("from-port")
     edges.remove(edge)
@@ -482,7 +487,10 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("onnx-inlined", ("onnx",), "inlined nodes 50,000", _onnx_chain(True), ("load", "generate", "verify_stored")),
     ("onnx-empty-nodes-1mb", ("onnx",), "ONNX_MAX_NODES (counted after parsing)", _onnx_empty_nodes(2**20), ("load",)),
     ("onnx-empty-nodes-64mb", ("onnx",), "ONNX_MAX_NODES (counted after parsing)", _onnx_empty_nodes(64 * 2**20), ("load",)),
-    ("ir-layers", ("openvino",), "IR_MAX_LAYERS 50,000", _ir_layers, ("load", "generate", "verify_stored")),
+    ("ir-layers", ("openvino",), "IR_MAX_LAYERS 50,000", _ir_layers(None), ("load", "generate", "verify_stored")),
+    ("ir-layers-20k", ("openvino",), "IR_MAX_LAYERS at a 70 B decoder's ~20k", _ir_layers(20_000),
+     ("load", "generate", "verify_stored")),
+    ("ir-layers-5k", ("openvino",), "IR_MAX_LAYERS at 5k", _ir_layers(5_000), ("load", "generate", "verify_stored")),
     ("ir-static-tensor", ("openvino",), "IR_MIN_ELEMENT_BOUND 2**26", _ir_folded_constant, ("load", "generate", "verify_stored")),
     ("ir-elements-1mb", ("openvino",), "IR_MAX_LAYERS (XML parsed first)", _ir_elements(2**20), ("load", "generate")),
     ("ir-elements-64mb", ("openvino",), "IR_MAX_BYTES 64 MiB", _ir_elements(64 * 2**20 - 2**16), ("load", "generate")),
