@@ -185,6 +185,21 @@ def test_an_ir_whose_constant_folds_past_the_bound_is_refused_before_compile(sav
         hfexport.load(artifact)
 
 
+def test_an_ir_of_too_many_tags_is_refused_before_it_is_parsed(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: 64 MiB of empty elements in the IR were built by ElementTree (+1.56 GiB), passed
+    every check and were read by OpenVINO (131 s of load). The tags are counted on the bytes first."""
+    from hfexport_openvino._untrusted import IR_MAX_TAGS
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_bytes()
+    end = xml.rindex(b"</net>")
+    (artifact / "openvino_model.xml").write_bytes(xml[:end] + b"<x/>" * IR_MAX_TAGS + xml[end:])
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=rf"has [\d,]+ tags, over the bound of {IR_MAX_TAGS:,}"):
+        hfexport.load(artifact)
+
+
 def test_an_ir_swapped_after_the_check_never_reaches_openvino(saved: dict[str, Any], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 43 (check, then reopen by path): the IR and its weights are handed to OpenVINO as the bytes that were
