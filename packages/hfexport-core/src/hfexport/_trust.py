@@ -42,7 +42,10 @@ __all__ = ["HASHES_KEY", "IntegrityError", "JSON_MAX_DEPTH", "MANIFEST_MAX_BYTES
            "validate_manifest"]
 
 HASHES_KEY = "files_sha256"
-MANIFEST_MAX_BYTES = 4 * 2**20  # a generation artifact's manifest is ~100 KB; 4 MiB of small ints parse in ~1 s
+# Qwen2-0.5B's generation manifest (24 layers) is 199 KB, so an 80-layer one ~0.5 MB. At 4 MiB, lists nested to the
+# depth bound took 15.9 s of load (4.8 s of CPU, at load 8 on 2 cores; issue 43's bounds probe): every container a
+# manifest holds is scanned again by each later garbage collection of the process
+MANIFEST_MAX_BYTES = 2 * 2**20
 MANIFEST_MAX_FILES = 256  # distinct file names a manifest may name (an artifact has a handful)
 PATH_MAX_CHARS = 1024  # a named file's path, in characters
 PATH_MAX_PARTS = 16  # its components (folders and the file)
