@@ -490,8 +490,8 @@ def _pte_planned(directory: Path) -> str:
 # (name, backends, bound, crafter, steps): steps ⊆ load, generate, verify_stored, verify_artifact, call
 CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, ...]]] = [
     ("pristine", BACKENDS, "(none: the artifact as exported)", lambda d: "as exported", ("load", "generate", "verify_stored")),
-    ("manifest-small-ints", ("dynamo",), "MANIFEST_MAX_BYTES 4 MiB (small ints)", _pad_manifest("0"), ("load", "generate", "verify_stored")),
-    ("manifest-empty-objects", ("dynamo",), "MANIFEST_MAX_BYTES 4 MiB", _pad_manifest("{}"), ("load", "generate", "verify_stored")),
+    ("manifest-small-ints", ("dynamo",), "MANIFEST_MAX_BYTES 2 MiB (small ints)", _pad_manifest("0"), ("load", "generate", "verify_stored")),
+    ("manifest-empty-objects", ("dynamo",), "MANIFEST_MAX_BYTES 2 MiB (empty objects)", _pad_manifest("{}"), ("load", "generate", "verify_stored")),
     ("manifest-nesting", ("dynamo",), "JSON_MAX_DEPTH 64", lambda d: _pad_manifest(_nested_unit())(d), ("load", "generate", "verify_stored")),
     ("manifest-24-digit-ints", ("dynamo",), "JSON_MAX_INT_DIGITS 24", _pad_manifest("9" * 24), ("load", "generate", "verify_stored")),
     ("paths-long", BACKENDS, "MANIFEST_MAX_FILES 256, PATH_MAX_CHARS 1,024, PATH_MAX_PARTS 16", _paths(63), ("load", "generate", "verify_stored")),
