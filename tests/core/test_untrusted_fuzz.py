@@ -314,7 +314,9 @@ def _peak_rss_mib() -> float:
 def test_verify_builds_no_input_an_artifact_inflates(artifacts: list[Path], tmp_path: Path, how: str) -> None:
     """``hfexport verify`` builds inputs from the manifest: at the recorded shapes (``example_shape``) and the zero
     leaves of the stored inputs (a cache). A 30 KB manifest naming [16384, 16384] float32 (1 GiB) was built as
-    asked (the zero leaves' bound was 8 GiB per input). Both now take at most 512 MiB + the artifact's size."""
+    asked (the zero leaves' bound was 8 GiB per input). Both now take at most 64 MiB + the artifact's size: 512 MiB
+    let a 0.5 MB artifact's zero leaves take +1,026 MiB of ``verify_stored`` (issue 43's bounds probe), so a
+    [8192, 8192] float32 input (256 MiB) is refused too."""
     import shutil
 
     from hfexport._verify import verify_artifact
@@ -324,13 +326,16 @@ def test_verify_builds_no_input_an_artifact_inflates(artifacts: list[Path], tmp_
     manifest = json.loads((artifact / "export.json").read_text())
     section = manifest["components"]["model"]
     if how == "example shape":
-        section["inputs"][0]["example_shape"] = [16384, 16384]
+        section["inputs"][0]["example_shape"] = [8192, 8192]
         message = "describes inputs of more than"
     else:
         section["verification"]["stored"]["inputs"][0]["zero_leaves"] = {
-            "0": {"shape": [16384, 16384], "dtype": "float32"}}
+            "0": {"shape": [8192, 8192], "dtype": "float32"}}
         message = "bytes of zeros"
     (artifact / "export.json").write_text(json.dumps(manifest))
+    from hfexport._stored import built_inputs_budget
+
+    assert built_inputs_budget(manifest) < 128 * 2**20  # an artifact under 1 MB: well under issue 43's 256 MiB
     Path("/proc/self/clear_refs").write_text("5")
     before = _peak_rss_mib()
     with pytest.raises(ValueError, match=message):

@@ -244,11 +244,13 @@ def _crafted_generation(manifest, edit):
     (lambda g, d: g.update(max_batch=3), r"max_batch=3, beyond the decoder program's declared batch bound of 2"),
     (lambda g, d: g["cache"]["row_shapes"][0][0].__setitem__(2, 2**40),
      r"describes [\d,]+ bytes of cache and masks .* over the [\d,]+ bytes generate allocates"),
+    (lambda g, d: g["cache"].update(row_shapes=[[[2, 40, 2**17], [2, 40, 2**17]]] * 2),  # 320 MiB: under 512
+     r"describes [\d,]+ bytes of cache and masks .* over the [\d,]+ bytes generate allocates"),
     (lambda g, d: g["cache"]["row_shapes"].append([[2, 40, 8], [2, 40, 8]]),
      r"3 cache layers where the decoder program's cache input has 4 leaves"),
     (lambda g, d: g["cache"].update(row_shapes=[[[2, 40, 8]]] * 2), r"cache.row_shapes that are not, per layer"),
     (lambda g, d: g.update(max_batch=True), r"max_batch=True, not a positive integer"),
-], ids=["cache-len", "batch", "row-bytes", "layers", "row-form", "batch-type"])
+], ids=["cache-len", "batch", "row-bytes", "row-bytes-320mib", "layers", "row-form", "batch-type"])
 def test_generation_sizes_from_the_manifest_are_checked_before_any_allocation(llama_generation, edit, message):
     """A crafted ``generation`` section (sizes the cache, the masks and the batch) is refused against the decoder
     program's own declared bounds and a memory budget before ``generate`` makes any buffer from it."""

@@ -163,23 +163,40 @@ def test_an_ir_that_is_not_utf8_is_refused_with_its_entities(saved: dict[str, An
         hfexport.load(artifact)
 
 
+@pytest.mark.parametrize("side", [8192, 4096])
 def test_an_ir_whose_constant_folds_past_the_bound_is_refused_before_compile(saved: dict[str, Any],
-                                                                              tmp_path: Path) -> None:
+                                                                              tmp_path: Path, side: int) -> None:
     """Issue 43: compile_model folded a constant broadcast to 6e8 elements (73 s, +2.3 GiB); ONNX turns constant
     folding off for untrusted files, OpenVINO has no such switch: a static tensor past the bound is refused before
-    compile. Here one output port's dims say 8,192 x 8,192 + 1 elements (past 2**26, the .bin being ~100 KB)."""
+    compile. Here one output port's dims say side x (side + 1) elements, the .bin being ~100 KB: past 2**24 (at
+    2**26, a float32 Broadcast of 8,192 x 8,192 folded in load took +264 MiB: issue 43's bounds probe)."""
     from hfexport_openvino._untrusted import IR_MIN_ELEMENT_BOUND
 
     artifact = tmp_path / "artifact"
     shutil.copytree(saved["dirs"]["bert"], artifact)
     xml = (artifact / "openvino_model.xml").read_text()
     xml, count = re.subn(r'(<layer [^>]*type="Const"[^>]*>\s*<data [^>]*/>\s*<output>\s*<port [^>]*[^/]>)',
-                         r"\1<dim>8192</dim><dim>8193</dim>", xml, count=1)
+                         rf"\1<dim>{side}</dim><dim>{side + 1}</dim>", xml, count=1)
     assert count
     (artifact / "openvino_model.xml").write_text(xml)
     _rehash(artifact)
     with pytest.raises(ValueError, match=rf"outputs a tensor of [\d,]+ elements, over the bound of "
                                          rf"{IR_MIN_ELEMENT_BOUND:,}"):
+        hfexport.load(artifact)
+
+
+def test_an_ir_of_too_many_tags_is_refused_before_it_is_parsed(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: 64 MiB of empty elements in the IR were built by ElementTree (+1.56 GiB), passed
+    every check and were read by OpenVINO (131 s of load). The tags are counted on the bytes first."""
+    from hfexport_openvino._untrusted import IR_MAX_TAGS
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_bytes()
+    end = xml.rindex(b"</net>")
+    (artifact / "openvino_model.xml").write_bytes(xml[:end] + b"<x/>" * IR_MAX_TAGS + xml[end:])
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=rf"has [\d,]+ tags, over the bound of {IR_MAX_TAGS:,}"):
         hfexport.load(artifact)
 
 

@@ -34,15 +34,18 @@ __all__ = ["VERIFICATION_FILE", "read_stored", "stored_inputs_and_outputs", "ver
 VERIFICATION_FILE = "verification.safetensors"
 _ZERO_LEAF_MIN_NUMEL = 256  # smaller zero leaves are stored as they are
 _ZERO_LEAVES_MAX_BYTES = 8 * 2**30  # a 0.5-8 B model's KV cache of 4,096 positions fits
-_BUILT_INPUTS_BASE_BYTES = 512 * 2**20  # what verification may build beyond the artifact's own size
+# what verification may build beyond the artifact's own size: 512 MiB let a 0.5 MB artifact's zero leaves take
+# +1,026 MiB of verify_stored (issue 43's bounds probe: the leaves and a copy); a real model's cache is far under
+# its weights, which count too
+_BUILT_INPUTS_BASE_BYTES = 64 * 2**20
 STORED_MAX_TENSORS = 4096  # tensors of a verification.safetensors (a 100-layer model's cache is 200 leaves)
 STORED_MAX_HEADER_BYTES = 4 * 2**20  # its JSON header
 
 
 def built_inputs_budget(manifest: Mapping[str, Any]) -> int:
     """The most bytes of inputs a verification builds from an artifact's manifest (zero leaves, inputs at the recorded
-    shapes): 512 MiB plus the size of the artifact's hashed files (checked before any load), at most 8 GiB. An
-    artifact under 1 MB cannot make ``hfexport verify`` allocate a GiB; a model's cache stays far under its weights."""
+    shapes): 64 MiB plus the size of the artifact's hashed files (checked before any load), at most 8 GiB. An
+    artifact under 1 MB cannot make ``hfexport verify`` allocate 256 MiB; a model's cache stays far under its weights."""
     hashed = manifest.get("files_sha256")
     size = sum(e["size"] for e in hashed.values() if isinstance(e, dict) and isinstance(e.get("size"), int)) \
         if isinstance(hashed, dict) else 0

@@ -20,14 +20,19 @@ import torch
 from hfexport import IntegrityError, UntrustedArtifactError
 from hfexport.trust import parse_json
 
-__all__ = ["PT2_MAX_MEMBERS", "TRUST_HINT", "RestrictedUnpickler", "unpickle_sample_inputs"]
+__all__ = ["PT2_MAX_CENTRAL_BYTES", "PT2_MAX_MEMBERS", "TRUST_HINT", "RestrictedUnpickler", "unpickle_sample_inputs"]
 
 TRUST_HINT = ("hfexport runs no code from an artifact: pass trust_remote_code=True (CLI: --trust-remote-code) only "
               "for an artifact from a source you trust")
 
 
 # ── the archive: one reader, the layout torch writes ──────────────────────────────────────────────────────
-PT2_MAX_MEMBERS = 1_000_000
+# Members of a .pt2 (a weight or constant each, and a few records): a 30 B mixture of experts has ~20k tensors. At
+# 1,000,000 a 103 MiB archive of empty members took 17 s and +692 MiB before its layout was refused (issue 43's
+# bounds probe): zipfile builds a ZipInfo (~0.7 KB) per entry of the central directory, whose size is read from the
+# end record and bounded first (128 bytes a member; an entry takes at least 46).
+PT2_MAX_MEMBERS = 100_000
+PT2_MAX_CENTRAL_BYTES = 128 * PT2_MAX_MEMBERS
 _NAME = r"[A-Za-z_][A-Za-z0-9_]{0,99}"
 _ROOT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _PT2_FIXED = frozenset({"archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id"})
@@ -72,6 +77,28 @@ class BufferFile(io.RawIOBase):
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then the name's and the extra field's lengths at 26 and 28
 
 
+def _check_central_directory(source: Any, what: str) -> None:
+    """Refuse an archive whose end record gives a central directory of more than :data:`PT2_MAX_CENTRAL_BYTES` or
+    more than :data:`PT2_MAX_MEMBERS` entries (zip64 included), before ``zipfile`` reads an entry of it."""
+    source.seek(0, 2)
+    size = source.tell()
+    source.seek(max(0, size - (1 << 16) - 22))
+    tail = source.read()
+    source.seek(0)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return  # not a zip: zipfile says so
+    entries, central = int.from_bytes(tail[at + 10:at + 12], "little"), int.from_bytes(tail[at + 12:at + 16], "little")
+    at64 = tail.rfind(b"PK\x06\x06", 0, at)
+    if at64 >= 0 and at64 + 56 <= len(tail):  # zip64: the counts of its own end record
+        entries = max(entries, int.from_bytes(tail[at64 + 32:at64 + 40], "little"))
+        central = max(central, int.from_bytes(tail[at64 + 40:at64 + 48], "little"))
+    if central > PT2_MAX_CENTRAL_BYTES or entries > PT2_MAX_MEMBERS:
+        raise ValueError(f"{what} has a central directory of {central:,} bytes and {entries:,} members, over the "
+                         f"bound of {PT2_MAX_CENTRAL_BYTES:,} bytes and {PT2_MAX_MEMBERS:,} members (hfexport_dynamo."
+                         "_pt2_archive.PT2_MAX_CENTRAL_BYTES, PT2_MAX_MEMBERS): the archive is damaged or crafted")
+
+
 class _Members:
     """The members of a zip archive read with ``zipfile`` as the only reader, checked against a layout. Over a
     :class:`BufferFile`, :meth:`view` gives a member's bytes in place (what torch's writer stores: no copy)."""
@@ -79,6 +106,7 @@ class _Members:
     def __init__(self, source: Any, what: str, fixed: frozenset[str], layout: re.Pattern[str], size: int):
         self.what = what
         self.buffer = source.view if isinstance(source, BufferFile) else None
+        _check_central_directory(source, what)
         try:
             # Names are read as UTF-8 whether or not their UTF-8 flag is set (torch writes ASCII names): zipfile would
             # otherwise decode an unflagged name as cp437, importing that codec while an artifact is read.

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ONNX_INLINE_FACTOR", "ONNX_INLINE_SLACK", "ONNX_MAX_NODES", "check_external_data", "check_onnx_file",
+__all__ = ["ONNX_INLINE_FACTOR", "ONNX_INLINE_SLACK", "ONNX_MAX_GRAPH_ENTRIES", "ONNX_MAX_NODES", "check_external_data", "check_onnx_file",
            "external_data_files", "onnx_tensors"]
 
 # A 70 B decoder exported by hfexport has ~20k nodes. ONNX Runtime's session creation costs ~0.1-0.4 ms per node
@@ -29,15 +29,80 @@ __all__ = ["ONNX_INLINE_FACTOR", "ONNX_INLINE_SLACK", "ONNX_MAX_NODES", "check_e
 ONNX_MAX_NODES = 50_000
 ONNX_INLINE_FACTOR = 16
 ONNX_INLINE_SLACK = 100_000
+# Entries of the main graph (nodes, initializers, value_info, inputs, outputs, ...) and nodes of the local functions,
+# counted on the protobuf wire before onnx parses the file: protobuf builds every message first (an empty node is 2
+# bytes of the file and ~150 bytes parsed: 64 MiB of them took 183 s and +4.9 GiB before the node count refused
+# them, issue 43's bounds probe; counting all of them on the wire first still took 14 s of CPU: the count stops at the
+# bound). A real graph has about one value_info per node and far fewer initializers.
+ONNX_MAX_GRAPH_ENTRIES = 8 * ONNX_MAX_NODES
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("a truncated varint")
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
+def _messages(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """``(field number, start, end)`` of each length-delimited field of the message in ``data[start:end]``; other
+    fields skipped. Stops (leaving the verdict to protobuf) at a group or a field past the end."""
+    at = start
+    while at < end:
+        key, at = _varint(data, at)
+        wire = key & 7
+        if wire == 0:
+            _, at = _varint(data, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            length, at = _varint(data, at)
+            if at + length > end:
+                return
+            yield key >> 3, at, at + length
+            at += length
+        else:
+            return
+
+
+def _count_graph_entries(name: str, data: bytes) -> None:
+    """Refuse a file whose main graph holds more than :data:`ONNX_MAX_GRAPH_ENTRIES` entries, or whose local
+    functions more nodes, counted on the wire before protobuf builds a message (ModelProto: ``graph`` = 7,
+    ``functions`` = 25; FunctionProto: ``node`` = 7)."""
+    entries = 0
+    try:
+        for field, start, end in _messages(data, 0, len(data)):
+            if field in (7, 25):  # the graph: every entry (a node, an initializer, ...); a function: its nodes
+                for inner, _, _ in _messages(data, start, end):
+                    entries += field == 7 or inner == 7
+                    if entries > ONNX_MAX_GRAPH_ENTRIES:
+                        break
+            if entries > ONNX_MAX_GRAPH_ENTRIES:
+                break
+    except ValueError:  # a truncated varint: not a message this scan walks; onnx's parser says what is wrong
+        return
+    if entries > ONNX_MAX_GRAPH_ENTRIES:
+        raise ValueError(f"{name} holds more than {ONNX_MAX_GRAPH_ENTRIES:,} graph entries (nodes, initializers, "
+                         "value infos; hfexport_onnx._untrusted.ONNX_MAX_GRAPH_ENTRIES), counted before parsing: the "
+                         "artifact is damaged or crafted")
 
 
 def _load(model_path: str | Path, data: bytes | None = None) -> Any:
     import onnx
 
+    if data is None:
+        data = Path(model_path).read_bytes()
+    _count_graph_entries(Path(model_path).name, data)
+
     try:
-        if data is not None:  # the checked bytes (hfexport.trust.artifact_bytes): the path is not opened again
-            return onnx.load_model_from_string(data)
-        return onnx.load(str(model_path), load_external_data=False)
+        return onnx.load_model_from_string(data)  # the checked bytes: the path is not opened again
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RecursionError, ...
         raise ValueError(f"{Path(model_path).name} is not an ONNX model onnx can read ({type(exc).__name__}: "
                          f"{exc}): the artifact is damaged or crafted") from None

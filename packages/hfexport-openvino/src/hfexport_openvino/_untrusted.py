@@ -16,14 +16,19 @@ import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-__all__ = ["IR_MAX_BYTES", "IR_MAX_LAYERS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "standard_opsets"]
+__all__ = ["IR_MAX_BYTES", "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "standard_opsets"]
 
 IR_MAX_BYTES = 64 * 1024 * 1024  # the XML of a 70 B decoder is a few MB; its weights are in the .bin
 IR_MAX_LAYERS = 50_000  # a 70 B decoder's IR has ~10-20k layers; compile time grows with them
-# The most elements a static tensor of the IR (a layer's output port) may hold: 2**26, or as many as the .bin has
+# Tags (``<``) of the XML, counted before ElementTree builds it: a layer has ~12 elements (~23 tags), so 40 per layer
+# of IR_MAX_LAYERS. 64 MiB of empty elements (16.7 M) were built into +1.56 GiB and accepted (131 s of load at load
+# 7 on 2 cores: issue 43's bounds probe)
+IR_MAX_TAGS = 40 * IR_MAX_LAYERS
+# The most elements a static tensor of the IR (a layer's output port) may hold: 2**24, or as many as the .bin has
 # bytes when that is more. compile_model folds constants: a 1 KB IR broadcasting a constant to 6e8 elements took 73 s
-# and 2.3 GiB (issue 43); a real model's static tensors are no larger than its weights.
-IR_MIN_ELEMENT_BOUND = 2**26
+# and 2.3 GiB (issue 43); at 2**26 a float32 Broadcast folded in load took +264 MiB (issue 43's bounds probe). A real
+# model's static tensors are no larger than its weights.
+IR_MIN_ELEMENT_BOUND = 2**24
 _OPSET = re.compile(r"opset[0-9]{1,3}")
 _BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 _DECLARED_ENCODING = re.compile(rb"""^(?:\xef\xbb\xbf)?<\?xml[^>]*?encoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
@@ -79,6 +84,11 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
                          "(its weights belong in the .bin): the artifact is damaged or crafted")
     text = data if data is not None else path.read_bytes()
     _refuse_encoding_and_declarations(path.name, text)
+    tags = text.count(b"<")
+    if tags > IR_MAX_TAGS:
+        raise ValueError(f"{path.name} has {tags:,} tags, over the bound of {IR_MAX_TAGS:,} (hfexport_openvino."
+                         "_untrusted.IR_MAX_TAGS: 40 per layer of IR_MAX_LAYERS), counted before it is parsed: the "
+                         "artifact is damaged or crafted")
     try:
         root = ElementTree.fromstring(text)
     except ElementTree.ParseError as exc:

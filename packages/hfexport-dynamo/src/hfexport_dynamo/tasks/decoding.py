@@ -150,10 +150,11 @@ def generate(exported: Any, prepare: Prepare, input_ids: Any, attention_mask: An
     return run.finish(sequences, stats) if run.finish is not None else sequences
 
 
-# The most bytes of caches and masks a manifest's ``generation`` section may make ``generate`` allocate: 512 MiB
-# beyond the artifact's own hashed bytes, at most 8 GiB (a 0.5-8 B model's cache of 4,096 positions fits; an
-# artifact under 1 MB cannot make generate allocate a GiB). As ``hfexport._stored.built_inputs_budget``.
-_SECTION_BASE_BYTES = 512 * 2**20
+# The most bytes of caches and masks a manifest's ``generation`` section may make ``generate`` allocate: 64 MiB
+# beyond the artifact's own hashed bytes, at most 8 GiB (a 0.5-8 B model's cache of 4,096 positions is far under its
+# weights; 512 MiB let a 0.5 MB artifact make generate allocate +515 MiB: issue 43's bounds probe). As
+# ``hfexport._stored.built_inputs_budget``.
+_SECTION_BASE_BYTES = 64 * 2**20
 _SECTION_MAX_BYTES = 8 * 2**30
 
 
@@ -181,7 +182,7 @@ def check_section_bounds(exported: Any, section: Mapping[str, Any]) -> None:
     ``prefill_chunk``, the cache's ``row_shapes`` and ``dtype``) before :func:`generate` allocates anything from
     them: each a positive int of the right form, ``max_batch`` and ``max_cache_len`` within the ``decoder``
     program's own declared bounds (its ``attention_mask`` input ``[batch, max_cache_len]``), as many cache rows
-    as the program's ``cache`` input has leaves, and the cache plus the mask within a memory budget (512 MiB
+    as the program's ``cache`` input has leaves, and the cache plus the mask within a memory budget (64 MiB
     beyond the artifact's hashed bytes, at most 8 GiB).
 
     Raises:
