@@ -14,6 +14,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -403,6 +404,22 @@ def test_manifest_that_is_not_json(saved: dict[str, Any], tmp_path: Path) -> Non
     with pytest.raises(ManifestError, match="not valid JSON"):
         hfexport.load(artifact)
 
+
+
+def test_json_that_is_not_utf8_is_refused_without_importing_a_codec() -> None:
+    """Found by the mutation fuzz test (issue 43): ``json.loads`` on bytes detects UTF-16/32 from the first bytes and
+    imports that codec's module while an untrusted file is read (a spliced ``tokenizer.json`` imported
+    ``encodings.utf_32_be``). Artifact JSON is read as UTF-8 only; checked in a new process, where no such codec
+    module is imported yet."""
+    # '{"schema_version": 2}' in UTF-32-BE, spelled without the codec (which would import its module)
+    code = ("import sys\nfrom hfexport._trust import parse_json\n"
+            "data = b''.join(b'\\0\\0\\0' + bytes([c]) for c in b'{\"schema_version\": 2}')\n"
+            "try:\n    print('parsed:', parse_json(data))\n"
+            "except ValueError as error:\n    print('refused:', error)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('encodings.utf_32', 'encodings.utf_16'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    # the bytes are valid UTF-8 (NULs), so the refusal is JSON's; before, json.loads decoded them as UTF-32 and parsed
+    assert out.startswith("refused: not valid JSON") and out.strip().endswith("[]"), out
 
 # ── hfexport verify ───────────────────────────────────────────────────────────────────────────────────────
 def test_verify_says_what_it_checked(saved: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:

@@ -271,13 +271,20 @@ def _refuse_constant(text: str) -> Any:
 
 def parse_json(data: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
     """``json.loads`` with bounds: nesting at most ``max_depth`` deep, integers of at most
-    :data:`JSON_MAX_INT_DIGITS` digits, no ``NaN``/``Infinity``. Costs one pass over the parsed value.
+    :data:`JSON_MAX_INT_DIGITS` digits, no ``NaN``/``Infinity``; bytes are UTF-8. Costs one pass over the parsed value.
 
     Raises:
-        ValueError: not JSON, or beyond a bound (says which).
+        ValueError: not UTF-8, not JSON, or beyond a bound (says which).
     """
+    if isinstance(data, bytes):
+        # UTF-8 only (RFC 8259 for JSON that travels): json.loads would detect UTF-16/32 from the first bytes and
+        # import that codec's module while an untrusted file is read (a fuzzed tokenizer.json did)
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"not UTF-8 JSON ({exc.reason} at byte {exc.start:,})") from None
     # the bounded-int hook costs a Python call per integer: only when a run of digits could be a long integer
-    long_digits = _LONG_DIGITS.search(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"))
+    long_digits = _LONG_DIGITS.search(data.encode("utf-8", "surrogatepass"))
     # no cyclic garbage collection while the containers are built and walked: in a process that has imported torch
     # and transformers each collection scans their objects too, and 4 MiB of nested lists (2 M containers) cost
     # 2.8 s of CPU with it, 0.6 s without (issue 43's bounds probe); JSON makes no cycles

@@ -51,7 +51,7 @@ def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False, 
             raise UsageError(f"{named} is {file.stat().st_size:,} bytes, over the 4 MiB a config may have: the "
                              "artifact is damaged or crafted")
         try:  # json, not parse_json: tokenizer configs hold 31-digit ints (model_max_length = 1e30); size-bounded
-            config = json.loads(file.read_bytes())
+            config = json.loads(file.read_bytes().decode("utf-8"))  # UTF-8 only: no codec module imported
         except RecursionError:
             raise UsageError(f"{named} is JSON nested too deeply for Python: the artifact is damaged or "
                              "crafted") from None

@@ -203,7 +203,7 @@ def _checked_config(exported: Any) -> PretrainedConfig:
                          f"{_CONFIG_MAX_BYTES:,} a config may have: the artifact is damaged or crafted")
     data = artifact_bytes(Path(directory), manifest, "config.json", "config.json")
     try:  # json, not parse_json: configs may hold 31-digit ints; size-bounded above
-        values = json.loads(data)
+        values = json.loads(bytes(data).decode("utf-8"))  # UTF-8 only: no codec module imported for UTF-16/32
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"{Path(directory) / 'config.json'} is not JSON hfexport reads ({type(exc).__name__}): "
                          "the artifact is damaged or crafted") from None
