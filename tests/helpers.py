@@ -101,6 +101,30 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layers", "n_layer", "num_layers", "num_de
                "decoder_layers")
 
 
+def image_token_prompts(tokens: list[int], counts: tuple[int, ...], token: int, *, text: int,
+                        seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of a left-padded batch, one row per count: the row's images (``tokens``: each
+    image's token count, in the rows' order) as runs of ``token``, the first after two text ids and each next two
+    text ids after the one before; ``text`` + 2 per image text ids in all, drawn in [3, 90), row ``r`` seeded
+    ``seed + r``."""
+    rows = []
+    for row, count in enumerate(counts):
+        mine, tokens = tokens[:count], tokens[count:]
+        ids = torch.randint(3, 90, (text + sum(per + 2 for per in mine),),
+                            generator=torch.Generator().manual_seed(seed + row))
+        start = 2
+        for per in mine:
+            ids[start:start + per] = token
+            start += per + 2
+        rows.append(ids)
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    return ids, mask
+
+
 def tiny_model(kind: str, *, layers: int | None = None, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     """A seeded tiny Transformers model of one architecture family, in eval mode.
 

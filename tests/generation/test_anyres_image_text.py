@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hfexport
-from helpers import tiny_model
+from helpers import image_token_prompts, tiny_model
 
 NEW_TOKENS, TOKEN, CROPS = 20, 99, 5
 SIZES = torch.tensor([[22, 40], [30, 14], [16, 16]])  # (height, width): three aspect ratios
@@ -32,19 +32,7 @@ def _inputs(model: torch.nn.Module, counts: tuple[int, ...]) -> tuple[torch.Tens
         media["batch_num_images"] = torch.tensor(counts)
     with torch.no_grad():
         tokens = [f.shape[0] for f in model.model.get_image_features(**media).pooler_output]
-    rows = []
-    for row, count in enumerate(counts):
-        mine, tokens = tokens[:count], tokens[count:]
-        ids = torch.randint(3, 90, (4 + sum(t + 2 for t in mine),), generator=torch.Generator().manual_seed(row))
-        start = 2
-        for per in mine:
-            ids[start:start + per] = TOKEN
-            start += per + 2
-        rows.append(ids)
-    width = max(len(r) for r in rows)
-    ids, mask = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    ids, mask = image_token_prompts(tokens, counts, TOKEN, text=4)
     return ids, mask, media
 
 

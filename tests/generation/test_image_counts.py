@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hfexport
-from helpers import generate_in_fresh_process, selected_params, tiny_model
+from helpers import generate_in_fresh_process, image_token_prompts, selected_params, tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -100,20 +100,7 @@ def max_cache_len(kind: str) -> int:
 def case_inputs(kind: str, counts: tuple[int, ...], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """``(input_ids, attention_mask, media and options)``: one row per count, each image's tokens one run after
     two text tokens, the shorter row left-padded; seeded images in the rows' order."""
-    tokens, rows = image_tokens(kind, counts), []
-    for row, count in enumerate(counts):
-        mine, tokens = tokens[:count], tokens[count:]
-        ids = torch.randint(3, 90, (prompt_len(mine),), generator=torch.Generator().manual_seed(row + 5))
-        start = 2
-        for per in mine:
-            ids[start:start + per] = TOKEN
-            start += per + 2
-        rows.append(ids)
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    ids, mask = image_token_prompts(image_tokens(kind, counts), counts, TOKEN, text=5, seed=5)  # text: prompt_len
     total = sum(counts)
     gen = torch.Generator().manual_seed(100 + seed)
     media: dict[str, Any] = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2}
