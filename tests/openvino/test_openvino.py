@@ -231,6 +231,19 @@ def test_a_concurrent_writer_never_changes_openvino_outputs(saved: dict[str, Any
     assert counts["ok"] + counts["refused"] == 100 and counts["swaps"] > 100, counts
 
 
+def test_a_loaded_runner_reopened_with_other_threads_gives_the_same_outputs(saved: dict[str, Any]) -> None:
+    """A loaded artifact's runner recompiled (``num_threads``, then ``open()``, as benchmarks/bench_generation.py
+    does) reads the same checked weights: the first open dropped them, and the reopen failed with "Incorrect weights
+    in bin file!"."""
+    loaded = hfexport.load(saved["dirs"]["bert"])
+    inputs = {"input_ids": ids(1, 5, 4), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    before = pytree.tree_leaves(loaded(**inputs))[0]
+    (runner,) = [component.runner for component in loaded.components.values()]
+    runner.num_threads = 1
+    runner.open()
+    assert torch.equal(pytree.tree_leaves(loaded(**inputs))[0], before)
+
+
 def test_a_changed_weights_byte_is_detected(saved: dict[str, Any], tmp_path: Path) -> None:
     artifact = tmp_path / "artifact"
     shutil.copytree(saved["dirs"]["bert"], artifact)

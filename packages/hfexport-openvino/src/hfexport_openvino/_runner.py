@@ -117,6 +117,7 @@ class OpenVINORunner(NamedIORunner):
         io = dict(io or {})
         # a loaded artifact's checked bytes (hfexport.trust.artifact_bytes): OpenVINO reads these, not the paths
         self.model_bytes, self.weights_bytes = model_bytes, weights_bytes
+        self._weights = None  # the writable copy OpenVINO shares, made by the first open()
         self.num_threads = num_threads if num_threads is not None else io.get("num_threads")
         self.cpu_properties = dict(io.get("cpu_properties") or {})
         self.precisions = (str(io.get("inference_precision", "f32")), str(io.get("kv_cache_precision", "f32")))
@@ -138,10 +139,13 @@ class OpenVINORunner(NamedIORunner):
             if self.model_bytes is not None:
                 import numpy as np
 
-                # OpenVINO shares only writeable memory: one copy of the checked bytes, which it then shares
-                weights = np.frombuffer(bytearray(self.weights_bytes or b""), dtype=np.uint8)
-                self._weights, self.weights_bytes = weights, None  # alive as long as the model
-                model = core.read_model(self.model_bytes, openvino.Tensor(weights, shared_memory=True))
+                # OpenVINO shares only writeable memory: one copy of the checked bytes, made on the first open and
+                # shared by every later one (a reopen with other threads found the bytes dropped: "Incorrect
+                # weights in bin file!")
+                if self._weights is None:
+                    self._weights = np.frombuffer(bytearray(self.weights_bytes or b""), dtype=np.uint8)
+                    self.weights_bytes = None  # the copy above is the one kept, alive as long as the runner
+                model = core.read_model(self.model_bytes, openvino.Tensor(self._weights, shared_memory=True))
             else:
                 model = core.read_model(str(self.path), str(self.data_path) if self.data_path else None)
             self.compiled = core.compile_model(model, DEVICE, compile_options(self.num_threads, self.cpu_properties,
