@@ -15,7 +15,8 @@ Engines and variants (``ENGINES``):
     (``TokenizedInputs``), each token stamped by a ``StreamerBase``; variant ``hfexport``: hfexport's own IR
     (``hfexport.export(..., backend="openvino", task="text-generation")``, its ``decoder`` folder), variant
     ``optimum-fp32``: optimum-intel's (``optimum-cli export openvino --task text-generation-with-past
-    --weight-format fp32``), run with the Python of ``$OPTIMUM_INTEL_PYTHON`` (a separate environment: optimum-intel
+    --weight-format fp32``), ``optimum-int4``: the same with ``--weight-format int4 --group-size 128 --ratio 1.0``
+    (NNCF INT4_ASYM, as hfexport's ``openvino:int4-weights``), run with the Python of ``$OPTIMUM_INTEL_PYTHON`` (a separate environment: optimum-intel
     2.2 pins transformers < 5.6), which must have optimum-intel installed;
 
 API per engine: ``convert(engine, hf_dir, out_dir, variant) -> dict`` (runs the converter in a subprocess: wall
@@ -48,7 +49,7 @@ import time
 from pathlib import Path
 
 ENGINES = {"ort-genai": ("fp32", "int4"), "ctranslate2": ("float32", "int8"),
-           "openvino-genai": ("hfexport", "optimum-fp32")}
+           "openvino-genai": ("hfexport", "optimum-fp32", "optimum-int4")}
 INT4_BLOCK_SIZE = 32
 INT4_ACCURACY_LEVEL = 4
 PROBE_POSITIONS = (64, 1000)  # ms per token is reported near these cache positions when a run covers them
@@ -124,8 +125,10 @@ def _convert_child(engine: str, variant: str, hf_dir: str, out_dir: str) -> None
         if not python:
             raise RuntimeError("set OPTIMUM_INTEL_PYTHON to the python of an environment with optimum-intel "
                                "(pip install 'optimum-intel[openvino]'; it pins transformers < 5.6)")
+        weight_format = variant.removeprefix("optimum-")  # int4: hfexport's int4-weights settings (ASYM, 128, 1.0)
+        extra = ["--group-size", "128", "--ratio", "1.0"] if weight_format == "int4" else []
         subprocess.run([python, "-m", "optimum.commands.optimum_cli", "export", "openvino", "-m", hf_dir, "--task",
-                        "text-generation-with-past", "--weight-format", "fp32", out_dir], check=True)
+                        "text-generation-with-past", "--weight-format", weight_format, *extra, out_dir], check=True)
     else:
         raise ValueError(f"unknown engine {engine!r}")
     import resource

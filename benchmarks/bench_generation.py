@@ -27,7 +27,7 @@ enough there).
 Run: HF_HUB_OFFLINE=1 uv run --group bench python benchmarks/bench_generation.py [--size toy|small|0.5b]
      [--backends onnx executorch-xnnpack dynamo] [--quantized onnx:int4 onnx:int8-dynamic]
      [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8 openvino-genai:hfexport
-      openvino-genai:optimum-fp32] [--points 32+64 512+512]
+      openvino-genai:optimum-fp32 openvino-genai:optimum-int4] [--points 32+64 512+512]
      [--repeats 3] [--threads 1] [--max-cache-len N] [--min-cosine X] [--json out.json]
      HF_HUB_OFFLINE=1 uv run python benchmarks/bench_generation.py --vlm [--backends onnx executorch-xnnpack]
 """
