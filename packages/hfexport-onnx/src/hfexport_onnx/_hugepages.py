@@ -8,9 +8,11 @@ huge pages on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvis
 ``madvise(MADV_COLLAPSE)`` (Linux 6.1) moves such memory into 2 MiB pages in place: same addresses, same bytes.
 
 Measured on this project's 2-core machine (onnxruntime 1.32, one thread, the seeded 58 M-parameter Llama of
-``benchmarks/bench_generation.py``, decode steps near 64 positions, two sessions of one model in one process,
-their steps interleaved): 24.4 ms a step with the session's memory collapsed against 26.7 ms without (load average
-7; ``benchmarks/results/bench_generation_toy_onnx.txt`` has the generation benchmark's figures).
+``benchmarks/bench_generation.py``, load average ~7): in one interleaved run of the generation benchmark, decode
+28.3 / 24.0 tok/s at 32+64 / 512+512 with the session's memory collapsed against 25.6 / 21.8 in 4 KiB pages, ids
+equal (``benchmarks/results/bench_generation_toy_onnx.txt``, engine ``onnx-small-pages``). The collapse copies the
+memory once: 0.5 to 17 s for ~200 MB on this loaded machine, whose free memory is fragmented; it runs on a
+background thread while the first ``generate`` goes on in 4 KiB pages.
 
 Only the 2 MiB units whose every page is resident already are collapsed: the resident memory does not grow (an arena
 chunk not yet used stays unpopulated). Anything else (another kernel, a ``never`` setting, an error) leaves the
