@@ -53,10 +53,10 @@ def test_collapse_keeps_the_values_and_leaves_pages_not_resident_alone() -> None
     filled[:] = np.arange(filled.size, dtype=np.uint64).astype(np.uint8)
     expected = filled.copy()
     collapsed = collapse_resident([(start, start + size + HUGE_PAGE)])
-    assert collapsed in (0, 2 * HUGE_PAGE)  # 0: the kernel has no huge page to give now
+    assert collapsed in (0, HUGE_PAGE, 2 * HUGE_PAGE)  # less: the kernel had no huge page to give then
     np.testing.assert_array_equal(filled, expected)
     if collapsed:
-        assert _smaps_kib(start, start + size, "AnonHugePages") >= 2 * HUGE_PAGE // 1024
+        assert _smaps_kib(start, start + size, "AnonHugePages") >= collapsed // 1024
     untouched = first + 2 * HUGE_PAGE  # the units after the filled ones stayed unpopulated
     resident = (ctypes.c_ubyte * (2 * HUGE_PAGE // 4096))()
     libc = ctypes.CDLL(None, use_errno=True)
