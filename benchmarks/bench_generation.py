@@ -25,7 +25,7 @@ Sizes: ``--size toy`` (hidden 512, 8 layers, vocab 32k, 58 M parameters), ``smal
 enough there).
 
 Run: HF_HUB_OFFLINE=1 uv run --group bench python benchmarks/bench_generation.py [--size toy|small|0.5b]
-     [--backends onnx executorch-xnnpack dynamo] [--quantized onnx:int4 onnx:int8-dynamic]
+     [--backends onnx executorch-xnnpack dynamo openvino onnx-small-pages] [--quantized onnx:int4 onnx:int8-dynamic]
      [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8 openvino-genai:hfexport
       openvino-genai:optimum-fp32 openvino-genai:optimum-int4] [--points 32+64 512+512]
      [--repeats 3] [--threads 1] [--max-cache-len N] [--min-cosine X] [--json out.json]
@@ -48,10 +48,13 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BACKENDS = ("onnx", "executorch-xnnpack", "dynamo", "openvino", "openvino-fixed")
+BACKENDS = ("onnx", "executorch-xnnpack", "dynamo", "openvino", "openvino-fixed", "onnx-small-pages")
 # a benchmark name -> (hfexport backend, its options): openvino-fixed is openvino's kv_cache="fixed" (the layout
 # before the growing cache: max_cache_len positions, attention over all of them)
-BACKEND_OPTIONS = {"openvino-fixed": ("openvino", {"kv_cache": "fixed"})}
+BACKEND_OPTIONS = {"openvino-fixed": ("openvino", {"kv_cache": "fixed"}), "onnx-small-pages": ("onnx", {})}
+# a benchmark name -> attributes set on each loaded runner before its session reopens: onnx-small-pages is onnx with
+# the session's weights left in 4 KiB pages (OnnxRunner.huge_pages=False), the layout before the huge pages
+RUNNER_ATTRIBUTES = {"onnx-small-pages": {"huge_pages": False}}
 FULL = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
         "intermediate_size": 1376, "vocab_size": 32000}
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -162,7 +165,7 @@ def load_child(out_dir: str, backend: str) -> None:
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    if backend == "onnx":
+    if backend.startswith("onnx"):
         import onnxruntime  # noqa: F401
     elif backend.startswith("openvino"):
         import openvino  # noqa: F401
@@ -353,7 +356,10 @@ def main() -> None:
             continue
         loaded = json.loads(tail[tail.rindex("LOAD ") + 5:].splitlines()[0])
         exported = hfexport.load(out_dir)
-        if backend == "onnx":
+        for component in exported.components.values():
+            for attribute, value in RUNNER_ATTRIBUTES.get(backend, {}).items():
+                setattr(component.runner, attribute, value)
+        if BACKEND_OPTIONS.get(backend, (backend,))[0] == "onnx":
             set_ort_threads(exported, args.threads)
         elif backend.startswith("openvino"):
             set_openvino_threads(exported, args.threads)
@@ -419,7 +425,7 @@ def main() -> None:
                         "equal": run["ids"] == expected, "agreement": agree}
                 else:
                     samples[name][point].append(run["step_s"])
-        print(f"round {round_index} done", flush=True)
+        print(f"round {round_index} done (load average {os.getloadavg()[0]:.2f})", flush=True)
 
     for name in engines:
         row = results[name]

@@ -7,13 +7,17 @@ runs ``generate`` so that ``--steps`` decode steps fall near each ``--positions`
   * ExecuTorch: ETDump (``Runtime.load_program(..., enable_etdump=True)``), read with ``executorch.devtools.Inspector``:
     every XNNPACK op inside the delegates (the pip wheel is built with XNNPACK's runtime profiling), every portable or
     custom kernel (``llama::custom_sdpa``, ``llama::update_cache``), the delegate and operator call overheads;
-  * ONNX Runtime: ``SessionOptions.enable_profiling``: every node's kernel time, by op type.
+  * ONNX Runtime: ``SessionOptions.enable_profiling``: every node's kernel time, by op type;
+  * ``ort-genai``: ONNX Runtime GenAI's own loop on its model builder's fp32 graph (``benchmarks/_anchors.py``),
+    with the same profiler switched on in its ``genai_config.json`` (needs ``--group bench``).
+A decode step's wall time (``step (wall)``) is also given where the loop reports it: its part outside the session
+run is the ``host loop`` (the Python of hfexport's ``generate``; GenAI's C++ loop).
 Times are per decode step (median over the steps), in ms, one thread. The ops are grouped by what they compute
 (matmul / linear, attention, cache update, norm, elementwise, data movement, dispatch overhead) so that the two
 runtimes' rows line up, and each op type is listed beside its group.
 
 Run: HF_HUB_OFFLINE=1 uv run python benchmarks/profile_decode_ops.py [--size toy|small|0.5b] [--positions 64 1000]
-     [--steps 8] [--backends executorch-xnnpack onnx] [--exports DIR] [--threads 1]
+     [--steps 8] [--backends executorch-xnnpack onnx ort-genai] [--exports DIR] [--threads 1]
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("elementwise", r"Multiply|Add|Subtract|Divide|Negate|Sigmoid|Mul|Sub|Div|Neg|Silu|QuickGelu|Where|Clamp|Max|Min|Equal|Less|Greater|And|Not|Range"),
 )
 OVERHEAD = "dispatch overhead"
+HOST = "overhead: host loop"  # a decode step's wall time outside the session run (the loop's own code)
 
 
 def group_of(op: str) -> str:
+    if op == HOST:
+        return "host loop"
     if op.startswith("overhead"):
         return OVERHEAD
     for group, pattern in GROUPS:
@@ -68,14 +75,30 @@ def export_if_missing(backend: str, model, out: Path, max_cache_len: int) -> Pat
     return out
 
 
+def convert_if_missing(model, root: Path) -> Path:
+    """ONNX Runtime GenAI's fp32 conversion of ``model`` (its model builder, ``benchmarks/_anchors.py``), kept in
+    ``root / "ort-genai"``."""
+    import _anchors
+
+    out = root / "ort-genai"
+    if not (out / "genai_config.json").exists():
+        print(f"converting with ONNX Runtime GenAI's model builder to {out} ...", flush=True)
+        hf_dir = root / "hf"
+        model.save_pretrained(hf_dir)
+        _anchors.convert("ort-genai", str(hf_dir), str(out), "fp32")
+    return out
+
+
 def decode_plan(positions: list[int], steps: int) -> list[tuple[int, int]]:
     """(prompt length, new tokens) per position: the last ``steps`` decode steps start ``steps // 2`` before it."""
     return [(max(2, p - steps // 2), steps + 1) for p in positions]
 
 
-def run_plan(exported, plan: list[tuple[int, int]], vocab: int) -> list[tuple[int, int]]:
+def run_plan(exported, plan: list[tuple[int, int]], vocab: int, walls: list[list[float]] | None = None
+             ) -> list[tuple[int, int]]:
     """Generate each plan entry; per entry, (program runs of its prefill, of its decode): the prefill runs in
-    chunks of the manifest's ``prefill_chunk`` tokens, then one run per decode step."""
+    chunks of the manifest's ``prefill_chunk`` tokens, then one run per decode step. ``walls`` gets each entry's
+    decode steps' wall seconds (``generation_stats["decode_step_s"]``)."""
     import math
 
     import torch
@@ -85,6 +108,8 @@ def run_plan(exported, plan: list[tuple[int, int]], vocab: int) -> list[tuple[in
         ids = torch.arange(prompt).remainder(vocab - 3).add(3).unsqueeze(0)
         exported.generate(ids, max_new_tokens=new, eos_token_id=None)
         runs.append((math.ceil(prompt / chunk), exported.generation_stats["decode_steps"]))
+        if walls is not None:
+            walls.append(list(exported.generation_stats["decode_step_s"]))
     return runs
 
 
@@ -155,12 +180,14 @@ def profile_executorch(path: Path, plan: list[tuple[int, int]], vocab: int
 # ── ONNX Runtime: its profiler ──────────────────────────────────────────────────────────────────────────────
 def profile_onnx(path: Path, plan: list[tuple[int, int]], vocab: int, threads: int
                  ) -> tuple[list[dict[str, float]], list[tuple[int, int]]]:
-    """Per session run (in order): op type -> ms, from ONNX Runtime's profile; and :func:`run_plan`'s runs."""
+    """Per session run (in order): op type -> ms, from ONNX Runtime's profile; and :func:`run_plan`'s runs. A
+    decode run's ``wall`` is its step's wall time in ``generate`` (the loop's Python and the session run)."""
     import onnxruntime
 
     import hfexport
 
     exported = hfexport.load(path)
+    walls: list[list[float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         runner = exported.components["decoder"].runner
         options = onnxruntime.SessionOptions()
@@ -169,8 +196,67 @@ def profile_onnx(path: Path, plan: list[tuple[int, int]], vocab: int, threads: i
         options.enable_profiling, options.profile_file_prefix = True, os.path.join(tmp, "ort")
         runner.session_options = options
         runner.open()
-        calls = run_plan(exported, plan, vocab)
+        calls = run_plan(exported, plan, vocab, walls)
         events = json.loads(Path(runner.session.end_profiling()).read_text())
+    per_run = ort_profile_runs(events)
+    add_walls(per_run, calls, walls)
+    return per_run, calls
+
+
+def add_walls(per_run: list[dict[str, float]], calls: list[tuple[int, int]], walls: list[list[float]]) -> None:
+    """Each decode run's ``wall`` (ms, from ``walls``: per plan entry, its decode steps' seconds) and the host's
+    share of it outside the session run (``overhead: host loop``)."""
+    index = 0
+    for (prefill, decode), steps in zip(calls, walls, strict=True):
+        index += prefill
+        for run, wall in zip(per_run[index:index + decode], steps, strict=False):
+            run["wall"] = wall * 1e3
+            run["overhead: host loop"] = max(0.0, wall * 1e3 - run.get("total", 0.0))
+        index += decode
+
+
+def profile_ort_genai(path: Path, plan: list[tuple[int, int]], vocab: int, threads: int
+                      ) -> tuple[list[dict[str, float]], list[tuple[int, int]]]:
+    """ONNX Runtime GenAI's own loop (``og.Generator``, ``benchmarks/_anchors.py``) on its model builder's graph
+    (``path``: a converted folder), with ONNX Runtime's profiler on through ``genai_config.json``'s
+    ``session_options.enable_profiling`` (a file prefix): per session run, op type -> ms; the prompt is one run,
+    then one run per decode step; a decode run's ``wall`` is the time between two tokens handed over."""
+    import gc
+    import shutil
+
+    import _anchors
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp, "model")
+        shutil.copytree(path, folder)
+        config_path = folder / "genai_config.json"
+        config = json.loads(config_path.read_text())
+        options = config["model"]["decoder"].setdefault("session_options", {})
+        options.update({"intra_op_num_threads": threads, "inter_op_num_threads": 1, "log_severity_level": 3,
+                        "enable_profiling": os.path.join(tmp, "genai")})
+        config_path.write_text(json.dumps(config, indent=4))
+        loaded = _anchors.Loaded("ort-genai", str(folder), __import__("onnxruntime_genai").Model(
+            __import__("onnxruntime_genai").Config(str(folder))))
+        calls, walls = [], []
+        for prompt, new in plan:
+            ids = [(i % (vocab - 3)) + 3 for i in range(prompt)]
+            timing = _anchors.decode_timings(loaded, ids, new)
+            calls.append((1, new - 1))
+            walls.append(timing["step_s"])
+        del loaded
+        gc.collect()  # the session writes its profile when it closes
+        files = sorted(Path(tmp).glob("genai*.json"))
+        if not files:
+            raise RuntimeError("ONNX Runtime GenAI wrote no profile (session_options.enable_profiling)")
+        events = json.loads(files[-1].read_text())
+    per_run = ort_profile_runs(events)
+    add_walls(per_run, calls, walls)
+    return per_run, calls
+
+
+def ort_profile_runs(events: list[dict]) -> list[dict[str, float]]:
+    """Per session run of an ONNX Runtime profile (in order): op type -> ms, ``total`` (the run) and what the
+    session spent outside the kernels."""
     runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
                   key=lambda e: e["ts"])
     per_run: list[collections.Counter] = [collections.Counter() for _ in runs]
@@ -185,7 +271,7 @@ def profile_onnx(path: Path, plan: list[tuple[int, int]], vocab: int, threads: i
     for counter in per_run:  # what the session spent outside the kernels
         counter["overhead: session run"] = max(0.0, counter["total"] - sum(v for op, v in counter.items()
                                                                              if op != "total"))
-    return [dict(c) for c in per_run], calls
+    return [dict(c) for c in per_run]
 
 
 # ── the table ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -213,12 +299,12 @@ def print_table(results: dict[str, list[dict[str, float]]], positions: list[int]
         grouped: dict[str, dict[str, float]] = {b: collections.Counter() for b in backends}
         detail: dict[str, dict[str, collections.Counter]] = {b: collections.defaultdict(collections.Counter)
                                                                for b in backends}
-        totals = {}
+        totals, walls = {}, {}
         for backend in backends:
             step = results[backend][i]
-            totals[backend] = step.get("total", 0.0)
+            totals[backend], walls[backend] = step.get("total", 0.0), step.get("wall")
             for op, ms in step.items():
-                if op == "total":
+                if op in ("total", "wall"):
                     continue
                 grouped[backend][group_of(op)] += ms
                 detail[backend][group_of(op)][op] += ms
@@ -238,6 +324,11 @@ def print_table(results: dict[str, list[dict[str, float]]], positions: list[int]
         if len(backends) == 2:
             row += f" | {totals[backends[0]] - totals[backends[1]]:>+30.3f}"
         print(row)
+        if all(walls[b] is not None for b in backends):
+            row = f"{'step (wall)':<20}" + "".join(f" | {walls[b]:>20.3f}" for b in backends)
+            if len(backends) == 2:
+                row += f" | {walls[backends[0]] - walls[backends[1]]:>+30.3f}"
+            print(row)
         for backend in backends:
             print(f"\n{backend}, the ops of each group (ms per step):")
             for g in groups:
@@ -275,13 +366,18 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}")
     results = {}
     for backend in args.backends:
+        if backend == "ort-genai":
+            per_run, calls = profile_ort_genai(convert_if_missing(model, root), plan, vocab, args.threads)
+            results[backend] = [medians(runs) for runs in decode_runs(per_run, calls)]
+            continue
         path = export_if_missing(backend, model, root / backend, max_cache_len)
         if backend.startswith("executorch"):
             per_run, calls = profile_executorch(path, plan, vocab)
         elif backend == "onnx":
             per_run, calls = profile_onnx(path, plan, vocab, args.threads)
         else:
-            raise SystemExit(f"profile_decode_ops: no op profiler for {backend!r} (executorch-xnnpack, onnx)")
+            raise SystemExit(f"profile_decode_ops: no op profiler for {backend!r} (executorch-xnnpack, onnx, "
+                             "ort-genai)")
         results[backend] = [medians(runs) for runs in decode_runs(per_run, calls)]
     print_table(results, args.positions)
 

@@ -15,6 +15,7 @@ import torch
 from hfexport.plugin import NamedIORunner
 
 from ._errors import OnnxSessionError
+from ._hugepages import anonymous_mappings, collapse_in_background, new_memory
 from ._untrusted import check_external_data, external_data_files  # re-exported: the checks moved there
 
 __all__ = ["DATA_FILE", "MODEL_FILE", "OnnxRunner", "available_providers", "check_external_data",
@@ -113,6 +114,10 @@ class OnnxRunner(NamedIORunner):
 
     program_file: ClassVar[str] = MODEL_FILE
     io_error: ClassVar[type[Exception]] = OnnxSessionError
+    # The first decode loop on a session (reusing_bindings) moves the memory the session allocated when it opened
+    # (its prepacked weights) into transparent huge pages where Linux allows it, on a background thread
+    # (_hugepages.py); False: never.
+    huge_pages: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
                  io: Mapping[str, Any] | None = None, session_options: Any = None, *,
@@ -167,11 +172,15 @@ class OnnxRunner(NamedIORunner):
                 # external-data locations are relative to the model's folder; the checked ones are plain names
                 options.add_external_initializers_from_files_in_memory(
                     [self.data_path.name], [self._data_array], [len(self.data_bytes)])
+        before = anonymous_mappings() if self.huge_pages else set()
         try:
             self.session = onnxruntime.InferenceSession(source, options, providers=self.providers,
                                                         disabled_optimizers=disabled or None)
         except Exception as exc:
             raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc
+        # what the session's creation mapped: its weights, prepacked (collapsed by the first reusing_bindings)
+        self._session_memory = new_memory(before, anonymous_mappings()) if self.huge_pages else []
+        self.huge_page_bytes: int | None = None  # set when the collapse has run
         self.bind_io([i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()])
         # The floating dtype of each graph input: a floating input leaf is cast to it. A bfloat16 model computes in
         # float32 on ONNX Runtime's CPU (_fix_ir_bfloat16_as_float32): its bfloat16 inputs (as the model takes
@@ -202,7 +211,14 @@ class OnnxRunner(NamedIORunner):
     def reusing_bindings(self) -> Iterator[None]:
         """Within the body, runs keep their IO binding: an input whose tensor is the same memory, shape and dtype as
         the previous run's is not bound again (a decode loop's cache, mask and step inputs, updated in place). The
-        bound inputs stay referenced until the body ends."""
+        bound inputs stay referenced until the body ends.
+
+        The first time on a session, the memory the session allocated when it opened (its prepacked weights: a
+        decode step reads all of them) starts moving into transparent huge pages, on a background thread
+        (:attr:`huge_pages`, ``_hugepages.py``); :attr:`huge_page_bytes` says how much did, once it is done."""
+        if getattr(self, "_session_memory", None):
+            ranges, self._session_memory = self._session_memory, []
+            collapse_in_background(ranges, done=lambda collapsed: setattr(self, "huge_page_bytes", collapsed))
         self._kept = (self.session.io_binding(), {})  # the binding, and per input: (memory key, its OrtValue)
         try:
             yield
