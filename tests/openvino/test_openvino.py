@@ -200,6 +200,77 @@ def test_an_ir_of_too_many_tags_is_refused_before_it_is_parsed(saved: dict[str, 
         hfexport.load(artifact)
 
 
+def _negative_chain(artifact: Path, count: int) -> None:
+    """The IR's output passes through ``count`` more ``Negative`` layers in a chain (an even count: the output is
+    unchanged), rehashed."""
+    from xml.etree import ElementTree
+
+    file = artifact / "openvino_model.xml"
+    root = ElementTree.fromstring(file.read_bytes())
+    layers, edges = root.find("layers"), root.find("edges")
+    result = next(layer for layer in layers if layer.get("type") == "Result")
+    port = result.find("input/port")
+    edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
+    first = max(int(layer.get("id")) for layer in layers) + 1
+    source, source_port = edge.get("from-layer"), edge.get("from-port")
+    edges.remove(edge)
+    for i in range(count):
+        layer = ElementTree.SubElement(layers, "layer", id=str(first + i), name=f"neg{i}", type="Negative",
+                                       version="opset1")
+        for tag, pid in (("input", "0"), ("output", "1")):
+            copy = ElementTree.SubElement(ElementTree.SubElement(layer, tag), "port", id=pid,
+                                          precision=port.get("precision", "FP32"))
+            for dim in port.iter("dim"):
+                ElementTree.SubElement(copy, "dim").text = dim.text
+        ElementTree.SubElement(edges, "edge", {"from-layer": source, "from-port": source_port,
+                                               "to-layer": str(first + i), "to-port": "0"})
+        source, source_port = str(first + i), "1"
+    ElementTree.SubElement(edges, "edge", {"from-layer": source, "from-port": source_port,
+                                           "to-layer": result.get("id"), "to-port": edge.get("to-port")})
+    file.write_bytes(ElementTree.tostring(root))
+    _rehash(artifact)
+
+
+def test_an_ir_of_a_path_longer_than_the_bound_is_refused_before_compile(saved: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """Issue 43's bounds probe: compile_model's time grows with the square of the IR's longest path and more (a
+    chain of 4,999 Negative layers, far under the 50,000-layer bound then, compiled in 11.3 s; of 2,000 Relu 10.5 s
+    of CPU). A path of more than IR_MAX_DEPTH layers is refused before OpenVINO reads the IR, naming the file, the
+    length and the bound; with trust_remote_code=True the same IR loads and gives the same outputs."""
+    from hfexport_openvino._untrusted import IR_MAX_DEPTH
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    _negative_chain(artifact, IR_MAX_DEPTH + IR_MAX_DEPTH % 2)
+    with pytest.raises(ValueError, match=rf"openvino_model.xml has a path of [\d,]+ layers through its edges, over "
+                                         rf"the bound of {IR_MAX_DEPTH:,} .*trust_remote_code=True"):
+        hfexport.load(artifact)
+    inputs = {"input_ids": ids(1, 5, 3), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    expected = pytree.tree_leaves(hfexport.load(saved["dirs"]["bert"])(**inputs))[0]
+    trusted = pytree.tree_leaves(hfexport.load(artifact, trust_remote_code=True)(**inputs))[0]
+    torch.testing.assert_close(trusted, expected)
+
+
+def test_an_ir_of_more_layers_than_the_bound_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: the IR_MAX_LAYERS of 50,000 let 49,999 layers through to compile_model (more than
+    300 s); at 8,192 an 8 B decoder's ~4,000 layers load. Layers past the bound (unconnected Parameters here: no
+    longer path) are refused, naming the bound."""
+    from hfexport_openvino._untrusted import IR_MAX_LAYERS
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_bytes()
+    end = xml.index(b"</layers>")
+    extra = b"".join(b'<layer id="%d" name="p%d" type="Parameter" version="opset1"><data shape="1" element_type="f32"/>'
+                     b'<output><port id="0" precision="FP32"><dim>1</dim></port></output></layer>' % (10**6 + i, i)
+                     for i in range(8_192))  # with the IR's own, past the bound of 8,192 (under 50,000)
+    (artifact / "openvino_model.xml").write_bytes(xml[:end] + extra + xml[end:])
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=rf"has more than {IR_MAX_LAYERS:,} layers, the bound .*"
+                                         r"IR_MAX_LAYERS.*trust_remote_code=True"):
+        hfexport.load(artifact)
+
+
 def test_an_ir_swapped_after_the_check_never_reaches_openvino(saved: dict[str, Any], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 43 (check, then reopen by path): the IR and its weights are handed to OpenVINO as the bytes that were
