@@ -61,6 +61,10 @@ class _Bad(Exception):
     """Something in the file does not fit; the message says what (turned into an IntegrityError)."""
 
 
+class _TooLarge(_Bad):
+    """The program plans more memory than its size allows; the message is the whole refusal."""
+
+
 # ── the schemas: ExecuTorch's own .fbs files, read once ──
 
 @cache
@@ -228,6 +232,8 @@ def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: b
             raise _Bad(f"{len(data)} bytes, shorter than its headers")
         program = memoryview(data) if data is not None else _mapped(path)  # data: the bytes the runtime gets
         _check_program(program, named_sizes, data_bytes, trust_remote_code=trust_remote_code)
+    except _TooLarge as exc:
+        raise IntegrityError(f"{path.name} {exc.args[0]}", files) from None
     except (_Bad, KeyError) as exc:
         raise _integrity(path, exc, files) from None
 
@@ -263,19 +269,28 @@ def _segment(buf: memoryview, program: _Table, index: int, base: int) -> tuple[i
     return start, size
 
 
+# The planned memory a program may have per byte of its files, over a fixed base (see _memory_budget)
+MEMORY_BASE_BYTES = 64 * 2**20
+MEMORY_BYTES_PER_FILE_BYTE = 4
+
+
 def _memory_budget(file_size: int) -> int:
     """The most memory a program may plan (its non-constant buffers and XNNPACK's intermediate values) before it
-    is refused: 512 MiB plus 512 bytes per byte of the program's files (``.pte`` and ``.ptd``), so an artifact
-    under 1 MB plans under 1 GiB. The ``.ptd`` counts: a generation program keeps its weights there, and the
-    Qwen2-0.5B-shaped decoder (a 0.3 MB ``.pte`` beside 2 GB of weights) plans 1.2 GB for a 512-token prefill
-    chunk's activations and logits."""
-    return (512 << 20) + 512 * file_size
+    is refused: 64 MiB plus 4 bytes per byte of the program's files (``.pte`` and ``.ptd``), so an artifact under
+    1 MB plans under 68 MiB. The runtime allocates and zeroes the non-constant buffers when the method loads: at the
+    former bound (512 MiB + 512 bytes a byte) a 0.92 MB ``.pte`` planning 920 MiB (368 MiB of buffers) grew the
+    process by 368-553 MiB at load (issue 43's bounds probe). The ``.ptd`` counts: a generation program keeps its
+    weights there. A real model plans less than its weights' bytes: the Qwen2-0.5B-shaped decoder (2 GB of weights)
+    1.2 GB for a 512-token prefill chunk's activations and logits, all-MiniLM-L6-v2 with ``dynamic=True`` (90 MB)
+    218 MiB; a quantized model's weights are 4-8 times smaller than float32's, hence the factor 4."""
+    return MEMORY_BASE_BYTES + MEMORY_BYTES_PER_FILE_BYTE * file_size
 
 
 def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: int = 0, *,
                    trust_remote_code: bool) -> None:
     schema = _program_schema()
     planned = 0  # bytes of memory the runtime will allocate for the program's values
+    buffers = 0  # of which the non-constant buffers of the execution plans (allocated when a method loads)
     program = _root(buf, schema, "Program")
     base = _segment_base(buf)
     sizes = dict(named_sizes)
@@ -294,7 +309,8 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: i
                 info = value["val"]["extra_tensor_info"]
                 if info is not None:
                     _printable(info["fully_qualified_name"], "tensor name")
-        planned += sum(max(size, 0) for size in plan["non_const_buffer_sizes"] or [])
+        plan_buffers = sum(max(size, 0) for size in plan["non_const_buffer_sizes"] or [])
+        planned, buffers = planned + plan_buffers, buffers + plan_buffers
         for delegate in plan["delegates"] or []:
             backend = delegate["id"]
             _printable(backend, "backend id")
@@ -317,9 +333,14 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: i
             planned += _check_xnnpack(buf[start: start + size], sizes)
     budget = _memory_budget(len(buf) + data_bytes)
     if planned > budget and not trust_remote_code:
-        raise _Bad(f"the program plans {planned:,} bytes of memory for its values, more than the {budget:,} "
-                   "hfexport allows a program of this size (512 MiB + 512 bytes per byte of its .pte and .ptd; "
-                   "trust_remote_code=True lifts the bound)")
+        raise _TooLarge(f"plans {planned:,} bytes of memory for its values ({buffers:,} of non-constant buffers, "
+                        f"which the runtime allocates when it loads the program, and {planned - buffers:,} of XNNPACK's "
+                        f"intermediate values), more than the {budget:,} hfexport allows a program of "
+                        f"{len(buf) + data_bytes:,} bytes (.pte and .ptd: 64 MiB + 4 bytes a byte; hfexport_executorch."
+                        "_pte_check._memory_budget): the artifact is damaged or crafted, or was exported with dynamic "
+                        "bounds larger than it is used at (export again with smaller --max-batch, --max-seq-len or "
+                        "--dim-upper-bound); one from a source you trust loads with trust_remote_code=True (CLI: "
+                        "--trust-remote-code)")
 
 
 def _check_xnnpack(blob: memoryview, named_sizes: dict[bytes, int]) -> int:
