@@ -180,21 +180,21 @@ class WideHead(torch.nn.Module):
 
 def test_a_program_whose_weights_are_in_its_ptd_may_plan_for_their_bytes_too(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The planned-memory bound counts the ``.ptd``: a 256-token input's logits (41 MB, planned twice: the buffers
-    and XNNPACK's values, 82 MB) over a 5 MB table load back; the bound of the 2 KB ``.pte`` alone refuses them (a
-    real 0.5 B decoder's prefill was refused so)."""
+    """The planned-buffers bound counts the ``.ptd``: a 480-token input's logits (77 MB of buffers) over a 5 MB table
+    load back; the bound of the 2 KB ``.pte`` alone (64 MiB + 4 bytes a byte) refuses them (a real 0.5 B decoder's
+    prefill was refused so under the former bound)."""
     from hfexport_executorch import _pte_check
 
     torch.manual_seed(0)
-    model, ids = WideHead().eval(), torch.randint(0, 40_000, (1, 256))
+    model, ids = WideHead().eval(), torch.randint(0, 40_000, (1, 480))
     saved = hfexport.export(model, {"ids": ids}, backend="executorch-xnnpack").save_pretrained(tmp_path / "wide")
     pte, ptd = (saved / "model.pte").stat().st_size, (saved / "model.ptd").stat().st_size
-    budget, sizes = _pte_check._memory_budget, []
-    monkeypatch.setattr(_pte_check, "_memory_budget", lambda size: sizes.append(size) or budget(size))
+    budget, sizes = _pte_check._buffer_budget, []
+    monkeypatch.setattr(_pte_check, "_buffer_budget", lambda size: sizes.append(size) or budget(size))
     torch.testing.assert_close(hfexport.load(saved)(ids=ids), model(ids), atol=1e-5, rtol=1e-4)
-    assert sizes == [pte + ptd]
-    monkeypatch.setattr(_pte_check, "_memory_budget", lambda size: budget(pte))
-    with pytest.raises(IntegrityError, match=r"model\.pte plans [\d,]+ bytes"):
+    assert set(sizes) == {pte + ptd}
+    monkeypatch.setattr(_pte_check, "_buffer_budget", lambda size: budget(pte))
+    with pytest.raises(IntegrityError, match=r"model\.pte plans [\d,]+ bytes of non-constant buffers"):
         hfexport.load(saved)
 
 
@@ -204,7 +204,7 @@ def test_a_program_planning_more_than_its_size_allows_is_refused_before_it_loads
     grew the process by 368-553 MiB in ``load`` (the runtime allocates and zeroes the non-constant buffers). Here the
     TinyMLP's 288-byte buffer claims 128 MiB (under the old bound of ~512 MiB): refused before the runtime, naming
     the figures and what to do; trusted, it loads and runs as before."""
-    from hfexport_executorch._pte_check import MEMORY_BASE_BYTES
+    from hfexport_executorch._pte_check import _buffer_budget
 
     artifact = copy_artifact(saved["dir"], tmp_path, "planned-128-mib")
     data = bytearray((artifact / "model.pte").read_bytes())
@@ -212,9 +212,9 @@ def test_a_program_planning_more_than_its_size_allows_is_refused_before_it_loads
     data[start + 12: start + 20] = struct.pack("<q", 128 << 20)
     (artifact / "model.pte").write_bytes(bytes(data))
     rehash(artifact)
-    with pytest.raises(IntegrityError, match=rf"model\.pte plans 134,21[\d,]+ bytes .*\(134,217,728 of non-constant "
-                                             rf"buffers.*more than the {MEMORY_BASE_BYTES // 2**20 * 2**20 // 10**6},"
-                                             r".*--max-seq-len.*trust_remote_code=True"):
+    with pytest.raises(IntegrityError, match=rf"model\.pte plans 134,217,728 bytes of non-constant buffers, which the "
+                                             rf"runtime allocates .* more than the {_buffer_budget(len(data)):,} .*"
+                                             r"--max-seq-len.*trust_remote_code=True"):
         hfexport.load(artifact)
     expected = hfexport.load(saved["dir"])(x=saved["x"])
     torch.testing.assert_close(hfexport.load(artifact, trust_remote_code=True)(x=saved["x"]), expected)
