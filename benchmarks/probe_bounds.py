@@ -293,13 +293,13 @@ def _ir_layers(layers_total: int | None = None, depth: int | None = None, op: st
 def _ir_chain(directory: Path, layers_total: int | None, depth: int | None, op: str, paths: int) -> str:
     from xml.etree import ElementTree
 
-    from hfexport_openvino._untrusted import IR_MAX_DEPTH, IR_MAX_LAYERS, longest_path
+    from hfexport_openvino._untrusted import IR_MAX_DEPTH, IR_MAX_DEPTH_SUM, IR_MAX_LAYERS, path_lengths
 
     assert paths % 2 == 1
     file = _decoder_file(directory, "openvino_model.xml")
     root = ElementTree.fromstring(file.read_bytes())
     layers, edges = root.find("layers"), root.find("edges")
-    existing, base_depth = len(list(root.iter("layer"))), longest_path(root)
+    existing, (base_depth, base_sum) = len(list(root.iter("layer"))), path_lengths(root)
     result = next(layer for layer in layers if layer.get("type") == "Result"
                   and layer.find("input/port") is not None and len(layer.find("input/port")) == 3)
     port = result.find("input/port")
@@ -308,6 +308,9 @@ def _ir_chain(directory: Path, layers_total: int | None, depth: int | None, op: 
     joins = paths - 1
     budget = (layers_total or IR_MAX_LAYERS) - existing - joins
     per = min(budget // paths, (depth or IR_MAX_DEPTH) - base_depth - joins)
+    # each chain from a layer of depth <= base_depth adds about per * (per + 1) / 2 + per * base_depth
+    while paths * (per * (per + 1) // 2 + per * base_depth) + base_sum > IR_MAX_DEPTH_SUM:
+        per -= 2
     per -= per % 2 if op == "Negative" else 0
     source, source_port = edge.get("from-layer"), edge.get("from-port")
     edges.remove(edge)
@@ -346,7 +349,8 @@ def _ir_chain(directory: Path, layers_total: int | None, depth: int | None, op: 
     file.write_bytes(ElementTree.tostring(root))
     _rehash(directory)
     total = existing + paths * per + joins
-    return (f"{total:,} layers ({paths} x {per:,} {op}), longest path {longest_path(root):,}, "
+    longest, summed = path_lengths(root)
+    return (f"{total:,} layers ({paths} x {per:,} {op}), longest path {longest:,}, depths summed {summed:,}, "
             f"{file.stat().st_size / 2**20:.1f} MiB")
 
 
@@ -538,9 +542,10 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("onnx-empty-nodes-1mb", ("onnx",), "ONNX_MAX_GRAPH_ENTRIES (1 MB)", _onnx_empty_nodes(2**20), ("load",)),
     ("onnx-empty-nodes-64mb", ("onnx",), "ONNX_MAX_GRAPH_ENTRIES (64 MiB)", _onnx_empty_nodes(64 * 2**20), ("load",)),
     ("ir-tags-at-bound", ("openvino",), "IR_MAX_TAGS 327,680", _ir_elements(None), ("load", "generate")),
-    ("ir-depth", ("openvino",), "IR_MAX_DEPTH 2,048 (Negative)", _ir_layers(), ("load", "generate", "verify_stored")),
+    ("ir-depth", ("openvino",), "IR_MAX_DEPTH 2,048, IR_MAX_DEPTH_SUM (Negative)", _ir_layers(), ("load", "generate", "verify_stored")),
     ("ir-depth-relu", ("openvino",), "IR_MAX_DEPTH 2,048 (Relu)", _ir_layers(op="Relu"), ("load", "generate")),
     ("ir-layers", ("openvino",), "IR_MAX_LAYERS 8,192 (5 paths)", _ir_layers(paths=5), ("load", "generate", "verify_stored")),
+    ("ir-depth-sum", ("openvino",), "IR_MAX_DEPTH_SUM 2,500,000 (3 paths)", _ir_layers(paths=3), ("load", "generate", "verify_stored")),
     ("ir-static-tensor", ("openvino",), "IR_MIN_ELEMENT_BOUND 2**24", _ir_folded_constant, ("load", "generate", "verify_stored")),
     ("ir-elements-1mb", ("openvino",), "IR_MAX_TAGS (1 MB of elements)", _ir_elements(2**20), ("load", "generate")),
     ("ir-elements-64mb", ("openvino",), "IR_MAX_BYTES 64 MiB of elements", _ir_elements(64 * 2**20 - 2**16), ("load", "generate")),

@@ -200,9 +200,9 @@ def test_an_ir_of_too_many_tags_is_refused_before_it_is_parsed(saved: dict[str, 
         hfexport.load(artifact)
 
 
-def _negative_chain(artifact: Path, count: int) -> None:
-    """The IR's output passes through ``count`` more ``Negative`` layers in a chain (an even count: the output is
-    unchanged), rehashed."""
+def _negative_chain(artifact: Path, count: int, paths: int = 1) -> None:
+    """The IR's output passes through ``paths`` (odd) parallel chains of ``count`` more ``Negative`` layers (an even
+    count: each gives the output unchanged), joined by Add, Subtract, Add, ... (the output unchanged), rehashed."""
     from xml.etree import ElementTree
 
     file = artifact / "openvino_model.xml"
@@ -211,22 +211,40 @@ def _negative_chain(artifact: Path, count: int) -> None:
     result = next(layer for layer in layers if layer.get("type") == "Result")
     port = result.find("input/port")
     edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
-    first = max(int(layer.get("id")) for layer in layers) + 1
-    source, source_port = edge.get("from-layer"), edge.get("from-port")
+    next_id = max(int(layer.get("id")) for layer in layers) + 1
     edges.remove(edge)
-    for i in range(count):
-        layer = ElementTree.SubElement(layers, "layer", id=str(first + i), name=f"neg{i}", type="Negative",
+
+    def add(kind: str, inputs: int) -> str:
+        nonlocal next_id
+        layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe{next_id}", type=kind,
                                        version="opset1")
-        for tag, pid in (("input", "0"), ("output", "1")):
-            copy = ElementTree.SubElement(ElementTree.SubElement(layer, tag), "port", id=pid,
-                                          precision=port.get("precision", "FP32"))
-            for dim in port.iter("dim"):
-                ElementTree.SubElement(copy, "dim").text = dim.text
-        ElementTree.SubElement(edges, "edge", {"from-layer": source, "from-port": source_port,
-                                               "to-layer": str(first + i), "to-port": "0"})
-        source, source_port = str(first + i), "1"
-    ElementTree.SubElement(edges, "edge", {"from-layer": source, "from-port": source_port,
-                                           "to-layer": result.get("id"), "to-port": edge.get("to-port")})
+        for tag, ids in (("input", range(inputs)), ("output", [inputs])):
+            section = ElementTree.SubElement(layer, tag)
+            for pid in ids:
+                copy = ElementTree.SubElement(section, "port", id=str(pid), precision=port.get("precision", "FP32"))
+                for dim in port.iter("dim"):
+                    ElementTree.SubElement(copy, "dim").text = dim.text
+        next_id += 1
+        return layer.get("id")
+
+    def connect(a: str, a_port: str, b: str, b_port: str) -> None:
+        ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": a_port, "to-layer": b, "to-port": b_port})
+
+    ends = []
+    for _ in range(paths):
+        source, source_port = edge.get("from-layer"), edge.get("from-port")
+        for _ in range(count):
+            layer = add("Negative", 1)
+            connect(source, source_port, layer, "0")
+            source, source_port = layer, "1"
+        ends.append(source)
+    last, last_port = ends[0], "1"
+    for i, other in enumerate(ends[1:]):
+        join = add("Add" if i % 2 == 0 else "Subtract", 2)
+        connect(last, last_port, join, "0")
+        connect(other, "1", join, "1")
+        last, last_port = join, "2"
+    connect(last, last_port, result.get("id"), edge.get("to-port"))
     file.write_bytes(ElementTree.tostring(root))
     _rehash(artifact)
 
@@ -249,6 +267,20 @@ def test_an_ir_of_a_path_longer_than_the_bound_is_refused_before_compile(saved: 
     expected = pytree.tree_leaves(hfexport.load(saved["dirs"]["bert"])(**inputs))[0]
     trusted = pytree.tree_leaves(hfexport.load(artifact, trust_remote_code=True)(**inputs))[0]
     torch.testing.assert_close(trusted, expected)
+
+
+def test_an_ir_whose_layers_lie_deeper_in_all_than_the_bound_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: under the layer and path bounds, 5 paths of 1,566 Negative layers (8,187 layers, a
+    longest path of 1,655) took 10.2 s of load (6.8 s of CPU): compile_model's time tracks the layers' depths summed
+    (6.8 M there; an 8 B decoder's IR 1.09 M). 3 paths of 1,400 (2.9 M) are refused, naming the bound."""
+    from hfexport_openvino._untrusted import IR_MAX_DEPTH_SUM
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    _negative_chain(artifact, 1_400, paths=3)
+    with pytest.raises(ValueError, match=rf"openvino_model.xml's layers lie [\d,]+ layers deep in all .* over the "
+                                         rf"bound of {IR_MAX_DEPTH_SUM:,} .*trust_remote_code=True"):
+        hfexport.load(artifact)
 
 
 def test_an_ir_of_more_layers_than_the_bound_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-__all__ = ["IR_MAX_BYTES", "IR_MAX_DEPTH", "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "longest_path",
+__all__ = ["IR_MAX_BYTES", "IR_MAX_DEPTH", "IR_MAX_DEPTH_SUM", "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "path_lengths",
            "standard_opsets"]
 
 IR_MAX_BYTES = 64 * 1024 * 1024  # the XML of a 70 B decoder is a few MB; its weights are in the .bin
@@ -30,6 +30,11 @@ IR_MAX_BYTES = 64 * 1024 * 1024  # the XML of a 70 B decoder is a few MB; its we
 # layers, longest path ~2,900) loads with trust_remote_code=True only.
 IR_MAX_LAYERS = 8_192
 IR_MAX_DEPTH = 2_048
+# Every layer's depth (the layers on its longest path from an input) summed, which tracks compile_model's time across
+# shapes better than either bound alone (issue 43's bounds probe, CPU seconds at load 4 on 2 cores): a chain of 2,047
+# Negative layers sums 2.1 M (1.6 s), 5 paths of 1,566 Negative 6.8 M (6.8 s); the 8 B decoder's IR sums 1.09 M
+# (0.9 s), a 70 B one ~7 M.
+IR_MAX_DEPTH_SUM = 2_500_000
 # Tags (``<``) of the XML, counted before ElementTree builds it: a layer has ~12 elements (~23 tags), so 40 per layer
 # of IR_MAX_LAYERS. 64 MiB of empty elements (16.7 M) were built into +1.56 GiB and accepted (131 s of load at load
 # 7 on 2 cores: issue 43's bounds probe)
@@ -79,7 +84,7 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
     or is larger than hfexport compiles from an artifact: more than :data:`IR_MAX_LAYERS` layers, a path through its
     edges longer than :data:`IR_MAX_DEPTH` layers (both lifted by ``trust_remote_code=True``), or a static tensor of
     more elements than ``max(IR_MIN_ELEMENT_BOUND, weights_bytes)`` (counted before ``compile_model`` folds
-    anything).
+    anything), or layers deeper in all than :data:`IR_MAX_DEPTH_SUM` (lifted likewise).
 
     Args:
         xml_path: the file (names it in messages; read only when ``data`` is not given).
@@ -137,21 +142,26 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
                                      ".bin's bytes, at least IR_MIN_ELEMENT_BOUND): compile_model would fold or "
                                      "allocate it; the artifact is damaged or crafted")
     if not trust_remote_code:
-        depth = longest_path(root, path.name)
+        depth, total = path_lengths(root, path.name)
         if depth > IR_MAX_DEPTH:
             raise ValueError(f"{path.name} has a path of {depth:,} layers through its edges, over the bound of "
                              f"{IR_MAX_DEPTH:,} (hfexport_openvino._untrusted.IR_MAX_DEPTH: compile_model's time grows "
                              f"with the square of it and more; an 8 B decoder's is ~1,200){_LIFT}")
+        if total > IR_MAX_DEPTH_SUM:
+            raise ValueError(f"{path.name}'s layers lie {total:,} layers deep in all (each layer's longest path from an "
+                             f"input, summed), over the bound of {IR_MAX_DEPTH_SUM:,} (hfexport_openvino._untrusted."
+                             "IR_MAX_DEPTH_SUM: compile_model's time grows with it; an 8 B decoder's is ~1.1 M)"
+                             f"{_LIFT}")
 
 
 _LIFT = (": the artifact is damaged or crafted, or a model larger than hfexport loads untrusted; one from a source "
          "you trust loads with trust_remote_code=True (CLI: --trust-remote-code)")
 
 
-def longest_path(root: ElementTree.Element, name: str = "the IR") -> int:
-    """The most layers on a path along the IR's ``<edges>`` (each layer counted once per path), from the parsed XML,
-    in one pass over the layers and edges (Kahn's order). Edges that name no layer are skipped (``read_model``
-    refuses them); a cycle is refused.
+def path_lengths(root: ElementTree.Element, name: str = "the IR") -> tuple[int, int]:
+    """``(longest, summed)``: the most layers on a path along the IR's ``<edges>``, and every layer's depth (the
+    layers on its longest path from a layer without inputs, itself included) summed; from the parsed XML, in one pass
+    over the layers and edges (Kahn's order). Edges that name no layer are skipped (``read_model`` refuses them).
 
     Raises:
         ValueError: the edges form a cycle.
@@ -179,4 +189,4 @@ def longest_path(root: ElementTree.Element, name: str = "the IR") -> int:
     if done < len(ids):
         raise ValueError(f"{name}'s edges form a cycle ({len(ids) - done:,} layers on or after it): the artifact is "
                          "damaged or crafted")
-    return max(depth.values(), default=0)
+    return max(depth.values(), default=0), sum(depth.values())
