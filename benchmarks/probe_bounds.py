@@ -282,45 +282,76 @@ def _onnx_empty_nodes(size: int | None) -> Callable[[Path], str]:
     return craft
 
 
-def _ir_layers(layers_total: int | None) -> Callable[[Path], str]:
-    """The logits pass through an even chain of ``Negative`` up to ``layers_total`` layers (None: IR_MAX_LAYERS)."""
-    return lambda directory: _ir_chain(directory, layers_total)
+def _ir_layers(layers_total: int | None = None, depth: int | None = None, op: str = "Negative",
+               paths: int = 1) -> Callable[[Path], str]:
+    """The logits pass through ``paths`` (odd) parallel chains of ``op`` (``Negative``: an even count per chain;
+    ``Relu``: any), joined by Add, Subtract, Add, ... (the logits unchanged), up to ``layers_total`` layers (None:
+    IR_MAX_LAYERS) with a longest path of at most ``depth`` layers (None: IR_MAX_DEPTH)."""
+    return lambda directory: _ir_chain(directory, layers_total, depth, op, paths)
 
 
-def _ir_chain(directory: Path, layers_total: int | None) -> str:
+def _ir_chain(directory: Path, layers_total: int | None, depth: int | None, op: str, paths: int) -> str:
     from xml.etree import ElementTree
 
-    from hfexport_openvino._untrusted import IR_MAX_LAYERS
+    from hfexport_openvino._untrusted import IR_MAX_DEPTH, IR_MAX_DEPTH_SUM, IR_MAX_LAYERS, path_lengths
 
+    assert paths % 2 == 1
     file = _decoder_file(directory, "openvino_model.xml")
     root = ElementTree.fromstring(file.read_bytes())
     layers, edges = root.find("layers"), root.find("edges")
-    existing = len(list(root.iter("layer")))
+    existing, (base_depth, base_sum) = len(list(root.iter("layer"))), path_lengths(root)
     result = next(layer for layer in layers if layer.get("type") == "Result"
                   and layer.find("input/port") is not None and len(layer.find("input/port")) == 3)
     port = result.find("input/port")
     edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
     next_id = max(int(layer.get("id")) for layer in layers) + 1
-    count = (layers_total or IR_MAX_LAYERS) - existing
-    count -= count % 2
-    previous, previous_port = edge.get("from-layer"), edge.get("from-port")
+    joins = paths - 1
+    budget = (layers_total or IR_MAX_LAYERS) - existing - joins
+    per = min(budget // paths, (depth or IR_MAX_DEPTH) - base_depth - joins)
+    # each chain from a layer of depth <= base_depth adds about per * (per + 1) / 2 + per * base_depth
+    while paths * (per * (per + 1) // 2 + per * base_depth) + base_sum > IR_MAX_DEPTH_SUM:
+        per -= 2
+    per -= per % 2 if op == "Negative" else 0
+    source, source_port = edge.get("from-layer"), edge.get("from-port")
     edges.remove(edge)
-    for i in range(count):
-        layer = ElementTree.SubElement(layers, "layer", id=str(next_id + i), name=f"probe_neg{i}",
-                                       type="Negative", version="opset1")
-        for tag, pid in (("input", "0"), ("output", "1")):
+
+    def add_layer(kind: str, inputs: int) -> str:
+        nonlocal next_id
+        layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe_{next_id}", type=kind,
+                                       version="opset1")
+        for tag, ids in (("input", range(inputs)), ("output", [inputs])):
             section = ElementTree.SubElement(layer, tag)
-            copy = ElementTree.SubElement(section, "port", id=pid, precision=port.get("precision", "FP32"))
-            for dim in port.iter("dim"):
-                ElementTree.SubElement(copy, "dim").text = dim.text
-        ElementTree.SubElement(edges, "edge", {"from-layer": previous, "from-port": previous_port,
-                                               "to-layer": str(next_id + i), "to-port": "0"})
-        previous, previous_port = str(next_id + i), "1"
-    ElementTree.SubElement(edges, "edge", {"from-layer": previous, "from-port": previous_port,
-                                           "to-layer": result.get("id"), "to-port": edge.get("to-port")})
+            for pid in ids:
+                copy = ElementTree.SubElement(section, "port", id=str(pid), precision=port.get("precision", "FP32"))
+                for dim in port.iter("dim"):
+                    ElementTree.SubElement(copy, "dim").text = dim.text
+        next_id += 1
+        return layer.get("id")
+
+    def connect(a: str, ap: str, b: str, bp: str) -> None:
+        ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": ap, "to-layer": b, "to-port": bp})
+
+    ends = []
+    for _ in range(paths):
+        previous, previous_port = source, source_port
+        for _ in range(per):
+            layer = add_layer(op, 1)
+            connect(previous, previous_port, layer, "0")
+            previous, previous_port = layer, "1"
+        ends.append(previous)
+    last, last_port = ends[0], "1"
+    for i, other in enumerate(ends[1:]):
+        join = add_layer("Add" if i % 2 == 0 else "Subtract", 2)
+        connect(last, last_port, join, "0")
+        connect(other, "1", join, "1")
+        last, last_port = join, "2"
+    connect(last, last_port, result.get("id"), edge.get("to-port"))
     file.write_bytes(ElementTree.tostring(root))
     _rehash(directory)
-    return f"{existing + count:,} layers, {file.stat().st_size / 2**20:.1f} MiB"
+    total = existing + paths * per + joins
+    longest, summed = path_lengths(root)
+    return (f"{total:,} layers ({paths} x {per:,} {op}), longest path {longest:,}, depths summed {summed:,}, "
+            f"{file.stat().st_size / 2**20:.1f} MiB")
 
 
 def _ir_folded_constant(directory: Path) -> str:
@@ -460,12 +491,12 @@ def _planned_bytes(pte: Path) -> int:
 
 
 def _pte_planned(directory: Path) -> str:
-    """A plain module (a 0.9 MB weight, so the bound is ~1 GiB) whose program plans just under the .pte's memory
-    bound (512 MiB + 512 B per byte of the .pte and .ptd)."""
+    """A plain module (a 0.9 MB weight) whose program plans non-constant buffers just under their bound (64 MiB + 4 B
+    per byte of the .pte and .ptd)."""
     import torch
 
     import hfexport
-    from hfexport_executorch._pte_check import _memory_budget
+    from hfexport_executorch._pte_check import _buffer_budget, _memory_budget
 
     class Big(torch.nn.Module):
         def __init__(self, n: int) -> None:
@@ -478,12 +509,16 @@ def _pte_planned(directory: Path) -> str:
             return (y * 2.0).sum(0, keepdim=True)
 
     shutil.rmtree(directory)
-    elements = 46 * 2**20  # the program plans ~20 bytes an element (1,258,291,272 for 60 Mi): ~920 MiB of ~961
+    # the program plans 8 bytes of buffers an element (385,876,048 for 46 Mi; ~20 bytes in all): just under the
+    # buffer bound of its ~0.92 MB
+    elements = int(_buffer_budget(922_592) / 8 * 0.98)
     hfexport.export(Big(elements).eval(), {"x": torch.ones(1)},
                     backend="executorch-xnnpack").save_pretrained(directory)
     pte = next(directory.rglob("*.pte"))
     size = sum(f.stat().st_size for f in pte.parent.iterdir() if f.suffix in (".pte", ".ptd"))
-    return (f".pte {pte.stat().st_size:,} B, planned {_planned_bytes(pte) / 2**20:,.1f} MiB "
+    buffers = elements * 8
+    return (f".pte {pte.stat().st_size:,} B, buffers ~{buffers / 2**20:,.1f} MiB (bound "
+            f"{_buffer_budget(size) / 2**20:,.1f} MiB), planned {_planned_bytes(pte) / 2**20:,.1f} MiB "
             f"(bound {_memory_budget(size) / 2**20:,.1f} MiB)")
 
 
@@ -501,22 +536,22 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("verify-zero-leaves", ("dynamo", "onnx"), "built_inputs_budget 64 MiB + hashed bytes", _zero_leaves, ("load", "verify_stored")),
     ("verify-example-shape", ("dynamo",), "built_inputs_budget 64 MiB + hashed bytes", _example_shape, ("verify_artifact",)),
     ("generate-cache-rows", BACKENDS, "generation budget 64 MiB + hashed bytes", _generation_rows, ("load", "generate")),
-    ("onnx-nodes", ("onnx",), "ONNX_MAX_NODES 50,000", _onnx_chain(False), ("load", "generate", "verify_stored")),
-    ("onnx-inlined", ("onnx",), "inlined nodes 50,000", _onnx_chain(True), ("load", "generate", "verify_stored")),
-    ("onnx-entries-at-bound", ("onnx",), "ONNX_MAX_GRAPH_ENTRIES 400,000", _onnx_empty_nodes(None), ("load",)),
+    ("onnx-nodes", ("onnx",), "ONNX_MAX_NODES 25,000", _onnx_chain(False), ("load", "generate", "verify_stored")),
+    ("onnx-inlined", ("onnx",), "inlined nodes 25,000", _onnx_chain(True), ("load", "generate", "verify_stored")),
+    ("onnx-entries-at-bound", ("onnx",), "ONNX_MAX_GRAPH_ENTRIES 200,000", _onnx_empty_nodes(None), ("load",)),
     ("onnx-empty-nodes-1mb", ("onnx",), "ONNX_MAX_GRAPH_ENTRIES (1 MB)", _onnx_empty_nodes(2**20), ("load",)),
     ("onnx-empty-nodes-64mb", ("onnx",), "ONNX_MAX_GRAPH_ENTRIES (64 MiB)", _onnx_empty_nodes(64 * 2**20), ("load",)),
-    ("ir-tags-at-bound", ("openvino",), "IR_MAX_TAGS 2,000,000", _ir_elements(None), ("load", "generate")),
-    ("ir-layers", ("openvino",), "IR_MAX_LAYERS 50,000", _ir_layers(None), ("load", "generate", "verify_stored")),
-    ("ir-layers-20k", ("openvino",), "IR_MAX_LAYERS at a 70 B decoder's ~20k", _ir_layers(20_000),
-     ("load", "generate", "verify_stored")),
-    ("ir-layers-5k", ("openvino",), "IR_MAX_LAYERS at 5k", _ir_layers(5_000), ("load", "generate", "verify_stored")),
+    ("ir-tags-at-bound", ("openvino",), "IR_MAX_TAGS 327,680", _ir_elements(None), ("load", "generate")),
+    ("ir-depth", ("openvino",), "IR_MAX_DEPTH 2,048, IR_MAX_DEPTH_SUM (Negative)", _ir_layers(), ("load", "generate", "verify_stored")),
+    ("ir-depth-relu", ("openvino",), "IR_MAX_DEPTH 2,048 (Relu)", _ir_layers(op="Relu"), ("load", "generate")),
+    ("ir-layers", ("openvino",), "IR_MAX_LAYERS 8,192 (5 paths)", _ir_layers(paths=5), ("load", "generate", "verify_stored")),
+    ("ir-depth-sum", ("openvino",), "IR_MAX_DEPTH_SUM 2,500,000 (3 paths)", _ir_layers(paths=3), ("load", "generate", "verify_stored")),
     ("ir-static-tensor", ("openvino",), "IR_MIN_ELEMENT_BOUND 2**24", _ir_folded_constant, ("load", "generate", "verify_stored")),
     ("ir-elements-1mb", ("openvino",), "IR_MAX_TAGS (1 MB of elements)", _ir_elements(2**20), ("load", "generate")),
     ("ir-elements-64mb", ("openvino",), "IR_MAX_BYTES 64 MiB of elements", _ir_elements(64 * 2**20 - 2**16), ("load", "generate")),
     ("pt2-members-1mb", ("dynamo",), "PT2_MAX_MEMBERS (1 MB of members)", _pt2_members(12_000), ("load",)),
     ("pt2-members-max", ("dynamo",), "PT2_MAX_MEMBERS 100,000", _pt2_members(None), ("load",)),
-    ("pte-planned-memory", ("executorch-xnnpack",), "planned memory 512 MiB + 512 B/byte", _pte_planned, ("load", "call")),
+    ("pte-planned-memory", ("executorch-xnnpack",), "planned buffers 64 MiB + 4 B/byte", _pte_planned, ("load", "call")),
 ]
 
 

@@ -165,8 +165,8 @@ def test_crafted_ptd_is_refused_naming_it(tmp_path: Path) -> None:
 
 
 class WideHead(torch.nn.Module):
-    """A tied embedding and head whose logits for a long input take more memory than 512 MiB plus 512 bytes per
-    byte of the ``.pte`` alone: the weights are in ``model.ptd``, as a generation program's are."""
+    """A tied embedding and head whose logits for a long input take more memory than 64 MiB plus 4 bytes per byte
+    of the ``.pte`` alone: the weights are in ``model.ptd``, as a generation program's are."""
 
     def __init__(self, vocab: int = 40_000, hidden: int = 32) -> None:
         super().__init__()
@@ -178,16 +178,46 @@ class WideHead(torch.nn.Module):
         return self.head(self.embed(ids)).amax(-1)  # the logits are planned; the output stays small
 
 
-def test_a_program_whose_weights_are_in_its_ptd_may_plan_for_their_bytes_too(tmp_path: Path) -> None:
-    """The planned-memory bound counts the ``.ptd``: a 4,096-token input's logits (655 MB) over a 5 MB table load
-    back; they were refused when only the ``.pte``'s bytes counted (a real 0.5 B decoder's prefill was)."""
+def test_a_program_whose_weights_are_in_its_ptd_may_plan_for_their_bytes_too(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planned-buffers bound counts the ``.ptd``: a 480-token input's logits (77 MB of buffers) over a 5 MB table
+    load back; the bound of the 2 KB ``.pte`` alone (64 MiB + 4 bytes a byte) refuses them (a real 0.5 B decoder's
+    prefill was refused so under the former bound)."""
+    from hfexport_executorch import _pte_check
+
     torch.manual_seed(0)
-    model, ids = WideHead().eval(), torch.randint(0, 40_000, (1, 4096))
+    model, ids = WideHead().eval(), torch.randint(0, 40_000, (1, 480))
     saved = hfexport.export(model, {"ids": ids}, backend="executorch-xnnpack").save_pretrained(tmp_path / "wide")
     pte, ptd = (saved / "model.pte").stat().st_size, (saved / "model.ptd").stat().st_size
-    planned = hfexport.load(saved).manifest["executorch"]["planned_memory_bytes"]
-    assert (512 << 20) + 512 * pte < planned <= (512 << 20) + 512 * (pte + ptd), (pte, ptd, planned)
+    budget, sizes = _pte_check._buffer_budget, []
+    monkeypatch.setattr(_pte_check, "_buffer_budget", lambda size: sizes.append(size) or budget(size))
     torch.testing.assert_close(hfexport.load(saved)(ids=ids), model(ids), atol=1e-5, rtol=1e-4)
+    assert set(sizes) == {pte + ptd}
+    monkeypatch.setattr(_pte_check, "_buffer_budget", lambda size: budget(pte))
+    with pytest.raises(IntegrityError, match=r"model\.pte plans [\d,]+ bytes of non-constant buffers"):
+        hfexport.load(saved)
+
+
+def test_a_program_planning_more_than_its_size_allows_is_refused_before_it_loads(saved: dict[str, Any],
+                                                                                tmp_path: Path) -> None:
+    """Issue 43's bounds probe: at the former bound (512 MiB + 512 bytes a byte) a 0.92 MB ``.pte`` planning 920 MiB
+    grew the process by 368-553 MiB in ``load`` (the runtime allocates and zeroes the non-constant buffers). Here the
+    TinyMLP's 288-byte buffer claims 128 MiB (under the old bound of ~512 MiB): refused before the runtime, naming
+    the figures and what to do; trusted, it loads and runs as before."""
+    from hfexport_executorch._pte_check import _buffer_budget
+
+    artifact = copy_artifact(saved["dir"], tmp_path, "planned-128-mib")
+    data = bytearray((artifact / "model.pte").read_bytes())
+    start = data.find(struct.pack("<Iqq", 2, 0, 288))
+    data[start + 12: start + 20] = struct.pack("<q", 128 << 20)
+    (artifact / "model.pte").write_bytes(bytes(data))
+    rehash(artifact)
+    with pytest.raises(IntegrityError, match=rf"model\.pte plans 134,217,728 bytes of non-constant buffers, which the "
+                                             rf"runtime allocates .* more than the {_buffer_budget(len(data)):,} .*"
+                                             r"--max-seq-len.*trust_remote_code=True"):
+        hfexport.load(artifact)
+    expected = hfexport.load(saved["dir"])(x=saved["x"])
+    torch.testing.assert_close(hfexport.load(artifact, trust_remote_code=True)(x=saved["x"]), expected)
 
 _UNCHECKED = """
 import sys, torch

@@ -200,6 +200,109 @@ def test_an_ir_of_too_many_tags_is_refused_before_it_is_parsed(saved: dict[str, 
         hfexport.load(artifact)
 
 
+def _negative_chain(artifact: Path, count: int, paths: int = 1) -> None:
+    """The IR's output passes through ``paths`` (odd) parallel chains of ``count`` more ``Negative`` layers (an even
+    count: each gives the output unchanged), joined by Add, Subtract, Add, ... (the output unchanged), rehashed."""
+    from xml.etree import ElementTree
+
+    file = artifact / "openvino_model.xml"
+    root = ElementTree.fromstring(file.read_bytes())
+    layers, edges = root.find("layers"), root.find("edges")
+    result = next(layer for layer in layers if layer.get("type") == "Result")
+    port = result.find("input/port")
+    edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
+    next_id = max(int(layer.get("id")) for layer in layers) + 1
+    edges.remove(edge)
+
+    def add(kind: str, inputs: int) -> str:
+        nonlocal next_id
+        layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe{next_id}", type=kind,
+                                       version="opset1")
+        for tag, ids in (("input", range(inputs)), ("output", [inputs])):
+            section = ElementTree.SubElement(layer, tag)
+            for pid in ids:
+                copy = ElementTree.SubElement(section, "port", id=str(pid), precision=port.get("precision", "FP32"))
+                for dim in port.iter("dim"):
+                    ElementTree.SubElement(copy, "dim").text = dim.text
+        next_id += 1
+        return layer.get("id")
+
+    def connect(a: str, a_port: str, b: str, b_port: str) -> None:
+        ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": a_port, "to-layer": b, "to-port": b_port})
+
+    ends = []
+    for _ in range(paths):
+        source, source_port = edge.get("from-layer"), edge.get("from-port")
+        for _ in range(count):
+            layer = add("Negative", 1)
+            connect(source, source_port, layer, "0")
+            source, source_port = layer, "1"
+        ends.append(source)
+    last, last_port = ends[0], "1"
+    for i, other in enumerate(ends[1:]):
+        join = add("Add" if i % 2 == 0 else "Subtract", 2)
+        connect(last, last_port, join, "0")
+        connect(other, "1", join, "1")
+        last, last_port = join, "2"
+    connect(last, last_port, result.get("id"), edge.get("to-port"))
+    file.write_bytes(ElementTree.tostring(root))
+    _rehash(artifact)
+
+
+def test_an_ir_of_a_path_longer_than_the_bound_is_refused_before_compile(saved: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """Issue 43's bounds probe: compile_model's time grows with the square of the IR's longest path and more (a
+    chain of 4,999 Negative layers, far under the 50,000-layer bound then, compiled in 11.3 s; of 2,000 Relu 10.5 s
+    of CPU). A path of more than IR_MAX_DEPTH layers is refused before OpenVINO reads the IR, naming the file, the
+    length and the bound; with trust_remote_code=True the same IR loads and gives the same outputs."""
+    from hfexport_openvino._untrusted import IR_MAX_DEPTH
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    _negative_chain(artifact, IR_MAX_DEPTH + IR_MAX_DEPTH % 2)
+    with pytest.raises(ValueError, match=rf"openvino_model.xml has a path of [\d,]+ layers through its edges, over "
+                                         rf"the bound of {IR_MAX_DEPTH:,} .*trust_remote_code=True"):
+        hfexport.load(artifact)
+    inputs = {"input_ids": ids(1, 5, 3), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    expected = pytree.tree_leaves(hfexport.load(saved["dirs"]["bert"])(**inputs))[0]
+    trusted = pytree.tree_leaves(hfexport.load(artifact, trust_remote_code=True)(**inputs))[0]
+    torch.testing.assert_close(trusted, expected)
+
+
+def test_an_ir_whose_layers_lie_deeper_in_all_than_the_bound_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: under the layer and path bounds, 5 paths of 1,566 Negative layers (8,187 layers, a
+    longest path of 1,655) took 10.2 s of load (6.8 s of CPU): compile_model's time tracks the layers' depths summed
+    (6.8 M there; an 8 B decoder's IR 1.09 M). 3 paths of 1,400 (2.9 M) are refused, naming the bound."""
+    from hfexport_openvino._untrusted import IR_MAX_DEPTH_SUM
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    _negative_chain(artifact, 1_400, paths=3)
+    with pytest.raises(ValueError, match=rf"openvino_model.xml's layers lie [\d,]+ layers deep in all .* over the "
+                                         rf"bound of {IR_MAX_DEPTH_SUM:,} .*trust_remote_code=True"):
+        hfexport.load(artifact)
+
+
+def test_an_ir_of_more_layers_than_the_bound_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: the IR_MAX_LAYERS of 50,000 let 49,999 layers through to compile_model (more than
+    300 s); at 8,192 an 8 B decoder's ~4,000 layers load. Layers past the bound (unconnected Parameters here: no
+    longer path) are refused, naming the bound."""
+    from hfexport_openvino._untrusted import IR_MAX_LAYERS
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    xml = (artifact / "openvino_model.xml").read_bytes()
+    end = xml.index(b"</layers>")
+    extra = b"".join(b'<layer id="%d" name="p%d" type="Parameter" version="opset1"><data shape="1" element_type="f32"/>'
+                     b'<output><port id="0" precision="FP32"><dim>1</dim></port></output></layer>' % (10**6 + i, i)
+                     for i in range(8_192))  # with the IR's own, past the bound of 8,192 (under 50,000)
+    (artifact / "openvino_model.xml").write_bytes(xml[:end] + extra + xml[end:])
+    _rehash(artifact)
+    with pytest.raises(ValueError, match=rf"has more than {IR_MAX_LAYERS:,} layers, the bound .*"
+                                         r"IR_MAX_LAYERS.*trust_remote_code=True"):
+        hfexport.load(artifact)
+
+
 def test_an_ir_swapped_after_the_check_never_reaches_openvino(saved: dict[str, Any], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 43 (check, then reopen by path): the IR and its weights are handed to OpenVINO as the bytes that were

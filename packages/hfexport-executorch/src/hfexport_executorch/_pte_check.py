@@ -61,6 +61,10 @@ class _Bad(Exception):
     """Something in the file does not fit; the message says what (turned into an IntegrityError)."""
 
 
+class _TooLarge(_Bad):
+    """The program plans more memory than its size allows; the message is the whole refusal."""
+
+
 # ── the schemas: ExecuTorch's own .fbs files, read once ──
 
 @cache
@@ -228,6 +232,8 @@ def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: b
             raise _Bad(f"{len(data)} bytes, shorter than its headers")
         program = memoryview(data) if data is not None else _mapped(path)  # data: the bytes the runtime gets
         _check_program(program, named_sizes, data_bytes, trust_remote_code=trust_remote_code)
+    except _TooLarge as exc:
+        raise IntegrityError(f"{path.name} {exc.args[0]}", files) from None
     except (_Bad, KeyError) as exc:
         raise _integrity(path, exc, files) from None
 
@@ -263,12 +269,28 @@ def _segment(buf: memoryview, program: _Table, index: int, base: int) -> tuple[i
     return start, size
 
 
+# The non-constant buffers a program may plan: a fixed base and so many bytes per byte of its files (_buffer_budget)
+BUFFER_BASE_BYTES = 64 * 2**20
+BUFFER_BYTES_PER_FILE_BYTE = 4
+
+
+def _buffer_budget(file_size: int) -> int:
+    """The most bytes of non-constant buffers (the execution plans' ``non_const_buffer_sizes``) a program may plan
+    before it is refused: 64 MiB plus 4 bytes per byte of the program's files (``.pte`` and ``.ptd``), so an artifact
+    under 1 MB plans under 68 MiB. The runtime allocates and zeroes them when the method loads: under the former
+    bound alone (:func:`_memory_budget`) a 0.92 MB ``.pte`` planning 368 MiB of buffers grew the process by 368 MiB
+    in ``load`` (issue 43's bounds probe). The ``.ptd`` counts: a generation program keeps its weights there. A real
+    model plans fewer bytes of buffers than its weights have: all-MiniLM-L6-v2 with ``dynamic=True`` (90 MB of
+    weights) 218 MiB at batch 8 x 512 tokens; a quantized model's weights are 4-8 times smaller than float32's,
+    hence the factor 4."""
+    return BUFFER_BASE_BYTES + BUFFER_BYTES_PER_FILE_BYTE * file_size
+
+
 def _memory_budget(file_size: int) -> int:
-    """The most memory a program may plan (its non-constant buffers and XNNPACK's intermediate values) before it
-    is refused: 512 MiB plus 512 bytes per byte of the program's files (``.pte`` and ``.ptd``), so an artifact
-    under 1 MB plans under 1 GiB. The ``.ptd`` counts: a generation program keeps its weights there, and the
-    Qwen2-0.5B-shaped decoder (a 0.3 MB ``.pte`` beside 2 GB of weights) plans 1.2 GB for a 512-token prefill
-    chunk's activations and logits."""
+    """The most memory a program may plan in all (its non-constant buffers and XNNPACK's values, summed as if none
+    were reused: XNNPACK plans its own, reusing them, when the method first runs) before it is refused: 512 MiB plus
+    512 bytes per byte of the program's files (``.pte`` and ``.ptd``). The Qwen2-0.5B-shaped decoder (a 0.3 MB
+    ``.pte`` beside 2 GB of weights) plans 1.2 GB for a 512-token prefill chunk's activations and logits."""
     return (512 << 20) + 512 * file_size
 
 
@@ -276,6 +298,7 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: i
                    trust_remote_code: bool) -> None:
     schema = _program_schema()
     planned = 0  # bytes of memory the runtime will allocate for the program's values
+    buffers = 0  # of which the non-constant buffers of the execution plans (allocated when a method loads)
     program = _root(buf, schema, "Program")
     base = _segment_base(buf)
     sizes = dict(named_sizes)
@@ -294,7 +317,8 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: i
                 info = value["val"]["extra_tensor_info"]
                 if info is not None:
                     _printable(info["fully_qualified_name"], "tensor name")
-        planned += sum(max(size, 0) for size in plan["non_const_buffer_sizes"] or [])
+        plan_buffers = sum(max(size, 0) for size in plan["non_const_buffer_sizes"] or [])
+        planned, buffers = planned + plan_buffers, buffers + plan_buffers
         for delegate in plan["delegates"] or []:
             backend = delegate["id"]
             _printable(backend, "backend id")
@@ -315,11 +339,21 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: i
             else:
                 start, size = _segment(buf, program, processed["index"], base)
             planned += _check_xnnpack(buf[start: start + size], sizes)
-    budget = _memory_budget(len(buf) + data_bytes)
-    if planned > budget and not trust_remote_code:
-        raise _Bad(f"the program plans {planned:,} bytes of memory for its values, more than the {budget:,} "
-                   "hfexport allows a program of this size (512 MiB + 512 bytes per byte of its .pte and .ptd; "
-                   "trust_remote_code=True lifts the bound)")
+    size = len(buf) + data_bytes
+    if trust_remote_code:
+        return
+    what = (f"the {size:,} bytes of its .pte and .ptd: the artifact is damaged or crafted, or was exported with dynamic "
+            "bounds larger than it is used at (export again with smaller --max-batch, --max-seq-len or "
+            "--dim-upper-bound); one from a source you trust loads with trust_remote_code=True (CLI: "
+            "--trust-remote-code)")
+    if buffers > _buffer_budget(size):
+        raise _TooLarge(f"plans {buffers:,} bytes of non-constant buffers, which the runtime allocates and zeroes when "
+                        f"it loads the program, more than the {_buffer_budget(size):,} hfexport allows (64 MiB + 4 bytes "
+                        f"per byte; hfexport_executorch._pte_check._buffer_budget) for {what}")
+    if planned > _memory_budget(size):
+        raise _TooLarge(f"plans {planned:,} bytes of memory for its values ({buffers:,} of buffers, {planned - buffers:,} "
+                        f"of XNNPACK's values), more than the {_memory_budget(size):,} hfexport allows (512 MiB + 512 "
+                        f"bytes per byte; hfexport_executorch._pte_check._memory_budget) for {what}")
 
 
 def _check_xnnpack(blob: memoryview, named_sizes: dict[bytes, int]) -> int:

@@ -327,7 +327,7 @@ class OnnxExporter(Exporter):
         # weights as in-memory external data), never the paths again
         model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
         locations = check_onnx_file(model_path, path, list(manifest.get("files_sha256") or manifest.get("files") or []),
-                                    data=model_bytes)
+                                    data=model_bytes, trust_remote_code=trust_remote_code)
         served = {data_path.name} if data_path is not None and data_path.parent == model_path.parent else set()
         if locations - served:  # a session over bytes has no folder: every location must be the data file served
             raise ValueError(f"{model_path.name} reads external data from {sorted(locations - served)}, other than "

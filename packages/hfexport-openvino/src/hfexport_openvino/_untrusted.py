@@ -5,7 +5,8 @@ caller registers with ``Core.add_extension`` and whose code then runs inside ``c
 registers one, and refuses an IR that needs one before OpenVINO parses it: every ``<layer>``'s ``version`` must be
 one of OpenVINO's own operation sets (``opset1`` ... ``opsetN`` of the installed openvino). XML that is not UTF-8
 (UTF-16, UTF-32) and any declaration (``<!DOCTYPE``, ``<!ENTITY``: entity expansion) are refused too, as are more
-layers or larger static tensors than hfexport compiles from an artifact (``compile_model`` folds constants). The
+layers, a longer path through them or larger static tensors than hfexport compiles from an artifact
+(``compile_model``'s time grows with the square of the longest path and more; it folds constants). The
 XML and the weights are handed to OpenVINO as the bytes that were hashed (``read_model`` from a string and a weights
 tensor), never as paths.
 """
@@ -16,10 +17,24 @@ import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-__all__ = ["IR_MAX_BYTES", "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "standard_opsets"]
+__all__ = ["IR_MAX_BYTES", "IR_MAX_DEPTH", "IR_MAX_DEPTH_SUM", "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "path_lengths",
+           "standard_opsets"]
 
 IR_MAX_BYTES = 64 * 1024 * 1024  # the XML of a 70 B decoder is a few MB; its weights are in the .bin
-IR_MAX_LAYERS = 50_000  # a 70 B decoder's IR has ~10-20k layers; compile time grows with them
+# compile_model's time grows faster than the layers, and fastest with the longest path through the graph: on 2 shared
+# cores (CPU seconds; issue 43's bounds probe) read_model took 0.05 s of a 4,999-layer chain of Negative and
+# compile_model 9.3 s; chains of 1,000 layers compiled in 0.2 s (MatMul), 0.3 s (Negative), 2.0 s (Relu), 7.4 s
+# (Swish), of 2,000 in 1.7 s (Negative) and 10.5 s (Relu), 5 paths of 1,536 Relu 67 s. A decoder's IR, as hfexport
+# exports it, has 109 + 122 layers a block and a longest path of ~36 a block: an 8 B decoder (32 blocks) 4,013 layers,
+# longest path 1,164, compiled in 0.9 s. The bounds keep it at half of them; a 70 B decoder (80 blocks, ~9,900
+# layers, longest path ~2,900) loads with trust_remote_code=True only.
+IR_MAX_LAYERS = 8_192
+IR_MAX_DEPTH = 2_048
+# Every layer's depth (the layers on its longest path from an input) summed, which tracks compile_model's time across
+# shapes better than either bound alone (issue 43's bounds probe, CPU seconds at load 4 on 2 cores): a chain of 2,047
+# Negative layers sums 2.1 M (1.6 s), 5 paths of 1,566 Negative 6.8 M (6.8 s); the 8 B decoder's IR sums 1.09 M
+# (0.9 s), a 70 B one ~7 M.
+IR_MAX_DEPTH_SUM = 2_500_000
 # Tags (``<``) of the XML, counted before ElementTree builds it: a layer has ~12 elements (~23 tags), so 40 per layer
 # of IR_MAX_LAYERS. 64 MiB of empty elements (16.7 M) were built into +1.56 GiB and accepted (131 s of load at load
 # 7 on 2 cores: issue 43's bounds probe)
@@ -63,16 +78,20 @@ def _refuse_encoding_and_declarations(name: str, text: bytes) -> None:
                              "OpenVINO IR has: the artifact is damaged or crafted")
 
 
-def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes: int = 0) -> None:
+def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes: int = 0, *,
+                  trust_remote_code: bool = False) -> None:
     """Refuse an ``openvino_model.xml`` that needs an extension, is not UTF-8, declares entities, is not OpenVINO IR,
-    or is larger than hfexport compiles from an artifact: more than :data:`IR_MAX_LAYERS` layers, or a static
-    tensor of more elements than ``max(IR_MIN_ELEMENT_BOUND, weights_bytes)`` (counted before ``compile_model``
-    folds anything).
+    or is larger than hfexport compiles from an artifact: more than :data:`IR_MAX_LAYERS` layers, a path through its
+    edges longer than :data:`IR_MAX_DEPTH` layers (both lifted by ``trust_remote_code=True``), or a static tensor of
+    more elements than ``max(IR_MIN_ELEMENT_BOUND, weights_bytes)`` (counted before ``compile_model`` folds
+    anything), or layers deeper in all than :data:`IR_MAX_DEPTH_SUM` (lifted likewise).
 
     Args:
         xml_path: the file (names it in messages; read only when ``data`` is not given).
         data: the XML's bytes as they were checked (``hfexport.trust.artifact_bytes``).
         weights_bytes: the size of the ``.bin``.
+        trust_remote_code: the caller trusts the artifact's source: the layer and depth bounds (which bound
+            ``compile_model``'s time, not what runs) are not applied.
 
     Raises:
         ValueError: what is refused, with the bound and the value.
@@ -85,10 +104,9 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
     text = data if data is not None else path.read_bytes()
     _refuse_encoding_and_declarations(path.name, text)
     tags = text.count(b"<")
-    if tags > IR_MAX_TAGS:
+    if tags > IR_MAX_TAGS and not trust_remote_code:
         raise ValueError(f"{path.name} has {tags:,} tags, over the bound of {IR_MAX_TAGS:,} (hfexport_openvino."
-                         "_untrusted.IR_MAX_TAGS: 40 per layer of IR_MAX_LAYERS), counted before it is parsed: the "
-                         "artifact is damaged or crafted")
+                         f"_untrusted.IR_MAX_TAGS: 40 per layer of IR_MAX_LAYERS), counted before it is parsed{_LIFT}")
     try:
         root = ElementTree.fromstring(text)
     except ElementTree.ParseError as exc:
@@ -101,9 +119,10 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
     bound = max(IR_MIN_ELEMENT_BOUND, weights_bytes)
     for layer in root.iter("layer"):
         layers += 1
-        if layers > IR_MAX_LAYERS:
-            raise ValueError(f"{path.name} has more than {IR_MAX_LAYERS:,} layers (hfexport_openvino._untrusted."
-                             "IR_MAX_LAYERS): the artifact is damaged or crafted")
+        if layers > IR_MAX_LAYERS and not trust_remote_code:
+            raise ValueError(f"{path.name} has more than {IR_MAX_LAYERS:,} layers, the bound "
+                             "(hfexport_openvino._untrusted.IR_MAX_LAYERS: compile_model's time grows faster than the "
+                             f"layers; an 8 B decoder has ~4,000){_LIFT}")
         version = layer.get("version", "")
         if version not in allowed:
             raise ValueError(f"{path.name}: layer {layer.get('name')!r} (type {layer.get('type')!r}) is of the "
@@ -122,3 +141,52 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
                                      f"outputs a tensor of {elements:,} elements, over the bound of {bound:,} (the "
                                      ".bin's bytes, at least IR_MIN_ELEMENT_BOUND): compile_model would fold or "
                                      "allocate it; the artifact is damaged or crafted")
+    if not trust_remote_code:
+        depth, total = path_lengths(root, path.name)
+        if depth > IR_MAX_DEPTH:
+            raise ValueError(f"{path.name} has a path of {depth:,} layers through its edges, over the bound of "
+                             f"{IR_MAX_DEPTH:,} (hfexport_openvino._untrusted.IR_MAX_DEPTH: compile_model's time grows "
+                             f"with the square of it and more; an 8 B decoder's is ~1,200){_LIFT}")
+        if total > IR_MAX_DEPTH_SUM:
+            raise ValueError(f"{path.name}'s layers lie {total:,} layers deep in all (each layer's longest path from an "
+                             f"input, summed), over the bound of {IR_MAX_DEPTH_SUM:,} (hfexport_openvino._untrusted."
+                             "IR_MAX_DEPTH_SUM: compile_model's time grows with it; an 8 B decoder's is ~1.1 M)"
+                             f"{_LIFT}")
+
+
+_LIFT = (": the artifact is damaged or crafted, or a model larger than hfexport loads untrusted; one from a source "
+         "you trust loads with trust_remote_code=True (CLI: --trust-remote-code)")
+
+
+def path_lengths(root: ElementTree.Element, name: str = "the IR") -> tuple[int, int]:
+    """``(longest, summed)``: the most layers on a path along the IR's ``<edges>``, and every layer's depth (the
+    layers on its longest path from a layer without inputs, itself included) summed; from the parsed XML, in one pass
+    over the layers and edges (Kahn's order). Edges that name no layer are skipped (``read_model`` refuses them).
+
+    Raises:
+        ValueError: the edges form a cycle.
+    """
+    ids = {layer.get("id") for layer in root.iter("layer")}
+    successors: dict[str | None, list[str | None]] = {}
+    incoming = dict.fromkeys(ids, 0)
+    for edges in root.iter("edges"):
+        for edge in edges.iter("edge"):
+            source, target = edge.get("from-layer"), edge.get("to-layer")
+            if source in ids and target in ids:
+                successors.setdefault(source, []).append(target)
+                incoming[target] += 1
+    depth = dict.fromkeys(ids, 1)
+    ready = [layer for layer, count in incoming.items() if count == 0]
+    done = 0
+    while ready:
+        layer = ready.pop()
+        done += 1
+        for target in successors.get(layer, ()):
+            depth[target] = max(depth[target], depth[layer] + 1)
+            incoming[target] -= 1
+            if incoming[target] == 0:
+                ready.append(target)
+    if done < len(ids):
+        raise ValueError(f"{name}'s edges form a cycle ({len(ids) - done:,} layers on or after it): the artifact is "
+                         "damaged or crafted")
+    return max(depth.values(), default=0), sum(depth.values())

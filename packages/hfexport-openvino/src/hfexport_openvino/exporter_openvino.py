@@ -188,7 +188,9 @@ class OpenVINOExporter(Exporter):
 
         The IR is read as untrusted input whatever ``trust_remote_code`` says: an IR that needs an extension library
         (a layer outside OpenVINO's own operation sets) or declares XML entities is refused
-        (``_untrusted.check_ir_file``), and the weights are read only from the ``.bin`` the manifest lists.
+        (``_untrusted.check_ir_file``), and the weights are read only from the ``.bin`` the manifest lists. Only the
+        bounds on its size (layers, tags, the longest path: ``compile_model``'s time) are lifted by
+        ``trust_remote_code=True``.
 
         Raises:
             hfexport.UntrustedArtifactError, hfexport.ManifestError: a file the manifest names is missing or outside
@@ -202,7 +204,7 @@ class OpenVINOExporter(Exporter):
         # each file read once by descriptor and checked; OpenVINO gets those bytes, never the paths again
         model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
         weights_bytes = artifact_bytes(path, manifest, section.get("data_file"), f"{where}.data_file")
-        check_ir_file(model_path, model_bytes, len(weights_bytes))
+        check_ir_file(model_path, model_bytes, len(weights_bytes), trust_remote_code=trust_remote_code)
         return OpenVINORunner(model_path, data_path, io=section, untrusted=True, model_bytes=model_bytes,
                               weights_bytes=weights_bytes)
 
