@@ -9,12 +9,18 @@ included; the model held by the exporting process is one of those copies).
 Phases (the export's, nested in ``export``): ``capture`` (the tracer's stages and ``torch.export.export``),
 ``package`` (the exporter's ``package``), ``verify`` (the artifact in memory against eager); then
 ``save_pretrained``; then, in a fresh process, ``load`` (``hfexport.load``: hashes checked, program read) and
-``verify_stored`` (the loaded artifact re-runs the stored verification inputs).
+``verify_stored`` (the loaded artifact re-runs the stored verification inputs). With ``--steps`` each toolchain step
+of the export (``ExportContext.step``: ``torch.onnx.export``, ``onnxscript optimizer``, ``onnxruntime.InferenceSession``,
+...) is a phase too (each phase starts with a ``gc.collect()``). ``verify=False`` (``--no-verify``) still runs the
+verification once (it records, and does not raise): the peak without verification is the export's before its
+``verify`` phase, printed last. ``--size 0.5b`` is bench_generation.py's seeded Qwen2-0.5B-shaped model (1,976 MB):
+run it under ``flock /tmp/hfexport-big.lock`` on a shared machine.
 
 The peak is the kernel's ``VmHWM`` (resident pages, anonymous and file-backed), reset at each phase's start
 (``/proc/self/clear_refs``, 5): tracemalloc does not see tensor storage. Linux only.
 
-Run: uv run python benchmarks/bench_export_memory.py [--size 400mb] [--task text-generation|none] [--backend dynamo]
+Run: uv run python benchmarks/bench_export_memory.py [--size 400mb|0.5b] [--task text-generation|none] [--backend dynamo]
+     [--steps] [--no-verify] [--no-load] [--tied] [--from-pretrained] [--max-cache-len 256]
 """
 
 from __future__ import annotations
@@ -42,7 +48,12 @@ SIZES = {
              "intermediate_size": 32, "vocab_size": 64},
     "small": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
               "intermediate_size": 172, "vocab_size": 1000},
+    # bench_generation.py's --size 0.5b: a seeded Qwen2ForCausalLM of Qwen2-0.5B's shapes (494 M parameters, tied
+    # embeddings, 1,976 MB of fp32 weights); run it under `flock /tmp/hfexport-big.lock` on a shared machine
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864, "vocab_size": 151936},
 }
+QWEN2 = ("0.5b",)  # sizes built as Qwen2ForCausalLM (tied embeddings, rope_theta 1e6), as bench_generation.py does
 MIB = 2**20
 
 
@@ -100,12 +111,28 @@ class Phases:
 
         setattr(owner, attribute, wrapped)
 
+    def wrap_steps(self, owner: object) -> None:
+        """Each ``owner.step(name)`` (``ExportContext.step``: a toolchain call) also a phase named for the call."""
+        original = owner.step  # type: ignore[attr-defined]
+        phases = self
+
+        @contextlib.contextmanager
+        def step(self, name: str) -> Iterator[None]:
+            with phases.phase(name[:40]), original(self, name):
+                yield
+
+        owner.step = step  # type: ignore[attr-defined]
+
 
 def seeded_llama(sizes: dict, seed: int = 0, tied: bool = False):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
+    if sizes is SIZES["0.5b"]:  # as bench_generation.py builds it
+        config = Qwen2Config(**sizes, max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=1,
+                             eos_token_id=2, pad_token_id=0, rope_theta=1e6)
+        return Qwen2ForCausalLM(config).eval()
     config = LlamaConfig(**sizes, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                          tie_word_embeddings=tied)
     return LlamaForCausalLM(config).eval()
@@ -132,7 +159,8 @@ def export_and_save(args: argparse.Namespace, out_dir: Path) -> tuple[int, list[
     options = {} if args.task == "none" else {"task": args.task, "max_cache_len": args.max_cache_len}
     phases = Phases()
     with phases.phase("libraries"):  # torch, transformers, the backend: a model of a few KB exported and saved
-        hfexport.export(seeded_llama(SIZES["tiny"]), backend=args.backend, **options).save_pretrained(
+        tiny = {**options, "max_cache_len": min(args.max_cache_len, 256)} if options else options
+        hfexport.export(seeded_llama(SIZES["tiny"]), backend=args.backend, **tiny).save_pretrained(
             out_dir.with_name("tiny"), overwrite=True)
     if args.from_pretrained:  # what a user runs: the checkpoint (safetensors) saved first, then loaded
         seeded_llama(SIZES[args.size], tied=args.tied).save_pretrained(out_dir.with_name("checkpoint"))
@@ -149,8 +177,12 @@ def export_and_save(args: argparse.Namespace, out_dir: Path) -> tuple[int, list[
     phases.wrap(exporter_class.tracer, "capture", "capture")
     phases.wrap(exporter_class, "package", "package")
     phases.wrap(hfexport.ExportedModel, "verify_export", "verify")
+    if args.steps:
+        from hfexport.plugin import ExportContext
+
+        phases.wrap_steps(ExportContext)
     with phases.phase("export"):
-        exported = hfexport.export(model, backend=args.backend, **options)
+        exported = hfexport.export(model, backend=args.backend, verify=not args.no_verify, **options)
     with phases.phase("save_pretrained"):
         exported.save_pretrained(out_dir, overwrite=True)
     return weight_bytes(model), phases.rows
@@ -187,6 +219,10 @@ def main() -> None:
     parser.add_argument("--tied", action="store_true", help="tied input and output embeddings (as Qwen2-0.5B)")
     parser.add_argument("--from-pretrained", action="store_true",
                         help="save the seeded model's checkpoint first, then load it with from_pretrained (a phase)")
+    parser.add_argument("--steps", action="store_true",
+                        help="each toolchain step of the export (ExportContext.step: torch.onnx.export, ...) a phase")
+    parser.add_argument("--no-verify", action="store_true", help="export with verify=False")
+    parser.add_argument("--no-load", action="store_true", help="skip the fresh process's load and verify_stored")
     parser.add_argument("--load-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load_child:
@@ -200,37 +236,47 @@ def main() -> None:
         out_dir = Path(tmp) / "artifact"
         weights, rows = export_and_save(args, out_dir)
         disk = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
-        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--load-child", str(out_dir),
+        child = None if args.no_load else subprocess.run([sys.executable, os.path.abspath(__file__), "--load-child", str(out_dir),
                                 "--backend", args.backend],
                                capture_output=True, text=True)
-        if child.returncode:
+        if child is not None and child.returncode:
             raise RuntimeError(f"the load process failed:\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}")
-        loaded = json.loads(child.stdout[child.stdout.rindex("ROWS ") + 5:].splitlines()[0])
+        loaded = [] if child is None else json.loads(child.stdout[child.stdout.rindex("ROWS ") + 5:].splitlines()[0])
 
     print(f"# bench_export_memory: torch {torch.__version__}, transformers {transformers.__version__}; "
           f"{os.cpu_count()} CPUs, {args.threads} thread(s)")
     print(f"seeded LlamaForCausalLM {SIZES[args.size]}{', tied embeddings' if args.tied else ''}"
           f"{', loaded with from_pretrained from its safetensors' if args.from_pretrained else ''}; "
           f"backend {args.backend}, task {args.task}"
-          + (f", max_cache_len {args.max_cache_len}" if args.task != "none" else ""))
+          + (f", max_cache_len {args.max_cache_len}" if args.task != "none" else "")
+          + (", verify=False" if args.no_verify else ""))
     print(f"weights {weights / 1e6:,.0f} MB ({weights / MIB:,.0f} MiB); artifact {disk / 1e6:,.0f} MB on disk "
           f"({disk / weights:.2f}x)")
-    print(f"\n{'phase':<22} | {'s':>6} | {'start MiB':>9} | {'peak MiB':>8} | {'added MiB':>9} | {'peak/wts':>8} | "
+    print(f"\n{'phase':<44} | {'s':>6} | {'start MiB':>9} | {'peak MiB':>8} | {'added MiB':>9} | {'peak/wts':>8} | "
           f"{'added/wts':>9}")
-    print("-" * 88)
+    print("-" * 110)
     for process, table in (("export process", rows), ("load process (fresh)", loaded)):
         print(f"{process}:")
         for row in table:
-            print(f"{row['phase']:<22} | {row['seconds']:>6.1f} | {row['start'] / MIB:>9,.0f} | "
+            print(f"{row['phase']:<44} | {row['seconds']:>6.1f} | {row['start'] / MIB:>9,.0f} | "
                   f"{row['peak'] / MIB:>8,.0f} | {(row['peak'] - row['start']) / MIB:>9,.0f} | "
                   f"{row['peak'] / weights:>8.2f} | {(row['peak'] - row['start']) / weights:>9.2f}")
     libraries = rows[1]["start"]  # the export process's RSS before the model was built (torch, transformers)
     export_peak = max(row["peak"] for row in rows[2:])
+    if not loaded:
+        print("start: RSS at the phase's start; peak: VmHWM within it (nested phases included); added: peak - start")
+        return
     load_peak, load_libraries = max(row["peak"] for row in loaded[1:]), loaded[1]["start"]
     print(f"\nexport process: peak of export + save {export_peak / MIB:,.0f} MiB = {export_peak / weights:.2f}x "
           f"weights; over the {libraries / MIB:,.0f} MiB of libraries it held before building the model: "
           f"{(export_peak - libraries) / MIB:,.0f} MiB = {(export_peak - libraries) / weights:.2f}x weights (the "
           "model itself is 1.00x)")
+    verify = next((i for i, row in enumerate(rows) if row["phase"].strip() == "verify"), None)
+    if verify is not None:  # hfexport.export(verify=False) runs the verification too (and does not raise)
+        before = max(row["peak"] for row in rows[2:verify] if row["phase"] != "export")  # export's holds verify's
+        print(f"export process before the verification (capture, lower, package): peak {before / MIB:,.0f} MiB = "
+              f"{before / weights:.2f}x weights; over its libraries: {(before - libraries) / MIB:,.0f} MiB = "
+              f"{(before - libraries) / weights:.2f}x weights")
     print(f"load process: peak {load_peak / MIB:,.0f} MiB = {load_peak / weights:.2f}x weights; over its "
           f"{load_libraries / MIB:,.0f} MiB of libraries: {(load_peak - load_libraries) / MIB:,.0f} MiB = "
           f"{(load_peak - load_libraries) / weights:.2f}x weights")

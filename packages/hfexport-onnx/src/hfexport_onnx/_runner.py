@@ -107,6 +107,10 @@ class OnnxRunner(NamedIORunner):
             making the session computes nothing the file dictates (a 185-byte model whose ``ConstantOfShape``
             names a [16384, 16384] tensor took 5.6 s and 2 GiB to open with it, on onnxruntime 1.32). hfexport's
             exporter folded its constants already (onnxscript's optimizer).
+        prepack: ONNX Runtime packs each constant ``MatMul`` weight for its GEMM kernels when the session opens
+            (a second copy of those weights, in its own memory). ``False`` (the session an export verifies,
+            :meth:`from_model`) leaves it out (``session.disable_prepacking``): the weights are read where ONNX
+            Runtime maps them from the data file.
 
     Raises:
         OnnxSessionError: ONNX Runtime cannot create a session; names the node and op it refused.
@@ -122,9 +126,9 @@ class OnnxRunner(NamedIORunner):
     def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
                  io: Mapping[str, Any] | None = None, session_options: Any = None, *,
                  data_path: str | Path | None = None, untrusted: bool = False, model_bytes: bytes | None = None,
-                 data_bytes: bytes | None = None):
+                 data_bytes: bytes | None = None, prepack: bool = True):
         self.providers = list(providers)
-        self.untrusted = untrusted
+        self.untrusted, self.prepack = untrusted, prepack
         self.session_options = session_options
         # a loaded artifact's checked bytes (hfexport.trust.artifact_bytes): the session reads these, not the paths
         self.model_bytes, self.data_bytes = model_bytes, data_bytes
@@ -139,17 +143,24 @@ class OnnxRunner(NamedIORunner):
         """Write ``model`` into a temporary directory owned by the runner and open a session on the file.
 
         Opening from a file (weights in ``model.onnx.data``) works past the 2 GB protobuf limit. The model's
-        initializers become references to that file (memory-mapped): the arrays the optimizer folded (each Linear's
-        weight, transposed) are freed before ONNX Runtime loads its own copy, and the model is not to be changed
+        initializers become references to that file (memory-mapped), written one at a time (a lazy one, as the
+        packed projections of ``_fusions.py``, computed as it is written), and the model is not to be changed
         afterwards.
+
+        The session reads the weights where ONNX Runtime maps them from that file, unpacked (``prepack=False``):
+        ONNX Runtime's packed copy of every ``MatMul`` weight, made when the session opens, held a second copy of
+        the weights beside the exporting process's model (at Qwen2-0.5B's shapes, +2,396 MiB = 1.27x the weights
+        at the open, the tied embedding's mapped pages included). A decode step costs the same without it (a
+        2-layer model of Qwen2-0.5B's shapes on onnxruntime 1.32, one thread: 1.84 s against 1.86 s of CPU for 40
+        tokens); a loaded artifact's session packs them.
         """
 
         with cls.temporary_directory("onnx") as directory:
             ir.external_data.unload_from_model(model, directory, DATA_FILE, size_threshold_bytes=256, max_workers=2)
             ir.save(model, directory / MODEL_FILE)  # the graph: its initializers are in the data file already
             data = directory / DATA_FILE
-            return cls(directory / MODEL_FILE, providers, io, data_path=data if data.exists() else None) \
-                .owning(directory)
+            return cls(directory / MODEL_FILE, providers, io, data_path=data if data.exists() else None,
+                       prepack=False).owning(directory)
 
     def open(self) -> None:
         import onnxruntime
@@ -158,6 +169,8 @@ class OnnxRunner(NamedIORunner):
         if options is None:
             options = onnxruntime.SessionOptions()
             options.log_severity_level = 3
+        if not self.prepack:
+            options.add_session_config_entry("session.disable_prepacking", "1")
         # ONNX Runtime's own fusions that would undo what hfexport's fusions left unfused for speed (_fusions.py)
         disabled = list((self.io.get("fusions") or {}).get("session_disabled_optimizers") or [])
         if self.untrusted:
