@@ -18,6 +18,16 @@ Engines and variants (``ENGINES``):
     --weight-format fp32``), ``optimum-int4``: the same with ``--weight-format int4 --group-size 128 --ratio 1.0``
     (NNCF INT4_ASYM, as hfexport's ``openvino:int4-weights``), run with the Python of ``$OPTIMUM_INTEL_PYTHON`` (a separate environment: optimum-intel
     2.2 pins transformers < 5.6), which must have optimum-intel installed;
+  * ``optimum-executorch`` (PyPI ``optimum-executorch``), variant ``fp32``: converted by ``optimum-cli export executorch
+    --task text-generation --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache`` (its documented recipe for
+    decoder LLMs on CPU: ExecuTorch's ``llama::custom_sdpa`` and ``llama::update_cache``, dynamic prompt length,
+    ``max_seq_len`` the model's positions), run with the Python of ``$OPTIMUM_EXECUTORCH_PYTHON`` (a separate
+    environment: optimum-executorch 1.1 pins transformers 5.0.0rc1); the ``model.pte`` it writes is run by this
+    environment's ExecuTorch runtime (``executorch.runtime``, the same executorch 1.5.1 as hfexport's, with ExecuTorch's
+    LLM kernels imported) as ``ExecuTorchModelForCausalLM.generate`` runs it: the whole prompt in one ``forward``
+    (``input_ids [1, n]``, ``cache_position [n]``), then one ``forward`` per token with its position, greedy argmax of
+    the last logits. The process's ExecuTorch threadpool is the caller's to size
+    (``portable_lib._unsafe_reset_threadpool(threads)`` before any program loads, as ``bench_generation`` does);
 
 API per engine: ``convert(engine, hf_dir, out_dir, variant) -> dict`` (runs the converter in a subprocess: wall
 seconds, that process's peak RSS, bytes on disk), ``load(engine, out_dir, threads=1)`` and
@@ -49,7 +59,7 @@ import time
 from pathlib import Path
 
 ENGINES = {"ort-genai": ("fp32", "int4"), "ctranslate2": ("float32", "int8"),
-           "openvino-genai": ("hfexport", "optimum-fp32", "optimum-int4")}
+           "openvino-genai": ("hfexport", "optimum-fp32", "optimum-int4"), "optimum-executorch": ("fp32",)}
 INT4_BLOCK_SIZE = 32
 INT4_ACCURACY_LEVEL = 4
 PROBE_POSITIONS = (64, 1000)  # ms per token is reported near these cache positions when a run covers them
@@ -129,6 +139,14 @@ def _convert_child(engine: str, variant: str, hf_dir: str, out_dir: str) -> None
         extra = ["--group-size", "128", "--ratio", "1.0"] if weight_format == "int4" else []
         subprocess.run([python, "-m", "optimum.commands.optimum_cli", "export", "openvino", "-m", hf_dir, "--task",
                         "text-generation-with-past", "--weight-format", weight_format, *extra, out_dir], check=True)
+    elif engine == "optimum-executorch":
+        python = os.environ.get("OPTIMUM_EXECUTORCH_PYTHON")
+        if not python:
+            raise RuntimeError("set OPTIMUM_EXECUTORCH_PYTHON to the python of an environment with optimum-executorch "
+                               "(pip install optimum-executorch; it pins transformers 5.0.0rc1)")
+        subprocess.run([python, "-m", "optimum.commands.optimum_cli", "export", "executorch", "--model", hf_dir,
+                        "--task", "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa",
+                        "--use_custom_kv_cache", "--output_dir", out_dir], check=True)
     else:
         raise ValueError(f"unknown engine {engine!r}")
     import resource
@@ -212,6 +230,12 @@ def load(engine: str, out_dir: str, threads: int = 1) -> Loaded:
         vocab = json.loads(vocab_file.read_text()) if vocab_file.exists() else \
             Path(out_dir, "vocabulary.txt").read_text().splitlines()
         return Loaded(engine, out_dir, generator, vocab)
+    if engine == "optimum-executorch":
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 - llama::custom_sdpa, update_cache kernels
+        from executorch.runtime import Runtime
+
+        program = Runtime.get().load_program(str(Path(out_dir, "model.pte")))
+        return Loaded(engine, out_dir, program.load_method("forward"))
     raise ValueError(f"unknown engine {engine!r}")
 
 
@@ -276,12 +300,36 @@ def _openvino_genai_generate(loaded: Loaded, prompt_ids: list[int], new_tokens: 
     return ids, stamps
 
 
+def _optimum_executorch_generate(loaded: Loaded, prompt_ids: list[int], new_tokens: int
+                                 ) -> tuple[list[int], list[float]]:
+    """``ExecuTorchModelForCausalLM.generate``'s loop (optimum-executorch 1.1) on the loaded ``forward``: the prompt
+    in one call, then one call per token at its cache position; the cache is the program's own buffers, overwritten
+    from position 0 by the next prompt."""
+    import torch
+
+    method = loaded.handle
+    logits = method.execute([torch.tensor([prompt_ids], dtype=torch.long),
+                             torch.arange(len(prompt_ids), dtype=torch.long)])[0]
+    token = int(torch.argmax(logits, dim=-1)[0, -1])
+    ids, stamps = [token], [time.perf_counter()]
+    position = len(prompt_ids)
+    while len(ids) < new_tokens:
+        logits = method.execute([torch.tensor([[token]], dtype=torch.long),
+                                 torch.tensor([position], dtype=torch.long)])[0]
+        token = int(torch.argmax(logits, dim=-1)[0, -1])
+        stamps.append(time.perf_counter())
+        ids.append(token)
+        position += 1
+    return ids, stamps
+
+
 def decode_timings(loaded: Loaded, prompt_ids: list[int], new_tokens: int) -> dict:
     """Greedy generation of ``new_tokens`` after ``prompt_ids`` (batch 1), each token's time stamped as the engine
     hands it over. ``decode_tok_s``: (new_tokens - 1) decode steps / time from the first new token to the last;
     ``ms_per_token_at``: {position: median ms of the decode steps within ``PROBE_WINDOW`` of that cache position}
     for each of ``PROBE_POSITIONS`` the run covers."""
-    run = {"ort-genai": _ort_generate, "openvino-genai": _openvino_genai_generate}.get(loaded.engine, _ct2_generate)
+    run = {"ort-genai": _ort_generate, "openvino-genai": _openvino_genai_generate,
+           "optimum-executorch": _optimum_executorch_generate}.get(loaded.engine, _ct2_generate)
     start = time.perf_counter()
     ids, stamps = run(loaded, list(map(int, prompt_ids)), new_tokens)
     steps = len(stamps) - 1
@@ -330,6 +378,10 @@ def main() -> None:
     from bench_generation import FULL, SMALL, seeded_llama
 
     torch.set_num_threads(args.threads)
+    if "optimum-executorch" in args.engines:
+        from executorch.extension.pybindings import portable_lib
+
+        portable_lib._unsafe_reset_threadpool(args.threads)  # before any program loads: resetting later crashes
     sizes = SMALL if args.small else FULL
     runs = [(32, 64), (64, 64)] if args.small else [(32, 64), (512, 512)]
     versions = {}

@@ -1,7 +1,7 @@
 """Generation benchmark: greedy decoding of a seeded Llama-family model with hfexport's exported ``decoder`` program
 (``hfexport.export(..., task="text-generation")``) on each backend's runtime, against eager PyTorch ``generate`` and
-the engines users would pick instead, measured in the same run: ONNX Runtime GenAI (its model builder; fp32, int4)
-and CTranslate2 (fp32, int8) from ``benchmarks/_anchors.py``.
+the engines users would pick instead, measured in the same run: ONNX Runtime GenAI (its model builder; fp32, int4),
+CTranslate2 (fp32, int8), openvino-genai and optimum-executorch (fp32) from ``benchmarks/_anchors.py``.
 
 Every engine gets the same model directory (``save_pretrained``) and the same token ids; batch 1, one thread
 (``--threads``), ``eos_token_id=None`` so that every run generates all its tokens. Prints, per engine:
@@ -27,7 +27,7 @@ enough there).
 Run: HF_HUB_OFFLINE=1 uv run --group bench python benchmarks/bench_generation.py [--size toy|small|0.5b]
      [--backends onnx executorch-xnnpack dynamo openvino onnx-small-pages] [--quantized onnx:int4 onnx:int8-dynamic]
      [--anchors ort-genai:fp32 ort-genai:int4 ctranslate2:float32 ctranslate2:int8 openvino-genai:hfexport
-      openvino-genai:optimum-fp32 openvino-genai:optimum-int4] [--points 32+64 512+512]
+      openvino-genai:optimum-fp32 openvino-genai:optimum-int4 optimum-executorch:fp32] [--points 32+64 512+512]
      [--repeats 3] [--threads 1] [--max-cache-len N] [--min-cosine X] [--json out.json]
      HF_HUB_OFFLINE=1 uv run python benchmarks/bench_generation.py --vlm [--backends onnx executorch-xnnpack]
 """
@@ -303,7 +303,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if any(b.startswith("executorch") for b in args.backends + args.quantized):
+    if any(b.startswith("executorch") for b in args.backends + args.quantized) or any(
+            a.startswith("optimum-executorch") for a in args.anchors):
         from executorch.extension.pybindings import portable_lib
 
         portable_lib._unsafe_reset_threadpool(args.threads)  # before any program loads: resetting later crashes
