@@ -64,6 +64,142 @@ def _fix_last_dim_mean_as_average_pooling(gm: torch.fx.GraphModule, node: torch.
     return True
 
 
+@register_fx_node_fix("executorch.xnnpack")
+def _fix_reshape_one_dynamic_dim_inferred(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Writes a ``view``/``reshape`` (or an ``unsqueeze`` not at the last dim) whose output has one dynamic size as a
+    reshape to static sizes and ``-1``.
+
+    **Why**: XNNPACK takes a reshape only with int sizes and at most one ``-1`` (its static reshape infers one dim),
+    and a model's ``q.view(*input_shape, -1, head_dim)`` is ``[1, s, -1, 64]`` under export: each attention's
+    reshapes ran on portable kernels between two delegates, one more XNNPACK partition per decoder layer (the
+    seeded 8-layer Llama's decode step made 28 delegate calls, 20 after).
+    XNNPACK's ``unsqueeze_copy`` takes the trailing dim only: the rotary ``cos.unsqueeze(1)`` cut the first layer's
+    partition.
+    **Upstream**: none found (``ViewCopyConfig`` refuses symbolic sizes instead of inferring the one dynamic dim;
+    ``UnsqueezeCopyConfig`` the trailing dim only).
+    **Remove when**: XNNPACK's ``ViewCopyConfig`` takes a reshape with one symbolic size, ``UnsqueezeCopyConfig`` any
+    dim.
+    """
+    if node.op != "call_function":
+        return False
+    out = value(node)
+    if node.target is aten.unsqueeze.default and isinstance(out, torch.Tensor) and node.args[1] not in (-1, out.dim() - 1):
+        shape = [size if isinstance(size, int) else None for size in out.shape]  # not ints: rewritten below
+    elif node.target in (aten.view.default, aten.reshape.default):
+        shape = node.args[1]
+    else:
+        return False
+    if not isinstance(shape, list | tuple) or all(isinstance(size, int) for size in shape) \
+            or not isinstance(out, torch.Tensor) or len(shape) != out.dim():
+        return False
+    dynamic = [i for i, size in enumerate(out.shape) if not isinstance(size, int)]
+    if len(dynamic) != 1:
+        return False
+    if node.target is aten.unsqueeze.default:
+        node.target = aten.reshape.default
+    node.args = (node.args[0], [-1 if i == dynamic[0] else size for i, size in enumerate(out.shape)])
+    return True
+
+
+def _dynamic_last_dim_source(arg: object, rank: int | None = None) -> torch.fx.Node | None:
+    """``arg`` when it is a node of a float tensor whose last dim is static and some other dim dynamic."""
+    x = value(arg)
+    if not isinstance(arg, torch.fx.Node) or not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point \
+            or x.dim() == 0 or not isinstance(x.shape[-1], int) or all(isinstance(size, int) for size in x.shape):
+        return None
+    return arg if rank is None or x.dim() == rank else None
+
+
+def _last_dim_halves(high: object, low: object) -> torch.fx.Node | None:
+    """The ``x`` of ``high = x[..., h:]`` and ``low = x[..., :h]`` (``aten.slice``, step 1) with ``x``'s last dim
+    ``2 * h``, else None."""
+    if not (isinstance(high, torch.fx.Node) and isinstance(low, torch.fx.Node) and high.target is aten.slice.Tensor
+            and low.target is aten.slice.Tensor and high.args[0] is low.args[0]):
+        return None
+    source = _dynamic_last_dim_source(high.args[0])
+    if source is None or value(source).shape[-1] % 2:
+        return None
+    rank, half = value(source).dim(), value(source).shape[-1] // 2
+
+    def bounds(node: torch.fx.Node) -> tuple[object, object, object, object]:
+        dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+        return dim, start, end, step
+
+    (high_dim, high_start, high_end, high_step), (low_dim, low_start, low_end, low_step) = bounds(high), bounds(low)
+    if high_dim not in (-1, rank - 1) or low_dim not in (-1, rank - 1) or high_step != 1 or low_step != 1:
+        return None
+    if high_start != half or low_start not in (0, None) or low_end != half \
+            or not (high_end is None or (isinstance(high_end, int) and high_end >= 2 * half)):
+        return None
+    return source
+
+
+def _last_dim_cat_as_matrix(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.Tensor] | None:
+    """``(x, weight)`` with ``linear(x, weight)`` equal to ``node`` where ``node`` is one of rotary embeddings' two
+    concatenations along the last dim of a dynamically shaped ``x``: ``cat([x, x], -1)`` (the angles repeated) or
+    ``cat([-x[..., h:], x[..., :h]], -1)`` (``rotate_half``); else None."""
+    if node.op != "call_function" or node.target is not aten.cat.default or len(node.args[0]) != 2:
+        return None
+    first, second = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if first is second:  # cat([x, x], -1): out[j] = x[j mod h]
+        source = _dynamic_last_dim_source(first)
+        if source is None or dim not in (-1, value(source).dim() - 1):
+            return None
+        size = value(source).shape[-1]
+        weight = torch.zeros(2 * size, size, dtype=value(source).dtype)
+        rows = torch.arange(2 * size)
+        weight[rows, rows % size] = 1.0
+        return source, weight
+    if not (isinstance(first, torch.fx.Node) and first.target is aten.neg.default):
+        return None
+    source = _last_dim_halves(first.args[0], second)
+    if source is None or dim not in (-1, value(source).dim() - 1):
+        return None
+    size, half = value(source).shape[-1], value(source).shape[-1] // 2
+    weight = torch.zeros(size, size, dtype=value(source).dtype)  # linear: out[j] = sum_k x[k] * weight[j, k]
+    rows = torch.arange(half)
+    weight[rows, rows + half] = -1.0  # out[j] = -x[j + half] for j < half
+    weight[rows + half, rows] = 1.0  # out[j + half] = x[j]
+    return source, weight
+
+
+@register_fx_node_fix("executorch.xnnpack")
+def _fix_rotary_cat_as_linear(gm: torch.fx.GraphModule, node: torch.fx.Node,
+                              ctx: ExportContext | None = None) -> bool:
+    """Rewrites rotary embeddings' concatenations along the last dim of a dynamically shaped tensor as a ``linear``
+    with a constant 0/+-1 matrix: ``rotate_half(x)`` (``cat([-x2, x1], -1)`` of the two halves) and the angles'
+    ``cat([freqs, freqs], -1)``.
+
+    **Why**: XNNPACK takes a ``slice_copy`` only with static input and output shapes (and no ``cat`` of these), so
+    under a dynamic sequence length the two slices of every query and key ran on portable kernels between two
+    XNNPACK partitions: one more delegate call per decoder layer. The linear is exact (each output is one input
+    times +-1 plus zeros) and costs ``d * d`` multiply-adds per row (64 x 64 per head, next to the layer's
+    projections of hidden x hidden); the matrix is a parameter of the program, delegated like a weight.
+    **Upstream**: none found (XNNPACK's static slice has fixed sizes; ``SliceCopyConfig`` refuses dynamic shapes).
+    **Remove when**: XNNPACK's partitioner takes a slice of a static dim of a dynamically shaped tensor.
+    """
+    program = getattr(ctx, "program", None)
+    if program is None or gm is not program.graph_module:
+        return False
+    found = _last_dim_cat_as_matrix(node)
+    if found is None:
+        return False
+    from executorch.backends.transforms.utils import create_constant_placeholder
+    from torch.export.graph_signature import InputKind
+
+    source, weight = found
+    name = "hfexport_rotary_" + "_".join(map(str, weight.shape)) + ("_rotate" if weight.min() < 0 else "_repeat")
+    first = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    with gm.graph.inserting_before(first):  # a parameter, before the program's own: delegated like a weight
+        matrix = create_constant_placeholder(program, gm.graph, name, InputKind.PARAMETER, weight)
+    with gm.graph.inserting_before(node):
+        rotated = emit(gm, node, aten.linear.default, source, matrix)
+    node.replace_all_uses_with(rotated)
+    gm.graph.erase_node(node)
+    return True
+
+
 @register_fx_node_fix("executorch")
 def _fix_sym_pow(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replaces ``operator.pow(s, k)`` on a SymInt, ``k`` a small int, by ``s * s * ...``.
