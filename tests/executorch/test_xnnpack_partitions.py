@@ -1,4 +1,5 @@
-"""FX node fixes that keep XNNPACK's partitions whole (``_fix_last_dim_mean_as_average_pooling`` in
+"""FX node fixes that keep XNNPACK's partitions whole (``_fix_last_dim_mean_as_average_pooling``,
+``_fix_reshape_one_dynamic_dim_inferred`` and ``_fix_rotary_cat_as_linear`` in
 ``hfexport_executorch/workarounds/node_fixes.py``): each left out with ``disable=``, what it changes in the lowered
 program, and the same outputs either way."""
 
@@ -58,3 +59,66 @@ def test_a_mean_over_two_dynamic_sizes_is_left_to_the_portable_kernel():
     assert "aten::mean.dim" in lowering["portable_ops"], lowering
     other = torch.randn(3, 5, 16)
     torch.testing.assert_close(exported(x=other), model(other), atol=1e-5, rtol=1e-5)
+
+
+RESHAPE_FIX, ROTARY_FIX = "_fix_reshape_one_dynamic_dim_inferred", "_fix_rotary_cat_as_linear"
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+class RotaryProjection(torch.nn.Module):
+    """A decoder layer's query path: projection, ``view(*shape, -1, head_dim)``, rotary embedding with the angles
+    ``cat([freqs, freqs], -1)`` and ``cos.unsqueeze(1)`` (transformers' Llama), output projection. One XNNPACK
+    partition with the fixes; the reshapes, the slices and the concatenations cut it without."""
+
+    def __init__(self, hidden=32, head_dim=8):
+        super().__init__()
+        self.head_dim = head_dim
+        self.q, self.o = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, hidden)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)))
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        positions = torch.arange(seq, dtype=torch.float32).unsqueeze(0).unsqueeze(-1)  # [1, seq, 1]
+        freqs = positions * self.inv_freq  # [1, seq, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)  # [1, 1, seq, head_dim]
+        q = self.q(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)  # [1, heads, seq, head_dim]
+        q = q * cos + rotate_half(q) * sin
+        return self.o(q.transpose(1, 2).reshape(batch, seq, -1))
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "disabled"])
+def test_rotary_embedding_and_head_reshapes_stay_in_one_xnnpack_partition(fixed):
+    torch.manual_seed(0)
+    model = RotaryProjection().eval()
+    x = torch.randn(1, 7, 32)
+    exported, lowering = lowered(model, x, {"x": {1: Dim("seq", min=1, max=64)}},
+                                 () if fixed else (RESHAPE_FIX, ROTARY_FIX))
+    if fixed:
+        assert lowering["delegates"] == 1, lowering
+        assert not {"aten::slice_copy.Tensor", "aten::cat.default"} & set(lowering["portable_ops"]), lowering
+    else:
+        assert lowering["delegates"] > 1, lowering
+    for seq in (7, 1, 33):
+        other = torch.randn(1, seq, 32)
+        torch.testing.assert_close(exported(x=other), model(other), atol=1e-5, rtol=1e-5)
+
+
+def test_the_rotary_linear_is_exact():
+    """The signed permutation that replaces ``rotate_half`` and the angles' repeat changes no bit: each output is one
+    input times +-1 plus zeros (XNNPACK's linear against eager's slices and concatenation, compared exactly)."""
+
+    class Rotate(torch.nn.Module):
+        def forward(self, x):
+            return rotate_half(x * 1.5), torch.cat((x, x), dim=-1)
+
+    x = torch.randn(1, 3, 9, 16) * 1e3
+    exported, lowering = lowered(Rotate().eval(), x, {"x": {2: Dim("seq", min=1, max=64)}})
+    assert "aten::cat.default" not in lowering["portable_ops"], lowering
+    for seq in (9, 1, 40):
+        other = torch.randn(1, 3, seq, 16) * 1e3
+        for got, expected in zip(exported(x=other), Rotate()(other), strict=True):
+            torch.testing.assert_close(got, expected, atol=0, rtol=0)

@@ -71,8 +71,9 @@ def _fix_reshape_one_dynamic_dim_inferred(gm: torch.fx.GraphModule, node: torch.
 
     **Why**: XNNPACK takes a reshape only with int sizes and at most one ``-1`` (its static reshape infers one dim),
     and a model's ``q.view(*input_shape, -1, head_dim)`` is ``[1, s, -1, 64]`` under export: each attention's
-    reshapes ran on portable kernels between two delegates, one more XNNPACK partition per decoder layer (the
-    seeded 8-layer Llama's decode step made 28 delegate calls, 20 after).
+    reshapes ran on portable kernels between two delegates, one more XNNPACK partition per decoder layer (a
+    seeded 2-layer Llama's decoder program: 8 delegate calls a step, 7 with this fix alone, 4 with
+    ``_fix_rotary_cat_as_linear`` too; bench_generation's 8-layer one: 26, then 10 with both).
     XNNPACK's ``unsqueeze_copy`` takes the trailing dim only: the rotary ``cos.unsqueeze(1)`` cut the first layer's
     partition.
     **Upstream**: none found (``ViewCopyConfig`` refuses symbolic sizes instead of inferring the one dynamic dim;
