@@ -611,6 +611,9 @@ def test_every_workaround_has_a_test_here():
         "_patch_linear_partition_exact": ("test_xnnpack_linear", "test_patch_linear_partition_exact"),
         "_fix_last_dim_mean_as_average_pooling": ("test_xnnpack_partitions",
                                                   "test_a_norms_mean_stays_in_the_xnnpack_partition"),
+        "_fix_reshape_one_dynamic_dim_inferred": ("test_xnnpack_partitions",
+                                                  "test_rotary_embedding_and_head_reshapes_stay_in_one_xnnpack_partition"),
+        "_fix_rotary_cat_as_linear": ("test_xnnpack_partitions", "test_the_rotary_linear_is_exact"),
     }
     for name, (test_module, test) in tested_elsewhere.items():
         assert callable(getattr(importlib.import_module(test_module), test, None)), (name, test_module, test)
