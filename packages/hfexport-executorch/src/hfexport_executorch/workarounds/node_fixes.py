@@ -66,20 +66,15 @@ def _fix_last_dim_mean_as_average_pooling(gm: torch.fx.GraphModule, node: torch.
 
 @register_fx_node_fix("executorch.xnnpack")
 def _fix_reshape_one_dynamic_dim_inferred(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Writes a ``view``/``reshape`` (or an ``unsqueeze`` not at the last dim) whose output has one dynamic size as a
-    reshape to static sizes and ``-1``.
+    """Writes a ``view``/``reshape`` (or a non-trailing ``unsqueeze``) with one dynamic output size as static sizes
+    and ``-1``.
 
-    **Why**: XNNPACK takes a reshape only with int sizes and at most one ``-1`` (its static reshape infers one dim),
-    and a model's ``q.view(*input_shape, -1, head_dim)`` is ``[1, s, -1, 64]`` under export: each attention's
-    reshapes ran on portable kernels between two delegates, one more XNNPACK partition per decoder layer (a
-    seeded 2-layer Llama's decoder program: 8 delegate calls a step, 7 with this fix alone, 4 with
-    ``_fix_rotary_cat_as_linear`` too; bench_generation's 8-layer one: 26, then 10 with both).
-    XNNPACK's ``unsqueeze_copy`` takes the trailing dim only: the rotary ``cos.unsqueeze(1)`` cut the first layer's
-    partition.
-    **Upstream**: none found (``ViewCopyConfig`` refuses symbolic sizes instead of inferring the one dynamic dim;
-    ``UnsqueezeCopyConfig`` the trailing dim only).
-    **Remove when**: XNNPACK's ``ViewCopyConfig`` takes a reshape with one symbolic size, ``UnsqueezeCopyConfig`` any
-    dim.
+    **Why**: XNNPACK takes a reshape with int sizes and one ``-1`` only, an ``unsqueeze`` at the last dim only: each
+    attention's ``view(*input_shape, -1, head_dim)`` (``[1, s, -1, 64]``) and the rotary ``cos.unsqueeze(1)`` ran on
+    portable kernels between two partitions (bench_generation's 8-layer Llama: 26 delegate calls a step, 10 with
+    ``_fix_rotary_cat_as_linear`` too).
+    **Upstream**: none found (``ViewCopyConfig``, ``UnsqueezeCopyConfig``).
+    **Remove when**: XNNPACK's partitioner takes a reshape with one symbolic size and ``unsqueeze`` at any dim.
     """
     if node.op != "call_function":
         return False
@@ -94,7 +89,7 @@ def _fix_reshape_one_dynamic_dim_inferred(gm: torch.fx.GraphModule, node: torch.
             or not isinstance(out, torch.Tensor) or len(shape) != out.dim():
         return False
     dynamic = [i for i, size in enumerate(out.shape) if not isinstance(size, int)]
-    if len(dynamic) != 1:
+    if len(dynamic) != 1 or 0 in out.shape[:dynamic[0]] + out.shape[dynamic[0] + 1:]:  # -1 of 0 elements: ambiguous
         return False
     if node.target is aten.unsqueeze.default:
         node.target = aten.reshape.default
@@ -168,15 +163,12 @@ def _last_dim_cat_as_matrix(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.T
 @register_fx_node_fix("executorch.xnnpack")
 def _fix_rotary_cat_as_linear(gm: torch.fx.GraphModule, node: torch.fx.Node,
                               ctx: ExportContext | None = None) -> bool:
-    """Rewrites rotary embeddings' concatenations along the last dim of a dynamically shaped tensor as a ``linear``
-    with a constant 0/+-1 matrix: ``rotate_half(x)`` (``cat([-x2, x1], -1)`` of the two halves) and the angles'
-    ``cat([freqs, freqs], -1)``.
+    """Rewrites rotary embeddings' ``rotate_half(x)`` (``cat([-x2, x1], -1)``) and ``cat([freqs, freqs], -1)`` of a
+    dynamically shaped tensor as a ``linear`` with a constant 0/+-1 matrix (a parameter, delegated like a weight).
 
-    **Why**: XNNPACK takes a ``slice_copy`` only with static input and output shapes (and no ``cat`` of these), so
-    under a dynamic sequence length the two slices of every query and key ran on portable kernels between two
-    XNNPACK partitions: one more delegate call per decoder layer. The linear is exact (each output is one input
-    times +-1 plus zeros) and costs ``d * d`` multiply-adds per row (64 x 64 per head, next to the layer's
-    projections of hidden x hidden); the matrix is a parameter of the program, delegated like a weight.
+    **Why**: XNNPACK takes ``slice_copy`` only with static shapes, so each query's and key's slices ran on portable
+    kernels between two partitions: one more delegate call per decoder layer. The linear is exact (one input times
+    +-1 plus zeros per output) and costs ``d * d`` multiply-adds per row (64 x 64 per head).
     **Upstream**: none found (XNNPACK's static slice has fixed sizes; ``SliceCopyConfig`` refuses dynamic shapes).
     **Remove when**: XNNPACK's partitioner takes a slice of a static dim of a dynamically shaped tensor.
     """
