@@ -55,7 +55,7 @@ def _symbols(program: torch.export.ExportedProgram, examples: Mapping[str, Any])
 
 
 def narrow_to_guards(program: torch.export.ExportedProgram, examples: Mapping[str, Any], *,
-                     exact: bool = False) -> list[dict[str, Any]]:
+                     exact: bool = False, only: set[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
     """Narrow each dynamic dim's range constraint of ``program`` to the sizes its guards admit around the
     example's size; returns what changed: ``{"inputs": [(name, dim), ...], "range": [min, max], "admitted":
     [min, max], "guards": [...]}`` each (the guards that refuse a size of the old range; ``max`` None: unbounded).
@@ -65,7 +65,8 @@ def narrow_to_guards(program: torch.export.ExportedProgram, examples: Mapping[st
     name). Sizes are evaluated up to ``MAX_SIZES`` either side of the example: an unbounded range (``Dim.AUTO``)
     keeps its end where every size up to there is admitted, and ``exact`` takes the sizes past the interval as
     refused when every one of them up to there is. Nothing changes when the program has no guards or a guard
-    cannot be evaluated here (it reads more than input sizes).
+    cannot be evaluated here (it reads more than input sizes). ``only``: the ``(input name, dim)`` that may change
+    (a symbol any of whose dims is not in it is left as it is); None: every one.
 
     ``exact`` is the ``Dim.AUTO`` case of SigLIP's vision tower without ``interpolate_pos_encoding``: its position
     table (``nn.Embedding`` of 196 positions at 224x224 and 16-pixel patches) is added to the patches, which
@@ -87,6 +88,8 @@ def narrow_to_guards(program: torch.export.ExportedProgram, examples: Mapping[st
     scope = {"torch": torch, "math": math}
     changes = []
     for symbol, places in _symbols(program, examples).items():
+        if only is not None and not set(places) <= only:
+            continue
         bounds = program.range_constraints.get(symbol)
         if bounds is None or not bounds.lower.is_integer or not bounds.upper.is_integer:
             continue
