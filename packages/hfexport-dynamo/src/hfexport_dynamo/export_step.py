@@ -163,37 +163,7 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
                      "again with Dim.AUTO on every dim")
             state.dynamic_shapes = auto
             program = torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
-    program = _widen_narrowed_dims(ctx, module, make_args, strict, program)
-    _narrow_to_pinning_guards(ctx, program)
-    return program
-
-
-def _narrow_to_pinning_guards(ctx: ExportContext, program: torch.export.ExportedProgram) -> None:
-    """Narrow the dynamic dims whose sizes the program's guards admit as exactly one interval around the example
-    (:func:`hfexport_dynamo._guard_ranges.narrow_to_guards`, ``exact``) to that interval, and note them: the
-    manifest then claims what the program takes, and the export verifies it at the interval's smallest sizes
-    rather than at sizes its guards refuse (a SigLIP tower without ``interpolate_pos_encoding`` claimed images
-    from 16x16 up, its patch count pinned to the position table's 196). A guard that refuses sizes on both sides
-    of admitted ones (parity) is left to the verification, which names it. Only ``Dim.AUTO`` dims (``dynamic=True``)
-    change: a range the user named stays as asked, and the verification refuses the sizes the guards refuse."""
-    from torch.export.dynamic_shapes import _DimHint
-
-    specs = trace_state(ctx).dynamic_shapes
-    if not specs or len(specs) != len(ctx.inputs):
-        return
-    auto = set()
-    for name, spec in zip(ctx.inputs, specs, strict=True):
-        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec) if isinstance(spec, list | tuple) \
-            else ()
-        auto |= {(name, dim) for dim, hint in items if isinstance(hint, _DimHint) and hint is not Dim.STATIC
-                 and getattr(hint, "min", None) is None and getattr(hint, "max", None) is None}
-    for change in narrow_to_guards(program, ctx.inputs, exact=True, only=auto):
-        where = ", ".join(f"{name!r} dim {dim}" for name, dim in change["inputs"])
-        low, high = change["range"]
-        new_low, new_high = change["admitted"]
-        ctx.note(f"the program's guards admit {where} only in [{new_low}, {new_high if new_high is not None else 'inf'}]"
-                 f" (of [{low}, {high if high is not None else 'inf'}]): the range narrowed to it "
-                 f"(guards refusing the sizes past it: {'; '.join(change['guards'][:2])})")
+    return _widen_narrowed_dims(ctx, module, make_args, strict, program)
 
 
 def _refuse_recurrent_cells(ctx: ExportContext, exc: Exception) -> None:
