@@ -39,6 +39,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(1, str(ROOT / "tests"))  # crafting.py: the IR chains tests/openvino crafts too
 BACKENDS = ("dynamo", "onnx", "executorch-xnnpack", "openvino")
 PROMPT = [[3, 17, 42, 9, 100]]
 SECONDS, MIB = 5.0, 256
@@ -293,18 +294,14 @@ def _ir_layers(layers_total: int | None = None, depth: int | None = None, op: st
 def _ir_chain(directory: Path, layers_total: int | None, depth: int | None, op: str, paths: int) -> str:
     from xml.etree import ElementTree
 
+    from crafting import add_ir_chains
+
     from hfexport_openvino._untrusted import IR_MAX_DEPTH, IR_MAX_DEPTH_SUM, IR_MAX_LAYERS, path_lengths
 
     assert paths % 2 == 1
     file = _decoder_file(directory, "openvino_model.xml")
     root = ElementTree.fromstring(file.read_bytes())
-    layers, edges = root.find("layers"), root.find("edges")
     existing, (base_depth, base_sum) = len(list(root.iter("layer"))), path_lengths(root)
-    result = next(layer for layer in layers if layer.get("type") == "Result"
-                  and layer.find("input/port") is not None and len(layer.find("input/port")) == 3)
-    port = result.find("input/port")
-    edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
-    next_id = max(int(layer.get("id")) for layer in layers) + 1
     joins = paths - 1
     budget = (layers_total or IR_MAX_LAYERS) - existing - joins
     per = min(budget // paths, (depth or IR_MAX_DEPTH) - base_depth - joins)
@@ -312,40 +309,7 @@ def _ir_chain(directory: Path, layers_total: int | None, depth: int | None, op: 
     while paths * (per * (per + 1) // 2 + per * base_depth) + base_sum > IR_MAX_DEPTH_SUM:
         per -= 2
     per -= per % 2 if op == "Negative" else 0
-    source, source_port = edge.get("from-layer"), edge.get("from-port")
-    edges.remove(edge)
-
-    def add_layer(kind: str, inputs: int) -> str:
-        nonlocal next_id
-        layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe_{next_id}", type=kind,
-                                       version="opset1")
-        for tag, ids in (("input", range(inputs)), ("output", [inputs])):
-            section = ElementTree.SubElement(layer, tag)
-            for pid in ids:
-                copy = ElementTree.SubElement(section, "port", id=str(pid), precision=port.get("precision", "FP32"))
-                for dim in port.iter("dim"):
-                    ElementTree.SubElement(copy, "dim").text = dim.text
-        next_id += 1
-        return layer.get("id")
-
-    def connect(a: str, ap: str, b: str, bp: str) -> None:
-        ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": ap, "to-layer": b, "to-port": bp})
-
-    ends = []
-    for _ in range(paths):
-        previous, previous_port = source, source_port
-        for _ in range(per):
-            layer = add_layer(op, 1)
-            connect(previous, previous_port, layer, "0")
-            previous, previous_port = layer, "1"
-        ends.append(previous)
-    last, last_port = ends[0], "1"
-    for i, other in enumerate(ends[1:]):
-        join = add_layer("Add" if i % 2 == 0 else "Subtract", 2)
-        connect(last, last_port, join, "0")
-        connect(other, "1", join, "1")
-        last, last_port = join, "2"
-    connect(last, last_port, result.get("id"), edge.get("to-port"))
+    add_ir_chains(root, paths, per, op, result_inputs=3)  # the logits' Result (rank 3)
     file.write_bytes(ElementTree.tostring(root))
     _rehash(directory)
     total = existing + paths * per + joins

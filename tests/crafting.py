@@ -119,3 +119,52 @@ def concurrent_swaps(file: Path, replacement: Path, attempts: int, load_and_run:
         thread.join()
         shutil.copyfile(original, file)
     return {**counts, "swaps": swaps[0]}
+
+
+def add_ir_chains(root: Any, paths: int, per: int, op: str = "Negative", result_inputs: int | None = None) -> None:
+    """Route an OpenVINO IR's (``ElementTree`` root, edited in place) output through ``paths`` parallel chains of
+    ``per`` ``op`` layers each, joined by Add, Subtract, Add, ... With ``op="Negative"``, an even ``per`` and an odd
+    ``paths`` the output is unchanged. ``result_inputs``: the rank of the Result to reroute (the first Result
+    otherwise). Shared by tests/openvino's bound tests and benchmarks/probe_bounds.py."""
+    from xml.etree import ElementTree
+
+    layers, edges = root.find("layers"), root.find("edges")
+    result = next(layer for layer in layers if layer.get("type") == "Result" and (
+        result_inputs is None or (layer.find("input/port") is not None
+                                  and len(layer.find("input/port")) == result_inputs)))
+    port = result.find("input/port")
+    edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
+    next_id = max(int(layer.get("id")) for layer in layers) + 1
+    edges.remove(edge)
+
+    def add(kind: str, inputs: int) -> str:
+        nonlocal next_id
+        layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe_{next_id}", type=kind,
+                                       version="opset1")
+        for tag, ids in (("input", range(inputs)), ("output", [inputs])):
+            section = ElementTree.SubElement(layer, tag)
+            for pid in ids:
+                copy = ElementTree.SubElement(section, "port", id=str(pid), precision=port.get("precision", "FP32"))
+                for dim in port.iter("dim"):
+                    ElementTree.SubElement(copy, "dim").text = dim.text
+        next_id += 1
+        return layer.get("id")
+
+    def connect(a: str, a_port: str, b: str, b_port: str) -> None:
+        ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": a_port, "to-layer": b, "to-port": b_port})
+
+    ends = []
+    for _ in range(paths):
+        source, source_port = edge.get("from-layer"), edge.get("from-port")
+        for _ in range(per):
+            layer = add(op, 1)
+            connect(source, source_port, layer, "0")
+            source, source_port = layer, "1"
+        ends.append(source)
+    last, last_port = ends[0], "1"
+    for i, other in enumerate(ends[1:]):
+        join = add("Add" if i % 2 == 0 else "Subtract", 2)
+        connect(last, last_port, join, "0")
+        connect(other, "1", join, "1")
+        last, last_port = join, "2"
+    connect(last, last_port, result.get("id"), edge.get("to-port"))

@@ -205,46 +205,11 @@ def _negative_chain(artifact: Path, count: int, paths: int = 1) -> None:
     count: each gives the output unchanged), joined by Add, Subtract, Add, ... (the output unchanged), rehashed."""
     from xml.etree import ElementTree
 
+    from crafting import add_ir_chains
+
     file = artifact / "openvino_model.xml"
     root = ElementTree.fromstring(file.read_bytes())
-    layers, edges = root.find("layers"), root.find("edges")
-    result = next(layer for layer in layers if layer.get("type") == "Result")
-    port = result.find("input/port")
-    edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
-    next_id = max(int(layer.get("id")) for layer in layers) + 1
-    edges.remove(edge)
-
-    def add(kind: str, inputs: int) -> str:
-        nonlocal next_id
-        layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe{next_id}", type=kind,
-                                       version="opset1")
-        for tag, ids in (("input", range(inputs)), ("output", [inputs])):
-            section = ElementTree.SubElement(layer, tag)
-            for pid in ids:
-                copy = ElementTree.SubElement(section, "port", id=str(pid), precision=port.get("precision", "FP32"))
-                for dim in port.iter("dim"):
-                    ElementTree.SubElement(copy, "dim").text = dim.text
-        next_id += 1
-        return layer.get("id")
-
-    def connect(a: str, a_port: str, b: str, b_port: str) -> None:
-        ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": a_port, "to-layer": b, "to-port": b_port})
-
-    ends = []
-    for _ in range(paths):
-        source, source_port = edge.get("from-layer"), edge.get("from-port")
-        for _ in range(count):
-            layer = add("Negative", 1)
-            connect(source, source_port, layer, "0")
-            source, source_port = layer, "1"
-        ends.append(source)
-    last, last_port = ends[0], "1"
-    for i, other in enumerate(ends[1:]):
-        join = add("Add" if i % 2 == 0 else "Subtract", 2)
-        connect(last, last_port, join, "0")
-        connect(other, "1", join, "1")
-        last, last_port = join, "2"
-    connect(last, last_port, result.get("id"), edge.get("to-port"))
+    add_ir_chains(root, paths, count)
     file.write_bytes(ElementTree.tostring(root))
     _rehash(artifact)
 
