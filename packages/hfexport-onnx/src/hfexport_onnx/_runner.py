@@ -185,14 +185,17 @@ class OnnxRunner(NamedIORunner):
                 # external-data locations are relative to the model's folder; the checked ones are plain names
                 options.add_external_initializers_from_files_in_memory(
                     [self.data_path.name], [self._data_array], [len(self.data_bytes)])
-        before = anonymous_mappings() if self.huge_pages else set()
+        # a session without prepacking (an export's verification) reads its weights from the mapped data file:
+        # no packed copy of them to move into huge pages, so its mappings are not diffed
+        collapse = self.huge_pages and self.prepack
+        before = anonymous_mappings() if collapse else set()
         try:
             self.session = onnxruntime.InferenceSession(source, options, providers=self.providers,
                                                         disabled_optimizers=disabled or None)
         except Exception as exc:
             raise OnnxSessionError(_explain_session_failure(exc, self.path, self.providers)) from exc
         # what the session's creation mapped: its weights, prepacked (collapsed by the first reusing_bindings)
-        self._session_memory = new_memory(before, anonymous_mappings()) if self.huge_pages else []
+        self._session_memory = new_memory(before, anonymous_mappings()) if collapse else []
         self.huge_page_bytes: int | None = None  # set when the collapse has run
         self.bind_io([i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()])
         # The floating dtype of each graph input: a floating input leaf is cast to it. A bfloat16 model computes in
