@@ -108,4 +108,5 @@ def test_image_dims_pinned_by_a_position_table_get_the_range_the_guards_admit():
     verification = exported.manifest["verification"]
     assert verification["second_shape"]["passed"] is True, verification  # 3x3x25x25: still 6x6 patches
     assert verification["smallest_shape"]["passed"] is None, verification  # the example is the least: no 4x4
-    assert any("a guard of the trace pins" in note and "[24, 27]" in note for note in exported.manifest["notes"])
+    assert any("a guard of the trace pins" in note and "dim 3 from [4, inf] to [24, 27]" in note
+               for note in exported.manifest["notes"]), exported.manifest["notes"]

@@ -186,12 +186,19 @@ def _narrow_to_pins(ctx: ExportContext, program: torch.export.ExportedProgram) -
             else ()
         auto |= {(name, dim) for dim, hint in items if isinstance(hint, _DimHint) and hint is not Dim.STATIC
                  and getattr(hint, "min", None) is None and getattr(hint, "max", None) is None}
-    for change in narrow_to_pins(program, ctx.inputs, auto):
-        where = ", ".join(f"{name!r} dim {dim}" for name, dim in change["inputs"])
-        (low, high), (lower, upper) = change["range"], change["admitted"]
-        ctx.note(f"a guard of the trace pins {where} ({'; '.join(change['guards'][:2])}), which no range says: its "
-                 f"range narrowed from [{low}, {'inf' if high is None else high}] to the sizes the guard admits "
-                 f"around the example, [{lower}, {'inf' if upper is None else upper}]")
+    changes = narrow_to_pins(program, ctx.inputs, auto)
+    if not changes:
+        return
+    guards = dict.fromkeys(guard for change in changes for guard in change["guards"])
+    dims = [f"{', '.join(f'{name!r} dim {dim}' for name, dim in change['inputs'])} from "
+            f"[{change['range'][0]}, {_end(change['range'][1])}] to [{change['admitted'][0]}, "
+            f"{_end(change['admitted'][1])}]" for change in changes]
+    ctx.note(f"a guard of the trace pins sizes to a value, which no range says ({'; '.join(guards)}): narrowed "
+             f"{', '.join(dims)}, the sizes it admits around the example")
+
+
+def _end(size: int | None) -> str:
+    return "inf" if size is None else str(size)
 
 
 def _refuse_recurrent_cells(ctx: ExportContext, exc: Exception) -> None:
