@@ -105,6 +105,7 @@ def test_image_dims_pinned_by_a_position_table_get_the_range_the_guards_admit():
     exported = hfexport.export(siglip_tower(), {"pixel_values": x}, backend="dynamo", dynamic=True)
     dims = exported.manifest["inputs"][0]["dynamic_dims"]
     assert [(dims[d]["min"], dims[d]["max"]) for d in ("2", "3")] == [(24, 27), (24, 27)], dims
+    assert dims["0"]["max"] is None, dims  # the batch: no pin reads it
     verification = exported.manifest["verification"]
     assert verification["second_shape"]["passed"] is True, verification  # 3x3x25x25: still 6x6 patches
     assert verification["smallest_shape"]["passed"] is None, verification  # the example is the least: no 4x4

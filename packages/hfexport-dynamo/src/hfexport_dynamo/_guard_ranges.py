@@ -9,6 +9,8 @@ count that is 1 at the smallest sizes (``(s + 2) // 3 != 1``: the view's inferre
 :func:`narrow_to_guards` evaluates the guards at every size of each dynamic dim's range (the other sizes at the
 example's) and narrows the range constraint to the sizes they admit around the example, so that a refused size
 is refused by name and range ("outside the program's range"), before the program runs.
+:func:`narrow_to_pins` does the same for ``Dim.AUTO`` dims after every trace, but only by the guards that pin an
+expression of sizes to a constant (a patch count tied to a fixed position table), which no range can say.
 """
 
 from __future__ import annotations
@@ -160,12 +162,12 @@ def narrow_to_pins(program: torch.export.ExportedProgram, examples: Mapping[str,
     relates them and bounds neither, and evaluated with the other at the example's size it would cap a batch at
     the example's. A pin that admits sizes on both sides of a refused one is left as it is (the verification names
     its guard)."""
-    found = {symbol: places for symbol, places in _symbols(program, examples).items() if set(places) <= dims}
-    pins = _pins(program, set(_symbols(program, examples)))
-    if not found or not pins:
+    every = _symbols(program, examples)
+    found = {symbol: places for symbol, places in every.items() if set(places) <= dims}
+    pins = _pins(program, set(every)) if found else []
+    if not pins:
         return []
-    hints = {symbol: int(examples[places[0][0]].shape[places[0][1]]) for symbol, places in
-             _symbols(program, examples).items()}
+    hints = {symbol: int(examples[places[0][0]].shape[places[0][1]]) for symbol, places in every.items()}
     changes, boxes = [], {}
     for symbol, places in found.items():
         mine = [(expr, names, function) for expr, names, function in pins if symbol in names]
