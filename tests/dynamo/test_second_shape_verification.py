@@ -83,3 +83,31 @@ def test_the_smallest_shape_is_checked_below_the_example(backend):
     exported = hfexport.export(Plain().eval(), {"x": x}, backend=backend, dynamic=True)
     smallest = exported.manifest["verification"]["smallest_shape"]
     assert smallest["passed"] is True and smallest["inputs"] == {"x": [2, 2]}, smallest
+
+
+def siglip_tower() -> torch.nn.Module:
+    """A seeded SigLIP vision tower of 4-pixel patches trained at 24x24 (36 positions), run without
+    ``interpolate_pos_encoding``: its position table is added to the patches as they are."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.SiglipVisionModel(tf.SiglipVisionConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                                                      intermediate_size=40, image_size=24, patch_size=4,
+                                                      vision_use_head=False)).eval()
+
+
+def test_image_dims_pinned_by_a_position_table_get_the_range_the_guards_admit():
+    """``dynamic=True`` on a tower whose position table pins the patch count (``(h // 4) * (w // 4) == 36``, which
+    no range says): torch.export left the image dims dynamic from 4 up, and the export's verification at 4x4 (one
+    patch, which eager broadcasts over the 36 positions) failed on the program's guard (dynamo) or in ORT's fused
+    MultiHeadAttention (onnx). The dims now claim [24, 27], the sizes the guards admit, and the export verifies."""
+    x = torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(0))
+    exported = hfexport.export(siglip_tower(), {"pixel_values": x}, backend="dynamo", dynamic=True)
+    dims = exported.manifest["inputs"][0]["dynamic_dims"]
+    assert [(dims[d]["min"], dims[d]["max"]) for d in ("2", "3")] == [(24, 27), (24, 27)], dims
+    assert dims["0"]["max"] is None, dims  # the batch: no pin reads it
+    verification = exported.manifest["verification"]
+    assert verification["second_shape"]["passed"] is True, verification  # 3x3x25x25: still 6x6 patches
+    assert verification["smallest_shape"]["passed"] is None, verification  # the example is the least: no 4x4
+    assert any("a guard of the trace pins" in note and "dim 3 from [4, inf] to [24, 27]" in note
+               for note in exported.manifest["notes"]), exported.manifest["notes"]

@@ -9,6 +9,8 @@ count that is 1 at the smallest sizes (``(s + 2) // 3 != 1``: the view's inferre
 :func:`narrow_to_guards` evaluates the guards at every size of each dynamic dim's range (the other sizes at the
 example's) and narrows the range constraint to the sizes they admit around the example, so that a refused size
 is refused by name and range ("outside the program's range"), before the program runs.
+:func:`narrow_to_pins` does the same for ``Dim.AUTO`` dims after every trace, but only by the guards that pin an
+expression of sizes to a constant (a patch count tied to a fixed position table), which no range can say.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["narrow_to_guards"]
+__all__ = ["narrow_to_guards", "narrow_to_pins"]
 
 # Sizes evaluated per dim at most: a range wider than this (an unbounded one) is left as it is.
 MAX_SIZES = 1 << 14
@@ -109,4 +111,119 @@ def narrow_to_guards(program: torch.export.ExportedProgram, examples: Mapping[st
 
         program._range_constraints[symbol] = ValueRanges(lower, upper)
         changes.append({"inputs": places, "range": [low, high], "admitted": [lower, upper], "guards": refused})
+    return changes
+
+
+def _pins(program: torch.export.ExportedProgram, symbols: set[Any]) -> list[tuple[Any, Any, Any]]:
+    """``(guard, its symbols in order, a function of their sizes)`` for each of the trace's guards (its ``ShapeEnv``'s)
+    that pins an expression of ``symbols`` to a constant (``Eq(((s1//16))*((s2//16)), 196)``); torch's own printer
+    writes each as Python."""
+    import sympy
+    from torch.utils._sympy.printers import PythonPrinter
+
+    shape_env = next((getattr(getattr(v, "fake_mode", None), "shape_env", None) for v in
+                      (n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder")
+                      if isinstance(v, torch.Tensor)), None)
+    out, seen = [], set()
+    for guard in getattr(shape_env, "guards", None) or ():
+        expr = guard.expr
+        if not isinstance(expr, sympy.Eq) or expr in seen:
+            continue
+        seen.add(expr)
+        lhs, rhs = expr.args
+        if lhs.is_number == rhs.is_number or not expr.free_symbols or not expr.free_symbols <= symbols:
+            continue  # a relation between sizes, not a value they are pinned to
+        names = sorted(expr.free_symbols, key=str)
+        try:
+            code = compile(f"lambda {', '.join(map(str, names))}: {PythonPrinter().doprint(expr)}", "<pin>", "eval")
+            function = eval(code, {"math": math, "torch": torch})  # noqa: S307  torch's printer's Python
+        except Exception:  # noqa: BLE001  an expression the printer does not write as Python
+            continue
+        out.append((expr, names, function))
+    return out
+
+
+def narrow_to_pins(program: torch.export.ExportedProgram, examples: Mapping[str, Any],
+                   dims: set[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Narrow the dynamic dims of ``dims`` (``(input name, dim)``; the ``Dim.AUTO`` ones) that a guard of the trace
+    pins, an expression of input sizes equal to a constant, to the one interval around the example's size that the
+    pinning guards admit (the other sizes at the example's), when they refuse every other size up to ``MAX_SIZES``
+    either side; returns what changed, as :func:`narrow_to_guards` does (``guards``: the pinning guards).
+
+    SigLIP's vision tower without ``interpolate_pos_encoding`` adds its position table (196 positions: 224x224
+    images of 16-pixel patches) to the patches as they are, which pins the patch count: ``Eq(((h//16))*((w//16)),
+    196)``. No range says that, and torch.export left the image dims dynamic from 16 up; the export's verification
+    at 16x16 (one patch, which eager broadcasts over the 196 positions) failed in ORT's fused MultiHeadAttention
+    (``{2,1,64} != {2,1,12544}``), the ONNX graph holding no guard. Each dim now claims [224, 239], where the patch
+    grid stays 14x14: a box of sizes the program takes, whose smallest corner is verified, and a size outside it is
+    refused by name and range before the program runs.
+
+    Only pins narrow: an inequality between two dynamic sizes (ViT-MAE's ``noise.size(0) <= pixel_values.size(0)``)
+    relates them and bounds neither, and evaluated with the other at the example's size it would cap a batch at
+    the example's. A pin that admits sizes on both sides of a refused one is left as it is (the verification names
+    its guard)."""
+    every = _symbols(program, examples)
+    found = {symbol: places for symbol, places in every.items() if set(places) <= dims}
+    pins = _pins(program, set(every)) if found else []
+    if not pins:
+        return []
+    hints = {symbol: int(examples[places[0][0]].shape[places[0][1]]) for symbol, places in every.items()}
+    changes, boxes = [], {}
+    for symbol, places in found.items():
+        mine = [(expr, names, function) for expr, names, function in pins if symbol in names]
+        bounds = program.range_constraints.get(symbol)
+        if not mine or bounds is None:
+            continue
+        example = hints[symbol]
+        try:
+            low = int(bounds.lower)
+        except (TypeError, AttributeError, OverflowError):
+            continue
+        try:
+            high: int | None = int(bounds.upper)
+        except (TypeError, AttributeError, OverflowError):  # int_oo: unbounded
+            high = None
+        first = max(low, example - MAX_SIZES)
+        last = example + MAX_SIZES if high is None else min(high, example + MAX_SIZES)
+
+        def admitted(size: int, symbol: Any = symbol, mine: list[Any] = mine) -> bool:
+            return all(bool(function(*(size if name == symbol else hints[name] for name in names)))
+                       for _, names, function in mine)
+
+        try:
+            if not admitted(example):  # the guards do not read as evaluated here
+                continue
+            lower = example
+            while lower > first and admitted(lower - 1):
+                lower -= 1
+            upper = example
+            while upper < last and admitted(upper + 1):
+                upper += 1
+            if any(admitted(size) for size in (*range(first, lower), *range(upper + 1, last + 1))):
+                continue  # not pinned to one interval
+        except Exception:  # noqa: BLE001  a pin that these sizes do not evaluate
+            continue
+        # a scan that ended at the window's end, not at a refused size, keeps the range's end there
+        lower, upper = low if lower == first else lower, high if upper == last else upper
+        if (lower, upper) != (low, high):
+            boxes[symbol] = (low, high, lower, upper, places, [str(expr) for expr, _, _ in mine])
+    if not boxes:
+        return []
+    # every corner of the box the narrowed dims make together: the program takes each of its sizes
+    corners: list[dict[Any, int]] = [{}]
+    for symbol, (_, _, lower, upper, _, _) in boxes.items():
+        corners = [{**corner, symbol: size} for corner in corners
+                   for size in dict.fromkeys((lower, hints[symbol] if upper is None else upper))]
+    try:
+        if not all(bool(function(*({**hints, **corner}[name] for name in names)))
+                   for corner in corners for _, names, function in pins):
+            return []
+    except Exception:  # noqa: BLE001
+        return []
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    for symbol, (low, high, lower, upper, places, guards) in boxes.items():
+        program._range_constraints[symbol] = ValueRanges(lower, int_oo if upper is None else upper)
+        changes.append({"inputs": places, "range": [low, high], "admitted": [lower, upper], "guards": guards})
     return changes

@@ -18,7 +18,7 @@ from torch.export import Dim
 from hfexport.plugin import ExportContext
 
 from ._config import trace_state
-from ._guard_ranges import narrow_to_guards
+from ._guard_ranges import narrow_to_guards, narrow_to_pins
 from .describe import _is_dynamic, _user_input_values, describe_inputs
 
 logger = logging.getLogger("hfexport")
@@ -163,7 +163,42 @@ def export_with_shared_dims(ctx: ExportContext, module: Any, make_args: Any, str
                      "again with Dim.AUTO on every dim")
             state.dynamic_shapes = auto
             program = torch.export.export(module, make_args(), dynamic_shapes=auto, strict=strict)
-    return _widen_narrowed_dims(ctx, module, make_args, strict, program)
+    program = _widen_narrowed_dims(ctx, module, make_args, strict, program)
+    _narrow_to_pins(ctx, program)
+    return program
+
+
+def _narrow_to_pins(ctx: ExportContext, program: torch.export.ExportedProgram) -> None:
+    """Narrow the ``Dim.AUTO`` dims (``dynamic=True``) that a guard of the trace pins (an expression of sizes equal
+    to a constant: a patch count tied to a fixed position table) to the interval that guard admits around the
+    example (:func:`hfexport_dynamo._guard_ranges.narrow_to_pins`), and note each: the manifest claims sizes the
+    program takes, the export verifies its smallest shape there, and a size outside is refused by name and range.
+    A range the user named stays as asked (the verification refuses the sizes its guards refuse), and so does a
+    dim that guards only relate to another dynamic one (a batch that must not exceed another)."""
+    from torch.export.dynamic_shapes import _DimHint
+
+    specs = trace_state(ctx).dynamic_shapes
+    if not specs or len(specs) != len(ctx.inputs):
+        return
+    auto = set()
+    for name, spec in zip(ctx.inputs, specs, strict=True):
+        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec) if isinstance(spec, list | tuple) \
+            else ()
+        auto |= {(name, dim) for dim, hint in items if isinstance(hint, _DimHint) and hint is not Dim.STATIC
+                 and getattr(hint, "min", None) is None and getattr(hint, "max", None) is None}
+    changes = narrow_to_pins(program, ctx.inputs, auto)
+    if not changes:
+        return
+    guards = dict.fromkeys(guard for change in changes for guard in change["guards"])
+    dims = [f"{', '.join(f'{name!r} dim {dim}' for name, dim in change['inputs'])} from "
+            f"[{change['range'][0]}, {_end(change['range'][1])}] to [{change['admitted'][0]}, "
+            f"{_end(change['admitted'][1])}]" for change in changes]
+    ctx.note(f"a guard of the trace pins sizes to a value, which no range says ({'; '.join(guards)}): narrowed "
+             f"{', '.join(dims)}, the sizes it admits around the example")
+
+
+def _end(size: int | None) -> str:
+    return "inf" if size is None else str(size)
 
 
 def _refuse_recurrent_cells(ctx: ExportContext, exc: Exception) -> None:
