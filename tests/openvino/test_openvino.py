@@ -639,6 +639,10 @@ def test_a_scan_over_a_dynamic_length_runs_as_a_loop(disable: tuple[str, ...], t
         torch.testing.assert_close(reloaded(**x), LinearRecurrence()(**x), atol=1e-5, rtol=1e-5)
 
 
+# Full suite: a whole Mamba converted (53 s at load 6); its scan converts by _fix_scan_as_while_loop, which
+# test_a_scan_over_a_dynamic_length_runs_as_a_loop checks fixed and unfixed on a small recurrence, and Mamba's
+# selective scan is the dynamo-scope _patch_mamba_selective_scan (tests/dynamo/test_recurrences.py)
+@pytest.mark.slow
 def test_mamba_runs_at_another_length() -> None:
     from transformers import MambaConfig, MambaForCausalLM
 
