@@ -186,7 +186,7 @@ def _narrow_to_pins(ctx: ExportContext, program: torch.export.ExportedProgram) -
             else ()
         auto |= {(name, dim) for dim, hint in items if isinstance(hint, _DimHint) and hint is not Dim.STATIC
                  and getattr(hint, "min", None) is None and getattr(hint, "max", None) is None}
-    changes = narrow_to_pins(program, ctx.inputs, auto)
+    changes = narrow_to_pins(program, ctx.inputs, auto) if auto else []
     if not changes:
         return
     guards = dict.fromkeys(guard for change in changes for guard in change["guards"])
