@@ -83,7 +83,8 @@ class ExecutorchConfig(DynamoConfig):
         budget = self.memory_budget_gib
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0):
             raise ValueError(f"memory_budget_gib must be a number of GiB > 0 or None (no budget), got {budget!r}")
-        self.quantize = resolve_executorch_quantization(self.quantize, self.backend)
+        if self.quantize is not None:  # a float export reads no quantization code
+            self.quantize = resolve_executorch_quantization(self.quantize, self.backend)
 
 
 def executorch_config(ctx: ExportContext) -> ExecutorchConfig:

@@ -242,8 +242,9 @@ class ExecutorchExporter(Exporter):
         config = self.config
         if not isinstance(config, ExecutorchConfig):
             raise TypeError(f"an ExecutorchExporter's config is an ExecutorchConfig, got {type(config).__name__}")
-        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
-                                  static_shapes=not config.dynamic and not config.dynamic_shapes)
+        if config.quantize is not None:
+            check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
+                                      static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,

@@ -68,7 +68,8 @@ class OnnxConfig(DynamoConfig):
             raise ValueError(f"providers must name execution providers of the installed onnxruntime; "
                              f"{unknown or 'none given'} not available; valid values: {', '.join(available)}")
         self.ort_fusions = check_ort_fusions(self.ort_fusions)
-        self.quantize = resolve_onnx_quantization(self.quantize)
+        if self.quantize is not None:  # a float export reads no quantization code
+            self.quantize = resolve_onnx_quantization(self.quantize)
         if self.quantize is not None and not self.optimize:
             # ONNX Runtime's quantizers take a MatMul over a constant weight; unoptimized, a Linear's weight reaches its
             # MatMul through a Transpose, so all but a tied head stayed float, with a passing verification

@@ -52,7 +52,8 @@ class OpenVINOConfig(DynamoConfig):
                 or not 0 < self.int4_ratio <= 1:
             raise ValueError(f"int4_ratio must be a number in (0, 1] (the share of weights in int4), got "
                              f"{self.int4_ratio!r}")
-        self.quantize = resolve_openvino_quantization(self.quantize)
+        if self.quantize is not None:  # a float export reads no quantization code
+            self.quantize = resolve_openvino_quantization(self.quantize)
         for name, allowed, what in (("kv_cache", ("growing", "fixed"), "growing variables (OpenVINO GenAI's layout) "
                                      "or fixed max_cache_len positions"),
                                     ("inference_precision", INFERENCE_PRECISIONS, "INFERENCE_PRECISION_HINT"),

@@ -177,8 +177,9 @@ class OpenVINOExporter(Exporter):
         """The kernel's checks, then ``quantize``'s: a model quantized already is refused before any work."""
         super().check_inputs(inputs, model)
         config = self.openvino_config
-        check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
-                                  static_shapes=not config.dynamic and not config.dynamic_shapes)
+        if config.quantize is not None:
+            check_quantization_inputs(config.quantize, inputs, model, backend=self.name,
+                                      static_shapes=not config.dynamic and not config.dynamic_shapes)
 
     @classmethod
     def load_runner(cls, path: Path, manifest: dict[str, Any], component: str = "model", *,
