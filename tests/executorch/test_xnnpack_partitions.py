@@ -122,3 +122,30 @@ def test_the_rotary_linear_is_exact():
         other = torch.randn(1, 3, seq, 16) * 1e3
         for got, expected in zip(exported(x=other), Rotate()(other), strict=True):
             torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+class EmbeddedRotary(torch.nn.Module):
+    """Token embedding, then :class:`RotaryProjection`: quantized with a 4-bit embedding, the program's first
+    placeholder is a torchao quantized weight, not a FakeTensor."""
+
+    def __init__(self, vocab=64, hidden=32):
+        super().__init__()
+        self.embed, self.layer = torch.nn.Embedding(vocab, hidden), RotaryProjection(hidden)
+
+    def forward(self, input_ids):
+        return self.layer(self.embed(input_ids))
+
+
+def test_the_rotary_fix_takes_a_program_whose_first_weight_is_quantized():
+    """``quantize="8da4w"`` with ``embedding="4w"``: the rotary matrix is added as a parameter in the mode of the
+    program's fake tensors (ExecuTorch's ``create_constant_placeholder`` took the first node's and failed: "no
+    attribute 'fake_mode'", the CLI's ``--quantize 8da4w --qembedding 4w`` on a tiny Llama)."""
+    torch.manual_seed(0)
+    model = EmbeddedRotary().eval()
+    exported = hfexport.export(model, {"input_ids": torch.randint(0, 64, (1, 7))}, backend="executorch-xnnpack",
+                               dynamic_shapes={"input_ids": {1: Dim("seq", min=1, max=64)}},
+                               quantize=hfexport.Quantization("8da4w", group_size=32, embedding="4w"))
+    fixes = {name.rsplit(".", 1)[-1] for name in exported.manifest["workarounds"]["fixes"]}
+    assert ROTARY_FIX in fixes, fixes
+    assert exported.manifest["verification"]["passed"], exported.manifest["verification"]
+    assert exported.manifest["components"]["model"]["quantization"]["quantized"]["embedding"] == 1

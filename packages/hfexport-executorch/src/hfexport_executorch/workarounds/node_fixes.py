@@ -160,6 +160,32 @@ def _last_dim_cat_as_matrix(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.T
     return source, weight
 
 
+def _first_parameter(program: torch.export.ExportedProgram, gm: torch.fx.GraphModule, name: str,
+                     weight: torch.Tensor) -> torch.fx.Node:
+    """A parameter placeholder named ``name`` holding ``weight``, before the program's first input (delegated like a
+    weight), or the one made already by that name. ExecuTorch's ``create_constant_placeholder`` does this but takes
+    the fake mode from the graph's first node, which fails when that is a torchao quantized weight
+    (``IntxUnpackedToInt8Tensor``, ``quantize="8da4w"`` with a 4-bit embedding: "object has no attribute
+    'fake_mode'"): the mode here is that of the first placeholder holding a FakeTensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    existing = next((n for n in placeholders if n.meta.get("requested_name", n.name) == name), None)
+    if existing is not None:
+        return existing
+    mode = next(v.fake_mode for n in placeholders if isinstance(v := n.meta.get("val"), FakeTensor))
+    with gm.graph.inserting_before(placeholders[0]):
+        node = gm.graph.create_node(op="placeholder", name=name, target=name)
+    node.target = node.name
+    node.meta["requested_name"] = name
+    node.meta["val"] = mode.from_tensor(weight, static_shapes=True)
+    program.state_dict[node.name] = torch.nn.Parameter(weight, requires_grad=False)
+    program.graph_signature.input_specs.insert(0, InputSpec(InputKind.PARAMETER, TensorArgument(node.name),
+                                                            node.name, None))
+    return node
+
+
 @register_fx_node_fix("executorch.xnnpack")
 def _fix_rotary_cat_as_linear(gm: torch.fx.GraphModule, node: torch.fx.Node,
                               ctx: ExportContext | None = None) -> bool:
@@ -178,14 +204,9 @@ def _fix_rotary_cat_as_linear(gm: torch.fx.GraphModule, node: torch.fx.Node,
     found = _last_dim_cat_as_matrix(node)
     if found is None:
         return False
-    from executorch.backends.transforms.utils import create_constant_placeholder
-    from torch.export.graph_signature import InputKind
-
     source, weight = found
     name = "hfexport_rotary_" + "_".join(map(str, weight.shape)) + ("_rotate" if weight.min() < 0 else "_repeat")
-    first = next(n for n in gm.graph.nodes if n.op == "placeholder")
-    with gm.graph.inserting_before(first):  # a parameter, before the program's own: delegated like a weight
-        matrix = create_constant_placeholder(program, gm.graph, name, InputKind.PARAMETER, weight)
+    matrix = _first_parameter(program, gm, name, weight)
     with gm.graph.inserting_before(node):
         rotated = emit(gm, node, aten.linear.default, source, matrix)
     node.replace_all_uses_with(rotated)
