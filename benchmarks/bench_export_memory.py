@@ -124,6 +124,24 @@ class Phases:
         owner.step = step  # type: ignore[attr-defined]
 
 
+def executorch_steps(phases: Phases) -> None:
+    """ExecuTorch's own stages inside the steps ``to_edge_transform_and_lower`` and ``to_executorch``, as phases:
+    to_edge (decompositions, edge dialect), the transform passes, to_backend (the partitioner, XNNPACK's
+    preprocess: its weight packing), the passes and memory planning of to_executorch, emit_program, the
+    serialization (flatbuffer and segments) and the writes of the .pte and the .ptd."""
+    from executorch.exir.program import _program
+
+    for name, label in (("_gen_edge_manager_for_partitioners", "et: to_edge (edge dialect)"),
+                        ("emit_program", "et: emit_program"),
+                        ("serialize_for_executorch", "et: serialize_for_executorch")):
+        phases.wrap(_program, name, label)
+    for owner, name, label in ((_program.EdgeProgramManager, "transform", "et: transform passes"),
+                               (_program.EdgeProgramManager, "to_backend", "et: to_backend (XNNPACK preprocess)"),
+                               (_program.ExecutorchProgramManager, "write_to_file", "et: write .pte"),
+                               (_program.ExecutorchProgramManager, "write_tensor_data_to_file", "et: write .ptd")):
+        phases.wrap(owner, name, label)
+
+
 def seeded_llama(sizes: dict, seed: int = 0, tied: bool = False):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -181,6 +199,8 @@ def export_and_save(args: argparse.Namespace, out_dir: Path) -> tuple[int, list[
         from hfexport.plugin import ExportContext
 
         phases.wrap_steps(ExportContext)
+        if args.backend.startswith("executorch"):
+            executorch_steps(phases)
     with phases.phase("export"):
         exported = hfexport.export(model, backend=args.backend, verify=not args.no_verify, **options)
     with phases.phase("save_pretrained"):
