@@ -85,6 +85,7 @@ class Phases:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         gc.collect()
+        self._gap(f"(before {name})")
         self._fold()
         _reset_peak()
         row = {"phase": "  " * len(self.open) + name, "start": _status("VmRSS:"), "peak": 0}
@@ -94,11 +95,24 @@ class Phases:
         try:
             yield
         finally:
+            if self.rows[-1] is not row:  # the time after its last nested phase
+                self._gap(f"(after {self.rows[-1]['phase'].strip()})")
             self._fold()
             self.open.pop()
             row["end"] = _status("VmRSS:")
             row["seconds"] = time.perf_counter() - start
             _reset_peak()
+
+    def _gap(self, name: str) -> None:
+        """A row for the time between two nested phases of an open one, where its peak rose 32 MiB or more above
+        the RSS around it (work outside any named phase: it shows in the enclosing phase's peak only)."""
+        if not self.open:
+            return
+        hwm, rss, last = _status("VmHWM:"), _status("VmRSS:"), self.rows[-1]
+        before = last.get("end", last["start"])  # the previous phase's end, or the open one's start
+        if hwm - max(rss, before) >= 32 * MIB:
+            self.rows.append({"phase": "  " * len(self.open) + name, "start": before, "peak": hwm, "end": rss,
+                              "seconds": 0.0})
 
     def wrap(self, owner: object, attribute: str, name: str) -> None:
         """Run ``owner.attribute`` (a method) inside phase ``name`` each time it is called."""
