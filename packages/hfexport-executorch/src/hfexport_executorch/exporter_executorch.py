@@ -343,8 +343,9 @@ class XnnpackExporter(ExecutorchExporter):
     name: ClassVar[str] = "executorch-xnnpack"
     variant: ClassVar[str | None] = "xnnpack"
     # Peak RSS / weight bytes of a text-generation export of the seeded 0.5 B Qwen2 (1,976 MB of fp32 weights):
-    # fp32 8,213 MiB (benchmarks/results/bench_generation_0.5b.txt, run 3, 2026-12-02; 8,073 in run 7); artifact 1.00x.
-    export_peak_ratio: ClassVar[dict[str | None, float]] = {None: 4.4}
+    # fp32 6,195-6,199 MiB, 3.29x (benchmarks/results/bench_export_memory_executorch.txt, 2026-12-08: weights spilled
+    # while lowering; 8,078 MiB, 4.29x, before; 8,213 in bench_generation_0.5b.txt run 3); artifact 1.00x.
+    export_peak_ratio: ClassVar[dict[str | None, float]] = {None: 3.4}
     # generation programs attend with ExecuTorch's LLM kernels over the filled cache positions (_attention.py)
     needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place", attention="llama::custom_sdpa")
 
