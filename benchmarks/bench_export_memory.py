@@ -85,6 +85,7 @@ class Phases:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         gc.collect()
+        self._gap(f"(before {name})")
         self._fold()
         _reset_peak()
         row = {"phase": "  " * len(self.open) + name, "start": _status("VmRSS:"), "peak": 0}
@@ -94,11 +95,24 @@ class Phases:
         try:
             yield
         finally:
+            if self.rows[-1] is not row:  # the time after its last nested phase
+                self._gap(f"(after {self.rows[-1]['phase'].strip()})")
             self._fold()
             self.open.pop()
             row["end"] = _status("VmRSS:")
             row["seconds"] = time.perf_counter() - start
             _reset_peak()
+
+    def _gap(self, name: str) -> None:
+        """A row for the time between two nested phases of an open one, where its peak rose 32 MiB or more above
+        the RSS around it (work outside any named phase: it shows in the enclosing phase's peak only)."""
+        if not self.open:
+            return
+        hwm, rss, last = _status("VmHWM:"), _status("VmRSS:"), self.rows[-1]
+        before = last.get("end", last["start"])  # the previous phase's end, or the open one's start
+        if hwm - max(rss, before) >= 32 * MIB:
+            self.rows.append({"phase": "  " * len(self.open) + name, "start": before, "peak": hwm, "end": rss,
+                              "seconds": 0.0})
 
     def wrap(self, owner: object, attribute: str, name: str) -> None:
         """Run ``owner.attribute`` (a method) inside phase ``name`` each time it is called."""
@@ -122,6 +136,24 @@ class Phases:
                 yield
 
         owner.step = step  # type: ignore[attr-defined]
+
+
+def executorch_steps(phases: Phases) -> None:
+    """ExecuTorch's own stages inside the steps ``to_edge_transform_and_lower`` and ``to_executorch``, as phases:
+    to_edge (decompositions, edge dialect), the transform passes, to_backend (the partitioner, XNNPACK's
+    preprocess: its weight packing), the passes and memory planning of to_executorch, emit_program, the
+    serialization (flatbuffer and segments) and the writes of the .pte and the .ptd."""
+    from executorch.exir.program import _program
+
+    for name, label in (("_gen_edge_manager_for_partitioners", "et: to_edge (edge dialect)"),
+                        ("emit_program", "et: emit_program"),
+                        ("serialize_for_executorch", "et: serialize_for_executorch")):
+        phases.wrap(_program, name, label)
+    for owner, name, label in ((_program.EdgeProgramManager, "transform", "et: transform passes"),
+                               (_program.EdgeProgramManager, "to_backend", "et: to_backend (XNNPACK preprocess)"),
+                               (_program.ExecutorchProgramManager, "write_to_file", "et: write .pte"),
+                               (_program.ExecutorchProgramManager, "write_tensor_data_to_file", "et: write .ptd")):
+        phases.wrap(owner, name, label)
 
 
 def seeded_llama(sizes: dict, seed: int = 0, tied: bool = False):
@@ -181,6 +213,8 @@ def export_and_save(args: argparse.Namespace, out_dir: Path) -> tuple[int, list[
         from hfexport.plugin import ExportContext
 
         phases.wrap_steps(ExportContext)
+        if args.backend.startswith("executorch"):
+            executorch_steps(phases)
     with phases.phase("export"):
         exported = hfexport.export(model, backend=args.backend, verify=not args.no_verify, **options)
     with phases.phase("save_pretrained"):

@@ -72,6 +72,35 @@ def test_a_tied_weight_is_stored_once(tmp_path):
     assert set(program_bytes(export(untied, inputs), tmp_path / "untied")) == {"model.pte"}  # nothing shared
 
 
+def test_patch_duplicated_constant_shares_its_tensor(monkeypatch):
+    """The tied table that ``to_backend`` gives XNNPACK's partition its own placeholder for is the model's tensor, not
+    a deep copy of it; the program is the same (it matches eager)."""
+    from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass as dup
+
+    original, seen = dup.duplicate_constant_node, []
+
+    def duplicate_constant_node(exported_program, candidate_node):
+        before = set(exported_program.state_dict)
+        result = original(exported_program, candidate_node)
+        seen.extend(t.data_ptr() for k, t in exported_program.state_dict.items() if k not in before)
+        return result
+
+    import executorch.exir.backend.utils as backend_utils
+
+    monkeypatch.setattr(backend_utils, "duplicate_constant_node", duplicate_constant_node)  # the patch wraps this
+    torch.manual_seed(0)
+    model = TiedLM().eval()
+    inputs = {"input_ids": torch.randint(0, 512, (2, 7))}
+    table = model.embed.weight.data_ptr()
+    exported = export(model, inputs)
+    assert seen and set(seen) == {table}
+    with torch.no_grad():
+        torch.testing.assert_close(exported(**inputs), model(**inputs), atol=1e-5, rtol=0)
+    seen.clear()
+    export(model, inputs, disable=("_patch_duplicated_constant_shares_its_tensor",))
+    assert seen and table not in seen  # the partition's table copied
+
+
 def test_patch_preprocess_copy_shares_weights(monkeypatch):
     """XNNPACK's ``preprocess`` gets the model's own weight tensors, not a copy of each."""
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend

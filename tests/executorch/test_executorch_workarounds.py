@@ -606,6 +606,8 @@ def test_every_workaround_has_a_test_here():
                                                   "test_patch_preprocess_copy_shares_weights"),
         "_patch_partition_without_regenerating_the_graph": ("test_executorch_export_cost",
                                                             "test_patch_partition_without_regenerating_the_graph"),
+        "_patch_duplicated_constant_shares_its_tensor": ("test_executorch_export_cost",
+                                                         "test_patch_duplicated_constant_shares_its_tensor"),
         "_patch_linear_conversion_through_reshapes": ("test_xnnpack_linear",
                                                       "test_patch_linear_conversion_through_reshapes"),
         "_patch_linear_partition_exact": ("test_xnnpack_linear", "test_patch_linear_partition_exact"),

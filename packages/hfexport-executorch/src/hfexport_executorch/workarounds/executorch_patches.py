@@ -8,6 +8,7 @@ leaves one out. The tests: ``tests/executorch/test_executorch_workarounds.py``, 
 
 from __future__ import annotations
 
+import copy
 import functools
 import heapq
 from typing import Any
@@ -451,3 +452,36 @@ def _patch_partition_without_regenerating_the_graph(original: Any) -> Any:
         return submodule, call
 
     return create_submodule_from_nodes
+
+
+class _TensorsShared:
+    """``copy`` for ``duplicate_constant_node_pass``: ``deepcopy`` returns a tensor itself, and copies the rest."""
+
+    @staticmethod
+    def deepcopy(value: Any, memo: dict[int, Any] | None = None) -> Any:
+        return value if isinstance(value, torch.Tensor) else copy.deepcopy(value, memo)
+
+
+@register_patch("executorch.internals", "executorch.exir.backend.utils.duplicate_constant_node")
+def _patch_duplicated_constant_shares_its_tensor(original: Any) -> Any:
+    """A weight that a partition and a node outside it both read (a tied LM head and its embedding) is given to each
+    side as one tensor, not deep-copied for the partition.
+
+    **Why**: ``to_backend`` gives the partition its own placeholder for such a weight and ``copy.deepcopy``-s the
+    tensor into the program's state dict, where the lowered module keeps it until the program is written: the
+    Qwen2-0.5B-shaped decoder's 545 MB table held twice from ``to_backend`` to the runtime's load. Lowering never
+    writes a weight; the serializers read each side's bytes (stored once, by their hash).
+    **Upstream**: none found (``exir/backend/canonical_partitioners/duplicate_constant_node_pass.py``).
+    **Remove when**: the pass shares the tensor (the test sees a copy with the patch disabled).
+    """
+    from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass as module
+
+    @functools.wraps(original)
+    def duplicate_constant_node(*args: Any, **kwargs: Any) -> Any:
+        saved, module.copy = module.copy, _TensorsShared
+        try:
+            return original(*args, **kwargs)
+        finally:
+            module.copy = saved
+
+    return duplicate_constant_node
