@@ -393,6 +393,99 @@ def _ir_folded_constant(directory: Path) -> str:
     return f"Broadcast to [{side}, {side}] f32 ({IR_MIN_ELEMENT_BOUND:,} elements, {IR_MIN_ELEMENT_BOUND * 4 >> 20} MiB)"
 
 
+def _ir_elementwise_runs(op: str) -> Callable[[Path], str]:
+    """As many runs of IR_MAX_ELEMENTWISE_RUN ``op`` layers as IR_MAX_LAYERS lets through, each from the logits
+    (``Maximum``: of the run's last layer and the logits, a side input on every layer), joined by one Concat along
+    the batch and a ReduceSum over it (not element-wise: no run grows past its bound) into the logits' Result."""
+
+    def craft(directory: Path) -> str:
+        from xml.etree import ElementTree
+
+        import numpy as np
+
+        from hfexport_openvino._untrusted import (
+            IR_MAX_ELEMENTWISE_RUN,
+            IR_MAX_LAYERS,
+            elementwise_run,
+            path_lengths,
+        )
+
+        file = _decoder_file(directory, "openvino_model.xml")
+        weights = _decoder_file(directory, "openvino_model.bin")
+        blob = weights.read_bytes()
+        weights.write_bytes(blob + np.array([0], np.int64).tobytes())
+        root = ElementTree.fromstring(file.read_bytes())
+        layers, edges = root.find("layers"), root.find("edges")
+        result = next(layer for layer in layers if layer.get("type") == "Result"
+                      and len(layer.find("input/port")) == 3)
+        dims = [d.text for d in result.find("input/port").iter("dim")]
+        edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
+        edges.remove(edge)
+        source, source_port = edge.get("from-layer"), edge.get("from-port")
+        next_id = max(int(layer.get("id")) for layer in layers) + 1
+        runs = (IR_MAX_LAYERS - len(layers) - 4) // IR_MAX_ELEMENTWISE_RUN
+
+        def add(kind: str, version: str, inputs: list[list[str]], outputs: list[list[str]], data: dict | None = None,
+                precision: str = "FP32") -> str:
+            nonlocal next_id
+            layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe_{next_id}", type=kind,
+                                           version=version)
+            if data is not None:
+                ElementTree.SubElement(layer, "data", data)
+            port_id = 0
+            for tag, shapes in (("input", inputs), ("output", outputs)):
+                if shapes:
+                    section = ElementTree.SubElement(layer, tag)
+                for shape in shapes:
+                    port = ElementTree.SubElement(section, "port", id=str(port_id), precision=precision)
+                    for d in shape:
+                        ElementTree.SubElement(port, "dim").text = d
+                    port_id += 1
+            next_id += 1
+            return layer.get("id")
+
+        def connect(a: str, a_port: str, b: str, b_port: str) -> None:
+            ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": a_port, "to-layer": b,
+                                                   "to-port": b_port})
+
+        # the runs start at a Softmax of the logits: a MatMul takes a run as post-ops, up to a limit ("could not
+        # append an elementwise post-op"), which would refuse the IR before any run is compiled on its own
+        softmax = add("SoftMax", "opset1", [dims], [dims], {"axis": "2"})
+        connect(source, source_port, softmax, "0")
+        source, source_port = softmax, "1"
+        ends = []
+        for _ in range(runs):
+            last, last_port = source, source_port
+            for _ in range(IR_MAX_ELEMENTWISE_RUN):
+                if op == "Maximum":
+                    layer = add("Maximum", "opset1", [dims, dims], [dims], {"auto_broadcast": "numpy"})
+                    connect(last, last_port, layer, "0")
+                    connect(source, source_port, layer, "1")
+                    last, last_port = layer, "2"
+                else:
+                    layer = add(op, "opset4", [dims], [dims])
+                    connect(last, last_port, layer, "0")
+                    last, last_port = layer, "1"
+            ends.append((last, last_port))
+        concat = add("Concat", "opset1", [dims] * runs, [["-1", *dims[1:]]], {"axis": "0"})
+        for i, (end, end_port) in enumerate(ends):
+            connect(end, end_port, concat, str(i))
+        axes = add("Const", "opset1", [], [["1"]], {"element_type": "i64", "shape": "1", "offset": str(len(blob)),
+                                                   "size": "8"}, precision="I64")
+        reduce = add("ReduceSum", "opset1", [["-1", *dims[1:]], ["1"]], [["1", *dims[1:]]], {"keep_dims": "true"})
+        connect(concat, str(runs), reduce, "0")
+        connect(axes, "0", reduce, "1")
+        connect(reduce, "2", result.get("id"), edge.get("to-port"))
+        file.write_bytes(ElementTree.tostring(root))
+        _rehash(directory)
+        run, _ = elementwise_run(root)
+        longest, summed = path_lengths(root)
+        return (f"{len(list(root.iter('layer'))):,} layers ({runs} runs of {run} {op}), longest path {longest:,}, "
+                f"depths summed {summed:,}, {file.stat().st_size / 2**20:.1f} MiB")
+
+    return craft
+
+
 def _ir_elements(size: int | None) -> Callable[[Path], str]:
     """An IR XML of ``size`` bytes, mostly empty elements (``<x/>``) that ElementTree builds before any bound, or
     (None) as many as keep its tags at IR_MAX_TAGS."""
@@ -508,6 +601,8 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("ir-tags-at-bound", ("openvino",), "IR_MAX_TAGS 327,680", _ir_elements(None), ("load", "generate")),
     ("ir-depth", ("openvino",), "IR_MAX_DEPTH 2,048, IR_MAX_DEPTH_SUM (Negative)", _ir_layers(), ("load", "generate", "verify_stored")),
     ("ir-depth-relu", ("openvino",), "IR_MAX_DEPTH 2,048 (Relu)", _ir_layers(op="Relu"), ("load", "generate")),
+    ("ir-elementwise-swish", ("openvino",), "IR_MAX_ELEMENTWISE_RUN 64 (Swish runs to IR_MAX_LAYERS)", _ir_elementwise_runs("Swish"), ("load", "generate")),
+    ("ir-elementwise-maximum", ("openvino",), "IR_MAX_ELEMENTWISE_RUN 64 (Maximum with a side input)", _ir_elementwise_runs("Maximum"), ("load", "generate")),
     ("ir-layers", ("openvino",), "IR_MAX_LAYERS 8,192 (5 paths)", _ir_layers(paths=5), ("load", "generate", "verify_stored")),
     ("ir-depth-sum", ("openvino",), "IR_MAX_DEPTH_SUM 2,500,000 (3 paths)", _ir_layers(paths=3), ("load", "generate", "verify_stored")),
     ("ir-static-tensor", ("openvino",), "IR_MIN_ELEMENT_BOUND 2**24", _ir_folded_constant, ("load", "generate", "verify_stored")),

@@ -205,6 +205,14 @@ class OpenVINOExporter(Exporter):
         model_bytes = artifact_bytes(path, manifest, section.get("model_file"), f"{where}.model_file")
         weights_bytes = artifact_bytes(path, manifest, section.get("data_file"), f"{where}.data_file")
         check_ir_file(model_path, model_bytes, len(weights_bytes), trust_remote_code=trust_remote_code)
+        if not trust_remote_code:
+            # the CPU plugin's snippets (JIT-fused element-wise subgraphs) off, whatever the manifest says: they
+            # compile element-wise chains in time that grows with the cube of their length, branches and side
+            # inputs included, which no bound on runs checks (issue 43: 500 Maximum(Relu(h), h) 3.1 s of CPU, 0.2 s
+            # without); decoders' IRs compile to the same nodes without them (no Subgraph in Qwen2.5-0.5B's or a
+            # 32-block Llama's runtime model either way)
+            section = {**section, "cpu_properties": {**(section.get("cpu_properties") or {}),
+                                                     "SNIPPETS_MODE": "DISABLE"}}
         return OpenVINORunner(model_path, data_path, io=section, untrusted=True, model_bytes=model_bytes,
                               weights_bytes=weights_bytes)
 
