@@ -61,6 +61,7 @@ class OpenVINOExporter(Exporter):
     name: ClassVar[str] = "openvino"
     config_class: ClassVar[type[ExportConfig]] = OpenVINOConfig
     tracer = DYNAMO_TRACER
+    checked_on_read: ClassVar[tuple[str, ...]] = ("openvino.model_file", "openvino.data_file")  # artifact_bytes
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "openvino")
     # Peak RSS / weight bytes of a text-generation export of the seeded 0.5 B Qwen2 (1,976 MB of fp32 weights):
     # fp32 7,243 MiB (benchmarks/results/bench_generation_0.5b.txt, openvino run 4, 2026-12-03); artifact 1.00x.
