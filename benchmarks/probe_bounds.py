@@ -579,6 +579,44 @@ def _pte_planned(directory: Path) -> str:
             f"(bound {_memory_budget(size) / 2**20:,.1f} MiB)")
 
 
+def _pt2_expressions(directory: Path) -> str:
+    """The program's distinct shape expressions (the first PROGRAM_MAX_EXPR_CALLS / EXPR_MAX_CALLS) rewritten, to the
+    same value, as ``E + P - P`` with P a product of distinct ``Max`` calls (the costliest kind measured) that brings
+    each to EXPR_MAX_CALLS calls."""
+    import re
+
+    from crafting import rewrite_zip
+
+    from hfexport_dynamo._pt2_program import EXPR_MAX_CALLS, PROGRAM_MAX_EXPR_CALLS
+
+    file = _decoder_file(directory, "model.pt2")
+    count = PROGRAM_MAX_EXPR_CALLS // EXPR_MAX_CALLS
+    done: dict[str, str] = {}
+
+    def edit(members: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        out = []
+        for name, data in members:
+            if name.endswith("models/model.json"):
+                text = data.decode()
+                found = list(dict.fromkeys(re.findall(r'"expr_str": "((?:[^"\\]|\\.)*)"', text)))
+                symbol = re.search(r"Symbol\('([a-z]+[0-9]+)'", text).group(1)
+                for i, expr in enumerate(found[:count]):
+                    own = len(re.findall(r"\b(?!Symbol\b|Integer\b)[A-Za-z_]\w*\(", expr))  # its own calls
+                    product = "*".join(f"Max({symbol}, {1000 * i + k + 2})" for k in range((EXPR_MAX_CALLS - own) // 2))
+                    done[expr] = f"({expr}) + {product} - {product}"
+                for old, new in done.items():
+                    text = text.replace(f'"expr_str": "{old}"', f'"expr_str": "{new}"')
+                data = text.encode()
+            out.append((name, data))
+        return out
+
+    rewrite_zip(file, edit)
+    _rehash(directory)
+    calls = sum(len(re.findall(r"\b(?!Symbol\b|Integer\b)[A-Za-z_]\w*\(", new)) for new in done.values())
+    return (f"the program's {len(done)} distinct expressions at up to {EXPR_MAX_CALLS} calls each ({calls:,} calls), "
+            f"{file.stat().st_size / 2**20:.2f} MiB")
+
+
 def _planned_figures(pte: Path) -> tuple[int, int]:
     """``(buffers, planned)``: the .pte's non-constant buffers and its planned memory in all (buffers and XNNPACK's
     values alive at once), as its check counts them (read from its refusal under a memory budget of 0)."""
@@ -670,6 +708,7 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("ir-static-tensor", ("openvino",), "IR_MIN_ELEMENT_BOUND 2**24", _ir_folded_constant, ("load", "generate", "verify_stored")),
     ("ir-elements-1mb", ("openvino",), "IR_MAX_TAGS (1 MB of elements)", _ir_elements(2**20), ("load", "generate")),
     ("ir-elements-64mb", ("openvino",), "IR_MAX_BYTES 64 MiB of elements", _ir_elements(64 * 2**20 - 2**16), ("load", "generate")),
+    ("pt2-expressions", ("dynamo",), "EXPR_MAX_CALLS 64, PROGRAM_MAX_EXPR_CALLS 512", _pt2_expressions, ("load", "generate", "verify_stored")),
     ("pt2-members-1mb", ("dynamo",), "PT2_MAX_MEMBERS (1 MB of members)", _pt2_members(12_000), ("load",)),
     ("pt2-members-max", ("dynamo",), "PT2_MAX_MEMBERS 100,000", _pt2_members(None), ("load",)),
     ("pte-planned-memory", ("executorch-xnnpack",), "planned buffers 64 MiB + 4 B/byte", _pte_planned, ("load", "call")),
