@@ -590,7 +590,7 @@ def _pt2_expressions(directory: Path) -> str:
     from hfexport_dynamo._pt2_program import EXPR_MAX_CALLS, PROGRAM_MAX_EXPR_CALLS
 
     file = _decoder_file(directory, "model.pt2")
-    count = PROGRAM_MAX_EXPR_CALLS // EXPR_MAX_CALLS
+    count = PROGRAM_MAX_EXPR_CALLS // EXPR_MAX_CALLS - 1  # room for the calls of the program's other expressions
     done: dict[str, str] = {}
 
     def edit(members: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
