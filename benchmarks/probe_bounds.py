@@ -393,6 +393,99 @@ def _ir_folded_constant(directory: Path) -> str:
     return f"Broadcast to [{side}, {side}] f32 ({IR_MIN_ELEMENT_BOUND:,} elements, {IR_MIN_ELEMENT_BOUND * 4 >> 20} MiB)"
 
 
+def _ir_elementwise_runs(op: str) -> Callable[[Path], str]:
+    """As many runs of IR_MAX_ELEMENTWISE_RUN ``op`` layers as IR_MAX_LAYERS lets through, each from the logits
+    (``Maximum``: of the run's last layer and the logits, a side input on every layer), joined by one Concat along
+    the batch and a ReduceSum over it (not element-wise: no run grows past its bound) into the logits' Result."""
+
+    def craft(directory: Path) -> str:
+        from xml.etree import ElementTree
+
+        import numpy as np
+
+        from hfexport_openvino._untrusted import (
+            IR_MAX_ELEMENTWISE_RUN,
+            IR_MAX_LAYERS,
+            elementwise_run,
+            path_lengths,
+        )
+
+        file = _decoder_file(directory, "openvino_model.xml")
+        weights = _decoder_file(directory, "openvino_model.bin")
+        blob = weights.read_bytes()
+        weights.write_bytes(blob + np.array([0], np.int64).tobytes())
+        root = ElementTree.fromstring(file.read_bytes())
+        layers, edges = root.find("layers"), root.find("edges")
+        result = next(layer for layer in layers if layer.get("type") == "Result"
+                      and len(layer.find("input/port")) == 3)
+        dims = [d.text for d in result.find("input/port").iter("dim")]
+        edge = next(e for e in edges if e.get("to-layer") == result.get("id"))
+        edges.remove(edge)
+        source, source_port = edge.get("from-layer"), edge.get("from-port")
+        next_id = max(int(layer.get("id")) for layer in layers) + 1
+        runs = (IR_MAX_LAYERS - len(layers) - 4) // IR_MAX_ELEMENTWISE_RUN
+
+        def add(kind: str, version: str, inputs: list[list[str]], outputs: list[list[str]], data: dict | None = None,
+                precision: str = "FP32") -> str:
+            nonlocal next_id
+            layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe_{next_id}", type=kind,
+                                           version=version)
+            if data is not None:
+                ElementTree.SubElement(layer, "data", data)
+            port_id = 0
+            for tag, shapes in (("input", inputs), ("output", outputs)):
+                if shapes:
+                    section = ElementTree.SubElement(layer, tag)
+                for shape in shapes:
+                    port = ElementTree.SubElement(section, "port", id=str(port_id), precision=precision)
+                    for d in shape:
+                        ElementTree.SubElement(port, "dim").text = d
+                    port_id += 1
+            next_id += 1
+            return layer.get("id")
+
+        def connect(a: str, a_port: str, b: str, b_port: str) -> None:
+            ElementTree.SubElement(edges, "edge", {"from-layer": a, "from-port": a_port, "to-layer": b,
+                                                   "to-port": b_port})
+
+        # the runs start at a Softmax of the logits: a MatMul takes a run as post-ops, up to a limit ("could not
+        # append an elementwise post-op"), which would refuse the IR before any run is compiled on its own
+        softmax = add("SoftMax", "opset1", [dims], [dims], {"axis": "2"})
+        connect(source, source_port, softmax, "0")
+        source, source_port = softmax, "1"
+        ends = []
+        for _ in range(runs):
+            last, last_port = source, source_port
+            for _ in range(IR_MAX_ELEMENTWISE_RUN):
+                if op == "Maximum":
+                    layer = add("Maximum", "opset1", [dims, dims], [dims], {"auto_broadcast": "numpy"})
+                    connect(last, last_port, layer, "0")
+                    connect(source, source_port, layer, "1")
+                    last, last_port = layer, "2"
+                else:
+                    layer = add(op, "opset4", [dims], [dims])
+                    connect(last, last_port, layer, "0")
+                    last, last_port = layer, "1"
+            ends.append((last, last_port))
+        concat = add("Concat", "opset1", [dims] * runs, [["-1", *dims[1:]]], {"axis": "0"})
+        for i, (end, end_port) in enumerate(ends):
+            connect(end, end_port, concat, str(i))
+        axes = add("Const", "opset1", [], [["1"]], {"element_type": "i64", "shape": "1", "offset": str(len(blob)),
+                                                   "size": "8"}, precision="I64")
+        reduce = add("ReduceSum", "opset1", [["-1", *dims[1:]], ["1"]], [["1", *dims[1:]]], {"keep_dims": "true"})
+        connect(concat, str(runs), reduce, "0")
+        connect(axes, "0", reduce, "1")
+        connect(reduce, "2", result.get("id"), edge.get("to-port"))
+        file.write_bytes(ElementTree.tostring(root))
+        _rehash(directory)
+        run, _ = elementwise_run(root)
+        longest, summed = path_lengths(root)
+        return (f"{len(list(root.iter('layer'))):,} layers ({runs} runs of {run} {op}), longest path {longest:,}, "
+                f"depths summed {summed:,}, {file.stat().st_size / 2**20:.1f} MiB")
+
+    return craft
+
+
 def _ir_elements(size: int | None) -> Callable[[Path], str]:
     """An IR XML of ``size`` bytes, mostly empty elements (``<x/>``) that ElementTree builds before any bound, or
     (None) as many as keep its tags at IR_MAX_TAGS."""
@@ -486,6 +579,134 @@ def _pte_planned(directory: Path) -> str:
             f"(bound {_memory_budget(size) / 2**20:,.1f} MiB)")
 
 
+def _pt2_expressions(directory: Path) -> str:
+    """The program's distinct shape expressions (the first PROGRAM_MAX_EXPR_CALLS / EXPR_MAX_CALLS) rewritten, to the
+    same value, as ``E + P - P`` with P a product of distinct ``Max`` calls (the costliest kind measured) that brings
+    each to EXPR_MAX_CALLS calls."""
+    import re
+
+    from crafting import rewrite_zip
+
+    from hfexport_dynamo._pt2_program import EXPR_MAX_CALLS, PROGRAM_MAX_EXPR_CALLS
+
+    file = _decoder_file(directory, "model.pt2")
+    count = PROGRAM_MAX_EXPR_CALLS // EXPR_MAX_CALLS - 1  # room for the calls of the program's other expressions
+    done: dict[str, str] = {}
+
+    def edit(members: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        out = []
+        for name, data in members:
+            if name.endswith("models/model.json"):
+                text = data.decode()
+                found = list(dict.fromkeys(re.findall(r'"expr_str": "((?:[^"\\]|\\.)*)"', text)))
+                symbol = re.search(r"Symbol\('([a-z]+[0-9]+)'", text).group(1)
+                for i, expr in enumerate(found[:count]):
+                    own = len(re.findall(r"\b(?!Symbol\b|Integer\b)[A-Za-z_]\w*\(", expr))  # its own calls
+                    product = "*".join(f"Max({symbol}, {1000 * i + k + 2})" for k in range((EXPR_MAX_CALLS - own) // 2))
+                    done[expr] = f"({expr}) + {product} - {product}"
+                for old, new in done.items():
+                    text = text.replace(f'"expr_str": "{old}"', f'"expr_str": "{new}"')
+                data = text.encode()
+            out.append((name, data))
+        return out
+
+    rewrite_zip(file, edit)
+    _rehash(directory)
+    calls = sum(len(re.findall(r"\b(?!Symbol\b|Integer\b)[A-Za-z_]\w*\(", new)) for new in done.values())
+    return (f"the program's {len(done)} distinct expressions at up to {EXPR_MAX_CALLS} calls each ({calls:,} calls), "
+            f"{file.stat().st_size / 2**20:.2f} MiB")
+
+
+def _treespec_nodes(directory: Path) -> str:
+    """The decoder's output spec with as many empty tuples (nodes without leaves) appended to its first cache
+    layer as keep the manifest under MANIFEST_MAX_BYTES (the spec is a string in it: ~60 bytes a node) or the spec
+    at TREESPEC_MAX_NODES, whichever comes first."""
+    from hfexport._named_types import TREESPEC_MAX_NODES
+    from hfexport._trust import MANIFEST_MAX_BYTES
+
+    manifest = _manifest(directory)
+    section = manifest["components"]["decoder"]
+    protocol, spec = json.loads(section["output_spec"])
+    layer = spec["children_spec"][1]["children_spec"][0]
+    empty = {"type": "builtins.tuple", "context": "null", "children_spec": []}
+    base = len(json.dumps(manifest, separators=(",", ":")).encode())
+    per = len(json.dumps(json.dumps(empty))) - 1  # escaped in the manifest's string, with its comma
+    existing = json.dumps(spec).count('"children_spec"')
+    count = min((MANIFEST_MAX_BYTES - base - 64) // per, TREESPEC_MAX_NODES - existing)
+    children = list(layer["children_spec"])
+    while True:
+        layer["children_spec"] = children + [empty] * count
+        section["output_spec"] = json.dumps([protocol, spec])
+        size = len(json.dumps(manifest, separators=(",", ":")).encode())
+        if size <= MANIFEST_MAX_BYTES - 16:
+            break
+        count -= (size - MANIFEST_MAX_BYTES + 16) // per + 1
+    _write_manifest(directory, manifest)
+    return f"{existing + count:,} nodes ({count:,} empty tuples), manifest {(directory / 'export.json').stat().st_size:,} B"
+
+
+def _planned_figures(pte: Path) -> tuple[int, int]:
+    """``(buffers, planned)``: the .pte's non-constant buffers and its planned memory in all (buffers and XNNPACK's
+    values alive at once), as its check counts them (read from its refusal under a memory budget of 0)."""
+    import re
+
+    from hfexport_executorch import _pte_check
+
+    budgets = _pte_check._buffer_budget, _pte_check._memory_budget
+    _pte_check._buffer_budget, _pte_check._memory_budget = (lambda size: 1 << 62), (lambda size: 0)
+    try:
+        _pte_check.check_pte(pte, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - the refusal carries the figures
+        found = re.search(r"plans ([0-9,]+) bytes of memory for its values \(([0-9,]+) of buffers", str(error))
+        if found:
+            return int(found.group(2).replace(",", "")), int(found.group(1).replace(",", ""))
+        raise
+    finally:
+        _pte_check._buffer_budget, _pte_check._memory_budget = budgets
+    return 0, 0
+
+
+def _pte_xnnpack_values(directory: Path) -> str:
+    """A plain module (a 0.9 MB weight) whose XNNPACK graph keeps 24 values of n float32 alive at once (a static
+    program: the runtime plans them at these dims), n fitted so that the planned memory in all (buffers and
+    XNNPACK's peak) is just under its bound (160 MiB + 64 B per byte of the .pte and .ptd), or as large as the
+    buffers' bound lets the input to the delegate be."""
+    import torch
+
+    import hfexport
+    from hfexport_executorch._pte_check import _buffer_budget, _memory_budget
+
+    class Values(torch.nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.n = n
+            self.weight = torch.nn.Parameter(torch.zeros(230_000))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.expand(self.n).contiguous() + self.weight.sum()
+            values = [y * float(i + 2) for i in range(24)]  # all alive until the sum below reads them
+            total = values[0]
+            for value in values[1:]:
+                total = total + value
+            return total[:1]
+
+    n = 1 << 20
+    for _ in range(4):
+        shutil.rmtree(directory, ignore_errors=True)
+        hfexport.export(Values(n).eval(), {"x": torch.ones(1)}, backend="executorch-xnnpack",
+                        verify=False).save_pretrained(directory)  # float32 sums of n differ from eager
+        pte = next(directory.rglob("*.pte"))
+        size = sum(f.stat().st_size for f in pte.parent.iterdir() if f.suffix in (".pte", ".ptd"))
+        buffers, planned = _planned_figures(pte)
+        bound = _memory_budget(size)
+        cap = int(_buffer_budget(size) * 0.97 * n / buffers)  # the buffers grow with n as well
+        if 0.95 * bound <= planned <= bound or (n >= cap * 0.99 and planned <= bound):
+            break
+        n = min(int(n * 0.975 * bound / planned), cap)
+    return (f".pte {pte.stat().st_size:,} B, 24 x {n:,}-element values: buffers {buffers / 2**20:,.1f} MiB, planned "
+            f"{planned / 2**20:,.1f} MiB (bound {bound / 2**20:,.1f} MiB)")
+
+
 # (name, backends, bound, crafter, steps): steps ⊆ load, generate, verify_stored, verify_artifact, call
 CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, ...]]] = [
     ("pristine", BACKENDS, "(none: the artifact as exported)", lambda d: "as exported", ("load", "generate", "verify_stored")),
@@ -495,6 +716,7 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("manifest-24-digit-ints", ("dynamo",), "JSON_MAX_INT_DIGITS 24", _pad_manifest("9" * 24), ("load", "generate", "verify_stored")),
     ("paths-long", BACKENDS, "MANIFEST_MAX_FILES 256, PATH_MAX_CHARS 1,024, PATH_MAX_PARTS 16", _paths(63), ("load", "generate", "verify_stored")),
     ("paths-255-byte-parts", ("dynamo",), "PATH_PART_MAX_BYTES 255", _paths(255), ("load", "generate", "verify_stored")),
+    ("treespec-nodes", ("dynamo", "onnx"), "TREESPEC_MAX_NODES 100,000 (MANIFEST_MAX_BYTES first)", _treespec_nodes, ("load", "generate", "verify_stored")),
     ("verification-tensors", ("dynamo",), "STORED_MAX_TENSORS 4,096", _verification("short"), ("load", "generate", "verify_stored")),
     ("verification-header", ("dynamo",), "STORED_MAX_HEADER_BYTES 4 MiB", _verification("long"), ("load", "generate", "verify_stored")),
     ("verify-zero-leaves", ("dynamo", "onnx"), "built_inputs_budget 64 MiB + hashed bytes", _zero_leaves, ("load", "verify_stored")),
@@ -508,14 +730,18 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("ir-tags-at-bound", ("openvino",), "IR_MAX_TAGS 327,680", _ir_elements(None), ("load", "generate")),
     ("ir-depth", ("openvino",), "IR_MAX_DEPTH 2,048, IR_MAX_DEPTH_SUM (Negative)", _ir_layers(), ("load", "generate", "verify_stored")),
     ("ir-depth-relu", ("openvino",), "IR_MAX_DEPTH 2,048 (Relu)", _ir_layers(op="Relu"), ("load", "generate")),
+    ("ir-elementwise-swish", ("openvino",), "IR_MAX_ELEMENTWISE_RUN 64 (Swish runs to IR_MAX_LAYERS)", _ir_elementwise_runs("Swish"), ("load", "generate")),
+    ("ir-elementwise-maximum", ("openvino",), "IR_MAX_ELEMENTWISE_RUN 64 (Maximum with a side input)", _ir_elementwise_runs("Maximum"), ("load", "generate")),
     ("ir-layers", ("openvino",), "IR_MAX_LAYERS 8,192 (5 paths)", _ir_layers(paths=5), ("load", "generate", "verify_stored")),
     ("ir-depth-sum", ("openvino",), "IR_MAX_DEPTH_SUM 2,500,000 (3 paths)", _ir_layers(paths=3), ("load", "generate", "verify_stored")),
     ("ir-static-tensor", ("openvino",), "IR_MIN_ELEMENT_BOUND 2**24", _ir_folded_constant, ("load", "generate", "verify_stored")),
     ("ir-elements-1mb", ("openvino",), "IR_MAX_TAGS (1 MB of elements)", _ir_elements(2**20), ("load", "generate")),
     ("ir-elements-64mb", ("openvino",), "IR_MAX_BYTES 64 MiB of elements", _ir_elements(64 * 2**20 - 2**16), ("load", "generate")),
+    ("pt2-expressions", ("dynamo",), "EXPR_MAX_CALLS 64, PROGRAM_MAX_EXPR_CALLS 512", _pt2_expressions, ("load", "generate", "verify_stored")),
     ("pt2-members-1mb", ("dynamo",), "PT2_MAX_MEMBERS (1 MB of members)", _pt2_members(12_000), ("load",)),
     ("pt2-members-max", ("dynamo",), "PT2_MAX_MEMBERS 100,000", _pt2_members(None), ("load",)),
     ("pte-planned-memory", ("executorch-xnnpack",), "planned buffers 64 MiB + 4 B/byte", _pte_planned, ("load", "call")),
+    ("pte-xnnpack-values", ("executorch-xnnpack",), "planned memory 160 MiB + 64 B/byte (XNNPACK's peak)", _pte_xnnpack_values, ("load", "call")),
 ]
 
 

@@ -121,6 +121,9 @@ def concurrent_swaps(file: Path, replacement: Path, attempts: int, load_and_run:
     return {**counts, "swaps": swaps[0]}
 
 
+_OPSETS = {"Swish": "opset4", "HSwish": "opset4", "Mish": "opset4", "SoftPlus": "opset4"}  # opset1 otherwise
+
+
 def add_ir_chains(root: Any, paths: int, per: int, op: str = "Negative", result_inputs: int | None = None) -> None:
     """Route an OpenVINO IR's (``ElementTree`` root, edited in place) output through ``paths`` parallel chains of
     ``per`` ``op`` layers each, joined by Add, Subtract, Add, ... With ``op="Negative"``, an even ``per`` and an odd
@@ -140,7 +143,7 @@ def add_ir_chains(root: Any, paths: int, per: int, op: str = "Negative", result_
     def add(kind: str, inputs: int) -> str:
         nonlocal next_id
         layer = ElementTree.SubElement(layers, "layer", id=str(next_id), name=f"probe_{next_id}", type=kind,
-                                       version="opset1")
+                                       version=_OPSETS.get(kind, "opset1"))
         for tag, ids in (("input", range(inputs)), ("output", [inputs])):
             section = ElementTree.SubElement(layer, tag)
             for pid in ids:

@@ -365,6 +365,32 @@ def test_flipped_byte_is_detected_before_loading(saved: dict[str, Any], tmp_path
     assert info.value.files == [name]
 
 
+def test_each_file_is_read_and_hashed_once_on_load(saved: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: check_integrity hashed every file, then each runner read its program and hashed it again (3.8 GB
+    hashed to load Qwen2.5-0.5B's 1.9 GB ONNX artifact). The files a runner reads through artifact_bytes are hashed
+    there only, on the bytes it hands over: a load hashes each file's bytes once."""
+    import hashlib
+
+    hashed = [0]
+    real = hashlib.sha256
+
+    class Counting:
+        def __init__(self, data: bytes = b"", **kwargs: Any) -> None:
+            self.digest = real(**kwargs)
+            self.update(data)
+
+        def update(self, data: Any) -> None:
+            hashed[0] += len(data)
+            self.digest.update(data)
+
+        def hexdigest(self) -> str:
+            return self.digest.hexdigest()
+
+    monkeypatch.setattr(hashlib, "sha256", Counting)
+    hfexport.load(saved["bert_dir"])
+    assert hashed[0] == sum(entry["size"] for entry in _manifest(saved["bert_dir"])["files_sha256"].values())
+
+
 def test_truncated_file_is_named_with_its_sizes(saved: dict[str, Any], tmp_path: Path) -> None:
     artifact = _copy(saved["mlp_dir"], tmp_path)
     size = (artifact / "model.pt2").stat().st_size

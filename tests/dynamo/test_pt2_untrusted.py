@@ -210,6 +210,28 @@ def test_grammar_builds_what_sympify_builds() -> None:
     assert parse_sym_expr(text, symbols) == sympy.sympify(text, locals={"FloorDiv": FloorDiv, "s77": s})
 
 
+def test_shape_expressions_of_too_many_calls_are_refused_by_the_bound() -> None:
+    """Issue 43's bounds probe: sympy builds each call in 1-7 ms inside a long product or sum (one 20,000-character
+    product of 600 Max() took 11 s of CPU). An expression of more than EXPR_MAX_CALLS calls, or a program whose
+    distinct expressions make more than PROGRAM_MAX_EXPR_CALLS, is refused naming the bound; an expression
+    repeated is parsed once (counted once)."""
+    from hfexport_dynamo._pt2_program import EXPR_MAX_CALLS, PROGRAM_MAX_EXPR_CALLS, _check_program
+
+    def product(count: int, offset: int = 0) -> str:
+        return "*".join(f"Max(s7, {offset + k + 2})" for k in range(count))
+
+    assert parse_sym_expr(product(EXPR_MAX_CALLS)) is not None
+    with pytest.raises(ValueError, match=rf"more than {EXPR_MAX_CALLS} function calls .*EXPR_MAX_CALLS"):
+        parse_sym_expr(product(EXPR_MAX_CALLS + 1))
+    per = PROGRAM_MAX_EXPR_CALLS // EXPR_MAX_CALLS
+    repeated = {"a": [{"expr_str": product(EXPR_MAX_CALLS, 1000 * i)} for _ in range(3) for i in range(per)]}
+    _check_program(repeated, "model.pt2", {})  # at the bound, each distinct text counted once
+    over = {"a": [{"expr_str": product(EXPR_MAX_CALLS, 1000 * i)} for i in range(per + 1)]}
+    with pytest.raises(UntrustedArtifactError, match=rf"more than {PROGRAM_MAX_EXPR_CALLS:,} function calls in all "
+                                                     r".*PROGRAM_MAX_EXPR_CALLS"):
+        _check_program(over, "model.pt2", {})
+
+
 # ── the restricted unpickler ───────────────────────────────────────────────────────────────────────────────
 def _torch_save(obj: Any) -> bytes:
     buffer = io.BytesIO()

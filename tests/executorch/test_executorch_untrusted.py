@@ -219,6 +219,44 @@ def test_a_program_planning_more_than_its_size_allows_is_refused_before_it_loads
     expected = hfexport.load(saved["dir"])(x=saved["x"])
     torch.testing.assert_close(hfexport.load(artifact, trust_remote_code=True)(x=saved["x"]), expected)
 
+class _ManyAlive(torch.nn.Module):
+    """An XNNPACK graph that keeps ``count`` values of ``n`` float32 alive at once (each read by the sum after)."""
+
+    def __init__(self, n: int, count: int) -> None:
+        super().__init__()
+        self.n, self.count = n, count
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.expand(self.n).contiguous()
+        values = [y * float(i + 2) for i in range(self.count)]
+        total = values[0]
+        for value in values[1:]:
+            total = total + value
+        return total[:1]
+
+
+def test_xnnpack_values_alive_past_the_budget_are_refused_before_the_runtime(tmp_path: Path) -> None:
+    """Issue 43's bounds probe: XNNPACK's own values were bounded only by the total of 512 MiB + 512 bytes a byte,
+    summed: a 0.93 MB ``.pte`` keeping 24 values of 18.8 MiB alive grew the process by 491 MiB in its first call.
+    The values alive at once (XNNPACK's workspace) count now, under 160 MiB + 64 bytes a byte with the buffers: 20
+    values of 2 Mi float32 (160 MiB alive, a 4 KB ``.pte``) are refused, naming the figures; 4 of them load and run;
+    trusted, the refused one loads."""
+    from hfexport_executorch._pte_check import _memory_budget
+
+    x = torch.ones(1)
+    small = hfexport.export(_ManyAlive(2 << 20, 4).eval(), {"x": x}, backend="executorch-xnnpack",
+                            verify=False).save_pretrained(tmp_path / "small")
+    assert hfexport.load(small)(x=x).shape == (1,)
+    large = hfexport.export(_ManyAlive(2 << 20, 20).eval(), {"x": x}, backend="executorch-xnnpack",
+                            verify=False).save_pretrained(tmp_path / "large")
+    size = (large / "model.pte").stat().st_size
+    with pytest.raises(IntegrityError, match=r"model\.pte plans [\d,]+ bytes of memory for its values \([\d,]+ of "
+                                             r"buffers, [\d,]+ of XNNPACK's values alive at once\), more than the "
+                                             rf"{_memory_budget(size):,} .*trust_remote_code=True"):
+        hfexport.load(large)
+    assert hfexport.load(large, trust_remote_code=True)(x=x).shape == (1,)
+
+
 _UNCHECKED = """
 import sys, torch
 import hfexport, hfexport_executorch._runner as runner

@@ -248,6 +248,53 @@ def test_an_ir_whose_layers_lie_deeper_in_all_than_the_bound_is_refused(saved: d
         hfexport.load(artifact)
 
 
+def test_an_ir_of_a_long_element_wise_run_is_refused_before_compile(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43's bounds probe: a run of element-wise layers that the CPU plugin fuses compiles in time that grows
+    with its square and more, far under the path bounds (1,000 Swish 7.4 s of CPU, 500 Add of a second input 7.8 s).
+    A run of IR_MAX_ELEMENTWISE_RUN + 1 Swish is refused before OpenVINO reads the IR, naming the file, the run, the
+    bound and trust_remote_code=True, which loads it; a run at the bound loads."""
+    from xml.etree import ElementTree
+
+    from crafting import add_ir_chains
+
+    from hfexport_openvino._untrusted import IR_MAX_ELEMENTWISE_RUN
+
+    for extra in (0, 1):
+        artifact = tmp_path / f"artifact{extra}"
+        shutil.copytree(saved["dirs"]["bert"], artifact)
+        file = artifact / "openvino_model.xml"
+        root = ElementTree.fromstring(file.read_bytes())
+        add_ir_chains(root, 1, IR_MAX_ELEMENTWISE_RUN + extra, "Swish")
+        file.write_bytes(ElementTree.tostring(root))
+        _rehash(artifact)
+        if not extra:
+            hfexport.load(artifact)
+            continue
+        with pytest.raises(ValueError, match=rf"openvino_model.xml has a run of {IR_MAX_ELEMENTWISE_RUN + 1:,} "
+                                             rf"element-wise layers .* over the bound of {IR_MAX_ELEMENTWISE_RUN:,} "
+                                             r".*trust_remote_code=True"):
+            hfexport.load(artifact)
+        hfexport.load(artifact, trust_remote_code=True)
+
+
+def test_an_untrusted_ir_compiles_without_snippets(saved: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 43: the CPU plugin's snippets compile element-wise chains with branches and side inputs in time no
+    bound on runs checks (500 Maximum(Relu(h), h): 3.1 s of CPU, 0.2 s without). A loaded artifact compiles with
+    SNIPPETS_MODE=DISABLE whatever its manifest says; trust_remote_code=True compiles as the manifest says."""
+    artifact = tmp_path / "artifact"
+    shutil.copytree(saved["dirs"]["bert"], artifact)
+    manifest = json.loads((artifact / "export.json").read_text())
+    for section in manifest["components"].values():
+        section["openvino"]["cpu_properties"] = {"SNIPPETS_MODE": "ENABLE"}
+    (artifact / "export.json").write_text(json.dumps(manifest))
+    modes = {}
+    for trusted in (False, True):
+        loaded = hfexport.load(artifact, trust_remote_code=trusted)
+        (runner,) = [component.runner for component in loaded.components.values()]
+        modes[trusted] = runner.cpu_properties["SNIPPETS_MODE"]  # what compile_model is given
+    assert modes == {False: "DISABLE", True: "ENABLE"}, modes
+
+
 def test_an_ir_of_more_layers_than_the_bound_is_refused(saved: dict[str, Any], tmp_path: Path) -> None:
     """Issue 43's bounds probe: the IR_MAX_LAYERS of 50,000 let 49,999 layers through to compile_model (more than
     300 s); at 8,192 an 8 B decoder's ~4,000 layers load. Layers past the bound (unconnected Parameters here: no

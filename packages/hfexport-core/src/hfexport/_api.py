@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._artifact import DEFAULT_COMPONENT, Component, ExportedModel, read_manifest
-from ._artifact_files import check_integrity
+from ._artifact_files import check_integrity, checked_on_read
 from ._discovery import get_backend
 from ._exporter import ExportConfig
 from ._named_types import import_type_modules, load_treespec, treespec_names, unregistered
@@ -147,8 +147,29 @@ def load(path: str | os.PathLike[str], *, revision: str | None = None, subfolder
     else:
         path = Path(path) / subfolder if subfolder else Path(path)
     manifest = read_manifest(path)
-    check_integrity(path, manifest, trust_remote_code=trust_remote_code)
-    return open_artifact(path, manifest, trust_remote_code=trust_remote_code)
+    # the files the backend's runners read through artifact_bytes are hashed there, on the bytes they hand over
+    deferred = _checked_on_read_names(manifest)
+    check_integrity(path, manifest, trust_remote_code=trust_remote_code, defer=deferred)
+    with checked_on_read(path, manifest, deferred):
+        return open_artifact(path, manifest, trust_remote_code=trust_remote_code)
+
+
+def _checked_on_read_names(manifest: Mapping[str, Any]) -> set[str]:
+    """The file names at the backend's ``Exporter.checked_on_read`` keys of every component section (none for a
+    backend that is not installed: open_artifact then says so)."""
+    try:
+        keys = get_backend(manifest["backend"]).load_exporter().checked_on_read
+    except Exception:  # noqa: BLE001 - an unknown backend is open_artifact's error to raise
+        return set()
+    names = set()
+    for section in (manifest.get("components") or {DEFAULT_COMPONENT: manifest}).values():
+        for key in keys:
+            value: Any = section
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, Mapping) else None
+            if isinstance(value, str):
+                names.add(value)
+    return names
 
 
 def open_artifact(path: Path, manifest: dict[str, Any], *, trust_remote_code: bool = False) -> ExportedModel:

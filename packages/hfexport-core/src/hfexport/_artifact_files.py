@@ -8,11 +8,13 @@ file's size and SHA-256 checked against the manifest (:func:`check_integrity`, :
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import io
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from ._trust import (
 )
 
 __all__ = ["artifact_bytes", "artifact_file", "check_file_paths", "check_integrity", "check_path_bounds",
+           "checked_on_read",
            "file_digests", "hub_blobs", "open_beneath", "read_beneath", "read_manifest"]
 
 
@@ -292,9 +295,34 @@ def file_digests(directory: Path, names: Iterable[str]) -> dict[str, dict[str, A
             for name in sorted(set(names))}
 
 
-def check_integrity(path: Path, manifest: Mapping[str, Any], *, trust_remote_code: bool = False) -> dict[str, Any]:
+# Files whose SHA-256 check_integrity left to artifact_bytes (checked_on_read): {(directory, name): read yet}
+_DEFERRED: contextvars.ContextVar[dict[tuple[str, str], bool] | None] = contextvars.ContextVar("hfexport_deferred",
+                                                                                              default=None)
+
+
+@contextlib.contextmanager
+def checked_on_read(path: Path, manifest: Mapping[str, Any], names: Iterable[str]) -> Iterator[None]:
+    """Within this block, :func:`artifact_bytes` is the SHA-256 check of ``names`` (which :func:`check_integrity`
+    was told to ``defer``): a mismatch there reads as check_integrity's ("corrupt or was modified after it was
+    saved"). On leaving it, a deferred file that no runner read is hashed then, as check_integrity would have."""
+    state = {(str(path), name): False for name in names}
+    token = _DEFERRED.set(state)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+    unread = [name for (_, name), read in state.items() if not read]
+    if unread:
+        hashes = manifest.get(HASHES_KEY) or {}
+        check_integrity(path, {HASHES_KEY: {name: hashes[name] for name in unread if name in hashes}})
+
+
+def check_integrity(path: Path, manifest: Mapping[str, Any], *, trust_remote_code: bool = False,
+                    defer: Iterable[str] = ()) -> dict[str, Any]:
     """Check every file's size and SHA-256 against ``manifest["files_sha256"]`` (sizes first: a truncated file
-    costs no hashing).
+    costs no hashing). The files in ``defer`` have their sizes checked only: their SHA-256 is checked where they
+    are read (:func:`artifact_bytes`, within :func:`checked_on_read`), on the bytes the runtime gets, so that each
+    is read and hashed once.
 
     A schema-1 manifest records no hashes: its files cannot be checked, so it is refused unless
     ``trust_remote_code`` (the message says how to re-save it with hashes).
@@ -325,8 +353,9 @@ def check_integrity(path: Path, manifest: Mapping[str, Any], *, trust_remote_cod
         if size != entry["size"]:
             problems.append(f"{name}: {size:,} bytes where the manifest recorded {entry['size']:,}")
             bad.append(name)
+    deferred = set(defer)
     for name, entry in sorted(hashes.items()):
-        if name in bad:
+        if name in bad or name in deferred:
             continue
         fd = open_beneath(Path(path), name)  # the same walk a runner's read takes (artifact_bytes)
         try:
@@ -397,6 +426,18 @@ def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: st
                              f"recorded {again}", [name]) from None
     if isinstance(entry, dict):
         actual = hashlib.sha256(data).hexdigest()
+        deferred = _DEFERRED.get()
+        key = (str(path), name)
+        if deferred is not None and key in deferred and not deferred[key]:  # check_integrity's hash, done here
+            if len(data) != entry["size"] or actual != entry["sha256"]:
+                problem = (f"{len(data):,} bytes where the manifest recorded {entry['size']:,}"
+                           if len(data) != entry["size"] else
+                           f"SHA-256 {actual[:16]}… where the manifest recorded {entry['sha256'][:16]}…")
+                # one read, one check: whether the file differed at rest or changed during the load is not known
+                raise IntegrityError(f"{path} is corrupt or was modified after it was saved: {name}: {problem}; "
+                                     f"{Path(path) / name} changed while it was loaded or before (re-export it, or "
+                                     f"copy it again from its source; {again.strip('()')})", [name])
+            deferred[key] = True
         if len(data) != entry["size"] or actual != entry["sha256"]:
             raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {len(data):,} bytes of SHA-256 "
                                  f"{actual[:16]}… where the manifest recorded {entry['size']:,} of "

@@ -202,6 +202,10 @@ class Exporter:
     # (silence it with HFEXPORT_IGNORE_VERSION_DRIFT=1).
     tested_versions: ClassVar[dict[str, str]] = {}
     tracer: ClassVar[Tracer | None] = None
+    # The ``*_file`` keys of a component's section (dotted below it: ``"onnx.data_file"``) whose files load_runner
+    # reads only through ``hfexport.trust.artifact_bytes``, which checks size and SHA-256 on the very bytes it hands
+    # over: ``hfexport.load`` leaves their hashing to that read (each file read and hashed once, not twice)
+    checked_on_read: ClassVar[tuple[str, ...]] = ()
     # The tolerances of the verification every export runs (|exported - eager| <= atol + rtol * |eager|,
     # elementwise; integers equal): 1e-4 / 1e-3 are the figures the conformance sweep and the field cases verify
     # the tiny-model zoo with on dynamo, ONNX Runtime and ExecuTorch XNNPACK, all float32. A backend that computes

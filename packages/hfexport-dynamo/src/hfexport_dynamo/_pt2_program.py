@@ -20,7 +20,7 @@ from hfexport.trust import load_treespec
 
 from ._pt2_archive import _IDENTIFIER_TEXT, TRUST_HINT
 
-__all__ = ["EXPR_MAX_CHARS", "parse_sym_expr", "safe_target"]
+__all__ = ["EXPR_MAX_CALLS", "EXPR_MAX_CHARS", "PROGRAM_MAX_EXPR_CALLS", "parse_sym_expr", "safe_target"]
 
 
 # ── symbolic expressions: hfexport's own small grammar, sympy objects out (no sympify, no eval) ─────────────
@@ -29,6 +29,13 @@ EXPR_MAX_DEPTH = 64
 EXPR_MAX_INT = 2**64
 EXPR_MAX_EXPONENT = 64
 EXPR_MAX_POWERS = 4
+# Function calls (Max, Mod, FloorDiv, ...; not Symbol or Integer) of one expression, and of a program's distinct
+# expressions in all (an expression repeated is parsed once). sympy builds each call in 1-7 ms within a long sum
+# or product: one 20,000-character product of 600 Max() took 11 s of CPU, a sum of 600 0.9 s (issue 43's bounds
+# probe). torch's expressions are small: at most 5 calls in one, 56 in a program's distinct ones (Qwen2-VL's
+# decoder; 35 programs of the test suite), the same for a deeper model (the expressions repeat per layer).
+EXPR_MAX_CALLS = 64
+PROGRAM_MAX_EXPR_CALLS = 512
 _SYMBOL = re.compile(r"[a-z]{1,8}[0-9]{1,12}")  # s0, u3, zuf0, ps1: torch's size symbols
 _SYMBOL_ASSUMPTIONS = frozenset({"integer", "positive", "nonnegative", "real", "finite", "negative", "nonpositive"})
 _TOKEN = re.compile(r"\s*(?:(?P<int>[0-9]{1,24})|(?P<name>[A-Za-z_][A-Za-z0-9_]{0,40})|'(?P<str>[a-z0-9]{1,24})'"
@@ -83,6 +90,7 @@ class _ExprParser:
         self.at = 0
         self.depth = 0
         self.powers = 0
+        self.calls = 0
         self.symbols = symbols
 
     def fail(self, what: str) -> ValueError:
@@ -116,12 +124,16 @@ class _ExprParser:
         return left
 
     def sum(self) -> Any:
-        value = self.term()
+        import sympy
+
+        # the terms added at once: one Add of n terms, not n Adds of 1..n (a 20,000-character sum of 600 Max()
+        # terms took 0.92 s folded term by term, issue 43's bounds probe)
+        terms = [self.term()]
         while self.peek() in (("op", "+"), ("op", "-")):
             op = self.take()[1]
             right = self.term()
-            value = value + right if op == "+" else value - right
-        return value
+            terms.append(right if op == "+" else -right)
+        return terms[0] if len(terms) == 1 else sympy.Add(*terms)
 
     def term(self) -> Any:
         import sympy
@@ -131,8 +143,12 @@ class _ExprParser:
         while self.peek() in (("op", "*"), ("op", "/"), ("op", "//"), ("op", "%")):
             op = self.take()[1]
             right = self.unary()
-            if op == "*":
-                value = value * right
+            if op == "*":  # a run of factors multiplied at once, as sum() adds its terms
+                factors = [value, right]
+                while self.peek() == ("op", "*"):
+                    self.take()
+                    factors.append(self.unary())
+                value = sympy.Mul(*factors)
             elif op == "/":
                 value = value / right
             elif op == "//":
@@ -211,6 +227,11 @@ class _ExprParser:
     def call(self, name: str) -> Any:
         import sympy
 
+        if name not in ("Symbol", "Integer"):
+            self.calls += 1
+            if self.calls > EXPR_MAX_CALLS:
+                raise self.fail(f"more than {EXPR_MAX_CALLS} function calls (hfexport_dynamo._pt2_program."
+                                "EXPR_MAX_CALLS; torch's have at most a few)")
         args: list[Any] = []
         keywords: dict[str, bool] = {}
         while self.peek() != ("op", ")"):
@@ -279,6 +300,28 @@ def parse_sym_expr(text: Any, symbols: dict[str, Any] | None = None) -> Any:
     return _ExprParser(text, {} if symbols is None else symbols).parse()
 
 
+class _Expressions:
+    """A program's expressions as :func:`_check_program` reads them: its size symbols, each distinct text parsed
+    once, and the calls of the distinct ones counted against :data:`PROGRAM_MAX_EXPR_CALLS`."""
+
+    def __init__(self, symbols: dict[str, Any]):
+        self.symbols, self.parsed, self.calls = symbols, {}, 0
+
+    def parse(self, text: Any) -> Any:
+        if isinstance(text, str) and text in self.parsed:
+            return self.parsed[text]
+        if not isinstance(text, str) or len(text) > EXPR_MAX_CHARS:
+            raise ValueError(f"a shape expression that is not a string of at most {EXPR_MAX_CHARS:,} characters")
+        parser = _ExprParser(text, self.symbols)
+        value = parser.parse()
+        self.calls += parser.calls
+        if self.calls > PROGRAM_MAX_EXPR_CALLS:
+            raise ValueError(f"its distinct shape expressions make more than {PROGRAM_MAX_EXPR_CALLS:,} function calls "
+                             "in all (hfexport_dynamo._pt2_program.PROGRAM_MAX_EXPR_CALLS; torch's make at most ~60)")
+        self.parsed[text] = value
+        return value
+
+
 # ── node targets: operators only ──────────────────────────────────────────────────────────────────────────
 _SAFE_CALLABLES = (operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt, operator.neg,
                    operator.pos, operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod,
@@ -323,12 +366,14 @@ def safe_target(target: Any) -> bool:
 
 
 # ── the program JSON ──────────────────────────────────────────────────────────────────────────────────────
-def _check_program(node: Any, what: str, symbols: dict[str, Any], key: str = "") -> None:
+def _check_program(node: Any, what: str, symbols: dict[str, Any] | _Expressions, key: str = "") -> None:
     """Check the program JSON in place: every ``expr_str`` replaced by its sympy object (:func:`parse_sym_expr`),
     node targets operators, pytree specs allow-listed, every node's ``metadata`` dropped (stack traces reach the
     code torch.fx generates and ``exec``-s, and lookups resolve the rest; none is needed to run), and every name
     (``name``, ``*_name``, ``fqn``, graph signature strings) of the characters a name has: they reach that code
     too."""
+    if not isinstance(symbols, _Expressions):
+        symbols = _Expressions(symbols)
     if isinstance(node, dict):
         is_node = "target" in node and "inputs" in node
         if is_node and "metadata" in node:
@@ -336,7 +381,7 @@ def _check_program(node: Any, what: str, symbols: dict[str, Any], key: str = "")
         for child_key, value in list(node.items()):
             if child_key == "expr_str":
                 try:
-                    node[child_key] = parse_sym_expr(value, symbols)
+                    node[child_key] = symbols.parse(value)
                 except ValueError as exc:
                     raise UntrustedArtifactError(f"{what}: {exc} (torch would sympify it: eval). "
                                                  f"{TRUST_HINT}") from None

@@ -72,6 +72,7 @@ class DynamoExporter(Exporter):
     export_peak_ratio: ClassVar[dict[str | None, float]] = {None: 1.9}
     artifact_ratio: ClassVar[dict[str | None, float]] = {None: 1.05}
     tracer = DYNAMO_TRACER
+    checked_on_read: ClassVar[tuple[str, ...]] = ("program_file",)  # load_runner: artifact_bytes
     toolchain: ClassVar[tuple[str, ...]] = DYNAMO_TRACER.toolchain
     tested_versions: ClassVar[dict[str, str]] = DYNAMO_TRACER.tested_versions
     stages: ClassVar[tuple[Stage, ...]] = CAPTURE_STAGES

@@ -286,12 +286,22 @@ def _buffer_budget(file_size: int) -> int:
     return BUFFER_BASE_BYTES + BUFFER_BYTES_PER_FILE_BYTE * file_size
 
 
+# The memory a program may plan in all (non-constant buffers and XNNPACK's values): a fixed base and so many bytes per
+# byte of its files (_memory_budget)
+MEMORY_BASE_BYTES = 160 * 2**20
+MEMORY_BYTES_PER_FILE_BYTE = 64
+
+
 def _memory_budget(file_size: int) -> int:
-    """The most memory a program may plan in all (its non-constant buffers and XNNPACK's values, summed as if none
-    were reused: XNNPACK plans its own, reusing them, when the method first runs) before it is refused: 512 MiB plus
-    512 bytes per byte of the program's files (``.pte`` and ``.ptd``). The Qwen2-0.5B-shaped decoder (a 0.3 MB
-    ``.pte`` beside 2 GB of weights) plans 1.2 GB for a 512-token prefill chunk's activations and logits."""
-    return (512 << 20) + 512 * file_size
+    """The most memory a program may plan in all before it is refused: its non-constant buffers plus, for each
+    XNNPACK payload, the most bytes of its non-constant values alive at once at their declared dims (XNNPACK plans
+    its workspace over the values' lifetimes: :func:`_live_peak`): 160 MiB plus 64 bytes per byte of the program's
+    files (``.pte`` and ``.ptd``), so an artifact under 1 MB plans under 224 MiB (issue 43: 256 MiB over a warm
+    process). It was 512 MiB + 512 bytes per byte over the values summed, which let a 1 MB artifact plan 1 GiB. Real
+    programs plan far less per byte: Qwen2.5-0.5B as hfexport exports it (a 0.3 MB ``.pte`` beside 1.9 GB of
+    weights) 815 MiB (100 MiB of buffers, a 715 MiB peak for a 512-token prefill chunk), optimum-executorch's 9.9 GB
+    for 2.4 GB; a seeded toy Llama 212 MiB for 222 MiB."""
+    return MEMORY_BASE_BYTES + MEMORY_BYTES_PER_FILE_BYTE * file_size
 
 
 def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: int = 0, *,
@@ -352,12 +362,13 @@ def _check_program(buf: memoryview, named_sizes: dict[bytes, int], data_bytes: i
                         f"per byte; hfexport_executorch._pte_check._buffer_budget) for {what}")
     if planned > _memory_budget(size):
         raise _TooLarge(f"plans {planned:,} bytes of memory for its values ({buffers:,} of buffers, {planned - buffers:,} "
-                        f"of XNNPACK's values), more than the {_memory_budget(size):,} hfexport allows (512 MiB + 512 "
-                        f"bytes per byte; hfexport_executorch._pte_check._memory_budget) for {what}")
+                        f"of XNNPACK's values alive at once), more than the {_memory_budget(size):,} hfexport allows "
+                        f"(160 MiB + 64 bytes per byte; hfexport_executorch._pte_check._memory_budget) for {what}")
 
 
 def _check_xnnpack(blob: memoryview, named_sizes: dict[bytes, int]) -> int:
-    """Check one XNNPACK payload; returns the bytes of its non-constant values (XNNPACK allocates them)."""
+    """Check one XNNPACK payload; returns the most bytes of its non-constant values alive at once (XNNPACK plans
+    its workspace over their lifetimes, reusing memory): :func:`_live_peak`."""
     if len(blob) >= 30 and bytes(blob[4:8]) == b"XH00":
         length, fb_offset, fb_size, const_offset = struct.unpack_from("<HIII", blob, 8)
         const_size = struct.unpack_from("<Q", blob, 22)[0]
@@ -375,7 +386,7 @@ def _check_xnnpack(blob: memoryview, named_sizes: dict[bytes, int]) -> int:
     constant_data = graph["constant_data"] or []
     inline_buffers = graph["constant_buffer"] or [] if not constant_data else []
     values: dict[int, list[int]] = {}
-    intermediate = 0
+    intermediate: dict[int, int] = {}  # bytes of each non-constant value
     for value in graph["xvalues"] or []:
         tensor = value["xvalue_union"]
         if tensor is None:
@@ -398,7 +409,7 @@ def _check_xnnpack(blob: memoryview, named_sizes: dict[bytes, int]) -> int:
         values[tensor["id_out"]] = dims
         index = tensor["constant_buffer_idx"]
         if not index:
-            intermediate += numel * _XNN_BITS.get(tensor["datatype"], 32) // 8
+            intermediate[tensor["id_out"]] = numel * _XNN_BITS.get(tensor["datatype"], 32) // 8
         if index:
             bits = _XNN_BITS.get(tensor["datatype"])
             if bits is None:
@@ -410,38 +421,69 @@ def _check_xnnpack(blob: memoryview, named_sizes: dict[bytes, int]) -> int:
         if quantized is not None:
             _check_quant_params(quantized, dims, constant_data, inline_buffers, constants, named_sizes)
     defined = set(values)
-    for node in graph["xnodes"] or []:
+    span: dict[int, list[int]] = {}  # value id: [first node, last node] naming it
+    nodes = graph["xnodes"] or []
+    for position, node in enumerate(nodes):
         operation = node["xnode_union"]
         if operation is None:
             raise _Bad("an XNNPACK node of no type")
         for field, _ in operation.schema["tables"][operation.name]:
-            _check_node_field(operation, field, defined, values)
+            for id_ in _check_node_field(operation, field, defined, values):
+                span.setdefault(id_, [position, position])[1] = position
+    external = set()
     for field in ("input_ids", "output_ids"):
         for id_ in graph[field] or []:
             if id_ not in defined:
                 raise _Bad(f"XNNPACK graph {field} names value {id_}, which it does not define")
-    return intermediate
+            external.add(id_)
+    return _live_peak(intermediate, span, external, len(nodes))
 
 
-def _check_node_field(operation: _Table, field: str, defined: set[int], values: dict[int, list[int]]) -> None:
+def _live_peak(sizes: dict[int, int], span: dict[int, list[int]], external: set[int], nodes: int) -> int:
+    """The most bytes of ``sizes``' values alive at one node: a value from the first node that names it to the last;
+    one the graph takes or gives (``external``) or no node names, at every node (counted whole: XNNPACK may still
+    allocate it). XNNPACK's planner places values by their lifetimes and reuses memory, so its workspace is this
+    peak (and the fragmentation its placement leaves); summed over all values, a dynamic test model's
+    (all-MiniLM-shaped, 0.9 MB) came to 604 MiB where its peak is a small part of it."""
+    always = 0
+    change = [0] * (nodes + 1)
+    for id_, size in sizes.items():
+        if id_ in external or id_ not in span:
+            always += size
+            continue
+        first, last = span[id_]
+        change[first] += size
+        change[last + 1] -= size
+    peak = alive = 0
+    for delta in change:
+        alive += delta
+        peak = max(peak, alive)
+    return always + peak
+
+
+def _check_node_field(operation: _Table, field: str, defined: set[int], values: dict[int, list[int]]) -> list[int]:
+    """Check one field of a node; returns the value ids it names (none for a scalar or list parameter)."""
     value = operation[field]
     where = f"XNNPACK {operation.member}.{field}"
     if field.endswith("_id"):
         arity = re.fullmatch(r"XNNConcatenate(\d)", operation.member)
         if arity and re.fullmatch(r"input\d_id", field) and int(field[5]) > int(arity[1]):
-            return  # an input the node's arity does not read
+            return []  # an input the node's arity does not read
         if value not in defined and not (value == _INVALID_ID and field in ("bias_id", "mask_id", "scale_id")):
             raise _Bad(f"{where} names value {value}, which the graph does not define")
-    elif field.endswith("_ids"):
+        return [value]
+    if field.endswith("_ids"):
         for id_ in value or []:
             if id_ not in defined:
                 raise _Bad(f"{where} names value {id_}, which the graph does not define")
-    elif isinstance(value, list):
+        return list(value or [])
+    if isinstance(value, list):
         rank = operation["num_dims"] if "num_dims" in operation.slots else None
         if rank is None and "input_id" in operation.slots:
             rank = len(values.get(operation["input_id"], []))
         if rank is not None and len(value) != rank:
             raise _Bad(f"{where} has {len(value)} entries for {rank} dims")
+    return []
 
 
 def _constant_size(index: int, constant_data: list[_Table], inline_buffers: list[_Table], constants: int,

@@ -112,6 +112,9 @@ class ExecutorchExporter(Exporter):
     variant: ClassVar[str | None] = None
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
+    # load_runner reads the .pte through artifact_bytes; the .ptd (executorch.data_file) the runtime opens by path:
+    # hashed by check_integrity
+    checked_on_read: ClassVar[tuple[str, ...]] = ("executorch.program_file", "program_file")
     # mutable buffers live in planned memory across method calls: a generation program's KV cache stays in place
     needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place")
     # executorch.quantization: installed by quantize="int8" only (its step), listed so that `disable=` and

@@ -112,6 +112,7 @@ class OnnxExporter(Exporter):
     name: ClassVar[str] = "onnx"
     config_class: ClassVar[type[ExportConfig]] = OnnxConfig
     tracer = DYNAMO_TRACER
+    checked_on_read: ClassVar[tuple[str, ...]] = ("onnx.model_file", "onnx.data_file")  # load_runner: artifact_bytes
     scopes: ClassVar[tuple[str, ...]] = ("dynamo", "onnx", "onnx.internals")
     # Peak RSS / weight bytes of a text-generation export of the seeded 0.5 B Qwen2 (1,976 MB of fp32 weights): fp32
     # 5,203 MiB, verification included (benchmarks/results/bench_export_memory_onnx.txt, 2026-12-07: the export's

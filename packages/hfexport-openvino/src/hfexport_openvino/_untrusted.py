@@ -5,8 +5,9 @@ caller registers with ``Core.add_extension`` and whose code then runs inside ``c
 registers one, and refuses an IR that needs one before OpenVINO parses it: every ``<layer>``'s ``version`` must be
 one of OpenVINO's own operation sets (``opset1`` ... ``opsetN`` of the installed openvino). XML that is not UTF-8
 (UTF-16, UTF-32) and any declaration (``<!DOCTYPE``, ``<!ENTITY``: entity expansion) are refused too, as are more
-layers, a longer path through them or larger static tensors than hfexport compiles from an artifact
-(``compile_model``'s time grows with the square of the longest path and more; it folds constants). The
+layers, a longer path through them, longer runs of element-wise layers or larger static tensors than hfexport
+compiles from an artifact (``compile_model``'s time grows with the square of the longest path and of a fused run,
+and more; it folds constants); the loader also compiles it with the CPU plugin's snippets off. The
 XML and the weights are handed to OpenVINO as the bytes that were hashed (``read_model`` from a string and a weights
 tensor), never as paths.
 """
@@ -17,7 +18,8 @@ import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-__all__ = ["IR_MAX_BYTES", "IR_MAX_DEPTH", "IR_MAX_DEPTH_SUM", "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "path_lengths",
+__all__ = ["ELEMENTWISE_TYPES", "IR_MAX_BYTES", "IR_MAX_DEPTH", "IR_MAX_DEPTH_SUM", "IR_MAX_ELEMENTWISE_RUN",
+           "IR_MAX_LAYERS", "IR_MAX_TAGS", "IR_MIN_ELEMENT_BOUND", "check_ir_file", "elementwise_run", "path_lengths",
            "standard_opsets"]
 
 IR_MAX_BYTES = 64 * 1024 * 1024  # the XML of a 70 B decoder is a few MB; its weights are in the .bin
@@ -44,6 +46,28 @@ IR_MAX_TAGS = 40 * IR_MAX_LAYERS
 # and 2.3 GiB (issue 43); at 2**26 a float32 Broadcast folded in load took +264 MiB (issue 43's bounds probe). A real
 # model's static tensors are no larger than its weights.
 IR_MIN_ELEMENT_BOUND = 2**24
+# The longest run of element-wise layers (ELEMENTWISE_TYPES) each fed by the one before it, whose output feeds
+# nothing else: the CPU plugin fuses such a run into one element-wise node (and, with snippets on, one JIT subgraph),
+# in time that grows with the square of the run and more. Measured with openvino's Python API on 2 shared cores (CPU
+# seconds of compile_model, issue 43): 1,000 Relu 2.0-2.8 s, 2,000 10.5 s; 1,000 Swish 7.4 s; 500 Add of a second
+# Parameter 7.8 s (0.27 s with SNIPPETS_MODE=DISABLE, 2,000 of them 2.9 s); 500 of Maximum, Power, PRelu,
+# SquaredDifference or Mod with a constant 1.7-2.2 s. Runs of 64 cost little however many there are: 120 runs of 64
+# Add (7,802 layers) compiled in 0.72 s (0.58 s without snippets), 120 of 64 Relu 0.42 s. Real decoders' IRs have
+# runs of 1-3 whatever their depth (RMSNorm's Add-Sqrt-Divide; the residual Adds feed the next norm as well, which
+# ends a run): hfexport's toy Llama, a 32-block (8 B-shaped) Llama and Qwen2.5-0.5B, and optimum-intel's Qwen2.5-0.5B.
+IR_MAX_ELEMENTWISE_RUN = 64
+ELEMENTWISE_TYPES = frozenset({
+    "Abs", "Acos", "Acosh", "Add", "Asin", "Asinh", "Atan", "Atanh", "BitwiseAnd", "BitwiseNot", "BitwiseOr",
+    "BitwiseXor", "Ceiling", "Clamp", "Convert", "Cos", "Cosh", "Divide", "Elu", "Equal", "Erf", "Exp",
+    "FakeQuantize", "Floor", "FloorMod", "Gelu", "Greater", "GreaterEqual", "HSigmoid", "HSwish", "IsFinite", "IsInf",
+    "IsNaN", "Less", "LessEqual", "Log", "LogicalAnd", "LogicalNot", "LogicalOr", "LogicalXor", "Maximum", "Minimum",
+    "Mish", "Mod", "Multiply", "Negative", "NotEqual", "Power", "PRelu", "Relu", "Round", "Select", "Selu",
+    "Sigmoid", "Sign", "Sin", "Sinh", "SoftPlus", "SoftSign", "Sqrt", "SquaredDifference", "Subtract", "Swish", "Tan",
+    "Tanh"})
+# Element-wise layers whose runs compile as fast as any layers' (they become the plugin's scale-shift): these count
+# only with a second input that is not a constant. 2,000 of each with a constant: Multiply 0.45 s, Divide 0.44 s,
+# Add 1.6 s, Subtract 1.8 s, Negative 1.4 s (the longest path's cost, as 2,000 of any layer: IR_MAX_DEPTH).
+_SCALE_SHIFT_TYPES = frozenset({"Add", "Convert", "Divide", "Multiply", "Negative", "Subtract"})
 _OPSET = re.compile(r"opset[0-9]{1,3}")
 _BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 _DECLARED_ENCODING = re.compile(rb"""^(?:\xef\xbb\xbf)?<\?xml[^>]*?encoding\s*=\s*["']([A-Za-z0-9._-]+)["']""")
@@ -84,7 +108,8 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
     or is larger than hfexport compiles from an artifact: more than :data:`IR_MAX_LAYERS` layers, a path through its
     edges longer than :data:`IR_MAX_DEPTH` layers (both lifted by ``trust_remote_code=True``), or a static tensor of
     more elements than ``max(IR_MIN_ELEMENT_BOUND, weights_bytes)`` (counted before ``compile_model`` folds
-    anything), or layers deeper in all than :data:`IR_MAX_DEPTH_SUM` (lifted likewise).
+    anything), layers deeper in all than :data:`IR_MAX_DEPTH_SUM`, or a run of element-wise layers the CPU plugin
+    fuses longer than :data:`IR_MAX_ELEMENTWISE_RUN` (both lifted likewise).
 
     Args:
         xml_path: the file (names it in messages; read only when ``data`` is not given).
@@ -152,10 +177,72 @@ def check_ir_file(xml_path: str | Path, data: bytes | None = None, weights_bytes
                              f"input, summed), over the bound of {IR_MAX_DEPTH_SUM:,} (hfexport_openvino._untrusted."
                              "IR_MAX_DEPTH_SUM: compile_model's time grows with it; an 8 B decoder's is ~1.1 M)"
                              f"{_LIFT}")
+        run, last = elementwise_run(root)
+        if run > IR_MAX_ELEMENTWISE_RUN:
+            raise ValueError(f"{path.name} has a run of {run:,} element-wise layers (ending at layer {last!r:.60}), "
+                             f"over the bound of {IR_MAX_ELEMENTWISE_RUN:,} (hfexport_openvino._untrusted."
+                             "IR_MAX_ELEMENTWISE_RUN: the CPU plugin fuses such a run in time that grows with its "
+                             f"square and more; a decoder's runs are of 1-3 layers){_LIFT}")
 
 
 _LIFT = (": the artifact is damaged or crafted, or a model larger than hfexport loads untrusted; one from a source "
          "you trust loads with trust_remote_code=True (CLI: --trust-remote-code)")
+
+
+def _topological(root: ElementTree.Element) -> tuple[list[str | None], dict[str | None, list[tuple[str | None, str | None]]]]:
+    """The layers' ids in an order where every edge goes forward (Kahn's; a cycle's layers are left out), and each
+    layer's incoming edges as ``(source layer, target port)``. Edges that name no layer are skipped."""
+    ids = [layer.get("id") for layer in root.iter("layer")]
+    known = set(ids)
+    successors: dict[str | None, list[str | None]] = {}
+    sources: dict[str | None, list[tuple[str | None, str | None]]] = {}
+    incoming = dict.fromkeys(ids, 0)
+    for edges in root.iter("edges"):
+        for edge in edges.iter("edge"):
+            source, target = edge.get("from-layer"), edge.get("to-layer")
+            if source in known and target in known:
+                successors.setdefault(source, []).append(target)
+                sources.setdefault(target, []).append((source, edge.get("to-port")))
+                incoming[target] += 1
+    ready = [layer for layer, count in incoming.items() if count == 0]
+    order = []
+    while ready:
+        layer = ready.pop()
+        order.append(layer)
+        for target in successors.get(layer, ()):
+            incoming[target] -= 1
+            if incoming[target] == 0:
+                ready.append(target)
+    return order, sources
+
+
+def elementwise_run(root: ElementTree.Element) -> tuple[int, str | None]:
+    """``(length, name of its last layer)``: the longest run of element-wise layers (:data:`ELEMENTWISE_TYPES`;
+    Add, Subtract, Multiply, Divide, Negative and Convert only with a second input that is not a ``Const``) in which
+    each layer takes an input from the one before it and that one's output feeds nothing else (one edge out), as
+    the CPU plugin fuses them. From the parsed XML, in one pass over the layers in topological order."""
+    layers = {layer.get("id"): layer for layer in root.iter("layer")}
+    order, sources = _topological(root)
+    consumers: dict[str | None, int] = {}
+    for edges in sources.values():
+        for source, _ in edges:
+            consumers[source] = consumers.get(source, 0) + 1
+    run: dict[str | None, int] = {}
+    best, last = 0, None
+    for layer_id in order:
+        layer = layers[layer_id]
+        kind = layer.get("type")
+        if kind not in ELEMENTWISE_TYPES:
+            continue
+        inputs = sources.get(layer_id, [])
+        data = [source for source, _ in inputs if layers[source].get("type") != "Const"]
+        if kind in _SCALE_SHIFT_TYPES and len(data) <= 1:
+            continue
+        length = 1 + max((run[source] for source in data if source in run and consumers.get(source) == 1), default=0)
+        run[layer_id] = length
+        if length > best:
+            best, last = length, layer.get("name")
+    return best, last
 
 
 def path_lengths(root: ElementTree.Element, name: str = "the IR") -> tuple[int, int]:
