@@ -15,8 +15,8 @@ Engines and variants (``ENGINES``):
     (``TokenizedInputs``), each token stamped by a ``StreamerBase``; variant ``hfexport``: hfexport's own IR
     (``hfexport.export(..., backend="openvino", task="text-generation")``, its ``decoder`` folder), variant
     ``optimum-fp32``: optimum-intel's (``optimum-cli export openvino --task text-generation-with-past
-    --weight-format fp32``), ``optimum-int4``: the same with ``--weight-format int4 --group-size 128 --ratio 1.0``
-    (NNCF INT4_ASYM, as hfexport's ``openvino:int4-weights``), run with the Python of ``$OPTIMUM_INTEL_PYTHON`` (a separate environment: optimum-intel
+    --weight-format fp32``), ``optimum-int4``: the same with ``--weight-format int4 --group-size 128 --ratio 1.0
+    --group-size-fallback adjust`` (NNCF INT4_ASYM, as hfexport's ``openvino:int4-weights``), run with the Python of ``$OPTIMUM_INTEL_PYTHON`` (a separate environment: optimum-intel
     2.2 pins transformers < 5.6), which must have optimum-intel installed;
   * ``optimum-executorch`` (PyPI ``optimum-executorch``), variant ``fp32``: converted by ``optimum-cli export executorch
     --task text-generation --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache`` (its documented recipe for
@@ -28,6 +28,9 @@ Engines and variants (``ENGINES``):
     (``input_ids [1, n]``, ``cache_position [n]``), then one ``forward`` per token with its position, greedy argmax of
     the last logits. The process's ExecuTorch threadpool is the caller's to size
     (``portable_lib._unsafe_reset_threadpool(threads)`` before any program loads, as ``bench_generation`` does);
+    variant ``8da4w``: the same with ``--qlinear 8da4w --qlinear_group_size 32`` (torchao's
+    ``Int8DynamicActivationIntxWeightConfig``: int4 weights, symmetric, groups of 32, its ``hqq_scale_only`` scales;
+    int8 activations per token; embeddings float), as hfexport's ``executorch-xnnpack:8da4w``;
 
 API per engine: ``convert(engine, hf_dir, out_dir, variant) -> dict`` (runs the converter in a subprocess: wall
 seconds, that process's peak RSS, bytes on disk), ``load(engine, out_dir, threads=1)`` and
@@ -59,7 +62,7 @@ import time
 from pathlib import Path
 
 ENGINES = {"ort-genai": ("fp32", "int4"), "ctranslate2": ("float32", "int8"),
-           "openvino-genai": ("hfexport", "optimum-fp32", "optimum-int4"), "optimum-executorch": ("fp32",)}
+           "openvino-genai": ("hfexport", "optimum-fp32", "optimum-int4"), "optimum-executorch": ("fp32", "8da4w")}
 INT4_BLOCK_SIZE = 32
 INT4_ACCURACY_LEVEL = 4
 PROBE_POSITIONS = (64, 1000)  # ms per token is reported near these cache positions when a run covers them
@@ -136,7 +139,10 @@ def _convert_child(engine: str, variant: str, hf_dir: str, out_dir: str) -> None
             raise RuntimeError("set OPTIMUM_INTEL_PYTHON to the python of an environment with optimum-intel "
                                "(pip install 'optimum-intel[openvino]'; it pins transformers < 5.6)")
         weight_format = variant.removeprefix("optimum-")  # int4: hfexport's int4-weights settings (ASYM, 128, 1.0)
-        extra = ["--group-size", "128", "--ratio", "1.0"] if weight_format == "int4" else []
+        # --group-size-fallback adjust: NNCF's group_size_fallback_mode=ADJUST, as hfexport's int4-weights (a MatMul
+        # whose input width 128 does not divide, the toy's 1,376-wide down_proj, gets the largest group that does)
+        extra = ["--group-size", "128", "--ratio", "1.0", "--group-size-fallback", "adjust"] \
+            if weight_format == "int4" else []
         subprocess.run([python, "-m", "optimum.commands.optimum_cli", "export", "openvino", "-m", hf_dir, "--task",
                         "text-generation-with-past", "--weight-format", weight_format, *extra, out_dir], check=True)
     elif engine == "optimum-executorch":
@@ -144,9 +150,12 @@ def _convert_child(engine: str, variant: str, hf_dir: str, out_dir: str) -> None
         if not python:
             raise RuntimeError("set OPTIMUM_EXECUTORCH_PYTHON to the python of an environment with optimum-executorch "
                                "(pip install optimum-executorch; it pins transformers 5.0.0rc1)")
+        # 8da4w: its --qlinear 8da4w (torchao Int8DynamicActivationIntxWeightConfig, int4 weights in groups of
+        # --qlinear_group_size 32, passed explicitly: hfexport's executorch-xnnpack:8da4w default; embeddings float)
+        extra = ["--qlinear", "8da4w", "--qlinear_group_size", "32"] if variant == "8da4w" else []
         subprocess.run([python, "-m", "optimum.commands.optimum_cli", "export", "executorch", "--model", hf_dir,
                         "--task", "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa",
-                        "--use_custom_kv_cache", "--output_dir", out_dir], check=True)
+                        "--use_custom_kv_cache", *extra, "--output_dir", out_dir], check=True)
     else:
         raise ValueError(f"unknown engine {engine!r}")
     import resource

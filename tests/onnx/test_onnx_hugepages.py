@@ -1,4 +1,4 @@
-"""The ONNX runner's huge pages (``hfexport_onnx._hugepages``): a session's new memory found from ``/proc/self/maps``,
+"""The ONNX runner's huge pages (``hfexport.memory``): a session's new memory found from ``/proc/self/maps``,
 collapsed into 2 MiB pages only where every page is resident already, the values unchanged."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import mmap
 import numpy as np
 import pytest
 
-from hfexport_onnx._hugepages import (
+from hfexport.memory import (
     HUGE_PAGE,
     anonymous_mappings,
     collapse_in_background,

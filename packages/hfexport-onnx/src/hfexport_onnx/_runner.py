@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import onnx_ir as ir
 import torch
 
+from hfexport.memory import anonymous_mappings, collapse_in_background, new_memory
 from hfexport.plugin import NamedIORunner
 
 from ._errors import OnnxSessionError
-from ._hugepages import anonymous_mappings, collapse_in_background, new_memory
 from ._untrusted import check_external_data, external_data_files  # re-exported: the checks moved there
 
 __all__ = ["DATA_FILE", "MODEL_FILE", "OnnxRunner", "available_providers", "check_external_data",
@@ -120,7 +120,7 @@ class OnnxRunner(NamedIORunner):
     io_error: ClassVar[type[Exception]] = OnnxSessionError
     # The first decode loop on a session (reusing_bindings) moves the memory the session allocated when it opened
     # (its prepacked weights) into transparent huge pages where Linux allows it, on a background thread
-    # (_hugepages.py); False: never.
+    # (hfexport/memory.py); False: never.
     huge_pages: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
@@ -231,10 +231,11 @@ class OnnxRunner(NamedIORunner):
 
         The first time on a session, the memory the session allocated when it opened (its prepacked weights: a
         decode step reads all of them) starts moving into transparent huge pages, on a background thread
-        (:attr:`huge_pages`, ``_hugepages.py``); :attr:`huge_page_bytes` says how much did, once it is done."""
+        (:attr:`huge_pages`, ``hfexport/memory.py``); :attr:`huge_page_bytes` says how much did, once it is done."""
         if getattr(self, "_session_memory", None):
             ranges, self._session_memory = self._session_memory, []
-            collapse_in_background(ranges, done=lambda collapsed: setattr(self, "huge_page_bytes", collapsed))
+            collapse_in_background(ranges, done=lambda collapsed: setattr(self, "huge_page_bytes", collapsed),
+                                   name="hfexport-onnx-huge-pages")
         self._kept = (self.session.io_binding(), {})  # the binding, and per input: (memory key, its OrtValue)
         try:
             yield

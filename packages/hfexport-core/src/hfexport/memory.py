@@ -1,4 +1,5 @@
-"""Transparent huge pages for the memory an ONNX Runtime session holds (its prepacked weights), on Linux.
+"""Transparent huge pages for the memory a runtime holds (ONNX Runtime's prepacked weights, XNNPACK's packed
+weights in an ExecuTorch program), on Linux: what backends' runners call after their runtime opened a program.
 
 A decode step of a small language model on the CPU reads every weight once from memory (the weights do not stay in
 the caches from one step to the next), and at one thread that read is the step's time. ONNX Runtime copies each
@@ -116,8 +117,8 @@ def collapse_resident(ranges: Iterable[tuple[int, int]]) -> int:
     return done
 
 
-def collapse_in_background(ranges: list[tuple[int, int]], done: Callable[[int], None] | None = None
-                           ) -> threading.Thread | None:
+def collapse_in_background(ranges: list[tuple[int, int]], done: Callable[[int], None] | None = None,
+                           name: str = "hfexport-huge-pages") -> threading.Thread | None:
     """:func:`collapse_resident` of ``ranges`` on a daemon thread (``madvise`` releases the GIL: the caller's decode
     loop goes on meanwhile, in 4 KiB pages until a unit is collapsed); ``done(bytes)`` when it ends. ``None`` where
     nothing can be collapsed."""
@@ -129,6 +130,6 @@ def collapse_in_background(ranges: list[tuple[int, int]], done: Callable[[int], 
         if done is not None:
             done(collapsed)
 
-    thread = threading.Thread(target=work, name="hfexport-onnx-huge-pages", daemon=True)
+    thread = threading.Thread(target=work, name=name, daemon=True)
     thread.start()
     return thread
