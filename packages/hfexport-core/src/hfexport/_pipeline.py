@@ -109,6 +109,16 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
     return merge_components(exporter, plan, exported, model, time.perf_counter() - start)
 
 
+def weights_dtype(model: Any) -> str | None:
+    """The floating dtype of most of ``model``'s parameter elements (``"bfloat16"`` for a model loaded in bf16),
+    as the manifest's ``source_dtype`` records it; None for a model without floating parameters."""
+    counts: dict[Any, int] = {}
+    for parameter in getattr(model, "parameters", lambda: ())():
+        if parameter.is_floating_point():
+            counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
+    return str(max(counts, key=counts.__getitem__)).removeprefix("torch.") if counts else None
+
+
 def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, *,
                    progress: ProgressCallback | None, verify: bool, atol: float, rtol: float) -> ExportedModel:
     """One program: prepare → capture → lower → package, then the verification against eager PyTorch.
@@ -131,6 +141,7 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
     try:
         with contextlib.ExitStack() as stack:  # patches and contexts the stages enter, closed before verifying
             ctx = ExportContext(exporter, model, inputs, exporter.config, stack, progress)
+            ctx.report["source_dtype"] = weights_dtype(model)  # before a backend's prepare casts the model
             ctx.state = exporter.new_state(ctx)
             model.eval()
             try:
