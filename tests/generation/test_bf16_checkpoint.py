@@ -12,9 +12,9 @@ import struct
 import pytest
 import torch
 
+from helpers import generate_in_fresh_process, tiny_model
 from hfexport import cli
 from hfexport.commands import checkpoint_dtype
-from helpers import generate_in_fresh_process, tiny_model
 
 NEW_TOKENS = 8
 
@@ -60,7 +60,7 @@ def test_checkpoint_dtype_reads_the_config_else_the_safetensors_header(bf16_chec
 
 
 @pytest.mark.parametrize("backend", [
-    "dynamo",
+    pytest.param("dynamo", marks=pytest.mark.slow),  # 26 s at load 3; the fast checks are the loader's below
     pytest.param("onnx", marks=pytest.mark.slow),
     pytest.param("executorch-xnnpack", marks=pytest.mark.slow),
     pytest.param("openvino", marks=pytest.mark.slow),
@@ -75,7 +75,7 @@ def test_a_bf16_checkpoint_exports_in_float32_and_generates_eager_ids_in_a_new_p
     assert manifest["verification"]["passed"] and manifest["verification"]["first_difference"] is None
     got = generate_in_fresh_process({backend: (tmp_path / backend, _prompts(), {"max_new_tokens": NEW_TOKENS})},
                                     tmp_path)[backend]
-    for ours, eager in zip(got, _eager_fp32(bf16_checkpoint)):
+    for ours, eager in zip(got, _eager_fp32(bf16_checkpoint), strict=True):
         assert torch.equal(ours, eager)
 
 
@@ -86,6 +86,21 @@ def test_an_int4_export_of_a_bf16_checkpoint_reports_its_token_agreement(bf16_ch
     assert manifest["source_dtype"] == "bfloat16"
     assert manifest["verification"]["quantized"] == ["int4"]
     assert 0.0 <= manifest["verification"]["token_agreement"] <= 1.0
+
+
+@pytest.mark.parametrize("flag,loaded", [(None, torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_cli_loads_a_bf16_checkpoint_in_float32_unless_told(bf16_checkpoint, flag, loaded):
+    """Each weight widened as Transformers reads it (no bf16 model kept beside the float32 one); ``--dtype bf16``
+    loads in bf16 directly; the checkpoint's dtype is kept for the manifest either way."""
+    import argparse
+
+    import hfexport
+    from hfexport.commands import load_model
+
+    args = argparse.Namespace(model=str(bf16_checkpoint), dtype=flag, trust_remote_code=False, backend="dynamo")
+    model = load_model(hfexport.get_backend("dynamo").load_exporter(), args)
+    assert {p.dtype for p in model.parameters()} == {loaded}
+    assert args.source_dtype == "bfloat16"
 
 
 def test_the_api_records_the_dtype_of_the_model_it_is_given():
