@@ -79,7 +79,6 @@ def test_a_bf16_checkpoint_exports_in_float32_and_generates_eager_ids_in_a_new_p
         assert torch.equal(ours, eager)
 
 
-@pytest.mark.slow
 def test_an_int4_export_of_a_bf16_checkpoint_reports_its_token_agreement(bf16_checkpoint, tmp_path):
     pytest.importorskip("hfexport_onnx")
     manifest = _export(bf16_checkpoint, tmp_path / "int4", "onnx", "--quantize", "int4")
