@@ -24,6 +24,7 @@ from .commands import (
     load_model,
     model_summary,
     quiet_third_party_logs,
+    record_source_dtype,
     record_verification,
     say,
     say_export_cost,
@@ -278,6 +279,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise  # main() prints it on one line (the traceback with --debug) and exits 1
     finally:
         progress.stop()
+    record_source_dtype(exported, args)
     with timed(f"saving to {output}"):
         path = exported.save_pretrained(output, overwrite=args.overwrite)
     out.print(f"saved to {path} ({', '.join(exported.manifest['files'])}) in {time.perf_counter() - start:.1f}s",

@@ -407,6 +407,7 @@ class Exporter:
             "backend": self.name,
             "model_class": ctx.model_class,
             "model_module": type(ctx.model).__module__,
+            **({"source_dtype": ctx.report["source_dtype"]} if ctx.report.get("source_dtype") else {}),
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "dynamic": ctx.config.dynamic,
             "config": {k: _as_json(v) for k, v in vars(ctx.config).items()},

@@ -69,7 +69,7 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
     """
     import torch
 
-    atol, rtol = check_verify_options(exporter, verify, atol, rtol)
+    atol, rtol = check_verify_options(exporter, verify, atol, rtol, weights_dtype(model))
     if not isinstance(model, torch.nn.Module):
         raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}; "
                                 "load it first, e.g. AutoModel.from_pretrained(path)")
@@ -109,6 +109,18 @@ def export(exporter: Any, model: Any, inputs: Mapping[str, Any] | None = None, *
     return merge_components(exporter, plan, exported, model, time.perf_counter() - start)
 
 
+def weights_dtype(model: Any) -> str | None:
+    """The floating dtype of most of ``model``'s parameter elements (``"bfloat16"`` for a model loaded in bf16),
+    as the manifest's ``source_dtype`` records it; None for a model without floating parameters."""
+    import torch
+
+    counts: dict[Any, int] = {}
+    for parameter in model.parameters() if isinstance(model, torch.nn.Module) else ():
+        if parameter.is_floating_point():
+            counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
+    return str(max(counts, key=counts.__getitem__)).removeprefix("torch.") if counts else None
+
+
 def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, *,
                    progress: ProgressCallback | None, verify: bool, atol: float, rtol: float) -> ExportedModel:
     """One program: prepare → capture → lower → package, then the verification against eager PyTorch.
@@ -131,6 +143,7 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
     try:
         with contextlib.ExitStack() as stack:  # patches and contexts the stages enter, closed before verifying
             ctx = ExportContext(exporter, model, inputs, exporter.config, stack, progress)
+            ctx.report["source_dtype"] = weights_dtype(model)  # before a backend's prepare casts the model
             ctx.state = exporter.new_state(ctx)
             model.eval()
             try:
@@ -158,14 +171,22 @@ def export_program(exporter: Any, model: Any, inputs: Mapping[str, Any] | None, 
 
 
 # ── the verification against eager PyTorch ───────────────────────────────────────────────────────────────────
-def check_verify_options(exporter: Any, verify: Any, atol: Any, rtol: Any) -> tuple[float, float]:
-    """The verification's tolerances (the backend's defaults where ``None``); refuses options of the wrong type."""
+# The default tolerances (atol and rtol) of a model whose weights are half precision: eager computes in that dtype
+# and a runtime rounds differently (or computes in float32: ONNX Runtime's CPU, XNNPACK, OpenVINO's CPU); a bf16
+# tiny Llama's logits differ by 1e-3 on every backend, its greedy ids not at all. The CLI's --dtype uses the same.
+HALF_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2}
+
+
+def check_verify_options(exporter: Any, verify: Any, atol: Any, rtol: Any,
+                         dtype: str | None = None) -> tuple[float, float]:
+    """The verification's tolerances (the backend's defaults where ``None``; for a model whose weights are
+    ``dtype`` bfloat16 or float16, at least :data:`HALF_TOLERANCE`'s); refuses options of the wrong type."""
     if not isinstance(verify, bool):  # "no" is truthy
         raise TypeError(f"verify must be True or False, got {verify!r} ({type(verify).__name__})")
     out = []
     for name, value, default in (("atol", atol, exporter.verify_atol), ("rtol", rtol, exporter.verify_rtol)):
         if value is None:
-            value = default
+            value = max(default, HALF_TOLERANCE.get(dtype or "", 0.0))
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise TypeError(f"{name} must be a non-negative number (the verification's tolerance), got "
                             f"{value!r} ({type(value).__name__})")

@@ -91,6 +91,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], int | None]] = {
     "components": ((dict,), 2),
     "model_class": ((str,), None),
     "model_module": ((str,), None),
+    "source_dtype": ((str,), None),
     "created": ((str,), None),
     "dynamic": ((bool,), None),
     "config": ((dict,), None),

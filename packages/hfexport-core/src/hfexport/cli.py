@@ -120,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qembedding", choices=("4w", "8w"), help="with --quantize 8da4w or 8da8w (executorch-xnnpack): "
                    "also quantize the embedding tables, weight-only: 4w int4 (one scale per 32 weights of a row), "
                    "8w int8 (one scale per row); the other recipes quantize embedding tables int8 already")
-    p.add_argument("--dtype", choices=tuple(DTYPES), help="cast the model's weights to this dtype before the "
-                   "export (fp16, bf16; default: as the model loads, float32); verified against eager in that dtype, with "
-                   "atol and rtol 1e-2 (fp16) or 5e-2 (bf16) unless --atol/--rtol")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="load the model's weights in this dtype for the "
+                   "export (default: float32, a bf16 or fp16 checkpoint widened exactly as it loads, so that CPU runtimes "
+                   "compute in float32 and match eager token for token; export.json's source_dtype records the "
+                   "checkpoint's dtype); verified against eager in that dtype, with atol and rtol 1e-2 (fp16) or 5e-2 "
+                   "(bf16) unless --atol/--rtol")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model whose config.json maps its "
                    "classes to code in its repository (auto_map): loading it runs that code; off by default, only "
                    "for a model from a source you trust")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DTYPES", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "VERBOSE_ENV", "Progress", "UsageError", "say_export_cost",
-           "configured_exporter", "console", "load_model", "model_summary", "quantization_knobs", "quiet_third_party_logs",
-           "record_verification", "resolve_artifact", "say", "timed", "verbose", "write_report"]
+           "checkpoint_dtype", "configured_exporter", "console", "load_model", "model_summary", "quantization_knobs", "quiet_third_party_logs",
+           "record_source_dtype", "record_verification", "resolve_artifact", "say", "timed", "verbose", "write_report"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -248,28 +248,77 @@ def quantization_knobs(args: argparse.Namespace) -> dict[str, Any]:
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+def checkpoint_dtype(path: str | Path) -> str | None:
+    """The floating dtype a Transformers model directory stores its weights in (``"bfloat16"`` for most checkpoints
+    people ship): ``config.json``'s ``dtype`` (``torch_dtype`` before Transformers 5), else the first floating
+    tensor of its first ``.safetensors`` file's header; None when neither says."""
+    import json
+    import struct
+
+    directory = Path(path)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    named = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    if isinstance(named, str) and named.removeprefix("torch.") in DTYPES.values():
+        return named.removeprefix("torch.")
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+    for shard in sorted(directory.glob("*.safetensors"))[:1]:
+        try:
+            with shard.open("rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(min(size, 100_000_000)))
+        except (OSError, ValueError, struct.error):
+            return None
+        return next((names[t["dtype"]] for t in header.values() if isinstance(t, dict) and t.get("dtype") in names),
+                    None)
+    return None
+
+
 def load_model(exporter_class: Any, args: argparse.Namespace) -> Any:
     """The model of ``args.model`` as the backend's loader gives it, with ``--trust-remote-code`` (the model's own
-    code, when the loader takes it) and cast to ``--dtype`` (fp16, bf16; default: as loaded, float32)."""
+    code, when the loader takes it), in ``--dtype`` (fp32, fp16, bf16).
+
+    Without ``--dtype``, a half-precision checkpoint (bf16, fp16) loads in float32: each tensor widened exactly as
+    it is read, so the model holds the weights once, in float32, and the CPU runtimes (ONNX Runtime, XNNPACK,
+    OpenVINO) compute in float32, token-exact against eager on the same weights (their own bf16 paths are not: ONNX
+    Runtime's CPU provider has no bf16 MatMul, XNNPACK runs bf16 models in float32 anyway, and OpenVINO's CPU plugin
+    picks its own precision). The checkpoint's dtype is kept as ``args.source_dtype`` (the manifest's
+    ``source_dtype``). A loader that takes no ``dtype`` keyword loads as it does and is cast after (a second copy
+    while casting)."""
     import inspect
 
-    options = {}
+    import torch
+
+    source = checkpoint_dtype(args.model)
+    dtype = getattr(args, "dtype", None)
+    want = getattr(torch, DTYPES[dtype]) if dtype else torch.float32 if source in ("bfloat16", "float16") else None
+    args.source_dtype = source
+    options: dict[str, Any] = {}
+    try:
+        takes = set(inspect.signature(exporter_class.tracer.load_model).parameters)
+    except (AttributeError, TypeError, ValueError):
+        takes = set()
     if args.trust_remote_code:
-        try:
-            takes = "trust_remote_code" in inspect.signature(exporter_class.tracer.load_model).parameters
-        except (AttributeError, TypeError, ValueError):
-            takes = False
-        if not takes:
+        if "trust_remote_code" not in takes:
             raise UsageError(f"backend {args.backend!r} loads models without trust_remote_code")
         options["trust_remote_code"] = True
+    if want is not None and "dtype" in takes:
+        options["dtype"] = want
     model = exporter_class.tracer.load_model(args.model, **options) if options else exporter_class.load_model(
         args.model)
-    dtype = getattr(args, "dtype", None)
-    if dtype and dtype != "fp32":
-        import torch
-
-        model = model.to(getattr(torch, DTYPES[dtype]))
+    if want is not None and "dtype" not in options:
+        model = model.to(want)
     return model
+
+
+def record_source_dtype(exported: Any, args: argparse.Namespace) -> None:
+    """The manifest's ``source_dtype``: the checkpoint's (``load_model`` read it), not the dtype the model was
+    loaded in (a bf16 checkpoint exports in float32 and records ``"bfloat16"``)."""
+    source = getattr(args, "source_dtype", None)
+    if source:
+        exported.manifest["source_dtype"] = source
 
 
 def write_report(path: Path, args: argparse.Namespace, exported: Any, stage_lines: list[str], report: Any,

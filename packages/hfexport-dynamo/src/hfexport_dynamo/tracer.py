@@ -188,12 +188,16 @@ class DynamoTracer:
         model, fixed = ctx.model, dict(trace_state(ctx).fixed_kwargs)
         return lambda **kw: model(**{**fixed, **kw})  # a fixed kwarg passed again (equal: the artifact checks)
 
-    def load_model(self, path: str | Path, trust_remote_code: bool = False) -> torch.nn.Module:
+    def load_model(self, path: str | Path, trust_remote_code: bool = False,
+                   dtype: torch.dtype | None = None) -> torch.nn.Module:
         """``AutoModel`` from a local directory (offline); the task head from ``config.architectures``. With
         ``trust_remote_code``, a model whose config maps its classes to the repository's code (``auto_map``) loads
         through that code (its ``AutoModelForCausalLM`` where it maps one, else its first auto class); without it,
-        Transformers refuses such a model."""
+        Transformers refuses such a model. With ``dtype``, Transformers casts each tensor as it reads it (a bf16
+        checkpoint loaded in float32 is held once, in float32); without, the checkpoint's dtype."""
         import transformers
+
+        options = {"dtype": dtype} if dtype is not None else {}
 
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         auto_map = getattr(config, "auto_map", None) or {}
@@ -201,11 +205,11 @@ class DynamoTracer:
             name = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else next(
                 (k for k in auto_map if k.startswith("AutoModel")), "AutoModel")
             with no_loading_bar():
-                return getattr(transformers, name).from_pretrained(path, trust_remote_code=True).eval()
+                return getattr(transformers, name).from_pretrained(path, trust_remote_code=True, **options).eval()
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_cls = getattr(transformers, arch, None) if arch else None
         with no_loading_bar():
-            return (model_cls or transformers.AutoModel).from_pretrained(path).eval()
+            return (model_cls or transformers.AutoModel).from_pretrained(path, **options).eval()
 
     def sample_inputs(self, model: Any, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Dummy inputs at batch+1 and seq+5 along the dims the program kept dynamic (traced size otherwise), within

@@ -269,8 +269,9 @@ def make_growing_stateful(model: Any, pairs: list[tuple[str, str]], shapes: list
             dims = list(op.get_output_partial_shape(0))[1:]
             shape = ops.concat([batch, ops.constant(np.array([0 if d.is_dynamic else d.get_length() for d in dims],
                                                              np.int64))], 0)
-            op.set_arguments([ops.broadcast(ops.constant(np.zeros((), op.get_output_element_type(0).to_dtype())),
-                                            shape)])
+            # a zero of the variable's own type (bf16 has no numpy dtype: to_dtype() gave f16, which ReadValue
+            # refused for a bf16 cache: "The type specified in the Variable has to extend ... Initialization type")
+            op.set_arguments([ops.broadcast(ops.constant(0.0, dtype=op.get_output_element_type(0)), shape)])
     model.validate_nodes_and_infer_types()
     ids = {variable.get_info().variable_id for variable in model.get_variables()}
     # MakeStateful names a variable by its input's name and its output's, joined

@@ -18,6 +18,7 @@ from hfexport.commands import (
     UsageError,
     configured_exporter,
     load_model,
+    record_source_dtype,
     record_verification,
     say_export_cost,
     timed,
@@ -80,6 +81,7 @@ def _export_task(args: argparse.Namespace, exporter_class: Any, output: Path, co
     for name in (*_TOKENIZER_FILES, *_PROCESSOR_FILES):
         if (source / name).is_file() and name not in exported.extra_files:
             exported.extra_files[name] = lambda d, f=source / name: _copy_into(f, d)
+    record_source_dtype(exported, args)
     with timed(f"saving to {output}"):
         path = exported.save_pretrained(output, overwrite=args.overwrite)
     bounds = exported.manifest.get("generation", {})
