@@ -310,9 +310,9 @@ def test_usage_errors_exit_2_on_one_line(args, match, model_dir, tmp_path):
     assert line.startswith(match.format(**paths)), line
 
 
-FAILING_STAGE = ("from hfexport_dynamo import DynamoExporter\n"
-                 "def boom(self, ctx):\n    raise RuntimeError('boom in stage 4')\n"
-                 "DynamoExporter.stage_dynamic_shapes = boom\n")
+FAILING_STAGE = ("import hfexport_dynamo.capture as capture\n"  # capture() calls its stage 4 by this name
+                 "def boom(ctx):\n    raise RuntimeError('boom in stage 4')\n"
+                 "capture.dynamic_shapes = boom\n")
 
 
 @pytest.mark.slow  # a CLI subprocess that imports torch and the backends: 10-25 s on 2 cores

@@ -38,11 +38,13 @@ class Tracer(Protocol):
 
     The kernel names no tracer: an exporter sets ``tracer``, and the kernel's pipeline calls :meth:`capture`
     between the exporter's :meth:`~Exporter.prepare` and :meth:`~Exporter.lower`. ``scopes`` are the workaround
-    scopes capture installs (``("dynamo",)``); ``stages`` its documented stages (``ctx.capture_stage(n)``).
+    scopes capture installs (``("dynamo",)``); ``task_scopes`` those a planned task installs itself, around its
+    own forward (``("dynamo.text_generation",)``); ``stages`` its documented stages (``ctx.capture_stage(n)``).
     """
 
     name: str
     scopes: tuple[str, ...]
+    task_scopes: tuple[str, ...]
     stages: tuple[Stage, ...]
 
     def capture(self, ctx: ExportContext) -> Any:
@@ -124,10 +126,10 @@ def _check_config_class(exporter_class: type[Exporter], config: Any) -> None:
 
 
 def _known_scopes() -> set[str]:
-    """The scopes the imported exporters install (their own and their tracers')."""
+    """The scopes the imported exporters install (their own, their tracers' and their tracers' tasks')."""
     scopes: set[str] = set()
     for cls in _exporter_classes():
-        scopes.update(getattr(cls.tracer, "scopes", ()), cls.scopes)
+        scopes.update(getattr(cls.tracer, "scopes", ()), getattr(cls.tracer, "task_scopes", ()), cls.scopes)
     return scopes
 
 

@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from hfexport.plugin import ExportContext, InvalidInputError, RuntimeNeeds, Stage
 
 from ._config import trace_state
+from ._linear_attention_patches import SCOPE as LINEAR_ATTENTION_SCOPE
 from ._pytree import register_transformers_pytrees
 from ._quiet import no_loading_bar
 from .capture import CAPTURE_STAGES, IGNORED_KWARGS, KWARG_ALIASES, capture
@@ -41,6 +42,7 @@ class DynamoTracer:
     name: str = "dynamo"
     stages: tuple[Stage, ...] = CAPTURE_STAGES
     scopes: tuple[str, ...] = ("dynamo", "dynamo.trace")  # the scopes every capture installs (stage 2)
+    task_scopes: tuple[str, ...] = (LINEAR_ATTENTION_SCOPE,)  # text generation's step installs, around its forward
     tested_versions: dict[str, str] = {"torch": "2.15.0", "transformers": "5.24.0"}
 
     def prepare_inputs(self, model: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any] | None:
