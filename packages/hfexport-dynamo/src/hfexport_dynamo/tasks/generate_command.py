@@ -30,6 +30,7 @@ from .tokenizer_files import (
     _tokenizer_call,
     check_configs_run_no_code,
     check_resize_bound,
+    check_tokenizer_expansion,
     checked_copy,
 )
 
@@ -118,7 +119,10 @@ def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[i
         from hfexport.trust import read_beneath
 
         tokenizer = Tokenizer.from_str(read_beneath(directory, "tokenizer.json", max_bytes=2**28).decode())
+        check_tokenizer_expansion(tokenizer, directory)
         return [tokenizer.encode(text).ids for text in prompts]
+    except UsageError:
+        raise
     except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
         return []
     except BaseException as exc:  # a panic of the Rust library: left to the tokenizer's own call, which names it
@@ -268,8 +272,10 @@ def load_tokenizer(files: Path, trust_remote_code: bool = False, shown: Path | N
 
     shown = shown or files
     check_configs_run_no_code(files, trust_remote_code, shown)
-    return _tokenizer_call(lambda: AutoTokenizer.from_pretrained(files, trust_remote_code=trust_remote_code), shown,
-                           "load")
+    tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(files, trust_remote_code=trust_remote_code),
+                                shown, "load")
+    check_tokenizer_expansion(getattr(tokenizer, "backend_tokenizer", None), shown)  # a fast one's: before encoding
+    return tokenizer
 
 
 def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any],
@@ -293,6 +299,7 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
     check_configs_run_no_code(directory, trust_remote_code, shown)
     processor = _tokenizer_call(lambda: AutoProcessor.from_pretrained(directory, trust_remote_code=trust_remote_code),
                                 shown, "load")
+    check_tokenizer_expansion(getattr(processor.tokenizer, "backend_tokenizer", None), shown)
     processor.tokenizer.padding_side = "left"
     pictures = []
     for path in images:
