@@ -85,9 +85,10 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
     longest = max((len(r) for r in rows), default=0)
     if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
             and longest + args.max_new_tokens > cache:
+        fix = (f"give at most {cache - longest} new tokens" if longest < cache else  # never "at most -489"
+               f"give a prompt of fewer than {cache} tokens")
         raise UsageError(f"a prompt of {longest} tokens plus max_new_tokens={args.max_new_tokens} exceeds this "
-                         f"export's max_cache_len={cache}: give at most {cache - longest} new tokens, or re-export "
-                         "with a larger --max-cache-len")
+                         f"export's max_cache_len={cache}: {fix}, or re-export with a larger --max-cache-len")
 
 
 def _say_generating(directory: Path) -> None:
