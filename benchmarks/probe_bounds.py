@@ -707,6 +707,96 @@ def _pte_xnnpack_values(directory: Path) -> str:
             f"{planned / 2**20:,.1f} MiB (bound {bound / 2**20:,.1f} MiB)")
 
 
+# ── tokenizer files that `hfexport generate DIR --prompt TEXT` reads (tokenizer.json, tokenizer_config.json) ──
+PROMPT_TEXT = "hello world"
+_LETTERS = "abcdefghijklmnopqrstuvwxyz "  # ids 0..26: the prompt's tokens, all under the tiny Llama's vocabulary of 128
+
+
+def _tokenizer_json(vocab: dict[str, int] | None = None, merges: list[str] | None = None,
+                    added: list[dict[str, Any]] | None = None, normalizer: Any = None, pre_tokenizer: Any = None,
+                    decoder: Any = None) -> str:
+    """A BPE tokenizer.json of the letters (and space), plus ``vocab`` entries, ``merges`` and ``added`` tokens."""
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+             "vocab": {**{c: i for i, c in enumerate(_LETTERS)}, **(vocab or {})}, "merges": merges or []}
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": added or [],
+                       "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": None,
+                       "decoder": decoder, "model": model}, ensure_ascii=False, separators=(",", ":"))
+
+
+def _add_tokenizer(directory: Path, tokenizer_json: str) -> None:
+    """Write ``tokenizer.json`` and a ``tokenizer_config.json`` into the artifact, both hashed in its manifest."""
+    (directory / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                 "model_max_length": 64}))
+    manifest = _manifest(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        manifest["files_sha256"][name] = {"sha256": "", "size": 0}
+    _write_manifest(directory, manifest)
+    _rehash(directory)
+
+
+_TOKENIZER_BYTES = 2**20 - 2**14  # the crafted tokenizer.json: under 1 MB with the rest of the artifact
+
+
+def _fill(make: Callable[[int], str], per_item: int) -> int:
+    """The most items ``make(n)`` may hold with the tokenizer.json under _TOKENIZER_BYTES (``per_item``: a guess)."""
+    n = _TOKENIZER_BYTES // per_item
+    while len(make(n).encode()) > _TOKENIZER_BYTES:
+        n = int(n * 0.97)
+    return n
+
+
+def _tokenizer_vocab(directory: Path) -> str:
+    def make(n: int) -> str:
+        return _tokenizer_json(vocab={f"v{i:x}": 27 + i for i in range(n)})
+    n = _fill(make, 12)
+    _add_tokenizer(directory, make(n))
+    return f"{27 + n:,} vocabulary entries, tokenizer.json {len(make(n).encode()):,} B"
+
+
+def _tokenizer_merges(directory: Path) -> str:
+    alphabet = [chr(0x4E00 + i) for i in range(400)]  # CJK: never in the prompt
+
+    def make(n: int) -> str:
+        pairs = [(alphabet[i // 400], alphabet[i % 400]) for i in range(n)]
+        vocab = {c: 27 + i for i, c in enumerate(alphabet)}
+        vocab.update({a + b: 427 + i for i, (a, b) in enumerate(pairs)})
+        return _tokenizer_json(vocab=vocab, merges=[f"{a} {b}" for a, b in pairs])
+    n = _fill(make, 20)
+    _add_tokenizer(directory, make(n))
+    return f"{n:,} merges, tokenizer.json {len(make(n).encode()):,} B"
+
+
+def _tokenizer_added(directory: Path) -> str:
+    def make(n: int) -> str:
+        return _tokenizer_json(added=[{"id": 27 + i, "content": f"<{i:x}>", "single_word": False, "lstrip": False,
+                                       "rstrip": False, "normalized": False, "special": i % 2 == 0}
+                                      for i in range(n)])
+    n = _fill(make, 100)
+    _add_tokenizer(directory, make(n))
+    return f"{n:,} added tokens (half special), tokenizer.json {len(make(n).encode()):,} B"
+
+
+def _tokenizer_regex(directory: Path) -> str:
+    """A pre-tokenizer regex that backtracks catastrophically on a run of letters (nested quantifiers)."""
+    pattern = "(?:(?:[a-z]|[a-z][a-z])+)+!"
+    _add_tokenizer(directory, _tokenizer_json(pre_tokenizer={"type": "Split", "pattern": {"Regex": pattern},
+                                                             "behavior": "Isolated", "invert": False}))
+    return f"Split pre-tokenizer {pattern!r} on {PROMPT_TEXT!r}"
+
+
+def _tokenizer_expansion(replaces: int, factor: int) -> Callable[[Path], str]:
+    """A normalizer Sequence of ``replaces`` Replace("o" -> "o" x factor): each "o" of the prompt becomes
+    factor**replaces characters (or as many as the loader's bound lets through)."""
+    def craft(directory: Path) -> str:
+        step = {"type": "Replace", "pattern": {"String": "o"}, "content": "o" * factor}
+        _add_tokenizer(directory, _tokenizer_json(normalizer={"type": "Sequence", "normalizers": [step] * replaces}))
+        return (f"{replaces} x Replace('o' -> {factor} x 'o'): {PROMPT_TEXT.count('o')} x {factor ** replaces:,} "
+                "characters")
+    return craft
+
+
 # (name, backends, bound, crafter, steps): steps ⊆ load, generate, verify_stored, verify_artifact, call
 CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, ...]]] = [
     ("pristine", BACKENDS, "(none: the artifact as exported)", lambda d: "as exported", ("load", "generate", "verify_stored")),
@@ -742,6 +832,12 @@ CASES: list[tuple[str, tuple[str, ...], str, Callable[[Path], str], tuple[str, .
     ("pt2-members-max", ("dynamo",), "PT2_MAX_MEMBERS 100,000", _pt2_members(None), ("load",)),
     ("pte-planned-memory", ("executorch-xnnpack",), "planned buffers 64 MiB + 4 B/byte", _pte_planned, ("load", "call")),
     ("pte-xnnpack-values", ("executorch-xnnpack",), "planned memory 160 MiB + 64 B/byte (XNNPACK's peak)", _pte_xnnpack_values, ("load", "call")),
+    ("tokenizer-vocab", ("dynamo",), "(none: the file's size)", _tokenizer_vocab, ("generate_prompt",)),
+    ("tokenizer-merges", ("dynamo",), "(none: the file's size)", _tokenizer_merges, ("generate_prompt",)),
+    ("tokenizer-added-tokens", ("dynamo",), "(none: the file's size)", _tokenizer_added, ("generate_prompt",)),
+    ("tokenizer-regex", ("dynamo",), "(none: Oniguruma's retry limit)", _tokenizer_regex, ("generate_prompt",)),
+    ("tokenizer-expansion-at-bound", ("dynamo",), "TOKENIZER_MAX_EXPANSION 256", _tokenizer_expansion(2, 16), ("generate_prompt",)),
+    ("tokenizer-expansion", ("dynamo",), "TOKENIZER_MAX_EXPANSION 256", _tokenizer_expansion(7, 10), ("generate_prompt",)),
 ]
 
 
@@ -753,12 +849,28 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
+def _generate_prompt(directory: Path) -> None:
+    """``hfexport generate DIR --prompt TEXT --max-new-tokens 4`` in this process (its output dropped)."""
+    import contextlib
+    import io
+
+    from hfexport.cli import main as cli
+
+    errors = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
+        code = cli(["generate", str(directory), "--prompt", PROMPT_TEXT, "--max-new-tokens", str(MAX_NEW)])
+    if code:
+        raise RuntimeError(f"hfexport generate exited {code}: {errors.getvalue().strip()[-300:]}")
+
+
 def measure(pristine: Path, crafted: Path, steps: tuple[str, ...]) -> dict[str, Any]:
     import torch
 
     import hfexport
 
     prompt = torch.tensor(PROMPT)
+    if "generate_prompt" in steps:  # the CLI's path, its tokenizer imports and a small tokenizer's load warmed too
+        _generate_prompt(pristine)
     warm = hfexport.load(pristine)
     warm.generate(prompt, max_new_tokens=MAX_NEW)
     warm.verify_stored()
@@ -775,6 +887,8 @@ def measure(pristine: Path, crafted: Path, steps: tuple[str, ...]) -> dict[str, 
         try:
             if step == "load":
                 loaded = hfexport.load(crafted)
+            elif step == "generate_prompt":
+                _generate_prompt(crafted)
             elif step == "verify_artifact":
                 from hfexport._verify import verify_artifact
 
@@ -865,6 +979,13 @@ def main() -> int:
             if (name, backend) in done:
                 continue
             base = base_artifact(backend, args.work)
+            if "generate_prompt" in steps:  # the warm process runs the CLI on a small tokenizer
+                warm = args.work / "base" / f"{backend}-tokenizer"
+                if not (warm / "tokenizer.json").is_file():
+                    shutil.rmtree(warm, ignore_errors=True)
+                    shutil.copytree(base, warm)
+                    _add_tokenizer(warm, _tokenizer_json())
+                base = warm
             crafted = args.work / "crafted" / f"{name}-{backend}"
             shutil.rmtree(crafted, ignore_errors=True)
             shutil.copytree(base, crafted)

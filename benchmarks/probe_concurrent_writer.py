@@ -21,6 +21,7 @@ named in the output) or a crash (the worker dies by a signal: its exit status is
 
     uv run python benchmarks/probe_concurrent_writer.py                       # every installed backend
     uv run python benchmarks/probe_concurrent_writer.py --backend onnx --attempts 3 --json probe.json
+    uv run python benchmarks/probe_concurrent_writer.py --backend executorch-xnnpack --tied   # with a model.ptd
 
 Prints, per backend, the files probed, attempts, swaps and the outcome counts, then one verdict line. Exit status 1
 when any attempt changed outputs silently, failed with another error, or a worker crashed.
@@ -43,7 +44,7 @@ BACKENDS = ("dynamo", "onnx", "executorch-xnnpack", "openvino")
 PROMPT = [[3, 17, 42, 9, 100]]
 
 
-def export_tiny_llama(backend: str, seed: int, directory: Path) -> None:
+def export_tiny_llama(backend: str, seed: int, directory: Path, tied: bool = False) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -51,7 +52,11 @@ def export_tiny_llama(backend: str, seed: int, directory: Path) -> None:
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=tied,
+                         # tied at the default init (0.02), every seed repeats the last token (the table's self-
+                         # similarity dominates the logits): larger layer weights make the seeds' ids differ
+                         initializer_range=1.0 if tied else 0.02)
     model = LlamaForCausalLM(config).eval()
     hfexport.export(model, backend=backend, task="text-generation", max_cache_len=32).save_pretrained(directory)
 
@@ -83,7 +88,7 @@ class Writer(threading.Thread):
         self.path.write_bytes(original)  # whatever the last write was, the artifact is whole again
 
 
-def probe_backend(backend: str, attempts: int, work: Path) -> dict:
+def probe_backend(backend: str, attempts: int, work: Path, tied: bool = False) -> dict:
     import torch
 
     import hfexport
@@ -92,8 +97,8 @@ def probe_backend(backend: str, attempts: int, work: Path) -> dict:
     refusals = (IntegrityError, ManifestError, UntrustedArtifactError)
     start = time.perf_counter()
     artifact, other = work / "artifact", work / "other"
-    export_tiny_llama(backend, 0, artifact)
-    export_tiny_llama(backend, 1, other)
+    export_tiny_llama(backend, 0, artifact, tied)
+    export_tiny_llama(backend, 1, other, tied)
     export_s = time.perf_counter() - start
     prompt = torch.tensor(PROMPT)
     expected = hfexport.load(artifact).generate(prompt, max_new_tokens=6)
@@ -152,11 +157,14 @@ def main() -> int:
     parser.add_argument("--attempts", type=int, default=5,
                         help="attempts per file, writer and operation (default 5: ~1,000+ swaps per backend)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--tied", action="store_true",
+                        help="tie the Llama's embedding and head (tie_word_embeddings): on executorch-xnnpack the "
+                             "table read by a portable kernel and by XNNPACK is stored once, in model.ptd")
     parser.add_argument("--worker", choices=BACKENDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         with tempfile.TemporaryDirectory(prefix="hfexport-probe-") as work:
-            print("RESULT " + json.dumps(probe_backend(args.worker, args.attempts, Path(work))), flush=True)
+            print("RESULT " + json.dumps(probe_backend(args.worker, args.attempts, Path(work), args.tied)), flush=True)
         return 0
 
     import hfexport
@@ -166,8 +174,8 @@ def main() -> int:
     results, failed = [], False
     for backend in backends:
         print(f"{backend}: exporting two seeded tiny Llamas, then probing ...", flush=True)
-        run = subprocess.run([sys.executable, __file__, "--worker", backend, "--attempts", str(args.attempts)],
-                             capture_output=True, text=True)
+        run = subprocess.run([sys.executable, __file__, "--worker", backend, "--attempts", str(args.attempts),
+                              *(["--tied"] if args.tied else [])], capture_output=True, text=True)
         lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
         if run.returncode != 0 or not lines:
             failed = True

@@ -331,6 +331,35 @@ def test_a_tokenizer_config_that_would_run_code_is_refused_by_name(artifact, tmp
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("part", ["normalizer", "decoder"])
+def test_a_tokenizer_that_multiplies_the_text_is_refused_before_encoding(artifact, tmp_path, capsys, part):
+    """Issue 43: a Sequence of Replace steps multiplies the text (7 x Replace("w" -> 10 x "w") made each "w"
+    10,000,000 characters: +3 GiB in the Rust library before the prompt's length was checked). Refused before any
+    encoding, naming the bound; the same tokenizer at the bound (2 x 16 = 256) still loads."""
+    from crafting import rehash
+
+    from hfexport_dynamo.tasks.tokenizer_files import TOKENIZER_MAX_EXPANSION
+
+    crafted = tmp_path / "gen"
+    shutil.copytree(artifact, crafted)
+    tokenizer = json.loads((crafted / "tokenizer.json").read_text())
+    step = {"type": "Replace", "pattern": {"String": "w"}, "content": "w" * 10}
+    key = {"normalizer": "normalizers", "decoder": "decoders"}[part]
+    tokenizer[part] = {"type": "Sequence", key: [step] * 7}
+    (crafted / "tokenizer.json").write_text(json.dumps(tokenizer))
+    rehash(crafted)
+    assert cli.main(["generate", str(crafted), "--prompt", "w5", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"has a {part} that makes up to 10,000,000 characters of one, over the bound of 256" in err, err
+
+    tokenizer[part] = {"type": "Sequence", key: [{**step, "content": "w" * 16}] * 2}  # 256: at the bound
+    assert TOKENIZER_MAX_EXPANSION == 256
+    (crafted / "tokenizer.json").write_text(json.dumps(tokenizer))
+    rehash(crafted)
+    cli.main(["generate", str(crafted), "--prompt", "w5", "--max-new-tokens", "2"])
+    assert "over the bound of 256" not in capsys.readouterr().err
+
+
 def test_a_tokenizer_panic_is_an_error_naming_the_files(tmp_path):
     """A crafted tokenizer.json can make the Rust tokenizers library panic (``PanicException``, a BaseException that
     ``except Exception`` lets through): it is turned into an error that names the directory."""

@@ -6,7 +6,9 @@ runtime does: each crafted kind below killed the interpreter without it (executo
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -311,3 +313,43 @@ def test_a_concurrent_writer_never_changes_executorch_outputs(saved: dict[str, A
     counts = concurrent_swaps(artifact / "model.pte", crafted, 200,
                               lambda: hfexport.load(artifact)(x=saved["x"])[0], lambda out: torch.equal(out, expected))
     assert counts["ok"] + counts["refused"] == 200 and counts["swaps"] > 200, counts
+
+
+def test_a_ptd_swapped_after_its_hash_is_not_what_the_runtime_maps(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: the ``.ptd`` was hashed, then handed to ``check_pte`` and the runtime by path (ExecuTorch's API
+    takes a path and maps the file); a ``.ptd`` renamed over it in between (same keys, other values) changed the
+    outputs with no error. The runtime now maps the descriptor the hash was read from (``/proc/self/fd/N``): the
+    outputs are the checked file's. And a swap before the hash is refused, naming the file."""
+    from crafting import swap_after_check
+
+    import hfexport_executorch.exporter_executorch as exporter
+
+    torch.manual_seed(0)
+    x, model = torch.randn(2, 8), TiedX().eval()
+    saved = hfexport.export(model, {"x": x}, backend="executorch-xnnpack").save_pretrained(tmp_path / "tied")
+    expected = hfexport.load(saved)(x=x)
+    data = (saved / "model.ptd").read_bytes()
+    table = model.embed.weight.detach().contiguous().numpy().tobytes()
+    assert data.count(table) == 1
+    other = tmp_path / "other.ptd"  # the same named data, the table negated: a valid .ptd of other outputs
+    other.write_bytes(data.replace(table, (-model.embed.weight.detach()).contiguous().numpy().tobytes()))
+
+    artifact = copy_artifact(saved, tmp_path, "swapped")
+    original = exporter.artifact_descriptor
+
+    def hashed_then_swapped(*args: Any, **kwargs: Any) -> int:
+        fd = original(*args, **kwargs)
+        staged = artifact / "model.ptd.swap"
+        shutil.copyfile(other, staged)
+        os.replace(staged, artifact / "model.ptd")  # the path now names the other file
+        return fd
+
+    monkeypatch.setattr(exporter, "artifact_descriptor", hashed_then_swapped)
+    torch.testing.assert_close(hfexport.load(artifact)(x=x), expected, atol=0, rtol=0)
+    monkeypatch.undo()
+
+    artifact = copy_artifact(saved, tmp_path, "swapped-before")
+    swap_after_check(monkeypatch, artifact / "model.ptd", other)
+    with pytest.raises(IntegrityError, match=r"model\.ptd: SHA-256 .* changed while it was loaded"):
+        hfexport.load(artifact)

@@ -36,8 +36,8 @@ from ._trust import (
     validate_manifest,
 )
 
-__all__ = ["artifact_bytes", "artifact_file", "check_file_paths", "check_integrity", "check_path_bounds",
-           "checked_on_read",
+__all__ = ["artifact_bytes", "artifact_descriptor", "artifact_file", "check_file_paths", "check_integrity", "check_path_bounds",
+           "checked_on_read", "descriptor_path",
            "file_digests", "hub_blobs", "open_beneath", "read_beneath", "read_manifest"]
 
 
@@ -417,32 +417,76 @@ def artifact_bytes(path: Path, manifest: Mapping[str, Any], name: Any, where: st
     artifact_file(path, manifest, name, where)
     hashes = manifest.get(HASHES_KEY)
     entry = hashes.get(name) if isinstance(hashes, dict) else None
-    again = "(another process writes the artifact's directory: load it again once nothing does)"
     try:
         data = read_beneath(Path(path), name, max_bytes=entry["size"] if isinstance(entry, dict) else None,
                             writable=writable)
     except FileTooLargeError as error:  # it grew after the check: a concurrent writer, not a bound
         raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {error}, the size the manifest "
-                             f"recorded {again}", [name]) from None
+                             f"recorded {_AGAIN}", [name]) from None
     if isinstance(entry, dict):
-        actual = hashlib.sha256(data).hexdigest()
-        deferred = _DEFERRED.get()
-        key = (str(path), name)
-        if deferred is not None and key in deferred and not deferred[key]:  # check_integrity's hash, done here
-            if len(data) != entry["size"] or actual != entry["sha256"]:
-                problem = (f"{len(data):,} bytes where the manifest recorded {entry['size']:,}"
-                           if len(data) != entry["size"] else
-                           f"SHA-256 {actual[:16]}… where the manifest recorded {entry['sha256'][:16]}…")
-                # one read, one check: whether the file differed at rest or changed during the load is not known
-                raise IntegrityError(f"{path} is corrupt or was modified after it was saved: {name}: {problem}; "
-                                     f"{Path(path) / name} changed while it was loaded or before (re-export it, or "
-                                     f"copy it again from its source; {again.strip('()')})", [name])
-            deferred[key] = True
-        if len(data) != entry["size"] or actual != entry["sha256"]:
-            raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {len(data):,} bytes of SHA-256 "
-                                 f"{actual[:16]}… where the manifest recorded {entry['size']:,} of "
-                                 f"{entry['sha256'][:16]}… {again}", [name])
+        _check_read(path, name, entry, len(data), hashlib.sha256(data).hexdigest())
     return data
+
+
+_AGAIN = "(another process writes the artifact's directory: load it again once nothing does)"
+
+
+def _check_read(path: Path, name: str, entry: Mapping[str, Any], size: int, actual: str) -> None:
+    """Refuse a file read for a runner whose ``size`` or SHA-256 ``actual`` differs from the manifest's ``entry``;
+    within :func:`checked_on_read`, this is check_integrity's check of the file (and counts as done)."""
+    deferred = _DEFERRED.get()
+    key = (str(path), name)
+    if deferred is not None and key in deferred and not deferred[key]:  # check_integrity's hash, done here
+        if size != entry["size"] or actual != entry["sha256"]:
+            problem = (f"{size:,} bytes where the manifest recorded {entry['size']:,}" if size != entry["size"] else
+                       f"SHA-256 {actual[:16]}… where the manifest recorded {entry['sha256'][:16]}…")
+            # one read, one check: whether the file differed at rest or changed during the load is not known
+            raise IntegrityError(f"{path} is corrupt or was modified after it was saved: {name}: {problem}; "
+                                 f"{Path(path) / name} changed while it was loaded or before (re-export it, or "
+                                 f"copy it again from its source; {_AGAIN.strip('()')})", [name])
+        deferred[key] = True
+    if size != entry["size"] or actual != entry["sha256"]:
+        raise IntegrityError(f"{Path(path) / name} changed while it was loaded: {size:,} bytes of SHA-256 "
+                             f"{actual[:16]}… where the manifest recorded {entry['size']:,} of "
+                             f"{entry['sha256'][:16]}… {_AGAIN}", [name])
+
+
+def artifact_descriptor(path: Path, manifest: Mapping[str, Any], name: Any, where: str) -> int:
+    """A read-only descriptor of file ``name`` (:func:`open_beneath`), whose bytes were hashed from that very
+    descriptor and checked against the manifest's size and SHA-256, for a runtime whose API takes a path and maps
+    the file (ExecuTorch's ``.ptd``): hand it :func:`descriptor_path`, which names the open file, not the directory
+    entry, so a file swapped in after the check (a rename over ``name``) is not what the runtime reads. A write into
+    the same file in place after the check is not detected (the runtime maps the file; see the guide's trust
+    section). The caller owns the descriptor (close it after the runtime has let go of the file).
+
+    Raises:
+        as :func:`artifact_bytes`.
+    """
+    artifact_file(path, manifest, name, where)
+    hashes = manifest.get(HASHES_KEY)
+    entry = hashes.get(name) if isinstance(hashes, dict) else None
+    fd = open_beneath(Path(path), name)
+    try:
+        if isinstance(entry, dict):
+            digest, size = hashlib.sha256(), 0
+            while block := os.pread(fd, 1 << 20, size):
+                size += len(block)
+                if size > entry["size"]:  # it grew after the check: a concurrent writer, not a bound
+                    raise IntegrityError(f"{Path(path) / name} changed while it was loaded: it grew past the "
+                                         f"{entry['size']:,} bytes the manifest recorded {_AGAIN}", [name])
+                digest.update(block)
+            _check_read(path, name, entry, size, digest.hexdigest())
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def descriptor_path(fd: int) -> str:
+    """A path that opens the file open at ``fd`` itself, whatever its directory entry now names: Linux's
+    ``/proc/self/fd/N`` (a reopen of the same inode, even once renamed over or unlinked), elsewhere ``/dev/fd/N``
+    (macOS and the BSDs: a duplicate of the descriptor)."""
+    return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else f"/dev/fd/{fd}"
 
 
 # ── export.json, read and checked ─────────────────────────────────────────────────────────────────────────

@@ -35,6 +35,7 @@ errors). ``tests/executorch/test_executorch_untrusted.py`` crafts one ``.pte`` p
 from __future__ import annotations
 
 import mmap
+import os
 import re
 import struct
 from functools import cache
@@ -214,19 +215,21 @@ def _printable(text: bytes | None, what: str) -> None:
 # ── the checks ──
 
 def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: bool = False,
-              data: bytes | None = None) -> None:
+              data: bytes | None = None, data_fd: int | None = None) -> None:
     """Read ``path`` (a ``.pte``) and ``data_path`` (its ``.ptd``, if any) with ExecuTorch's schemas, and refuse
-    what the runtime would act on unchecked (see the module docstring for the list).
+    what the runtime would act on unchecked (see the module docstring for the list). ``data``: the ``.pte``'s bytes
+    the runtime gets; ``data_fd``: the ``.ptd`` open, the file the runtime maps (``data_path`` then only names it).
 
     Raises:
         hfexport.IntegrityError: names the file and what does not fit.
     """
     files = [path.name] + ([data_path.name] if data_path is not None else [])
     try:
-        named_sizes = _ptd_named_sizes(data_path) if data_path is not None else {}
+        named_sizes = _ptd_named_sizes(data_path, data_fd) if data_path is not None else {}
     except (_Bad, KeyError) as exc:
         raise _integrity(data_path, exc, files) from None
-    data_bytes = data_path.stat().st_size if data_path is not None else 0
+    data_bytes = (os.fstat(data_fd).st_size if data_fd is not None else
+                  data_path.stat().st_size if data_path is not None else 0)
     try:
         if data is not None and len(data) < 48:
             raise _Bad(f"{len(data)} bytes, shorter than its headers")
@@ -238,9 +241,10 @@ def check_pte(path: Path, data_path: Path | None = None, *, trust_remote_code: b
         raise _integrity(path, exc, files) from None
 
 
-def _mapped(path: Path) -> memoryview:
-    """The file mapped read-only: only the pages the checks read (the flatbuffers, not the weights) are loaded."""
-    with open(path, "rb") as file:
+def _mapped(path: Path, fd: int | None = None) -> memoryview:
+    """The file mapped read-only (the one open at ``fd``, if given): only the pages the checks read (the flatbuffers,
+    not the weights) are loaded."""
+    with open(path, "rb") if fd is None else open(fd, "rb", closefd=False) as file:
         if file.seek(0, 2) < 48:
             raise _Bad(f"{file.tell()} bytes, shorter than its headers")
         return memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
@@ -536,9 +540,9 @@ def _check_quant_params(quantized: _Table, dims: list[int], constant_data: list[
                    "channels")
 
 
-def _ptd_named_sizes(path: Path) -> dict[bytes, int]:
-    """``{key: size}`` of a ``.ptd``'s named data, each segment inside the file."""
-    buf = _mapped(path)
+def _ptd_named_sizes(path: Path, fd: int | None = None) -> dict[bytes, int]:
+    """``{key: size}`` of a ``.ptd``'s named data, each segment inside the file (the one open at ``fd``, if given)."""
+    buf = _mapped(path, fd)
     if bytes(buf[4:8]) != b"FT01" or bytes(buf[8:12]) != b"FH01":
         raise _Bad("not a .ptd (identifier FT01, header FH01)")
     segment_base = struct.unpack_from("<Q", buf, 32)[0]

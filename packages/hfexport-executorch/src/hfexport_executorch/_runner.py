@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,7 +17,7 @@ import torch.utils._pytree as pytree
 from hfexport import IntegrityError, ManifestError
 from hfexport.memory import anonymous_mappings, collapse_in_background, new_memory
 from hfexport.plugin import FileRunner
-from hfexport.trust import torch_dtype
+from hfexport.trust import descriptor_path, torch_dtype
 
 from ._attention import register_llm_kernels
 from ._pte_check import check_pte
@@ -116,8 +118,11 @@ class ExecutorchRunner(FileRunner):
         input_dtypes: the dtype of each input leaf (float inputs are cast to it, e.g. bfloat16 for CUDA).
         method: the method to run.
         program_bytes: the ``.pte``'s bytes as a loaded artifact's check read them (``hfexport.trust.
-            artifact_bytes``): checked and handed to the runtime from memory, the path not opened again (the
-            ``.ptd`` of a CUDA variant is still read by path).
+            artifact_bytes``): checked and handed to the runtime from memory, the path not opened again.
+        data_fd: an open descriptor of the ``.ptd`` whose bytes a loaded artifact's check hashed
+            (``hfexport.trust.artifact_descriptor``); the runner owns it. The runtime's API takes a path and maps
+            the file: it and ``check_pte`` get ``hfexport.trust.descriptor_path(data_fd)``, the hashed file itself,
+            never ``data_path`` again (a ``.ptd`` renamed over the artifact's after the check is not read).
         untrusted: read the files as untrusted input before the runtime does (:func:`check_pte`): ``True`` for a
             loaded artifact, ``"trusted"`` for one loaded with ``trust_remote_code=True`` (delegates other than
             XNNPACK allowed), ``False`` for a program hfexport has just written itself.
@@ -138,7 +143,10 @@ class ExecutorchRunner(FileRunner):
     def __init__(self, path: str | Path, data_path: str | Path | None = None, *,
                  input_dtypes: Sequence[str | None] | None = None, method: str = "forward",
                  untrusted: bool | str = False, input_mutations: Sequence[int] = (),
-                 program_bytes: bytes | None = None):
+                 program_bytes: bytes | None = None, data_fd: int | None = None):
+        self.data_fd = data_fd  # a loaded artifact's checked .ptd, open: the runtime maps that file, not the path's
+        if data_fd is not None:  # the runner's from here, closed with it (reset() opens the program again from it)
+            weakref.finalize(self, os.close, data_fd)
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in input_mutations):
             raise ManifestError("export.json", [f"executorch.input_mutations {list(input_mutations)!r:.200} is not a "
                                                 "list of input leaf indices"])
@@ -158,13 +166,16 @@ class ExecutorchRunner(FileRunner):
 
         register_llm_kernels()  # generation programs call ExecuTorch's LLM kernels (_attention.py)
         check_pte_header(self.path, self.program_bytes)
+        # the .ptd the check hashed, by its descriptor: the runtime maps a path, and the path may now name another file
+        data_source = descriptor_path(self.data_fd) if self.data_fd is not None else self.data_path
         if self.untrusted:
-            check_pte(self.path, self.data_path, trust_remote_code=self.untrusted == "trusted", data=self.program_bytes)
+            check_pte(self.path, self.data_path, trust_remote_code=self.untrusted == "trusted", data=self.program_bytes,
+                      data_fd=self.data_fd)
         source = self.program_bytes if self.program_bytes is not None else self.path
         collapse = self.huge_pages and bool(self.untrusted)
         before = anonymous_mappings() if collapse else set()
         try:  # the runtime verifies the flatbuffer (Verification.InternalConsistency, its default) before use
-            self.program = Runtime.get().load_program(source, data_path=self.data_path)
+            self.program = Runtime.get().load_program(source, data_path=data_source)
             if self.method_name not in self.program.method_names:  # load_method would raise a bare KeyError
                 raise IntegrityError(f"{self.path.name} has no method {self.method_name!r} (it has "
                                      f"{sorted(self.program.method_names)}): the file is damaged or crafted, or "

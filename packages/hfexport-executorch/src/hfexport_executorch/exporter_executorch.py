@@ -52,7 +52,7 @@ from hfexport.plugin import (
     component_manifest,
 )
 from hfexport.quantization import check_quantization_inputs
-from hfexport.trust import artifact_bytes
+from hfexport.trust import artifact_bytes, artifact_descriptor
 from hfexport.workarounds import is_disabled
 from hfexport_dynamo import DYNAMO_TRACER
 
@@ -112,9 +112,9 @@ class ExecutorchExporter(Exporter):
     variant: ClassVar[str | None] = None
     config_class: ClassVar[type[ExecutorchConfig]] = ExecutorchConfig
     tracer = DYNAMO_TRACER
-    # load_runner reads the .pte through artifact_bytes; the .ptd (executorch.data_file) the runtime opens by path:
-    # hashed by check_integrity
-    checked_on_read: ClassVar[tuple[str, ...]] = ("executorch.program_file", "program_file")
+    # load_runner reads the .pte through artifact_bytes, and hashes the .ptd (executorch.data_file) from the descriptor
+    # that the runtime then maps (artifact_descriptor)
+    checked_on_read: ClassVar[tuple[str, ...]] = ("executorch.program_file", "program_file", "executorch.data_file")
     # mutable buffers live in planned memory across method calls: a generation program's KV cache stays in place
     needs: ClassVar[RuntimeNeeds] = RuntimeNeeds(cache_layout="in_place")
     # executorch.quantization: installed by quantize="int8" only (its step), listed so that `disable=` and
@@ -275,9 +275,12 @@ class ExecutorchExporter(Exporter):
         data = executorch.get("data_file")
         data_path = artifact_file(path, manifest, data, f"{where}.executorch.data_file") if data is not None else None
         checked = artifact_bytes(path, manifest, name, f"{where}.executorch.program_file")  # read once, checked
+        # the .ptd: hashed from a descriptor kept open, which the runtime (it takes a path) reopens by /proc/self/fd
+        data_fd = artifact_descriptor(path, manifest, data, f"{where}.executorch.data_file") if data else None
         return ExecutorchRunner(program, data_path=data_path, input_dtypes=executorch.get("input_dtypes"),
                                 input_mutations=executorch.get("input_mutations", ()),
-                                untrusted="trusted" if trust_remote_code else True, program_bytes=checked)
+                                untrusted="trusted" if trust_remote_code else True, program_bytes=checked,
+                                data_fd=data_fd)  # the runner owns the descriptor, and closes it
 
     def hints_for(self, stage: Stage, exc: BaseException) -> list[str]:
         text = f"{type(exc).__name__}: {exc}"

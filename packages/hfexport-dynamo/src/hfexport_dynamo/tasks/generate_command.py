@@ -30,6 +30,7 @@ from .tokenizer_files import (
     _tokenizer_call,
     check_configs_run_no_code,
     check_resize_bound,
+    check_tokenizer_expansion,
     checked_copy,
 )
 
@@ -84,9 +85,10 @@ def _check_generation_bounds(directory: Path, args: argparse.Namespace, rows: li
     longest = max((len(r) for r in rows), default=0)
     if manifest["task"] == "text-generation" and longest and isinstance(cache, int) \
             and longest + args.max_new_tokens > cache:
+        fix = (f"give at most {cache - longest} new tokens" if longest < cache else  # never "at most -489"
+               f"give a prompt of fewer than {cache} tokens")
         raise UsageError(f"a prompt of {longest} tokens plus max_new_tokens={args.max_new_tokens} exceeds this "
-                         f"export's max_cache_len={cache}: give at most {cache - longest} new tokens, or re-export "
-                         "with a larger --max-cache-len")
+                         f"export's max_cache_len={cache}: {fix}, or re-export with a larger --max-cache-len")
 
 
 def _say_generating(directory: Path) -> None:
@@ -118,7 +120,10 @@ def _quick_token_rows(directory: Path | None, prompts: list[str]) -> list[list[i
         from hfexport.trust import read_beneath
 
         tokenizer = Tokenizer.from_str(read_beneath(directory, "tokenizer.json", max_bytes=2**28).decode())
+        check_tokenizer_expansion(tokenizer, directory)
         return [tokenizer.encode(text).ids for text in prompts]
+    except UsageError:
+        raise
     except Exception:  # noqa: BLE001 - an early check only: transformers' tokenizer decides
         return []
     except BaseException as exc:  # a panic of the Rust library: left to the tokenizer's own call, which names it
@@ -268,8 +273,10 @@ def load_tokenizer(files: Path, trust_remote_code: bool = False, shown: Path | N
 
     shown = shown or files
     check_configs_run_no_code(files, trust_remote_code, shown)
-    return _tokenizer_call(lambda: AutoTokenizer.from_pretrained(files, trust_remote_code=trust_remote_code), shown,
-                           "load")
+    tokenizer = _tokenizer_call(lambda: AutoTokenizer.from_pretrained(files, trust_remote_code=trust_remote_code),
+                                shown, "load")
+    check_tokenizer_expansion(getattr(tokenizer, "backend_tokenizer", None), shown)  # a fast one's: before encoding
+    return tokenizer
 
 
 def _image_prompts(directory: Path, prompts: list[str], images: list[str], bounds: dict[str, Any],
@@ -293,6 +300,7 @@ def _image_prompts(directory: Path, prompts: list[str], images: list[str], bound
     check_configs_run_no_code(directory, trust_remote_code, shown)
     processor = _tokenizer_call(lambda: AutoProcessor.from_pretrained(directory, trust_remote_code=trust_remote_code),
                                 shown, "load")
+    check_tokenizer_expansion(getattr(processor.tokenizer, "backend_tokenizer", None), shown)
     processor.tokenizer.padding_side = "left"
     pictures = []
     for path in images:

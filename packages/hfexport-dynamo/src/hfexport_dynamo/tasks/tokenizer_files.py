@@ -25,6 +25,60 @@ _CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json"
 _CLASS_KEYS = ("tokenizer_class", "processor_class", "image_processor_type", "feature_extractor_type",
                "video_processor_type")
 IMAGE_MAX_PIXELS = 2**24  # a processor may resize an image to at most 4,096 x 4,096 (float32 RGB: 192 MiB)
+# The most characters a tokenizer's normalizer (or decoder) may make of one: a Sequence of Replace steps multiplies
+# (7 x Replace("o" -> 10 x "o") made each "o" 10,000,000 characters). Real ones: Llama 2's 2, XLM-R's 36 (a Unicode
+# normalization counted as 18, NFKC's most: U+FDFA), BERT's 3, Llama 3's and Qwen2.5's 1 (NFC or none).
+TOKENIZER_MAX_EXPANSION = 256
+_UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD", "Precompiled")  # each at most 18 characters of one, once in all
+_EXPANDS = {"BertNormalizer": 3, "ByteLevel": 4}  # spaces around a CJK character; a character's UTF-8 bytes
+
+
+def _expansion(step: Any, key: str) -> tuple[float, bool]:
+    """``(factor, unicode)``: the most characters ``step`` (a normalizer's or decoder's JSON) makes of one, Unicode
+    normalization left out (``unicode``: whether it has one)."""
+    if not isinstance(step, dict):
+        return 1.0, False
+    kind = step.get("type")
+    if kind == "Sequence":
+        factor, unicode = 1.0, False
+        for inner in step.get(key) or []:
+            f, u = _expansion(inner, key)
+            factor, unicode = factor * f, unicode or u
+        return factor, unicode
+    if kind == "Replace":
+        pattern, content = step.get("pattern") or {}, str(step.get("content") or "")
+        literal = pattern.get("String") if isinstance(pattern, dict) else None
+        if isinstance(literal, str) and literal:  # each match of len(literal) characters becomes len(content)
+            return max(1.0, len(content) / len(literal)), False
+        return 1.0 + len(content), False  # a regex may match the empty string: content at every position
+    if kind == "Prepend":  # once, at the front: at most 1 + len(prepend) times a character
+        return 1.0 + len(str(step.get("prepend") or "")), False
+    return float(_EXPANDS.get(kind, 1)), kind in _UNICODE_FORMS
+
+
+def check_tokenizer_expansion(backend: Any, shown: Path) -> None:
+    """Refuse, before it encodes or decodes anything, a ``tokenizers.Tokenizer`` (``backend``: a fast tokenizer's
+    ``backend_tokenizer``, or one read from ``tokenizer.json``) whose normalizer or decoder makes more than
+    :data:`TOKENIZER_MAX_EXPANSION` characters of one (:func:`_expansion`): the prompt's length is checked only
+    after tokenizing, and a crafted normalizer made 11 characters 20,000,000 (GiBs, in the Rust library).
+
+    Raises:
+        UsageError: the part, its factor and the bound.
+    """
+    for part, key in (("normalizer", "normalizers"), ("decoder", "decoders")):
+        step = getattr(backend, part, None)
+        if step is None:
+            continue
+        try:
+            factor, unicode = _expansion(json.loads(step.__getstate__()), key)
+        except (AttributeError, TypeError, ValueError, RecursionError):
+            continue  # not a tokenizers object this version can describe: nothing to bound
+        factor *= 18 if unicode else 1
+        if factor > TOKENIZER_MAX_EXPANSION:
+            raise UsageError(f"the tokenizer of {shown} has a {part} that makes up to {factor:,.0f} characters of one"
+                             f", over the bound of {TOKENIZER_MAX_EXPANSION} (hfexport_dynamo.tasks.tokenizer_files."
+                             "TOKENIZER_MAX_EXPANSION): its tokenizer.json is damaged or crafted; give another with "
+                             "--tokenizer DIR, or the prompt as --input-ids")
 
 
 def check_configs_run_no_code(directory: Path, trust_remote_code: bool = False, shown: Path | None = None) -> None:
