@@ -254,25 +254,11 @@ def path_lengths(root: ElementTree.Element, name: str = "the IR") -> tuple[int, 
         ValueError: the edges form a cycle.
     """
     ids = {layer.get("id") for layer in root.iter("layer")}
-    successors: dict[str | None, list[str | None]] = {}
-    incoming = dict.fromkeys(ids, 0)
-    for edges in root.iter("edges"):
-        for edge in edges.iter("edge"):
-            source, target = edge.get("from-layer"), edge.get("to-layer")
-            if source in ids and target in ids:
-                successors.setdefault(source, []).append(target)
-                incoming[target] += 1
-    depth = dict.fromkeys(ids, 1)
-    ready = [layer for layer, count in incoming.items() if count == 0]
-    done = 0
-    while ready:
-        layer = ready.pop()
-        done += 1
-        for target in successors.get(layer, ()):
-            depth[target] = max(depth[target], depth[layer] + 1)
-            incoming[target] -= 1
-            if incoming[target] == 0:
-                ready.append(target)
+    order, sources = _topological(root)
+    depth: dict[str | None, int] = {}
+    for layer in order:  # every source of a layer comes before it
+        depth[layer] = 1 + max((depth[source] for source, _ in sources.get(layer, ())), default=0)
+    done = len(order)
     if done < len(ids):
         raise ValueError(f"{name}'s edges form a cycle ({len(ids) - done:,} layers on or after it): the artifact is "
                          "damaged or crafted")
