@@ -71,6 +71,8 @@ def test_spilled_weights_write_the_same_files(make, inputs, tmp_path, monkeypatc
     with none spilled, matches eager after a save and a load, and leaves no spill file behind."""
     torch.manual_seed(0)
     model = make().eval()
+    (tmp_path / "tmp").mkdir()  # this test's own temporary directory: other workers' exports spill too
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     before = _spill_directories()
     spilled: list[int] = []
     spill = _weights._SpillDirectory.spill

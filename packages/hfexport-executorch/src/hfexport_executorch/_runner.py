@@ -193,11 +193,13 @@ class ExecutorchRunner(FileRunner):
         if self.method is None:
             raise ValueError(f"{self.path} has no method {self.method_name!r}; it has "
                              f"{sorted(self.program.method_names)}")
-        self.huge_page_bytes: int | None = None  # set when the collapse has run
+        self.huge_page_bytes: int | None = None  # set when the collapse has run (0: nothing it could collapse)
         if collapse:  # what loading the method mapped: the delegates' packed weights
-            collapse_in_background(new_memory(before, anonymous_mappings()),
-                                   done=lambda collapsed: setattr(self, "huge_page_bytes", collapsed),
-                                   name="hfexport-executorch-huge-pages")
+            thread = collapse_in_background(new_memory(before, anonymous_mappings()),
+                                            done=lambda collapsed: setattr(self, "huge_page_bytes", collapsed),
+                                            name="hfexport-executorch-huge-pages")
+            if thread is None:  # no new mapping (the allocator reused freed memory) or no huge pages here
+                self.huge_page_bytes = 0
 
     def reset(self) -> None:
         """Open the program again: its mutable buffers start from their initial value (the runtime initializes
