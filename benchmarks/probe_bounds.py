@@ -547,6 +547,30 @@ def _planned_bytes(pte: Path) -> int:
     return 0
 
 
+def _expanded_weight(n: int, alive: int = 0) -> Any:
+    """A plain module with a 0.9 MB weight that expands its 1-element input to ``n`` float32 (planned buffers of
+    ``n``); with ``alive``, its XNNPACK graph keeps that many values of ``n`` alive at once (each read by the sum
+    after), else it returns ``(y * 2).sum(0, keepdim=True)``."""
+    import torch
+
+    class ExpandedWeight(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(230_000))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.expand(n).contiguous() + self.weight.sum()
+            if not alive:
+                return (y * 2.0).sum(0, keepdim=True)
+            values = [y * float(i + 2) for i in range(alive)]  # all alive until the sum below reads them
+            total = values[0]
+            for value in values[1:]:
+                total = total + value
+            return total[:1]
+
+    return ExpandedWeight()
+
+
 def _pte_planned(directory: Path) -> str:
     """A plain module (a 0.9 MB weight) whose program plans non-constant buffers just under their bound (64 MiB + 4 B
     per byte of the .pte and .ptd)."""
@@ -555,21 +579,11 @@ def _pte_planned(directory: Path) -> str:
     import hfexport
     from hfexport_executorch._pte_check import _buffer_budget, _memory_budget
 
-    class Big(torch.nn.Module):
-        def __init__(self, n: int) -> None:
-            super().__init__()
-            self.n = n
-            self.weight = torch.nn.Parameter(torch.zeros(230_000))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = x.expand(self.n).contiguous() + self.weight.sum()
-            return (y * 2.0).sum(0, keepdim=True)
-
     shutil.rmtree(directory)
     # the program plans 8 bytes of buffers an element (385,876,048 for 46 Mi; ~20 bytes in all): just under the
     # buffer bound of its ~0.92 MB
     elements = int(_buffer_budget(922_592) / 8 * 0.98)
-    hfexport.export(Big(elements).eval(), {"x": torch.ones(1)},
+    hfexport.export(_expanded_weight(elements).eval(), {"x": torch.ones(1)},
                     backend="executorch-xnnpack").save_pretrained(directory)
     pte = next(directory.rglob("*.pte"))
     size = sum(f.stat().st_size for f in pte.parent.iterdir() if f.suffix in (".pte", ".ptd"))
@@ -669,31 +683,17 @@ def _planned_figures(pte: Path) -> tuple[int, int]:
 def _pte_xnnpack_values(directory: Path) -> str:
     """A plain module (a 0.9 MB weight) whose XNNPACK graph keeps 24 values of n float32 alive at once (a static
     program: the runtime plans them at these dims), n fitted so that the planned memory in all (buffers and
-    XNNPACK's peak) is just under its bound (160 MiB + 64 B per byte of the .pte and .ptd), or as large as the
+    XNNPACK's peak) is just under its bound (192 MiB + 64 B per byte of the .pte and .ptd), or as large as the
     buffers' bound lets the input to the delegate be."""
     import torch
 
     import hfexport
     from hfexport_executorch._pte_check import _buffer_budget, _memory_budget
 
-    class Values(torch.nn.Module):
-        def __init__(self, n: int) -> None:
-            super().__init__()
-            self.n = n
-            self.weight = torch.nn.Parameter(torch.zeros(230_000))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = x.expand(self.n).contiguous() + self.weight.sum()
-            values = [y * float(i + 2) for i in range(24)]  # all alive until the sum below reads them
-            total = values[0]
-            for value in values[1:]:
-                total = total + value
-            return total[:1]
-
     n = 1 << 20
     for _ in range(4):
         shutil.rmtree(directory, ignore_errors=True)
-        hfexport.export(Values(n).eval(), {"x": torch.ones(1)}, backend="executorch-xnnpack",
+        hfexport.export(_expanded_weight(n, alive=24).eval(), {"x": torch.ones(1)}, backend="executorch-xnnpack",
                         verify=False).save_pretrained(directory)  # float32 sums of n differ from eager
         pte = next(directory.rglob("*.pte"))
         size = sum(f.stat().st_size for f in pte.parent.iterdir() if f.suffix in (".pte", ".ptd"))
